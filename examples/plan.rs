@@ -1,0 +1,5 @@
+//! Prints what `plan_demo.py` of the reference prints, computed by this crate's kernel.
+
+fn main() {
+    print!("{}", tether::sim::demos::plan_demo());
+}

@@ -1,0 +1,26 @@
+//! The bounded agent kernel: sans-IO and deterministic.
+//!
+//! It owns the task state, the budget, view rendering, plan validation, the step transition,
+//! stop reasons, spans, the closing message and post-mortem, and the memory policy. It reads no
+//! clock and does no I/O: it asks a driver for work through [`session::Action`] and folds the
+//! results in. Nothing here may import storage, worker, model, tool or network code (a test in
+//! `tests/kernel_purity.rs` checks this).
+
+pub mod catalog;
+pub mod json;
+pub mod memory;
+pub mod plan;
+pub mod reply;
+pub mod report;
+pub mod session;
+pub mod state;
+pub mod trace;
+pub mod view;
+
+pub use catalog::{Access, Catalog, ToolSpec};
+pub use reply::RawReply;
+pub use session::{
+    Action, ModelError, ModelReply, ModelRequest, Session, ToolReply, ToolRequest, Usage,
+};
+pub use state::{Budget, PlanStep, Status, StepStatus, StopReason, TaskState, ToolCall};
+pub use trace::{Span, SpanKind, Trace};

@@ -1,0 +1,146 @@
+//! What a model may reply, and how a raw reply becomes one: a plan, a tool call, or a final
+//! answer. Anything else is an error the kernel writes into `last_result`; never a panic.
+
+use serde_json::Value;
+
+use super::state::ToolCall;
+
+/// A model's reply as it arrived: parsed JSON (scripted models) or text (HTTP models).
+#[derive(Clone, Debug, PartialEq)]
+pub enum RawReply {
+    Json(Value),
+    Text(String),
+}
+
+impl RawReply {
+    /// The reply as a JSON value for recording: text that is not JSON is kept as a string.
+    pub fn to_value(&self) -> Value {
+        match self {
+            RawReply::Json(v) => v.clone(),
+            RawReply::Text(t) => Value::String(t.clone()),
+        }
+    }
+
+    /// Rebuilds a recorded reply: a string is the text a model sent, anything else is JSON.
+    pub fn from_value(v: Value) -> RawReply {
+        match v {
+            Value::String(t) => RawReply::Text(t),
+            other => RawReply::Json(other),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Reply {
+    Final {
+        outcome: Option<String>,
+        text: String,
+    },
+    Plan {
+        steps: Value,
+    },
+    Tool(ToolCall),
+}
+
+/// Parses a reply. Text is parsed as JSON first; the error names what was wrong.
+pub fn parse_reply(raw: &RawReply) -> Result<Reply, String> {
+    let parsed;
+    let v = match raw {
+        RawReply::Json(v) => v,
+        RawReply::Text(t) => {
+            parsed =
+                serde_json::from_str::<Value>(t).map_err(|e| format!("reply is not JSON: {e}"))?;
+            &parsed
+        }
+    };
+    let obj = v.as_object().ok_or("reply must be a JSON object")?;
+    let kind = match obj.get("type") {
+        Some(Value::String(t)) => t.as_str(),
+        Some(_) => return Err("reply `type` must be a string".into()),
+        None => return Err("reply has no `type` (expected plan, tool or final)".into()),
+    };
+    match kind {
+        "final" => {
+            let outcome = match obj.get("outcome") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(s)) => Some(s.clone()),
+                Some(_) => return Err("final reply `outcome` must be a string".into()),
+            };
+            let text = match obj.get("text") {
+                Some(Value::String(s)) => s.clone(),
+                _ => return Err("final reply needs a string `text`".into()),
+            };
+            Ok(Reply::Final { outcome, text })
+        }
+        "plan" => Ok(Reply::Plan {
+            steps: obj.get("steps").cloned().unwrap_or(Value::Null),
+        }),
+        "tool" => {
+            let name = match obj.get("name") {
+                Some(Value::String(s)) => s.clone(),
+                _ => return Err("tool reply needs a string `name`".into()),
+            };
+            let args = match obj.get("args") {
+                Some(Value::Object(m)) => m.clone(),
+                _ => return Err("tool reply `args` must be an object".into()),
+            };
+            let plan_step = match obj.get("plan_step") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(s)) => Some(s.clone()),
+                Some(_) => return Err("tool reply `plan_step` must be a string or null".into()),
+            };
+            Ok(Reply::Tool(ToolCall {
+                name,
+                args,
+                plan_step,
+            }))
+        }
+        other => Err(format!(
+            "unknown reply type {:?} (expected plan, tool or final)",
+            other
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn err(raw: RawReply) -> String {
+        parse_reply(&raw).expect_err("must be rejected")
+    }
+
+    #[test]
+    fn every_malformed_reply_names_its_problem() {
+        assert!(err(RawReply::Text("{not json".into())).starts_with("reply is not JSON"));
+        assert_eq!(
+            err(RawReply::Json(json!([1]))),
+            "reply must be a JSON object"
+        );
+        assert!(err(RawReply::Json(json!({"x": 1}))).contains("no `type`"));
+        assert!(err(RawReply::Json(json!({"type": "dance"}))).contains("unknown reply type"));
+        assert!(
+            err(RawReply::Json(
+                json!({"type": "tool", "name": "get_order", "args": [1]})
+            ))
+            .contains("`args` must be an object")
+        );
+        assert!(err(RawReply::Json(json!({"type": "tool", "args": {}}))).contains("`name`"));
+        assert!(err(RawReply::Json(json!({"type": "final"}))).contains("`text`"));
+    }
+
+    #[test]
+    fn text_replies_parse_like_json() {
+        let r = parse_reply(&RawReply::Text(
+            r#"{"type": "final", "outcome": "cannot_complete", "text": "no"}"#.into(),
+        ));
+        assert_eq!(
+            r,
+            Ok(Reply::Final {
+                outcome: Some("cannot_complete".into()),
+                text: "no".into()
+            })
+        );
+    }
+}

@@ -1,0 +1,239 @@
+//! What a finished run tells people: the closing message built from the plan statuses (no
+//! model call, so it exists for every stop reason, even past a deadline), and the document's
+//! post-mortem computed from the spans.
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use super::catalog::Catalog;
+use super::json::{dumps, py_repr, py_str_repr};
+use super::state::{StepStatus, StopReason, TaskState};
+use super::trace::{Span, SpanKind};
+
+/// A closing message for the customer or operator, from state alone.
+pub fn closing_message(state: &TaskState, catalog: &Catalog) -> String {
+    let lead = match state.stop {
+        None => "The task is still running.".to_string(),
+        Some(StopReason::Done) => match state.outcome.as_deref() {
+            Some("completed") | None => "The task is complete.".to_string(),
+            Some(other) => format!(
+                "The task ended without completing ({other}): {}",
+                state.answer.as_deref().unwrap_or("no reason given")
+            ),
+        },
+        Some(StopReason::MaxSteps) => "The task stopped at its step limit.".into(),
+        Some(StopReason::MaxToolCalls) => "The task stopped at its tool-call limit.".into(),
+        Some(StopReason::MaxTokens) => "The task stopped at its token budget.".into(),
+        Some(StopReason::Deadline) => "The task stopped at its time limit.".into(),
+        Some(StopReason::RepeatedCall) => {
+            "The task stopped because the same call was proposed again and again.".into()
+        }
+        Some(StopReason::NoProgress) => {
+            "The task stopped because its last steps made no progress.".into()
+        }
+        Some(StopReason::NeedsApproval) => match &state.pending {
+            Some(call) => format!(
+                "The task is waiting for approval of {} with {}.",
+                call.name,
+                dumps(&Value::Object(call.args.clone()))
+            ),
+            None => "The task is waiting for approval.".into(),
+        },
+        Some(StopReason::UnknownOutcome) => match &state.pending {
+            Some(call) => format!(
+                "The task stopped because it is not known whether {} with {} took effect; it must be reconciled before any retry.",
+                call.name,
+                dumps(&Value::Object(call.args.clone()))
+            ),
+            None => "The task stopped because a write's outcome is unknown.".into(),
+        },
+        Some(StopReason::Cancelled) => "The task was cancelled by an operator.".into(),
+    };
+    if state.plan.is_empty() {
+        return format!(
+            "{lead} No plan was set; {} tool calls were made.",
+            state.tool_calls
+        );
+    }
+    let held = state.pending.as_ref().and_then(|c| c.plan_step.clone());
+    let parts: Vec<String> = state
+        .plan
+        .iter()
+        .map(|s| {
+            let spec = catalog.get(&s.tool);
+            let done =
+                spec.map_or_else(|| format!("{} was done", s.tool), |t| t.done_phrase.clone());
+            let not_done = spec.map_or_else(
+                || format!("{} was not done", s.tool),
+                |t| t.not_done_phrase.clone(),
+            );
+            match s.status {
+                StepStatus::Done => done,
+                StepStatus::Failed => format!("{not_done} (it failed)"),
+                StepStatus::Pending
+                    if held.as_deref() == Some(s.id.as_str())
+                        && state.stop == Some(StopReason::UnknownOutcome) =>
+                {
+                    format!("it is unknown whether {done}")
+                }
+                StepStatus::Pending => not_done,
+            }
+        })
+        .collect();
+    format!("{lead} {}.", capitalize(&join_and(&parts)))
+}
+
+fn join_and(parts: &[String]) -> String {
+    match parts {
+        [] => String::new(),
+        [one] => one.clone(),
+        [init @ .., last] => format!("{}, and {last}", init.join(", ")),
+    }
+}
+
+fn capitalize(s: &str) -> String {
+    let mut c = s.chars();
+    match c.next() {
+        Some(f) => f.to_uppercase().collect::<String>() + c.as_str(),
+        None => String::new(),
+    }
+}
+
+/// The document's post-mortem of one run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Postmortem {
+    pub stop: Option<StopReason>,
+    pub steps: u32,
+    /// (tool, status) of the first tool span that did not end ok.
+    pub first_error: Option<(String, String)>,
+    /// ((tool, args as sorted JSON), times executed) of the most executed call.
+    pub most_repeated: Option<((String, String), u32)>,
+    pub model_ms: u64,
+    pub tool_ms: u64,
+    pub tokens_in_view_by_step: Vec<u64>,
+}
+
+pub fn postmortem(state: &TaskState, spans: &[Span]) -> Postmortem {
+    let tools: Vec<&Span> = spans.iter().filter(|s| s.kind == SpanKind::Tool).collect();
+    let first_error = tools
+        .iter()
+        .find(|s| s.status != "ok")
+        .map(|s| (s.name.clone(), s.status.clone()));
+    // Counter.most_common(1): highest count, first seen among equals.
+    let mut counts: Vec<((String, String), u32)> = Vec::new();
+    for s in &tools {
+        let args = dumps(&Value::Object(s.args.clone().unwrap_or_else(Map::new)));
+        let k = (s.name.clone(), args);
+        match counts.iter_mut().find(|(c, _)| *c == k) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((k, 1)),
+        }
+    }
+    let mut most_repeated: Option<((String, String), u32)> = None;
+    for (k, n) in counts {
+        if most_repeated.as_ref().is_none_or(|(_, m)| n > *m) {
+            most_repeated = Some((k, n));
+        }
+    }
+    let sum = |kind| {
+        spans
+            .iter()
+            .filter(|s| s.kind == kind)
+            .map(Span::duration_ms)
+            .sum()
+    };
+    Postmortem {
+        stop: state.stop,
+        steps: state.step,
+        first_error,
+        most_repeated,
+        model_ms: sum(SpanKind::Model),
+        tool_ms: sum(SpanKind::Tool),
+        tokens_in_view_by_step: spans
+            .iter()
+            .filter(|s| s.kind == SpanKind::Model)
+            .filter_map(|s| s.tin)
+            .collect(),
+    }
+}
+
+impl Postmortem {
+    /// The document's printed form: a Python dict literal.
+    pub fn to_python(&self) -> String {
+        let opt_pair = |p: &Option<(String, String)>| match p {
+            Some((a, b)) => format!("({}, {})", py_str_repr(a), py_str_repr(b)),
+            None => "None".into(),
+        };
+        let most = match &self.most_repeated {
+            Some(((name, args), n)) => {
+                format!("(({}, {}), {n})", py_str_repr(name), py_str_repr(args))
+            }
+            None => "None".into(),
+        };
+        let tins: Vec<Value> = self
+            .tokens_in_view_by_step
+            .iter()
+            .map(|t| Value::from(*t))
+            .collect();
+        format!(
+            "{{'stop': {}, 'steps': {}, 'first_error': {}, 'most_repeated': {}, 'model_s': {}, 'tool_s': {}, 'tokens_in_view_by_step': {}}}",
+            self.stop.map_or("None".into(), |s| py_str_repr(s.as_str())),
+            self.steps,
+            opt_pair(&self.first_error),
+            most,
+            secs_1(self.model_ms),
+            secs_1(self.tool_ms),
+            py_repr(&Value::Array(tins)),
+        )
+    }
+}
+
+/// Milliseconds as seconds with one decimal, printed as Python prints `round(x, 1)`.
+pub fn secs_1(ms: u64) -> String {
+    format!("{:.1}", ms as f64 / 1000.0)
+}
+
+/// The document's span table.
+pub fn span_table(spans: &[Span]) -> String {
+    let mut out = format!(
+        "{:>2} {:>6} {:6} {:18} {:>5} {:>5}  status  details\n",
+        "id", "parent", "kind", "name", "t0", "t1"
+    );
+    for s in spans {
+        let details = match s.kind {
+            SpanKind::Model => {
+                let mut parts = Vec::new();
+                if let Some(t) = s.tin {
+                    parts.push(format!("'tin': {t}"));
+                }
+                if let Some(t) = s.tout {
+                    parts.push(format!("'tout': {t}"));
+                }
+                if parts.is_empty() {
+                    String::new()
+                } else {
+                    format!("{{{}}}", parts.join(", "))
+                }
+            }
+            SpanKind::Tool => match &s.args {
+                Some(a) => format!("{{'args': {}}}", py_repr(&Value::Object(a.clone()))),
+                None => String::new(),
+            },
+            _ => String::new(),
+        };
+        let parent = s.parent.map_or("None".to_string(), |p| p.to_string());
+        let t1 = s.t1_ms.map_or("open".to_string(), secs_1);
+        out.push_str(&format!(
+            "{:2} {:>6} {:6} {:18} {:>5} {:>5}  {:6}  {}\n",
+            s.id,
+            parent,
+            s.kind.as_str(),
+            s.name,
+            secs_1(s.t0_ms),
+            t1,
+            s.status,
+            details
+        ));
+    }
+    out
+}

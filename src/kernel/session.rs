@@ -1,0 +1,688 @@
+//! The step machine: one task's agent loop as a sans-IO state machine.
+//!
+//! A driver calls [`Session::poll`] and gets an [`Action`]: call the model with this view, call
+//! this tool with this key, a step has ended (commit now), or the run has finished. It feeds the
+//! model's reply back with [`Session::on_model`] and the tool's result with
+//! [`Session::on_tool`]. Time enters only as the latency a driver reports, so the same replies
+//! and latencies always give the same state, spans and figures, in memory or on redb.
+//!
+//! The transitions are the document's `run`, `execute` and `resume`: budgets are checked before
+//! every model call (the token check is pessimistic: next view plus output cap), the remaining
+//! active time is the timeout of every call, a repeated (tool, args) and a flat progress
+//! signature end the run, and every end is a [`StopReason`].
+
+use serde_json::{Map, Value, json};
+
+use super::catalog::{Access, Catalog};
+use super::json::{dumped_len, py_repr};
+use super::plan::validate_plan;
+use super::reply::{RawReply, Reply, parse_reply};
+use super::state::{Budget, Status, StepStatus, StopReason, TaskState, ToolCall, est_tokens};
+use super::trace::{SpanKind, Trace};
+use super::view::render_into;
+
+/// Token counts reported by a provider; they replace the estimate when present.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum ModelError {
+    /// The call did not return within the remaining active time.
+    Timeout,
+    /// The call failed (after the driver's own bounded retries).
+    Failed(String),
+}
+
+/// What a driver reports back after a model call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelReply {
+    pub outcome: Result<RawReply, ModelError>,
+    pub latency_ms: u64,
+    pub usage: Option<Usage>,
+}
+
+impl ModelReply {
+    pub fn json(v: Value, latency_ms: u64) -> ModelReply {
+        ModelReply {
+            outcome: Ok(RawReply::Json(v)),
+            latency_ms,
+            usage: None,
+        }
+    }
+}
+
+/// What a driver reports back after a tool call: the result object and the time it took.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolReply {
+    pub result: Value,
+    pub latency_ms: u64,
+}
+
+pub struct ModelRequest<'a> {
+    /// The rendered view: the model's whole input.
+    pub view: &'a str,
+    /// 1-based number of this step.
+    pub step: u32,
+    pub output_tokens_max: u32,
+    /// Remaining active time: the call must not outlive it.
+    pub timeout_ms: u64,
+}
+
+pub struct ToolRequest<'a> {
+    pub call: &'a ToolCall,
+    /// `task_id:plan_step` or `task_id:adhoc<step>`; the same logical write keeps its key.
+    pub key: &'a str,
+    pub user_id: &'a str,
+    pub timeout_ms: u64,
+    pub access: Access,
+    pub idempotent: bool,
+    /// The held call of a suspended task, executed first on resume.
+    pub held: bool,
+}
+
+pub enum Action<'a> {
+    Model(ModelRequest<'a>),
+    /// A write must have its intent committed before it is sent; reads need nothing.
+    Tool(ToolRequest<'a>),
+    /// A step ended and the run goes on: commit the state now.
+    StepEnd,
+    /// The run ended (stopped, or suspended for needs_approval): commit the final state.
+    Finished(StopReason),
+}
+
+enum Phase {
+    /// Start of `run`: open the task span.
+    Begin,
+    /// Top of the loop: render the view and check the budgets.
+    Top,
+    /// A step ended: check the budgets, then report the boundary (or the end).
+    StepClosed,
+    /// The held call of a resumed task ran and the run goes on: report the boundary.
+    HeldDone,
+    /// View rendered, budgets fine: open the step and ask the model.
+    Ready,
+    AwaitModel,
+    AwaitTool {
+        call: ToolCall,
+        key: String,
+        timeout_ms: u64,
+        span: u32,
+        held: bool,
+    },
+    Finished(StopReason),
+}
+
+/// One run (or resumed run) of one task.
+pub struct Session<'c> {
+    state: TaskState,
+    budget: Budget,
+    catalog: &'c Catalog,
+    trace: Trace,
+    phase: Phase,
+    view: String,
+    view_tokens: u64,
+    root: Option<u32>,
+    step_span: u32,
+    model_span: u32,
+    resume_span: Option<u32>,
+    /// Signature at the start of the current step (and so at the end of the previous one).
+    signature: String,
+}
+
+impl<'c> Session<'c> {
+    /// Starts (or continues) the loop on `state`. Spans are numbered from `first_span_id`.
+    pub fn start(
+        state: TaskState,
+        budget: Budget,
+        catalog: &'c Catalog,
+        first_span_id: u32,
+    ) -> Self {
+        Session::new(state, budget, catalog, first_span_id, Phase::Begin)
+    }
+
+    /// Continues a suspended (or held) task: its held call runs first under its original call
+    /// key, then the loop continues. With no held call this is [`Session::start`].
+    pub fn resume(
+        mut state: TaskState,
+        budget: Budget,
+        catalog: &'c Catalog,
+        first_span_id: u32,
+    ) -> Self {
+        let held = state.pending.take();
+        let mut s = Session::new(state, budget, catalog, first_span_id, Phase::Begin);
+        if let Some(call) = held {
+            let t = s.state.elapsed_ms;
+            let rid = s
+                .trace
+                .start(SpanKind::Resume, "execute held call".into(), None, t);
+            s.resume_span = Some(rid);
+            // The held call is a tool call like any other: it may not break the budget.
+            let spent = if s.state.tool_calls >= s.budget.tool_calls_max {
+                Some(StopReason::MaxToolCalls)
+            } else if s.state.elapsed_ms >= s.budget.deadline_ms {
+                Some(StopReason::Deadline)
+            } else {
+                None
+            };
+            if let Some(stop) = spent {
+                s.trace.end(rid, stop.as_str(), t);
+                s.state.pending = Some(call); // still held: it was not sent
+                s.finish(stop, None);
+            } else {
+                s.open_tool(call, rid, true);
+            }
+        }
+        s
+    }
+
+    /// Continues a task whose held call an operator settled without running it (rejected, or
+    /// recorded as applied): `result` is folded in as that call's result, then the loop goes on.
+    pub fn resume_settled(
+        mut state: TaskState,
+        budget: Budget,
+        catalog: &'c Catalog,
+        first_span_id: u32,
+        result: Value,
+    ) -> Self {
+        let held = state.pending.take();
+        let mut s = Session::new(state, budget, catalog, first_span_id, Phase::Begin);
+        if let Some(call) = held {
+            let t = s.state.elapsed_ms;
+            let rid = s
+                .trace
+                .start(SpanKind::Resume, "settled held call".into(), None, t);
+            s.resume_span = Some(rid);
+            s.open_tool(call, rid, true);
+            // Nothing is sent: the result is the operator's decision, taking no active time.
+            s.on_tool(ToolReply {
+                result,
+                latency_ms: 0,
+            });
+        }
+        s
+    }
+
+    fn new(
+        state: TaskState,
+        budget: Budget,
+        catalog: &'c Catalog,
+        first_span_id: u32,
+        phase: Phase,
+    ) -> Self {
+        let signature = state.signature();
+        Session {
+            state,
+            budget,
+            catalog,
+            trace: Trace::new(first_span_id),
+            phase,
+            view: String::with_capacity(512),
+            view_tokens: 0,
+            root: None,
+            step_span: 0,
+            model_span: 0,
+            resume_span: None,
+            signature,
+        }
+    }
+
+    pub fn state(&self) -> &TaskState {
+        &self.state
+    }
+
+    pub fn budget(&self) -> &Budget {
+        &self.budget
+    }
+
+    pub fn trace(&self) -> &Trace {
+        &self.trace
+    }
+
+    pub fn trace_mut(&mut self) -> &mut Trace {
+        &mut self.trace
+    }
+
+    pub fn into_parts(self) -> (TaskState, Trace) {
+        (self.state, self.trace)
+    }
+
+    pub fn is_finished(&self) -> bool {
+        matches!(self.phase, Phase::Finished(_))
+    }
+
+    /// The next thing the driver must do. Calling it again without feeding a result returns
+    /// the same request.
+    pub fn poll(&mut self) -> Action<'_> {
+        loop {
+            match self.phase {
+                Phase::Begin => {
+                    self.state.status = Status::Running;
+                    self.state.stop = None;
+                    let t = self.state.elapsed_ms;
+                    self.root =
+                        Some(
+                            self.trace
+                                .start(SpanKind::Task, self.state.task_id.clone(), None, t),
+                        );
+                    self.phase = Phase::Top;
+                }
+                Phase::Top => {
+                    if let Some(stop) = self.check_budget() {
+                        self.finish(stop, None);
+                    } else {
+                        self.phase = Phase::Ready;
+                    }
+                }
+                Phase::StepClosed => {
+                    if let Some(stop) = self.check_budget() {
+                        self.finish(stop, None);
+                    } else {
+                        self.phase = Phase::Ready;
+                        return Action::StepEnd;
+                    }
+                }
+                Phase::HeldDone => {
+                    self.phase = Phase::Begin;
+                    return Action::StepEnd;
+                }
+                Phase::Ready => {
+                    self.state.step += 1;
+                    let t = self.state.elapsed_ms;
+                    self.step_span = self.trace.start(
+                        SpanKind::Step,
+                        format!("step {}", self.state.step),
+                        self.root,
+                        t,
+                    );
+                    self.model_span = self.trace.start(
+                        SpanKind::Model,
+                        "model.next".into(),
+                        Some(self.step_span),
+                        t,
+                    );
+                    self.phase = Phase::AwaitModel;
+                }
+                Phase::AwaitModel => {
+                    return Action::Model(ModelRequest {
+                        view: &self.view,
+                        step: self.state.step,
+                        output_tokens_max: self.budget.output_tokens_max,
+                        timeout_ms: self.remaining_ms(),
+                    });
+                }
+                Phase::AwaitTool {
+                    ref call,
+                    ref key,
+                    timeout_ms,
+                    held,
+                    ..
+                } => {
+                    let spec = self.catalog.get(&call.name);
+                    return Action::Tool(ToolRequest {
+                        call,
+                        key,
+                        user_id: &self.state.user_id,
+                        timeout_ms,
+                        access: spec.map_or(Access::Write, |s| s.access),
+                        idempotent: spec.is_some_and(|s| s.idempotent),
+                        held,
+                    });
+                }
+                Phase::Finished(stop) => return Action::Finished(stop),
+            }
+        }
+    }
+
+    /// Renders the next view and checks the budgets: `None` means another step may run.
+    fn check_budget(&mut self) -> Option<StopReason> {
+        render_into(&mut self.view, &self.state, &self.budget);
+        self.view_tokens = est_tokens(self.view.len());
+        let (st, b) = (&self.state, &self.budget);
+        if st.step >= b.steps_max {
+            Some(StopReason::MaxSteps)
+        } else if st.tool_calls >= b.tool_calls_max {
+            Some(StopReason::MaxToolCalls)
+        } else if st.elapsed_ms >= b.deadline_ms {
+            Some(StopReason::Deadline)
+        } else if st.tokens + self.view_tokens + b.output_tokens_max as u64 > b.tokens_max {
+            Some(StopReason::MaxTokens)
+        } else {
+            None
+        }
+    }
+
+    fn remaining_ms(&self) -> u64 {
+        self.budget
+            .deadline_ms
+            .saturating_sub(self.state.elapsed_ms)
+    }
+
+    /// Folds in the model's reply to the request of [`Action::Model`].
+    pub fn on_model(&mut self, reply: ModelReply) {
+        if !matches!(self.phase, Phase::AwaitModel) {
+            debug_assert!(false, "on_model without a model request");
+            return;
+        }
+        let remaining = self.remaining_ms();
+        let raw = match reply.outcome {
+            Err(ModelError::Timeout) => None,
+            _ if reply.latency_ms > remaining => None,
+            Ok(raw) => Some(raw),
+            Err(ModelError::Failed(msg)) => {
+                // No reply, so no tokens; the time spent counts and the step counts.
+                self.state.elapsed_ms += reply.latency_ms;
+                let t = self.state.elapsed_ms;
+                self.trace.end(self.model_span, "error", t);
+                self.state.last_result =
+                    Some(json!({"status": "error", "code": "model_error", "detail": msg}));
+                self.end_step(None);
+                return;
+            }
+        };
+        let Some(raw) = raw else {
+            // The model call would outlive the deadline: stop at the deadline exactly.
+            self.state.elapsed_ms = self.budget.deadline_ms.max(self.state.elapsed_ms);
+            let t = self.state.elapsed_ms;
+            self.trace.end(self.model_span, "deadline", t);
+            self.trace.end(self.step_span, "deadline", t);
+            self.finish(StopReason::Deadline, None);
+            return;
+        };
+        let tin = reply.usage.map_or(self.view_tokens, |u| u.input_tokens);
+        let estimated_out = match &raw {
+            RawReply::Json(v) => est_tokens(dumped_len(v)),
+            RawReply::Text(t) => est_tokens(t.chars().count()),
+        };
+        let mut tout = reply.usage.map_or(estimated_out, |u| u.output_tokens);
+        let cap = self.budget.output_tokens_max as u64;
+        // A reply longer than the output cap is what a provider would have cut off: it counts
+        // as the cap and is rejected, so the token bound holds for any model.
+        let too_long = tout > cap;
+        if too_long {
+            tout = cap;
+        }
+        self.state.elapsed_ms += reply.latency_ms;
+        self.state.tokens += tin + tout;
+        let t = self.state.elapsed_ms;
+        let span = self.trace.get_mut(self.model_span);
+        span.tin = Some(tin);
+        span.tout = Some(tout);
+        self.trace.end(self.model_span, "ok", t);
+        let parsed = if too_long {
+            Err(format!(
+                "reply is longer than the output cap of {cap} tokens"
+            ))
+        } else {
+            parse_reply(&raw)
+        };
+        let stop = match parsed {
+            Err(detail) => {
+                self.state.last_result =
+                    Some(json!({"status": "error", "code": "invalid_reply", "detail": detail}));
+                None
+            }
+            Ok(Reply::Final { outcome, text }) => {
+                let open = self.state.open_steps();
+                if outcome.as_deref() == Some("completed") && !open.is_empty() {
+                    self.state.last_result =
+                        Some(json!({"status": "error", "code": "plan_incomplete", "detail": open}));
+                    None
+                } else {
+                    let t = self.state.elapsed_ms;
+                    self.trace.end(self.step_span, "ok", t);
+                    self.state.outcome = outcome;
+                    self.finish(StopReason::Done, Some(text));
+                    return;
+                }
+            }
+            Ok(Reply::Plan { steps }) => {
+                let verdict = if self.state.plan.is_empty() {
+                    validate_plan(&steps, self.budget.plan_steps_max, self.catalog)
+                } else {
+                    Err(vec!["a plan is already set".to_string()])
+                };
+                match verdict {
+                    Ok(plan) => self.state.plan = plan,
+                    Err(problems) => {
+                        self.state.last_result = Some(
+                            json!({"status": "error", "code": "invalid_plan", "detail": problems}),
+                        );
+                    }
+                }
+                None
+            }
+            Ok(Reply::Tool(call)) => {
+                let fp = call.digest();
+                let n = self.state.seen.entry(fp).or_insert(0);
+                *n += 1;
+                if *n > self.budget.repeat_max {
+                    Some(StopReason::RepeatedCall)
+                } else if self.catalog.get(&call.name).is_none() {
+                    self.state.last_result =
+                        Some(json!({"status": "error", "code": "unknown_tool"}));
+                    None
+                } else {
+                    self.open_tool(call, self.step_span, false);
+                    return;
+                }
+            }
+        };
+        self.end_step(stop);
+    }
+
+    fn open_tool(&mut self, call: ToolCall, parent: u32, held: bool) {
+        let key = call.key(&self.state.task_id, self.state.step);
+        let t = self.state.elapsed_ms;
+        let span = self
+            .trace
+            .start(SpanKind::Tool, call.name.clone(), Some(parent), t);
+        let s = self.trace.get_mut(span);
+        s.args = Some(call.args.clone());
+        s.key = Some(key.clone());
+        let timeout_ms = self.remaining_ms();
+        self.phase = Phase::AwaitTool {
+            call,
+            key,
+            timeout_ms,
+            span,
+            held,
+        };
+    }
+
+    /// Folds in the tool's result to the request of [`Action::Tool`].
+    pub fn on_tool(&mut self, reply: ToolReply) {
+        let Phase::AwaitTool {
+            call,
+            key: _,
+            timeout_ms,
+            span,
+            held,
+        } = std::mem::replace(&mut self.phase, Phase::Top)
+        else {
+            debug_assert!(false, "on_tool without a tool request");
+            return;
+        };
+        let write = self
+            .catalog
+            .get(&call.name)
+            .is_none_or(|s| s.access == Access::Write);
+        let (result, secs) = if reply.latency_ms > timeout_ms {
+            // The call outlived the remaining time: a write may still have happened.
+            let r = if write {
+                json!({"status": "unknown", "code": "timeout"})
+            } else {
+                json!({"status": "error", "code": "timeout"})
+            };
+            (r, timeout_ms)
+        } else {
+            (checked_result(reply.result, write), reply.latency_ms)
+        };
+        self.state.elapsed_ms += secs;
+        self.state.tool_calls += 1;
+        let status = result
+            .get("status")
+            .and_then(Value::as_str)
+            .unwrap_or("error")
+            .to_string();
+        let code = result
+            .get("code")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let t = self.state.elapsed_ms;
+        let s = self.trace.get_mut(span);
+        s.result_tokens = Some(est_tokens(dumped_len(&result)));
+        let shown = code
+            .as_deref()
+            .filter(|c| !c.is_empty())
+            .unwrap_or(&status)
+            .to_string();
+        self.trace.end(span, &shown, t);
+        let step_idx = call
+            .plan_step
+            .as_deref()
+            .and_then(|p| self.state.plan.iter().position(|s| s.id == p));
+        let mut stop = None;
+        match status.as_str() {
+            "ok" => {
+                if let Some(i) = step_idx {
+                    self.state.plan[i].status = StepStatus::Done;
+                }
+                if let (Some(spec), Some(obj)) = (self.catalog.get(&call.name), result.as_object())
+                {
+                    let prefix = python_str(call.args.get(&spec.fact_prefix_arg));
+                    for (k, v) in obj {
+                        if spec.fact_fields.iter().any(|f| f == k) {
+                            self.state.facts.insert(format!("{prefix}.{k}"), v.clone());
+                        }
+                    }
+                }
+            }
+            "needs_approval" => {
+                self.state.pending = Some(call);
+                stop = Some(StopReason::NeedsApproval);
+            }
+            "unknown" => {
+                // Held for reconcile: resuming re-sends it under the same call key.
+                self.state.pending = Some(call);
+                stop = Some(StopReason::UnknownOutcome);
+            }
+            "rejected" => {
+                if let Some(i) = step_idx {
+                    self.state.plan[i].status = StepStatus::Failed;
+                }
+            }
+            _ => {
+                if matches!(code.as_deref(), Some("not_found" | "invalid_state"))
+                    && let Some(i) = step_idx
+                {
+                    self.state.plan[i].status = StepStatus::Failed;
+                }
+            }
+        }
+        self.state.last_result = Some(result);
+        if held {
+            let t = self.state.elapsed_ms;
+            if let Some(rid) = self.resume_span {
+                self.trace
+                    .end(rid, stop.map_or("ok", StopReason::as_str), t);
+            }
+            match stop {
+                Some(stop) => self.finish(stop, None),
+                None => {
+                    self.signature = self.state.signature();
+                    self.phase = Phase::HeldDone;
+                }
+            }
+        } else {
+            self.end_step(stop);
+        }
+    }
+
+    fn end_step(&mut self, mut stop: Option<StopReason>) {
+        let after = self.state.signature();
+        if after != self.signature {
+            self.state.stalls = 0;
+            self.signature = after;
+        } else {
+            self.state.stalls += 1;
+        }
+        if stop.is_none() && self.state.stalls >= self.budget.stalls_max {
+            stop = Some(StopReason::NoProgress);
+        }
+        let t = self.state.elapsed_ms;
+        self.trace
+            .end(self.step_span, stop.map_or("ok", StopReason::as_str), t);
+        match stop {
+            Some(stop) => self.finish(stop, None),
+            None => self.phase = Phase::StepClosed,
+        }
+    }
+
+    fn finish(&mut self, stop: StopReason, answer: Option<String>) {
+        self.state.stop = Some(stop);
+        self.state.answer = answer;
+        self.state.status = if stop.suspends() {
+            Status::Suspended
+        } else {
+            Status::Stopped
+        };
+        if let Some(root) = self.root {
+            let t = self.state.elapsed_ms;
+            self.trace.end(root, stop.as_str(), t);
+        }
+        self.phase = Phase::Finished(stop);
+    }
+
+    /// Stops the run at this step boundary with `cancelled`. Refused while a model or tool
+    /// call is outstanding, because its result must be folded in first.
+    pub fn cancel(&mut self) -> bool {
+        match self.phase {
+            Phase::AwaitModel | Phase::AwaitTool { .. } => false,
+            Phase::Finished(_) => true,
+            _ => {
+                if self.root.is_none() {
+                    let t = self.state.elapsed_ms;
+                    self.root =
+                        Some(
+                            self.trace
+                                .start(SpanKind::Task, self.state.task_id.clone(), None, t),
+                        );
+                }
+                self.finish(StopReason::Cancelled, None);
+                true
+            }
+        }
+    }
+}
+
+/// A tool result must be an object with a string `status`. Anything else from a write means
+/// the kernel cannot know whether it applied; from a read it is an error.
+fn checked_result(result: Value, write: bool) -> Value {
+    let ok = result
+        .as_object()
+        .is_some_and(|o| matches!(o.get("status"), Some(Value::String(_))));
+    if ok {
+        return result;
+    }
+    let status = if write { "unknown" } else { "error" };
+    let mut m = Map::new();
+    m.insert("status".into(), Value::String(status.into()));
+    m.insert("code".into(), Value::String("invalid_result".into()));
+    m.insert(
+        "detail".into(),
+        Value::String("tool result must be an object with a string `status`".into()),
+    );
+    Value::Object(m)
+}
+
+/// Python's `str()` of an argument, as the document's f-string prefixes facts with it.
+fn python_str(v: Option<&Value>) -> String {
+    match v {
+        None | Some(Value::Null) => "None".into(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => py_repr(other),
+    }
+}

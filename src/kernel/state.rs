@@ -1,0 +1,472 @@
+//! The task state, the budget, stop reasons and the progress signature.
+//!
+//! `TaskState` carries every field of the document's TaskState. Time is kept as whole
+//! milliseconds of active time (`elapsed_ms`), which is what the document's `round(t + s, 3)`
+//! arithmetic amounts to, and is written to JSON as float seconds (`"elapsed": 10.0`) so that a
+//! state reads the same as the document's. Two additions, both omitted from JSON while empty:
+//! `outcome` (the final reply's outcome, e.g. `cannot_complete`) and `remembered` (long-term
+//! memory notes selected for this task when it was created).
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::fmt;
+
+use super::json;
+
+/// Limits of one task. Names carry their unit; the defaults are the document's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Budget {
+    /// Loop iterations (model calls).
+    pub steps_max: u32,
+    pub tool_calls_max: u32,
+    /// Model input plus output tokens over the whole run.
+    pub tokens_max: u64,
+    /// Cap on one model reply.
+    pub output_tokens_max: u32,
+    /// Active time: model and tool latency, not time spent waiting for a person.
+    pub deadline_ms: u64,
+    /// Times the same (tool, args) may be proposed.
+    pub repeat_max: u32,
+    /// Consecutive steps that leave the progress signature unchanged.
+    pub stalls_max: u32,
+    pub plan_steps_max: u32,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget {
+            steps_max: 8,
+            tool_calls_max: 6,
+            tokens_max: 4000,
+            output_tokens_max: 300,
+            deadline_ms: 30_000,
+            repeat_max: 2,
+            stalls_max: 3,
+            plan_steps_max: 6,
+        }
+    }
+}
+
+/// Names accepted by [`Budget::set`], in declaration order.
+pub const BUDGET_FIELDS: [&str; 8] = [
+    "steps_max",
+    "tool_calls_max",
+    "tokens_max",
+    "output_tokens_max",
+    "deadline_ms",
+    "repeat_max",
+    "stalls_max",
+    "plan_steps_max",
+];
+
+impl Budget {
+    /// Sets one limit by name, as `worker enqueue --budget name=value` does.
+    pub fn set(&mut self, name: &str, value: &str) -> Result<(), String> {
+        let parsed: u64 = value
+            .trim()
+            .parse()
+            .map_err(|_| format!("budget {name}: {value:?} is not a whole number"))?;
+        let small =
+            || u32::try_from(parsed).map_err(|_| format!("budget {name}: {parsed} is too large"));
+        match name {
+            "steps_max" => self.steps_max = small()?,
+            "tool_calls_max" => self.tool_calls_max = small()?,
+            "tokens_max" => self.tokens_max = parsed,
+            "output_tokens_max" => self.output_tokens_max = small()?,
+            "deadline_ms" => self.deadline_ms = parsed,
+            "repeat_max" => self.repeat_max = small()?,
+            "stalls_max" => self.stalls_max = small()?,
+            "plan_steps_max" => self.plan_steps_max = small()?,
+            _ => {
+                return Err(format!(
+                    "unknown budget {name:?}; known: {}",
+                    BUDGET_FIELDS.join(", ")
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The document's rough 4-characters-per-token estimate; not a tokenizer.
+pub fn est_tokens(len_chars: usize) -> u64 {
+    (len_chars as u64).div_ceil(4)
+}
+
+/// How a run ended. A closed list: each reason implies a different next action.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// A final answer passed the plan check.
+    Done,
+    MaxSteps,
+    MaxToolCalls,
+    MaxTokens,
+    Deadline,
+    /// The same (tool, args) was proposed more than `repeat_max` times.
+    RepeatedCall,
+    /// `stalls_max` consecutive steps left the progress signature unchanged.
+    NoProgress,
+    /// A call is held for a person's decision; the task is suspended, not stopped.
+    NeedsApproval,
+    /// A write may or may not have happened; reconcile before any retry.
+    UnknownOutcome,
+    /// An operator stopped the task.
+    Cancelled,
+}
+
+pub const STOP_REASONS: [StopReason; 10] = [
+    StopReason::Done,
+    StopReason::MaxSteps,
+    StopReason::MaxToolCalls,
+    StopReason::MaxTokens,
+    StopReason::Deadline,
+    StopReason::RepeatedCall,
+    StopReason::NoProgress,
+    StopReason::NeedsApproval,
+    StopReason::UnknownOutcome,
+    StopReason::Cancelled,
+];
+
+impl StopReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopReason::Done => "done",
+            StopReason::MaxSteps => "max_steps",
+            StopReason::MaxToolCalls => "max_tool_calls",
+            StopReason::MaxTokens => "max_tokens",
+            StopReason::Deadline => "deadline",
+            StopReason::RepeatedCall => "repeated_call",
+            StopReason::NoProgress => "no_progress",
+            StopReason::NeedsApproval => "needs_approval",
+            StopReason::UnknownOutcome => "unknown_outcome",
+            StopReason::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<StopReason> {
+        STOP_REASONS.into_iter().find(|r| r.as_str() == s)
+    }
+
+    /// A suspended task can continue; a stopped one cannot.
+    pub fn suspends(self) -> bool {
+        matches!(self, StopReason::NeedsApproval)
+    }
+}
+
+impl fmt::Display for StopReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Running,
+    Suspended,
+    Stopped,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Running => "running",
+            Status::Suspended => "suspended",
+            Status::Stopped => "stopped",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepStatus {
+    Pending,
+    Done,
+    Failed,
+}
+
+impl StepStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StepStatus::Pending => "pending",
+            StepStatus::Done => "done",
+            StepStatus::Failed => "failed",
+        }
+    }
+}
+
+/// One step of an accepted plan. Keys the model sent beyond these are dropped.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PlanStep {
+    pub id: String,
+    pub tool: String,
+    pub depends_on: Vec<String>,
+    pub status: StepStatus,
+}
+
+/// A tool call as the model proposed it; stored in `pending` while it is held.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename = "tool")]
+pub struct ToolCall {
+    pub name: String,
+    pub args: Map<String, Value>,
+    pub plan_step: Option<String>,
+}
+
+impl ToolCall {
+    /// The call key: one key per logical write, `task_id:plan_step` or `task_id:adhoc<step>`.
+    pub fn key(&self, task_id: &str, step: u32) -> String {
+        match &self.plan_step {
+            Some(p) if !p.is_empty() => format!("{task_id}:{p}"),
+            _ => format!("{task_id}:adhoc{step}"),
+        }
+    }
+
+    /// The document's fingerprint of (tool, args): first 10 hex digits of the SHA-256 of
+    /// `json.dumps([name, args], sort_keys=True)`. Approvals bind to it.
+    pub fn digest(&self) -> String {
+        digest(&self.name, &self.args)
+    }
+}
+
+pub fn digest(name: &str, args: &Map<String, Value>) -> String {
+    let mut text = String::with_capacity(64);
+    text.push('[');
+    json::write_str(&mut text, name);
+    text.push_str(", ");
+    json::write_map(&mut text, args);
+    text.push(']');
+    hex_prefix(&Sha256::digest(text.as_bytes()), 10)
+}
+
+pub(crate) fn hex_prefix(bytes: &[u8], n: usize) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(n);
+    for b in bytes {
+        if s.len() >= n {
+            break;
+        }
+        s.push(HEX[(b >> 4) as usize] as char);
+        if s.len() < n {
+            s.push(HEX[(b & 15) as usize] as char);
+        }
+    }
+    s
+}
+
+/// The document's TaskState.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TaskState {
+    pub task_id: String,
+    /// Set by the application, never by the model.
+    pub user_id: String,
+    pub goal: String,
+    #[serde(default)]
+    pub plan: Vec<PlanStep>,
+    /// Validated values copied out of tool results by allow-list.
+    #[serde(default)]
+    pub facts: Map<String, Value>,
+    #[serde(default)]
+    pub last_result: Option<Value>,
+    #[serde(default)]
+    pub step: u32,
+    #[serde(default)]
+    pub tool_calls: u32,
+    #[serde(default)]
+    pub tokens: u64,
+    #[serde(
+        rename = "elapsed",
+        default,
+        serialize_with = "ser_secs",
+        deserialize_with = "de_secs"
+    )]
+    pub elapsed_ms: u64,
+    /// Call fingerprint -> times proposed.
+    #[serde(default)]
+    pub seen: BTreeMap<String, u32>,
+    #[serde(default)]
+    pub stalls: u32,
+    pub status: Status,
+    #[serde(default)]
+    pub stop: Option<StopReason>,
+    #[serde(default)]
+    pub answer: Option<String>,
+    /// A call held for approval, or a write whose outcome is unknown.
+    #[serde(default)]
+    pub pending: Option<ToolCall>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remembered: Vec<String>,
+}
+
+fn ser_secs<S: Serializer>(ms: &u64, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(ms_to_secs(*ms))
+}
+
+fn de_secs<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    let secs = f64::deserialize(d)?;
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(serde::de::Error::custom(format!(
+            "elapsed must be a non-negative number of seconds, got {secs}"
+        )));
+    }
+    Ok(secs_to_ms(secs))
+}
+
+pub fn ms_to_secs(ms: u64) -> f64 {
+    ms as f64 / 1000.0
+}
+
+/// Seconds to whole milliseconds, the document's `round(x, 3)`.
+pub fn secs_to_ms(secs: f64) -> u64 {
+    if secs.is_finite() && secs > 0.0 {
+        (secs * 1000.0).round() as u64
+    } else {
+        0
+    }
+}
+
+impl TaskState {
+    pub fn new(task_id: &str, user_id: &str, goal: &str) -> TaskState {
+        TaskState {
+            task_id: task_id.to_string(),
+            user_id: user_id.to_string(),
+            goal: goal.to_string(),
+            plan: Vec::new(),
+            facts: Map::new(),
+            last_result: None,
+            step: 0,
+            tool_calls: 0,
+            tokens: 0,
+            elapsed_ms: 0,
+            seen: BTreeMap::new(),
+            stalls: 0,
+            status: Status::Running,
+            stop: None,
+            answer: None,
+            pending: None,
+            outcome: None,
+            remembered: Vec::new(),
+        }
+    }
+
+    /// `json.dumps(asdict(state), sort_keys=True)`.
+    pub fn to_json(&self) -> String {
+        match serde_json::to_value(self) {
+            Ok(v) => json::dumps(&v),
+            // Every field serializes to JSON; a failure here is a programming error.
+            Err(e) => unreachable!("TaskState serializes: {e}"),
+        }
+    }
+
+    pub fn from_json(text: &str) -> Result<TaskState, serde_json::Error> {
+        serde_json::from_str(text)
+    }
+
+    /// Hash of everything that counts as progress: facts and plan step statuses.
+    pub fn signature(&self) -> String {
+        let mut text = String::with_capacity(128);
+        text.push_str("{\"facts\": ");
+        json::write_map(&mut text, &self.facts);
+        text.push_str(", \"plan\": [");
+        for (i, s) in self.plan.iter().enumerate() {
+            if i > 0 {
+                text.push_str(", ");
+            }
+            text.push('[');
+            json::write_str(&mut text, &s.id);
+            text.push_str(", ");
+            json::write_str(&mut text, s.status.as_str());
+            text.push(']');
+        }
+        text.push_str("]}");
+        hex_prefix(&Sha256::digest(text.as_bytes()), 12)
+    }
+
+    pub fn open_steps(&self) -> Vec<String> {
+        self.plan
+            .iter()
+            .filter(|s| s.status == StepStatus::Pending)
+            .map(|s| s.id.clone())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn state_json_round_trips() {
+        let mut st = TaskState::new("t1", "cu_ana", "refund ü");
+        st.elapsed_ms = 11_200;
+        st.facts.insert("ord_1.total_cents".into(), json!(4200));
+        st.plan.push(PlanStep {
+            id: "s1".into(),
+            tool: "get_order".into(),
+            depends_on: vec![],
+            status: StepStatus::Done,
+        });
+        st.pending = Some(ToolCall {
+            name: "issue_refund".into(),
+            args: json!({"order_id": "ord_1004", "amount_cents": 8000})
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+            plan_step: Some("s2".into()),
+        });
+        let text = st.to_json();
+        assert!(text.contains("\"elapsed\": 11.2"), "{text}");
+        assert!(text.contains("\"type\": \"tool\""), "{text}");
+        assert!(text.contains("refund \\u00fc"), "{text}");
+        let back = TaskState::from_json(&text).expect("parses");
+        assert_eq!(back, st);
+        assert_eq!(back.to_json(), text);
+    }
+
+    #[test]
+    fn fresh_state_json_equals_python() {
+        // json.dumps(asdict(TaskState("t1", "cu_ana", "g")), sort_keys=True) in the reference.
+        let want = r#"{"answer": null, "elapsed": 0.0, "facts": {}, "goal": "g", "last_result": null, "pending": null, "plan": [], "seen": {}, "stalls": 0, "status": "running", "step": 0, "stop": null, "task_id": "t1", "tokens": 0, "tool_calls": 0, "user_id": "cu_ana"}"#;
+        assert_eq!(TaskState::new("t1", "cu_ana", "g").to_json(), want);
+    }
+
+    #[test]
+    fn signature_and_digest_equal_python() {
+        // Python: TaskState("t1","u","g").signature() and Tools.digest("get_order", {"order_id": "ord_9999"}).
+        assert_eq!(TaskState::new("t1", "u", "g").signature(), "bba42167e749");
+        let args = json!({"order_id": "ord_9999"})
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(digest("get_order", &args), "d40389f1eb");
+    }
+
+    #[test]
+    fn budget_set_names_the_problem() {
+        let mut b = Budget::default();
+        b.set("steps_max", "3").expect("valid");
+        assert_eq!(b.steps_max, 3);
+        assert!(
+            b.set("max_steps", "3")
+                .unwrap_err()
+                .contains("unknown budget")
+        );
+        assert!(
+            b.set("steps_max", "x")
+                .unwrap_err()
+                .contains("not a whole number")
+        );
+        assert!(
+            b.set("steps_max", "99999999999")
+                .unwrap_err()
+                .contains("too large")
+        );
+    }
+}

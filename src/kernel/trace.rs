@@ -1,0 +1,119 @@
+//! Trace spans: task, step, model, tool and resume, each with a parent, start and end times in
+//! milliseconds of active time, a status, and the attributes the document records.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SpanKind {
+    Task,
+    Step,
+    Model,
+    Tool,
+    Resume,
+}
+
+impl SpanKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SpanKind::Task => "task",
+            SpanKind::Step => "step",
+            SpanKind::Model => "model",
+            SpanKind::Tool => "tool",
+            SpanKind::Resume => "resume",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Span {
+    pub id: u32,
+    pub parent: Option<u32>,
+    pub kind: SpanKind,
+    pub name: String,
+    pub t0_ms: u64,
+    pub t1_ms: Option<u64>,
+    /// "open" until the span ends; then "ok", a stop reason, or a tool result code.
+    pub status: String,
+    /// Model spans: estimated (or provider-reported) input and output tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tin: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tout: Option<u64>,
+    /// Tool spans: the arguments, the call key and the estimated size of the result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args: Option<Map<String, Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result_tokens: Option<u64>,
+}
+
+impl Span {
+    pub fn duration_ms(&self) -> u64 {
+        self.t1_ms.map_or(0, |t1| t1.saturating_sub(self.t0_ms))
+    }
+}
+
+/// The spans of one run, numbered from `first_id` so that a resumed task continues its trace.
+#[derive(Debug, Default)]
+pub struct Trace {
+    pub spans: Vec<Span>,
+    first_id: u32,
+    /// Index of the first span changed since the last [`Trace::take_changed`].
+    dirty_from: usize,
+}
+
+impl Trace {
+    pub fn new(first_id: u32) -> Trace {
+        Trace {
+            spans: Vec::new(),
+            first_id,
+            dirty_from: 0,
+        }
+    }
+
+    pub fn start(&mut self, kind: SpanKind, name: String, parent: Option<u32>, t_ms: u64) -> u32 {
+        let id = self.first_id + self.spans.len() as u32;
+        self.spans.push(Span {
+            id,
+            parent,
+            kind,
+            name,
+            t0_ms: t_ms,
+            t1_ms: None,
+            status: "open".to_string(),
+            tin: None,
+            tout: None,
+            args: None,
+            key: None,
+            result_tokens: None,
+        });
+        id
+    }
+
+    pub fn get_mut(&mut self, id: u32) -> &mut Span {
+        let i = (id - self.first_id) as usize;
+        self.dirty_from = self.dirty_from.min(i);
+        &mut self.spans[i]
+    }
+
+    pub fn end(&mut self, id: u32, status: &str, t_ms: u64) {
+        let span = self.get_mut(id);
+        span.t1_ms = Some(t_ms);
+        span.status.clear();
+        span.status.push_str(status);
+    }
+
+    /// Spans created or changed since the last call: what a durable driver must write.
+    pub fn take_changed(&mut self) -> &[Span] {
+        let from = self.dirty_from.min(self.spans.len());
+        self.dirty_from = self.spans.len();
+        &self.spans[from..]
+    }
+
+    pub fn next_id(&self) -> u32 {
+        self.first_id + self.spans.len() as u32
+    }
+}

@@ -1,0 +1,9 @@
+//! Tether: a durable, bounded agent worker.
+//!
+//! [`kernel`] is the sans-IO agent loop; [`model`] and [`tools`] are the things it calls;
+//! [`sim`] drives the kernel in memory (the design document's programs and benchmarks).
+
+pub mod kernel;
+pub mod model;
+pub mod sim;
+pub mod tools;

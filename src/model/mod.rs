@@ -1,0 +1,401 @@
+//! Models: the `Model` trait and the document's stand-ins.
+//!
+//! A model reads only the rendered view, as a real prompt builder would hand it over. The
+//! stand-ins: the document's `Policy`, the one-line scripted models of the scenarios
+//! (`same_call`, `new_ids`, `search_loop`), a script of replies (one JSON reply per line, so any
+//! sequence can drive a task), the random model of the document's bound check, and a
+//! [`Recorder`] and [`Replay`] pair. A [`ModelProfile`] names a model as data, so a stored task
+//! can rebuild its model in another process.
+
+pub mod pyrandom;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::kernel::{ModelError, ModelReply, ModelRequest, RawReply, Usage};
+use pyrandom::PyRandom;
+
+pub trait Model: Send {
+    fn next(&mut self, req: &ModelRequest<'_>) -> ModelReply;
+}
+
+/// A model named as data: what `worker enqueue --model` stores with a task.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ModelProfile {
+    /// The document's Policy: plan, read the order, refund, email, final answer.
+    Policy {
+        order: String,
+        amount_cents: i64,
+        latency_ms: u64,
+    },
+    /// Proposes `get_order` for a nonexistent order every step.
+    SameCall { latency_ms: u64 },
+    /// Proposes `get_order` for a new nonexistent order every step.
+    NewIds { latency_ms: u64 },
+    /// Calls `search_policy`, whose results are large, with a new query every step.
+    SearchLoop { latency_ms: u64 },
+    /// Reply `n` answers step `n`; past the end the model fails (which counts as a step).
+    Script {
+        replies: Vec<Value>,
+        latency_ms: u64,
+    },
+}
+
+pub const DEFAULT_LATENCY_MS: u64 = 1500;
+
+impl ModelProfile {
+    pub fn policy() -> ModelProfile {
+        ModelProfile::Policy {
+            order: "ord_1001".into(),
+            amount_cents: 3000,
+            latency_ms: DEFAULT_LATENCY_MS,
+        }
+    }
+
+    pub fn build(&self) -> Box<dyn Model> {
+        match self.clone() {
+            ModelProfile::Policy {
+                order,
+                amount_cents,
+                latency_ms,
+            } => Box::new(Policy {
+                order,
+                amount_cents,
+                latency_ms,
+            }),
+            ModelProfile::SameCall { latency_ms } => Box::new(OneLiner {
+                kind: OneLinerKind::SameCall,
+                latency_ms,
+            }),
+            ModelProfile::NewIds { latency_ms } => Box::new(OneLiner {
+                kind: OneLinerKind::NewIds,
+                latency_ms,
+            }),
+            ModelProfile::SearchLoop { latency_ms } => Box::new(OneLiner {
+                kind: OneLinerKind::SearchLoop,
+                latency_ms,
+            }),
+            ModelProfile::Script {
+                replies,
+                latency_ms,
+            } => Box::new(Script {
+                replies,
+                latency_ms,
+            }),
+        }
+    }
+
+    /// Parses the `--model` argument: `policy[:ORDER:AMOUNT[:LATENCY_MS]]`, `same_call`,
+    /// `new_ids`, `search_loop` (each with an optional `:LATENCY_MS`), or `script:FILE.jsonl`
+    /// (the file is read by the caller and passed as `script_text`).
+    pub fn parse(spec: &str, script_text: Option<&str>) -> Result<ModelProfile, String> {
+        let parts: Vec<&str> = spec.split(':').collect();
+        let latency = |s: Option<&&str>| -> Result<u64, String> {
+            match s {
+                None => Ok(DEFAULT_LATENCY_MS),
+                Some(v) => v.parse().map_err(|_| {
+                    format!("model latency {v:?} is not a whole number of milliseconds")
+                }),
+            }
+        };
+        match parts[0] {
+            "policy" => match parts.len() {
+                1 => Ok(ModelProfile::policy()),
+                3 | 4 => Ok(ModelProfile::Policy {
+                    order: parts[1].to_string(),
+                    amount_cents: parts[2].parse().map_err(|_| {
+                        format!(
+                            "policy amount {:?} is not a whole number of cents",
+                            parts[2]
+                        )
+                    })?,
+                    latency_ms: latency(parts.get(3))?,
+                }),
+                _ => Err("expected policy or policy:ORDER:AMOUNT_CENTS[:LATENCY_MS]".into()),
+            },
+            "same_call" if parts.len() <= 2 => Ok(ModelProfile::SameCall {
+                latency_ms: latency(parts.get(1))?,
+            }),
+            "new_ids" if parts.len() <= 2 => Ok(ModelProfile::NewIds {
+                latency_ms: latency(parts.get(1))?,
+            }),
+            "search_loop" if parts.len() <= 2 => Ok(ModelProfile::SearchLoop {
+                latency_ms: latency(parts.get(1))?,
+            }),
+            "script" => {
+                let text = script_text.ok_or("script:FILE needs the file's text")?;
+                Ok(ModelProfile::Script {
+                    replies: parse_script(text)?,
+                    latency_ms: DEFAULT_LATENCY_MS,
+                })
+            }
+            other => Err(format!(
+                "unknown model {other:?}; known: policy, same_call, new_ids, search_loop, script:FILE"
+            )),
+        }
+    }
+}
+
+/// A script file: one reply per line. A line that is JSON is that reply; any other non-empty
+/// line is kept as text, so a script can also feed the kernel malformed replies.
+pub fn parse_script(text: &str) -> Result<Vec<Value>, String> {
+    let replies: Vec<Value> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|_| Value::String(l.to_string())))
+        .collect();
+    if replies.is_empty() {
+        return Err("the script has no replies (one JSON reply per line)".into());
+    }
+    Ok(replies)
+}
+
+/// The document's Policy: decides the next call from the facts and plan in its view.
+pub struct Policy {
+    pub order: String,
+    pub amount_cents: i64,
+    pub latency_ms: u64,
+}
+
+impl Model for Policy {
+    fn next(&mut self, req: &ModelRequest<'_>) -> ModelReply {
+        let v: Value = match serde_json::from_str(req.view) {
+            Ok(v) => v,
+            Err(e) => {
+                return ModelReply {
+                    outcome: Err(ModelError::Failed(format!("view is not JSON: {e}"))),
+                    latency_ms: self.latency_ms,
+                    usage: None,
+                };
+            }
+        };
+        let o = &self.order;
+        let empty = Vec::new();
+        let plan = v["plan"].as_array().unwrap_or(&empty);
+        let facts = &v["facts"];
+        let has = |k: String| facts.get(k).is_some();
+        let reply = if plan.is_empty() {
+            json!({"type": "plan", "steps": [
+                {"id": "s1", "tool": "get_order", "depends_on": []},
+                {"id": "s2", "tool": "issue_refund", "depends_on": ["s1"]},
+                {"id": "s3", "tool": "send_status_email", "depends_on": ["s2"]}]})
+        } else if !has(format!("{o}.total_cents")) {
+            json!({"type": "tool", "name": "get_order", "args": {"order_id": o}, "plan_step": "s1"})
+        } else if !plan
+            .iter()
+            .any(|s| s["id"] == "s2" && s["status"] == "done")
+        {
+            json!({"type": "tool", "name": "issue_refund", "plan_step": "s2",
+                   "args": {"order_id": o, "amount_cents": self.amount_cents, "reason": "damaged"}})
+        } else if !has(format!("{o}.sent")) {
+            json!({"type": "tool", "name": "send_status_email", "args": {"order_id": o}, "plan_step": "s3"})
+        } else {
+            json!({"type": "final", "outcome": "completed", "text": "Refund issued and confirmation sent."})
+        };
+        ModelReply::json(reply, self.latency_ms)
+    }
+}
+
+enum OneLinerKind {
+    SameCall,
+    NewIds,
+    SearchLoop,
+}
+
+/// The document's `Fn` one-liners. `i` is the step number, so a resumed or recovered task
+/// proposes what the same step proposed before.
+struct OneLiner {
+    kind: OneLinerKind,
+    latency_ms: u64,
+}
+
+impl Model for OneLiner {
+    fn next(&mut self, req: &ModelRequest<'_>) -> ModelReply {
+        let i = req.step;
+        let reply = match self.kind {
+            OneLinerKind::SameCall => {
+                json!({"type": "tool", "name": "get_order", "args": {"order_id": "ord_9999"}})
+            }
+            OneLinerKind::NewIds => {
+                json!({"type": "tool", "name": "get_order", "args": {"order_id": format!("ord_{}", 9000 + i)}})
+            }
+            OneLinerKind::SearchLoop => json!({"type": "tool", "name": "search_policy",
+                "args": {"order_id": "x", "q": format!("returns policy {i}")}}),
+        };
+        ModelReply::json(reply, self.latency_ms)
+    }
+}
+
+/// Replies from a script, reply `n` for step `n`.
+struct Script {
+    replies: Vec<Value>,
+    latency_ms: u64,
+}
+
+impl Model for Script {
+    fn next(&mut self, req: &ModelRequest<'_>) -> ModelReply {
+        let outcome = match self.replies.get(req.step as usize - 1) {
+            Some(v) => Ok(RawReply::from_value(v.clone())),
+            None => Err(ModelError::Failed(format!(
+                "script has {} replies and step {} asked for another",
+                self.replies.len(),
+                req.step
+            ))),
+        };
+        ModelReply {
+            outcome,
+            latency_ms: self.latency_ms,
+            usage: None,
+        }
+    }
+}
+
+/// The random model of the document's bound check (`random_demo.py`), on the same random
+/// numbers as Python's `random.Random(seed)`.
+pub struct RandomModel {
+    rng: PyRandom,
+    latency_ms: u64,
+}
+
+impl RandomModel {
+    pub fn new(seed: u64) -> RandomModel {
+        let mut rng = PyRandom::new(seed);
+        let latency_ms = *rng.choice(&[500, 1500, 4000]);
+        RandomModel { rng, latency_ms }
+    }
+}
+
+impl Model for RandomModel {
+    fn next(&mut self, _req: &ModelRequest<'_>) -> ModelReply {
+        let rng = &mut self.rng;
+        let r = rng.random();
+        let reply = if r < 0.10 {
+            json!({"type": "final", "outcome": *rng.choice(&["completed", "cannot_complete"]), "text": "done"})
+        } else if r < 0.20 {
+            json!({"type": "plan", "steps": [{"id": "s1", "tool": *rng.choice(&["get_order", "nope"]), "depends_on": []}]})
+        } else {
+            let tool = *rng.choice(&[
+                "get_order",
+                "issue_refund",
+                "send_status_email",
+                "search_policy",
+                "delete_order",
+            ]);
+            let order = *rng.choice(&["ord_1001", "ord_1004", "ord_9999"]);
+            let amount = *rng.choice(&[100, 3000, 8000, 99999]);
+            let plan_step = *rng.choice(&[None, Some("s1")]);
+            json!({"type": "tool", "name": tool, "args": {"order_id": order, "amount_cents": amount}, "plan_step": plan_step})
+        };
+        ModelReply::json(reply, self.latency_ms)
+    }
+}
+
+/// A model reply as stored for replay.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordedOutcome {
+    Json(Value),
+    Text(String),
+    Timeout,
+    Failed(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RecordedReply {
+    pub step: u32,
+    pub outcome: RecordedOutcome,
+    pub latency_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<[u64; 2]>,
+}
+
+impl RecordedReply {
+    pub fn of(step: u32, r: &ModelReply) -> RecordedReply {
+        RecordedReply {
+            step,
+            outcome: match &r.outcome {
+                Ok(RawReply::Json(v)) => RecordedOutcome::Json(v.clone()),
+                Ok(RawReply::Text(t)) => RecordedOutcome::Text(t.clone()),
+                Err(ModelError::Timeout) => RecordedOutcome::Timeout,
+                Err(ModelError::Failed(m)) => RecordedOutcome::Failed(m.clone()),
+            },
+            latency_ms: r.latency_ms,
+            usage: r.usage.map(|u| [u.input_tokens, u.output_tokens]),
+        }
+    }
+
+    pub fn to_reply(&self) -> ModelReply {
+        ModelReply {
+            outcome: match &self.outcome {
+                RecordedOutcome::Json(v) => Ok(RawReply::Json(v.clone())),
+                RecordedOutcome::Text(t) => Ok(RawReply::Text(t.clone())),
+                RecordedOutcome::Timeout => Err(ModelError::Timeout),
+                RecordedOutcome::Failed(m) => Err(ModelError::Failed(m.clone())),
+            },
+            latency_ms: self.latency_ms,
+            usage: self.usage.map(|[i, o]| Usage {
+                input_tokens: i,
+                output_tokens: o,
+            }),
+        }
+    }
+}
+
+/// Wraps a model and keeps its replies, so a run can be replayed without the model.
+pub struct Recorder<M> {
+    pub inner: M,
+    pub replies: Vec<RecordedReply>,
+}
+
+impl<M: Model> Recorder<M> {
+    pub fn new(inner: M) -> Self {
+        Recorder {
+            inner,
+            replies: Vec::new(),
+        }
+    }
+}
+
+impl<M: Model> Model for Recorder<M> {
+    fn next(&mut self, req: &ModelRequest<'_>) -> ModelReply {
+        let r = self.inner.next(req);
+        self.replies.push(RecordedReply::of(req.step, &r));
+        r
+    }
+}
+
+/// Returns recorded replies in order; past the end it fails, which the kernel counts as a step.
+pub struct Replay {
+    replies: Vec<RecordedReply>,
+    next: usize,
+}
+
+impl Replay {
+    pub fn new(replies: Vec<RecordedReply>) -> Replay {
+        Replay { replies, next: 0 }
+    }
+}
+
+impl Model for Replay {
+    fn next(&mut self, _req: &ModelRequest<'_>) -> ModelReply {
+        let r = match self.replies.get(self.next) {
+            Some(r) => r.to_reply(),
+            None => ModelReply {
+                outcome: Err(ModelError::Failed(
+                    "replay has no more recorded replies".into(),
+                )),
+                latency_ms: 0,
+                usage: None,
+            },
+        };
+        self.next += 1;
+        r
+    }
+}
+
+impl Model for Box<dyn Model> {
+    fn next(&mut self, req: &ModelRequest<'_>) -> ModelReply {
+        (**self).next(req)
+    }
+}

@@ -1,0 +1,61 @@
+//! Every table of the design document, figure for figure: the outputs of this crate's kernel
+//! compared byte for byte with what the reference programs print (captured in tests/fixtures).
+
+use tether::kernel::Budget;
+use tether::sim::{demos, random_workload, scenario_table};
+
+fn fixture(name: &str) -> String {
+    let path = format!("{}/tests/fixtures/{name}.txt", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+#[test]
+fn scenario_table_a_to_h() {
+    assert_eq!(scenario_table(), fixture("scenarios"));
+}
+
+#[test]
+fn span_table_of_scenario_a() {
+    assert_eq!(demos::trace_demo(), fixture("trace"));
+}
+
+#[test]
+fn postmortems_of_b_c_d_h() {
+    assert_eq!(demos::postmortem_demo(), fixture("postmortem"));
+}
+
+#[test]
+fn state_view_versus_full_transcript() {
+    let out = demos::context_growth_demo();
+    assert_eq!(out, fixture("context_growth"));
+    assert!(out.contains("   8       1149            7979       8084           32080"));
+}
+
+#[test]
+fn suspend_and_resume_twice_from_one_snapshot() {
+    let out = demos::resume_demo();
+    assert_eq!(out, fixture("resume"));
+    assert!(out.contains("budgets carried : tokens 708 elapsed 11.2"));
+}
+
+#[test]
+fn record_and_replay() {
+    assert_eq!(demos::replay_demo(), fixture("replay"));
+}
+
+#[test]
+fn plan_validation_messages() {
+    assert_eq!(demos::plan_demo(), fixture("plan"));
+}
+
+#[test]
+fn memory_policy() {
+    assert_eq!(demos::memory_demo(), fixture("memory"));
+}
+
+#[test]
+fn random_models_same_distribution_as_reference() {
+    let budget = Budget::default();
+    let sum = random_workload(0..2000, budget);
+    assert_eq!(demos::random_report(&sum, &budget), fixture("random"));
+}
