@@ -3,7 +3,10 @@
 //! [`kernel`] is the sans-IO agent loop; [`model`] and [`tools`] are the things it calls;
 //! [`sim`] drives the kernel in memory (the design document's programs and benchmarks).
 
+pub mod cli;
 pub mod kernel;
 pub mod model;
 pub mod sim;
+pub mod store;
 pub mod tools;
+pub mod worker;

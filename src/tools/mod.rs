@@ -238,3 +238,5 @@ impl Tools for DemoStore {
         }
     }
 }
+
+pub mod durable;

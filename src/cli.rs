@@ -1,0 +1,803 @@
+//! The `worker` command line: one function per verb. Read verbs take `--json`. Exit codes: 0 ok,
+//! 1 operational error, 2 usage error; every error says what was wrong and, where it helps, what
+//! to do (`error:` / `caused by:` / `hint:`).
+
+use clap::{Args, Parser, Subcommand};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use crate::kernel::report::{closing_message, postmortem, span_table};
+use crate::kernel::{Budget, Catalog, StopReason};
+use crate::model::ModelProfile;
+use crate::sim::{SCENARIO_HEADER, scenario_row, scenarios};
+use crate::store::{self, NewTask, QueueStatus, Store, TaskRecord};
+use crate::tools::durable::{DurableStore, LedgerEntry};
+use crate::tools::{Effect, Order, effects_to_python};
+use crate::worker::{self, Config, now_ms};
+
+const AFTER_HELP: &str = "Examples:
+  worker demo                                   # scenarios A-H through the durable path
+  worker enqueue --user cu_ana --goal 'refund the damaged item on order ord_1001' --key job-42
+  worker run --workers 4 --drain                # run until nothing is runnable
+  worker list --status finished --json
+  worker show t1
+  worker trace t1
+
+The database is ./worker.redb unless --db or WORKER_DB says otherwise; the document's store
+(orders, ledger, stored results) is a second file beside it (--store or WORKER_STORE).";
+
+#[derive(Parser, Debug)]
+#[command(name = "worker", version, about = "Tether: a durable, bounded agent worker on redb", after_help = AFTER_HELP)]
+pub struct Cli {
+    /// The worker database (redb, shared by all processes).
+    #[arg(long, global = true, env = "WORKER_DB", default_value = "worker.redb")]
+    pub db: PathBuf,
+    /// The document's store (orders, ledger, stored results); default: <db>.store.redb beside --db.
+    #[arg(long, global = true, env = "WORKER_STORE")]
+    pub store: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the daemon: claim tasks and run them on a pool of threads.
+    #[command(
+        after_help = "Example:\n  RUST_LOG=info worker run --workers 8        # until SIGINT/SIGTERM\n  worker run --drain                          # until the queue is empty"
+    )]
+    Run(RunArgs),
+    /// Add a task (or a batch from a JSONL file) to the queue; prints the task id.
+    #[command(after_help = ENQUEUE_HELP)]
+    Enqueue(EnqueueArgs),
+    /// List tasks.
+    #[command(
+        after_help = "Example:\n  worker list --status held\n  worker list --stop max_steps --json"
+    )]
+    List(ListArgs),
+    /// Show one task: state, plan, budgets used, closing message.
+    #[command(after_help = "Example:\n  worker show t1 --json")]
+    Show(TaskArgs),
+    /// The task's span table.
+    #[command(after_help = "Example:\n  worker trace t1")]
+    Trace(TaskArgs),
+    /// The document's post-mortem of a task.
+    #[command(after_help = "Example:\n  worker postmortem t2")]
+    Postmortem(TaskArgs),
+    /// Enqueue scenarios A-H on a fresh temporary database, run them, print the table.
+    #[command(after_help = "Example:\n  worker demo --workers 4")]
+    Demo(DemoArgs),
+    /// The document's store: orders and ledger.
+    #[command(subcommand)]
+    Store(StoreCommand),
+}
+
+const ENQUEUE_HELP: &str = "Models (--model): policy | policy:ORDER:AMOUNT_CENTS[:LATENCY_MS] | same_call | new_ids |
+search_loop (each with optional :LATENCY_MS) | script:FILE.jsonl (one reply per line).
+Budgets (--budget NAME=VALUE): steps_max, tool_calls_max, tokens_max, output_tokens_max,
+deadline_ms, repeat_max, stalls_max, plan_steps_max.
+
+Examples:
+  worker enqueue --user cu_ana --goal 'refund the damaged item on order ord_1001'
+  worker enqueue --user cu_ana --goal 'refund' --model policy:ord_1004:8000 --key job-7
+  worker enqueue --file tasks.jsonl
+A line of tasks.jsonl:
+  {\"user\": \"cu_ana\", \"goal\": \"refund\", \"key\": \"job-7\", \"priority\": 5,
+   \"budget\": {\"steps_max\": 3}, \"model\": \"policy\", \"tool_latency_ms\": {\"issue_refund\": 40000}}";
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Worker threads, each running one task at a time.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub workers: u16,
+    /// Exit when nothing is runnable.
+    #[arg(long)]
+    pub drain: bool,
+    /// Lease length: a task whose worker has not committed for this long is taken over.
+    #[arg(long, default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(1000..))]
+    pub lease_ms: u64,
+    /// Sleep this many real ms per simulated ms of scripted model and tool latency (0: none).
+    #[arg(long, default_value_t = 0.0)]
+    pub time_scale: f64,
+}
+
+#[derive(Args, Debug)]
+pub struct EnqueueArgs {
+    /// The user the task runs as (never taken from the model).
+    #[arg(long, required_unless_present = "file", conflicts_with = "file")]
+    pub user: Option<String>,
+    /// The task's goal.
+    #[arg(long, required_unless_present = "file", conflicts_with = "file")]
+    pub goal: Option<String>,
+    /// Idempotency key: enqueueing the same key again returns the existing task.
+    #[arg(long, conflicts_with = "file")]
+    pub key: Option<String>,
+    /// Higher runs first.
+    #[arg(
+        long,
+        default_value_t = 0,
+        conflicts_with = "file",
+        allow_negative_numbers = true
+    )]
+    pub priority: i64,
+    /// A budget limit, NAME=VALUE; repeatable.
+    #[arg(long = "budget", value_name = "NAME=VALUE", conflicts_with = "file")]
+    pub budgets: Vec<String>,
+    /// The model profile.
+    #[arg(long, default_value = "policy", conflicts_with = "file")]
+    pub model: String,
+    /// Simulated latency of a demo-store tool, TOOL=MS; repeatable.
+    #[arg(long = "tool-latency", value_name = "TOOL=MS", conflicts_with = "file")]
+    pub tool_latency: Vec<String>,
+    /// Demo-store tenant: the task gets its own fresh copy of the document's orders.
+    #[arg(long, default_value = "", conflicts_with = "file")]
+    pub store_scope: String,
+    /// Enqueue every task of a JSONL file in one transaction (all or nothing).
+    #[arg(long)]
+    pub file: Option<PathBuf>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    /// queued, running, suspended, held or finished.
+    #[arg(long)]
+    pub status: Option<String>,
+    /// A stop reason (done, max_steps, ..., cancelled).
+    #[arg(long)]
+    pub stop: Option<String>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct TaskArgs {
+    /// Task id, as printed by `worker enqueue` (e.g. t1).
+    pub task: String,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub workers: u16,
+    /// Keep the demo's database files in this directory instead of a temporary one.
+    #[arg(long)]
+    pub keep: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum StoreCommand {
+    /// List the store's orders.
+    Orders {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Add or replace orders: --order ID:CUSTOMER:TOTAL_CENTS, repeatable.
+    #[command(
+        after_help = "Example:\n  worker store add-order --order ord_2001:cu_bo:4200 --order ord_2002:cu_cy:15000"
+    )]
+    AddOrder {
+        #[arg(
+            long = "order",
+            value_name = "ID:CUSTOMER:TOTAL_CENTS",
+            required = true
+        )]
+        orders: Vec<String>,
+    },
+    /// The ledger of effects (refunds and emails), in order.
+    Ledger {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// An error for the user: what was wrong, why, and what to do; exit code 1 or 2.
+#[derive(Debug)]
+pub struct CliError {
+    pub message: String,
+    pub cause: Option<String>,
+    pub hint: Option<String>,
+    pub code: i32,
+}
+
+impl CliError {
+    pub fn usage(message: impl Into<String>) -> CliError {
+        CliError {
+            message: message.into(),
+            cause: None,
+            hint: None,
+            code: 2,
+        }
+    }
+
+    pub fn op(message: impl Into<String>) -> CliError {
+        CliError {
+            message: message.into(),
+            cause: None,
+            hint: None,
+            code: 1,
+        }
+    }
+
+    pub fn hint(mut self, hint: impl Into<String>) -> CliError {
+        self.hint = Some(hint.into());
+        self
+    }
+
+    pub fn render(&self) -> String {
+        let mut s = format!("error: {}\n", self.message);
+        if let Some(c) = &self.cause {
+            s.push_str(&format!("caused by: {c}\n"));
+        }
+        if let Some(h) = &self.hint {
+            s.push_str(&format!("hint: {h}\n"));
+        }
+        s
+    }
+}
+
+impl From<store::Error> for CliError {
+    fn from(e: store::Error) -> CliError {
+        let code = match e {
+            store::Error::Invalid(_) => 2,
+            _ => 1,
+        };
+        let hint = match &e {
+            store::Error::Missing(_) => Some(
+                "run `worker enqueue ...` or `worker run` to create it, or pass --db PATH"
+                    .to_string(),
+            ),
+            store::Error::NoTask(_) => Some("`worker list` shows the task ids".to_string()),
+            store::Error::NewerVersion { .. } => {
+                Some("use the Tether release that wrote this file, or a newer one".to_string())
+            }
+            store::Error::Corrupt(_) => Some(
+                "restore the file from a backup; this build will not guess at its contents"
+                    .to_string(),
+            ),
+            _ => None,
+        };
+        CliError {
+            message: e.to_string(),
+            cause: None,
+            hint,
+            code,
+        }
+    }
+}
+
+type CliResult = Result<(), CliError>;
+
+fn store_path(cli: &Cli) -> PathBuf {
+    cli.store.clone().unwrap_or_else(|| sibling_store(&cli.db))
+}
+
+/// `dir/worker.redb` -> `dir/worker.store.redb`.
+pub fn sibling_store(db: &Path) -> PathBuf {
+    let stem = db.file_stem().and_then(|s| s.to_str()).unwrap_or("worker");
+    db.with_file_name(format!("{stem}.store.redb"))
+}
+
+pub fn run(cli: Cli) -> CliResult {
+    match &cli.command {
+        Command::Run(a) => cmd_run(&cli, a),
+        Command::Enqueue(a) => cmd_enqueue(&cli, a),
+        Command::List(a) => cmd_list(&cli, a),
+        Command::Show(a) => cmd_show(&cli, a),
+        Command::Trace(a) => cmd_trace(&cli, a),
+        Command::Postmortem(a) => cmd_postmortem(&cli, a),
+        Command::Demo(a) => cmd_demo(a),
+        Command::Store(c) => cmd_store(&cli, c),
+    }
+}
+
+fn open_existing(cli: &Cli) -> Result<Store, CliError> {
+    Ok(Store::open(&cli.db, false)?)
+}
+
+fn print_json(v: &Value) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
+    );
+}
+
+fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
+    if !(a.time_scale.is_finite() && (0.0..=10.0).contains(&a.time_scale)) {
+        return Err(CliError::usage(format!(
+            "--time-scale {} must be between 0 and 10",
+            a.time_scale
+        )));
+    }
+    let store = Arc::new(Store::open(&cli.db, true)?);
+    let tools = Arc::new(DurableStore::open(&store_path(cli))?);
+    let shutdown = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&shutdown))
+            .map_err(|e| CliError::op(format!("cannot install the signal handler: {e}")))?;
+    }
+    let cfg = Config {
+        workers: a.workers as usize,
+        drain: a.drain,
+        lease_ms: a.lease_ms,
+        time_scale: a.time_scale,
+        ..Config::default()
+    };
+    tracing::info!(db = %cli.db.display(), workers = cfg.workers, drain = cfg.drain, "worker started");
+    let stats = worker::run(store, tools, &cfg, shutdown)?;
+    tracing::info!(
+        tasks_ended = stats.tasks_ended.load(std::sync::atomic::Ordering::Relaxed),
+        steps = stats.steps.load(std::sync::atomic::Ordering::Relaxed),
+        "worker stopped"
+    );
+    Ok(())
+}
+
+/// One line of an enqueue batch file.
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct TaskLine {
+    user: String,
+    goal: String,
+    #[serde(default)]
+    key: Option<String>,
+    #[serde(default)]
+    priority: i64,
+    #[serde(default)]
+    budget: BTreeMap<String, Value>,
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    tool_latency_ms: BTreeMap<String, u64>,
+    #[serde(default)]
+    store_scope: String,
+}
+
+const GOAL_MAX_CHARS: usize = 4000;
+
+fn check_text(field: &str, v: &str, max: usize) -> Result<(), String> {
+    if v.trim().is_empty() {
+        return Err(format!("--{field} must not be empty"));
+    }
+    if v.chars().count() > max {
+        return Err(format!("--{field} is longer than {max} characters"));
+    }
+    Ok(())
+}
+
+fn parse_model(spec: &str) -> Result<ModelProfile, String> {
+    if let Some(file) = spec.strip_prefix("script:") {
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| format!("--model script:{file}: cannot read it: {e}"))?;
+        return ModelProfile::parse("script", Some(&text))
+            .map_err(|e| format!("--model script:{file}: {e}"));
+    }
+    ModelProfile::parse(spec, None).map_err(|e| format!("--model {spec}: {e}"))
+}
+
+fn parse_pair<'a>(flag: &str, s: &'a str) -> Result<(&'a str, &'a str), String> {
+    s.split_once('=')
+        .filter(|(k, _)| !k.is_empty())
+        .ok_or_else(|| format!("--{flag} {s:?}: expected NAME=VALUE"))
+}
+
+fn new_task(l: TaskLine) -> Result<NewTask, String> {
+    check_text("user", &l.user, 200)?;
+    check_text("goal", &l.goal, GOAL_MAX_CHARS)?;
+    if let Some(k) = &l.key {
+        check_text("key", k, 200)?;
+    }
+    let mut budget = Budget::default();
+    for (k, v) in &l.budget {
+        let v = v.as_str().map_or_else(|| v.to_string(), str::to_string);
+        budget.set(k, &v).map_err(|e| format!("--budget: {e}"))?;
+    }
+    for tool in l.tool_latency_ms.keys() {
+        if Catalog::demo().get(tool).is_none() {
+            return Err(format!("--tool-latency: unknown tool {tool:?}"));
+        }
+    }
+    Ok(NewTask {
+        model: parse_model(l.model.as_deref().unwrap_or("policy"))?,
+        user: l.user,
+        goal: l.goal,
+        key: l.key,
+        priority: l.priority,
+        budget,
+        tool_latency_ms: l.tool_latency_ms,
+        store_scope: l.store_scope,
+    })
+}
+
+fn cmd_enqueue(cli: &Cli, a: &EnqueueArgs) -> CliResult {
+    let tasks = match &a.file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| CliError::op(format!("cannot read {}: {e}", path.display())))?;
+            let mut tasks = Vec::new();
+            for (n, line) in text.lines().enumerate() {
+                if line.trim().is_empty() {
+                    continue;
+                }
+                let at = |m: String| CliError::usage(format!("{}:{}: {m}", path.display(), n + 1));
+                let l: TaskLine = serde_json::from_str(line).map_err(|e| at(e.to_string()))?;
+                let t = new_task(l).map_err(at)?;
+                tasks.push(t);
+            }
+            if tasks.is_empty() {
+                return Err(CliError::usage(format!(
+                    "{}: no tasks in the file",
+                    path.display()
+                )));
+            }
+            tasks
+        }
+        None => {
+            let mut budget = BTreeMap::new();
+            for b in &a.budgets {
+                let (k, v) = parse_pair("budget", b).map_err(CliError::usage)?;
+                budget.insert(k.to_string(), Value::String(v.to_string()));
+            }
+            let mut latency = BTreeMap::new();
+            for t in &a.tool_latency {
+                let (k, v) = parse_pair("tool-latency", t).map_err(CliError::usage)?;
+                let ms = v.parse().map_err(|_| {
+                    CliError::usage(format!(
+                        "--tool-latency {t:?}: {v:?} is not a whole number of ms"
+                    ))
+                })?;
+                latency.insert(k.to_string(), ms);
+            }
+            let t = new_task(TaskLine {
+                user: a.user.clone().unwrap_or_default(),
+                goal: a.goal.clone().unwrap_or_default(),
+                key: a.key.clone(),
+                priority: a.priority,
+                budget,
+                model: Some(a.model.clone()),
+                tool_latency_ms: latency,
+                store_scope: a.store_scope.clone(),
+            })
+            .map_err(CliError::usage)?;
+            vec![t]
+        }
+    };
+    let store = Store::open(&cli.db, true)?;
+    let out = store.enqueue(&tasks, now_ms())?;
+    if a.json {
+        let v: Vec<Value> = out
+            .iter()
+            .map(|e| json!({"id": e.id, "created": e.created}))
+            .collect();
+        print_json(&Value::Array(v));
+    } else {
+        for e in &out {
+            if e.created {
+                println!("{}", e.id);
+            } else {
+                println!("{} (already enqueued with this key)", e.id);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn record_json(r: &TaskRecord) -> Value {
+    json!({
+        "id": r.id,
+        "status": r.status.as_str(),
+        "stop": r.state.stop.map(|s| s.as_str()),
+        "user": r.state.user_id,
+        "goal": r.state.goal,
+        "priority": r.priority,
+        "key": r.key,
+        "steps": r.state.step,
+        "tool_calls": r.state.tool_calls,
+        "tokens": r.state.tokens,
+        "elapsed_s": r.state.elapsed_ms as f64 / 1000.0,
+        "runs": r.runs,
+        "created_at_ms": r.created_at_ms,
+        "updated_at_ms": r.updated_at_ms,
+    })
+}
+
+fn cmd_list(cli: &Cli, a: &ListArgs) -> CliResult {
+    let status = match &a.status {
+        Some(s) => Some(QueueStatus::parse(s).ok_or_else(|| {
+            CliError::usage(format!("--status {s:?} is not a status"))
+                .hint("use queued, running, suspended, held or finished")
+        })?),
+        None => None,
+    };
+    let stop = match &a.stop {
+        Some(s) => Some(StopReason::parse(s).ok_or_else(|| {
+            CliError::usage(format!("--stop {s:?} is not a stop reason")).hint(
+                "use done, max_steps, max_tool_calls, max_tokens, deadline, repeated_call, no_progress, needs_approval, unknown_outcome or cancelled",
+            )
+        })?),
+        None => None,
+    };
+    let store = open_existing(cli)?;
+    let tasks: Vec<TaskRecord> = store
+        .tasks()?
+        .into_iter()
+        .filter(|r| status.is_none_or(|s| r.status == s))
+        .filter(|r| stop.is_none_or(|s| r.state.stop == Some(s)))
+        .collect();
+    if a.json {
+        print_json(&Value::Array(tasks.iter().map(record_json).collect()));
+        return Ok(());
+    }
+    println!(
+        "{:8} {:10} {:16} {:>5} {:>5} {:>6} {:>6}  {:10} goal",
+        "id", "status", "stop", "steps", "tools", "tokens", "secs", "user"
+    );
+    for r in &tasks {
+        let goal: String = r.state.goal.chars().take(48).collect();
+        println!(
+            "{:8} {:10} {:16} {:>5} {:>5} {:>6} {:>6.1}  {:10} {}",
+            r.id,
+            r.status.as_str(),
+            r.state.stop.map_or("-", |s| s.as_str()),
+            r.state.step,
+            r.state.tool_calls,
+            r.state.tokens,
+            r.state.elapsed_ms as f64 / 1000.0,
+            r.state.user_id,
+            goal
+        );
+    }
+    Ok(())
+}
+
+fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
+    let store = open_existing(cli)?;
+    let r = store.task(&a.task)?;
+    let closing = closing_message(&r.state, &Catalog::demo());
+    let b = &r.budget;
+    if a.json {
+        let mut v = record_json(&r);
+        v["state"] = serde_json::from_str(&r.state.to_json()).unwrap_or(Value::Null);
+        v["budget"] = serde_json::to_value(b).unwrap_or(Value::Null);
+        v["model"] = serde_json::to_value(&r.model).unwrap_or(Value::Null);
+        v["closing_message"] = Value::String(closing);
+        v["calls"] = serde_json::to_value(store.calls(&r.id)?).unwrap_or(Value::Null);
+        print_json(&v);
+        return Ok(());
+    }
+    let st = &r.state;
+    println!(
+        "task      {}  ({}; {} run(s))",
+        r.id,
+        r.status.as_str(),
+        r.runs
+    );
+    println!("user      {}", st.user_id);
+    println!("goal      {}", st.goal);
+    println!("stop      {}", st.stop.map_or("-", |s| s.as_str()));
+    if let Some(ans) = &st.answer {
+        println!("answer    {ans}");
+    }
+    println!("plan");
+    if st.plan.is_empty() {
+        println!("  (none)");
+    }
+    for s in &st.plan {
+        println!(
+            "  {:4} {:18} {:8} after {:?}",
+            s.id,
+            s.tool,
+            s.status.as_str(),
+            s.depends_on
+        );
+    }
+    println!("budget    used / limit");
+    println!("  steps       {:>6} / {}", st.step, b.steps_max);
+    println!("  tool calls  {:>6} / {}", st.tool_calls, b.tool_calls_max);
+    println!("  tokens      {:>6} / {}", st.tokens, b.tokens_max);
+    println!(
+        "  active s    {:>6.1} / {:.1}",
+        st.elapsed_ms as f64 / 1000.0,
+        b.deadline_ms as f64 / 1000.0
+    );
+    println!("  stalls      {:>6} / {}", st.stalls, b.stalls_max);
+    if let Some(p) = &st.pending {
+        println!(
+            "held      {} {} key {}",
+            p.name,
+            Value::Object(p.args.clone()),
+            p.key(&st.task_id, st.step)
+        );
+    }
+    println!("closing   {closing}");
+    Ok(())
+}
+
+fn cmd_trace(cli: &Cli, a: &TaskArgs) -> CliResult {
+    let store = open_existing(cli)?;
+    store.task(&a.task)?;
+    let spans = store.spans(&a.task)?;
+    if a.json {
+        print_json(&serde_json::to_value(&spans).unwrap_or(Value::Null));
+    } else {
+        print!("{}", span_table(&spans));
+    }
+    Ok(())
+}
+
+fn cmd_postmortem(cli: &Cli, a: &TaskArgs) -> CliResult {
+    let store = open_existing(cli)?;
+    let r = store.task(&a.task)?;
+    let pm = postmortem(&r.state, &store.spans(&a.task)?);
+    if a.json {
+        print_json(&serde_json::to_value(&pm).unwrap_or(Value::Null));
+    } else {
+        println!("{}", pm.to_python());
+    }
+    Ok(())
+}
+
+/// Effects of one task: ledger entries whose call key belongs to it.
+pub fn task_effects(ledger: &[LedgerEntry], task_id: &str) -> Vec<Effect> {
+    let prefix = format!("{task_id}:");
+    ledger
+        .iter()
+        .filter(|e| e.key.starts_with(&prefix))
+        .map(|e| e.effect.clone())
+        .collect()
+}
+
+fn cmd_demo(a: &DemoArgs) -> CliResult {
+    let (dir, _guard) = match &a.keep {
+        Some(d) => {
+            std::fs::create_dir_all(d)
+                .map_err(|e| CliError::op(format!("cannot create {}: {e}", d.display())))?;
+            (d.clone(), None)
+        }
+        None => {
+            let d = std::env::temp_dir().join(format!(
+                "tether-demo-{}-{}",
+                std::process::id(),
+                now_ms()
+            ));
+            std::fs::create_dir_all(&d)
+                .map_err(|e| CliError::op(format!("cannot create {}: {e}", d.display())))?;
+            (d.clone(), Some(RemoveOnDrop(d)))
+        }
+    };
+    let db = dir.join("worker.redb");
+    let store = Arc::new(Store::open(&db, true)?);
+    let tools = Arc::new(DurableStore::open(&sibling_store(&db))?);
+    let all = scenarios();
+    let tasks: Vec<NewTask> = all
+        .iter()
+        .map(|sc| NewTask {
+            user: crate::sim::DEFAULT_USER.into(),
+            goal: crate::sim::DEFAULT_GOAL.into(),
+            key: Some(format!("demo-{}", &sc.name[..1])),
+            priority: 0,
+            budget: sc.budget,
+            model: sc.model.clone(),
+            tool_latency_ms: sc
+                .tool_latency
+                .iter()
+                .map(|(t, ms)| (t.to_string(), *ms))
+                .collect(),
+            store_scope: sc.name[..1].to_string(),
+        })
+        .collect();
+    let ids = store.enqueue(&tasks, now_ms())?;
+    let cfg = Config {
+        workers: a.workers as usize,
+        drain: true,
+        ..Config::default()
+    };
+    worker::run(
+        Arc::clone(&store),
+        Arc::clone(&tools),
+        &cfg,
+        Arc::new(AtomicBool::new(false)),
+    )?;
+    let ledger = tools.ledger()?;
+    println!("{SCENARIO_HEADER}");
+    for (sc, e) in all.iter().zip(&ids) {
+        let r = store.task(&e.id)?;
+        println!(
+            "{}",
+            scenario_row(
+                sc.name,
+                &r.state,
+                &effects_to_python(&task_effects(&ledger, &e.id))
+            )
+        );
+    }
+    if a.keep.is_some() {
+        println!(
+            "\ndatabase kept: {} (try: worker --db {} trace t1)",
+            db.display(),
+            db.display()
+        );
+    }
+    Ok(())
+}
+
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn cmd_store(cli: &Cli, c: &StoreCommand) -> CliResult {
+    let open = || DurableStore::open(&store_path(cli));
+    match c {
+        StoreCommand::Orders { json } => {
+            let orders = open()?.orders()?;
+            if *json {
+                print_json(&serde_json::to_value(&orders).unwrap_or(Value::Null));
+            } else {
+                println!(
+                    "{:16} {:10} {:>8} {:>8} status",
+                    "order", "customer", "total", "refunded"
+                );
+                for (id, o) in &orders {
+                    println!(
+                        "{:16} {:10} {:>8} {:>8} {}",
+                        id, o.customer, o.total, o.refunded, o.status
+                    );
+                }
+            }
+        }
+        StoreCommand::AddOrder { orders } => {
+            let mut parsed = Vec::new();
+            for o in orders {
+                let parts: Vec<&str> = o.split(':').collect();
+                let [id, customer, total] = parts.as_slice() else {
+                    return Err(CliError::usage(format!(
+                        "--order {o:?}: expected ID:CUSTOMER:TOTAL_CENTS"
+                    )));
+                };
+                let total: i64 = total.parse().ok().filter(|t| *t > 0).ok_or_else(|| {
+                    CliError::usage(format!(
+                        "--order {o:?}: total must be a positive whole number of cents"
+                    ))
+                })?;
+                if id.is_empty() || customer.is_empty() || id.contains('/') {
+                    return Err(CliError::usage(format!(
+                        "--order {o:?}: id and customer must be non-empty (and the id without '/')"
+                    )));
+                }
+                parsed.push((
+                    id.to_string(),
+                    Order {
+                        customer: customer.to_string(),
+                        total,
+                        refunded: 0,
+                        status: "delivered".into(),
+                    },
+                ));
+            }
+            open()?.put_orders(&parsed)?;
+            println!("{} order(s) stored", parsed.len());
+        }
+        StoreCommand::Ledger { json } => {
+            let ledger = open()?.ledger()?;
+            if *json {
+                print_json(&serde_json::to_value(&ledger).unwrap_or(Value::Null));
+            } else {
+                for e in &ledger {
+                    println!("{:6} {:24} {}", e.seq, e.key, e.effect.to_python());
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,703 @@
+//! The worker's database: one redb file in `ConcurrencyMode::MultiWriter`, shared by daemons,
+//! `worker enqueue` and the operator verbs, one write transaction at a time across them.
+//!
+//! This module owns the transactions: enqueue, claim with a lease, step commit (state, call-key
+//! record, spans, recorded reply and lease renewal together), intent, release, recovery of
+//! expired leases, and the reads of the CLI. No write transaction here stays open across a model
+//! or tool call: callers hand in finished data.
+
+pub mod codec;
+pub mod schema;
+
+use redb::{
+    Database, ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetadata,
+    WriteTransaction,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use crate::kernel::memory::{Note, select};
+use crate::kernel::{Budget, Span, StopReason, TaskState};
+use crate::model::{ModelProfile, RecordedReply};
+use codec::{decode, encode};
+use schema::*;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("database error: {0}")]
+    Db(#[from] redb::Error),
+    #[error("the database is damaged: {0}")]
+    Corrupt(String),
+    #[error(
+        "{what} was written by a newer version of Tether (version {found}; this build reads up to {supported})"
+    )]
+    NewerVersion {
+        what: String,
+        found: u64,
+        supported: u64,
+    },
+    #[error("no database at {0}")]
+    Missing(PathBuf),
+    #[error("cannot open {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("no task {0:?}")]
+    NoTask(String),
+    /// The request itself is wrong (a usage error).
+    #[error("{0}")]
+    Invalid(String),
+    /// The request is fine but the task is not in a state that allows it.
+    #[error("{0}")]
+    Conflict(String),
+    #[error("the lease on task {0} is no longer held by this worker")]
+    LeaseLost(String),
+}
+
+macro_rules! from_redb {
+    ($($t:ty),*) => {$(
+        impl From<$t> for Error {
+            fn from(e: $t) -> Error {
+                Error::Db(redb::Error::from(e))
+            }
+        }
+    )*};
+}
+from_redb!(
+    redb::DatabaseError,
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError
+);
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Where a task is in the queue. `TaskState::status` says how the agent loop stands; this says
+/// what the worker does with the task next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QueueStatus {
+    /// Waiting in the ready queue.
+    Queued,
+    /// Leased by a worker.
+    Running,
+    /// Waiting for an approval (needs_approval).
+    Suspended,
+    /// A write's outcome is unknown: waiting for reconcile.
+    Held,
+    /// Ended with a stop reason; nothing more will run.
+    Finished,
+}
+
+impl QueueStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QueueStatus::Queued => "queued",
+            QueueStatus::Running => "running",
+            QueueStatus::Suspended => "suspended",
+            QueueStatus::Held => "held",
+            QueueStatus::Finished => "finished",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<QueueStatus> {
+        [
+            QueueStatus::Queued,
+            QueueStatus::Running,
+            QueueStatus::Suspended,
+            QueueStatus::Held,
+            QueueStatus::Finished,
+        ]
+        .into_iter()
+        .find(|q| q.as_str() == s)
+    }
+
+    /// The queue status a run's end leads to.
+    pub fn after(stop: StopReason) -> QueueStatus {
+        match stop {
+            StopReason::NeedsApproval => QueueStatus::Suspended,
+            StopReason::UnknownOutcome => QueueStatus::Held,
+            _ => QueueStatus::Finished,
+        }
+    }
+}
+
+/// A worker's claim on a task.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// `host:pid:start` of the worker process.
+    pub owner: String,
+    pub host: String,
+    pub pid: u32,
+    /// Start time of the process in clock ticks since boot, so a reused pid is not taken
+    /// for the original process.
+    pub start_ticks: u64,
+    pub expires_at_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TaskRecord {
+    pub id: String,
+    pub status: QueueStatus,
+    pub priority: i64,
+    pub key: Option<String>,
+    pub budget: Budget,
+    pub model: ModelProfile,
+    /// Latency overrides of the demo store's tools for this task (simulated milliseconds).
+    #[serde(default)]
+    pub tool_latency_ms: BTreeMap<String, u64>,
+    /// The demo store tenant this task's orders belong to (empty: the shared book).
+    #[serde(default)]
+    pub store_scope: String,
+    pub state: TaskState,
+    pub next_span_id: u32,
+    pub created_at_ms: u64,
+    pub updated_at_ms: u64,
+    #[serde(default)]
+    pub lease: Option<Lease>,
+    /// How many times a worker claimed it.
+    #[serde(default)]
+    pub runs: u32,
+    /// An operator asked to cancel; the running worker stops at its next step boundary.
+    #[serde(default)]
+    pub cancel_requested: Option<String>,
+}
+
+/// A task to enqueue.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewTask {
+    pub user: String,
+    pub goal: String,
+    pub key: Option<String>,
+    pub priority: i64,
+    pub budget: Budget,
+    pub model: ModelProfile,
+    pub tool_latency_ms: BTreeMap<String, u64>,
+    pub store_scope: String,
+}
+
+/// A write's call key record: committed as an intent before the tool is called, then completed
+/// with the result in the same transaction as the step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CallRecord {
+    pub key: String,
+    pub task_id: String,
+    pub step: u32,
+    pub tool: String,
+    pub args: Map<String, Value>,
+    /// The document's digest of tool name and args.
+    pub digest: String,
+    pub intent_at_ms: u64,
+    /// None while the write is in flight (or its outcome was never learned).
+    pub result: Option<Value>,
+    pub result_at_ms: Option<u64>,
+}
+
+/// The data of one commit by a worker; see [`Store::apply_commit`].
+#[derive(Clone, Debug)]
+pub struct Commit {
+    pub task_id: String,
+    pub owner: String,
+    pub kind: CommitKind,
+    pub state: TaskState,
+    pub next_span_id: u32,
+    pub spans: Vec<Span>,
+    pub reply: Option<RecordedReply>,
+    pub call: Option<CallRecord>,
+    pub now_ms: u64,
+    pub lease_ms: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CommitKind {
+    /// A write's intent (and the step's reply), before the tool is called.
+    Intent,
+    /// A step ended; the run goes on. Renews the lease.
+    Step,
+    /// The run ended with this stop reason.
+    Final(StopReason),
+    /// The worker is shutting down: the task goes back to the queue as committed.
+    Release,
+}
+
+/// What a commit learned: an operator may have asked to cancel meanwhile.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CommitOutcome {
+    pub cancel_requested: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Enqueued {
+    pub id: String,
+    pub created: bool,
+}
+
+pub struct Store {
+    db: Database,
+    path: PathBuf,
+}
+
+fn next_seq(meta: &mut redb::Table<&str, u64>, name: &str) -> Result<u64> {
+    let n = meta.get(name)?.map_or(1, |g| g.value());
+    meta.insert(name, n + 1)?;
+    Ok(n)
+}
+
+impl Store {
+    /// Opens (and with `create`, creates with mode 0600) the database at `path`.
+    pub fn open(path: &Path, create: bool) -> Result<Store> {
+        if !path.exists() {
+            if !create {
+                return Err(Error::Missing(path.to_path_buf()));
+            }
+            create_private(path)?;
+        } else if path.is_dir() {
+            return Err(Error::Io {
+                path: path.to_path_buf(),
+                source: std::io::Error::other("it is a directory"),
+            });
+        }
+        let p = path.to_path_buf();
+        // redb documents that a plain open of an altered file may panic; a damaged file must
+        // give an error, never take the process down.
+        let opened = std::panic::catch_unwind(move || {
+            Database::builder()
+                .set_concurrency_mode(redb::ConcurrencyMode::MultiWriter)
+                .set_cache_size(32 << 20)
+                .create(&p)
+        });
+        let db = match opened {
+            Ok(Ok(db)) => db,
+            Ok(Err(e)) => return Err(open_error(path, e)),
+            Err(_) => {
+                return Err(Error::Corrupt(format!(
+                    "{} could not be read as a redb database",
+                    path.display()
+                )));
+            }
+        };
+        let store = Store {
+            db,
+            path: path.to_path_buf(),
+        };
+        store.init()?;
+        Ok(store)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn init(&self) -> Result<()> {
+        let found = {
+            let r = self.db.begin_read()?;
+            match r.open_table(META) {
+                Ok(t) => t.get(META_SCHEMA)?.map(|g| g.value()),
+                Err(redb::TableError::TableDoesNotExist(_)) => None,
+                Err(e) => return Err(e.into()),
+            }
+        };
+        match found {
+            Some(v) if v > SCHEMA_VERSION => Err(Error::NewerVersion {
+                what: format!("database {}", self.path.display()),
+                found: v,
+                supported: SCHEMA_VERSION,
+            }),
+            Some(_) => Ok(()),
+            None => {
+                let w = self.db.begin_write()?;
+                {
+                    let mut meta = w.open_table(META)?;
+                    if meta.get(META_SCHEMA)?.is_none() {
+                        meta.insert(META_SCHEMA, SCHEMA_VERSION)?;
+                    }
+                    w.open_table(TASKS)?;
+                    w.open_table(READY)?;
+                    w.open_table(RUNNING)?;
+                    w.open_table(ENQUEUE_KEYS)?;
+                    w.open_table(CALL_KEYS)?;
+                    w.open_table(SPANS)?;
+                    w.open_table(REPLIES)?;
+                    w.open_table(EVENTS)?;
+                    w.open_table(NOTES)?;
+                }
+                w.commit()?;
+                Ok(())
+            }
+        }
+    }
+
+    pub fn begin_write(&self) -> Result<WriteTransaction> {
+        Ok(self.db.begin_write()?)
+    }
+
+    pub fn begin_read(&self) -> Result<ReadTransaction> {
+        Ok(self.db.begin_read()?)
+    }
+
+    /// Enqueues tasks in one transaction. A task whose key was seen before is not created
+    /// again; its existing id is returned with `created: false`.
+    pub fn enqueue(&self, tasks: &[NewTask], now_ms: u64) -> Result<Vec<Enqueued>> {
+        let w = self.db.begin_write()?;
+        let mut out = Vec::with_capacity(tasks.len());
+        {
+            let mut meta = w.open_table(META)?;
+            let mut tasks_t = w.open_table(TASKS)?;
+            let mut ready = w.open_table(READY)?;
+            let mut keys = w.open_table(ENQUEUE_KEYS)?;
+            let notes = load_notes(&w.open_table(NOTES)?)?;
+            for t in tasks {
+                if let Some(k) = &t.key
+                    && let Some(existing) = keys.get(k.as_str())?
+                {
+                    out.push(Enqueued {
+                        id: existing.value().to_string(),
+                        created: false,
+                    });
+                    continue;
+                }
+                let id = format!("t{}", next_seq(&mut meta, META_TASK_SEQ)?);
+                let mut state = TaskState::new(&id, &t.user, &t.goal);
+                state.remembered = select(&notes, &t.user, &t.goal, now_ms / 1000, 3)
+                    .into_iter()
+                    .map(|n| n.text.clone())
+                    .collect();
+                let rec = TaskRecord {
+                    id: id.clone(),
+                    status: QueueStatus::Queued,
+                    priority: t.priority,
+                    key: t.key.clone(),
+                    budget: t.budget,
+                    model: t.model.clone(),
+                    tool_latency_ms: t.tool_latency_ms.clone(),
+                    store_scope: t.store_scope.clone(),
+                    state,
+                    next_span_id: 0,
+                    created_at_ms: now_ms,
+                    updated_at_ms: now_ms,
+                    lease: None,
+                    runs: 0,
+                    cancel_requested: None,
+                };
+                tasks_t.insert(id.as_str(), encode(&rec)?.as_slice())?;
+                let seq = next_seq(&mut meta, META_READY_SEQ)?;
+                ready.insert((-t.priority, seq), id.as_str())?;
+                if let Some(k) = &t.key {
+                    keys.insert(k.as_str(), id.as_str())?;
+                }
+                out.push(Enqueued { id, created: true });
+            }
+        }
+        w.commit()?;
+        Ok(out)
+    }
+
+    /// Takes up to `max` tasks from the ready queue, highest priority first, and leases them.
+    pub fn claim(&self, lease: &Lease, max: usize, now_ms: u64) -> Result<Vec<TaskRecord>> {
+        if max == 0 || self.ready_count()? == 0 {
+            return Ok(Vec::new());
+        }
+        let w = self.db.begin_write()?;
+        let mut out = Vec::new();
+        {
+            let mut ready = w.open_table(READY)?;
+            let mut tasks = w.open_table(TASKS)?;
+            let mut running = w.open_table(RUNNING)?;
+            let mut taken = Vec::new();
+            for entry in ready.iter()?.take(max) {
+                let (k, v) = entry?;
+                taken.push((k.value(), v.value().to_string()));
+            }
+            for (k, id) in taken {
+                ready.remove(k)?;
+                let Some(bytes) = tasks.get(id.as_str())?.map(|g| g.value().to_vec()) else {
+                    continue;
+                };
+                let mut rec: TaskRecord = decode("task", &bytes)?;
+                if rec.status != QueueStatus::Queued {
+                    continue; // stale entry
+                }
+                rec.status = QueueStatus::Running;
+                rec.lease = Some(lease.clone());
+                rec.runs += 1;
+                rec.updated_at_ms = now_ms;
+                tasks.insert(id.as_str(), encode(&rec)?.as_slice())?;
+                running.insert(id.as_str(), lease.expires_at_ms)?;
+                out.push(rec);
+            }
+        }
+        w.commit()?;
+        Ok(out)
+    }
+
+    pub fn ready_count(&self) -> Result<u64> {
+        let r = self.db.begin_read()?;
+        Ok(r.open_table(READY)?.len()?)
+    }
+
+    pub fn running_count(&self) -> Result<u64> {
+        let r = self.db.begin_read()?;
+        Ok(r.open_table(RUNNING)?.len()?)
+    }
+
+    /// Puts back in the queue every running task whose lease expired or whose owner `is_dead`.
+    /// Returns the ids recovered. Reads first, so an idle check writes nothing.
+    pub fn recover(&self, now_ms: u64, is_dead: &dyn Fn(&Lease) -> bool) -> Result<Vec<String>> {
+        let candidates: Vec<String> = {
+            let r = self.db.begin_read()?;
+            let running = r.open_table(RUNNING)?;
+            let tasks = r.open_table(TASKS)?;
+            let mut c = Vec::new();
+            for entry in running.iter()? {
+                let (id, expires) = entry?;
+                let id = id.value().to_string();
+                let dead = match tasks.get(id.as_str())? {
+                    Some(g) => {
+                        let rec: TaskRecord = decode("task", g.value())?;
+                        rec.lease.as_ref().is_none_or(is_dead)
+                    }
+                    None => true,
+                };
+                if expires.value() <= now_ms || dead {
+                    c.push(id);
+                }
+            }
+            c
+        };
+        if candidates.is_empty() {
+            return Ok(candidates);
+        }
+        let w = self.db.begin_write()?;
+        let mut recovered = Vec::new();
+        {
+            let mut meta = w.open_table(META)?;
+            let mut tasks = w.open_table(TASKS)?;
+            let mut running = w.open_table(RUNNING)?;
+            let mut ready = w.open_table(READY)?;
+            for id in candidates {
+                // Checked again inside the write: another process may have recovered it.
+                let Some(expires) = running.get(id.as_str())?.map(|g| g.value()) else {
+                    continue;
+                };
+                let Some(bytes) = tasks.get(id.as_str())?.map(|g| g.value().to_vec()) else {
+                    running.remove(id.as_str())?;
+                    continue;
+                };
+                let mut rec: TaskRecord = decode("task", &bytes)?;
+                if !(expires <= now_ms || rec.lease.as_ref().is_none_or(is_dead)) {
+                    continue;
+                }
+                running.remove(id.as_str())?;
+                rec.status = QueueStatus::Queued;
+                rec.lease = None;
+                rec.updated_at_ms = now_ms;
+                tasks.insert(id.as_str(), encode(&rec)?.as_slice())?;
+                let seq = next_seq(&mut meta, META_READY_SEQ)?;
+                ready.insert((-rec.priority, seq), id.as_str())?;
+                recovered.push(id);
+            }
+        }
+        w.commit()?;
+        Ok(recovered)
+    }
+
+    /// Applies one worker commit inside `w`. Checks first that the worker still holds the lease
+    /// and writes nothing if not, so one failed commit never spoils the others of a group.
+    pub fn apply_commit(w: &WriteTransaction, c: &Commit) -> Result<CommitOutcome> {
+        let mut tasks = w.open_table(TASKS)?;
+        let bytes = tasks
+            .get(c.task_id.as_str())?
+            .map(|g| g.value().to_vec())
+            .ok_or_else(|| Error::NoTask(c.task_id.clone()))?;
+        let mut rec: TaskRecord = decode("task", &bytes)?;
+        let held = rec.status == QueueStatus::Running
+            && rec.lease.as_ref().is_some_and(|l| l.owner == c.owner);
+        if !held {
+            return Err(Error::LeaseLost(c.task_id.clone()));
+        }
+        if let Some(call) = &c.call {
+            w.open_table(CALL_KEYS)?
+                .insert(call.key.as_str(), encode(call)?.as_slice())?;
+        }
+        if let Some(reply) = &c.reply {
+            w.open_table(REPLIES)?
+                .insert((c.task_id.as_str(), reply.step), encode(reply)?.as_slice())?;
+        }
+        if !c.spans.is_empty() {
+            let mut spans = w.open_table(SPANS)?;
+            for s in &c.spans {
+                spans.insert((c.task_id.as_str(), s.id), encode(s)?.as_slice())?;
+            }
+        }
+        let outcome = CommitOutcome {
+            cancel_requested: rec.cancel_requested.clone(),
+        };
+        if c.kind == CommitKind::Intent {
+            return Ok(outcome);
+        }
+        rec.state = c.state.clone();
+        rec.next_span_id = c.next_span_id;
+        rec.updated_at_ms = c.now_ms;
+        let mut running = w.open_table(RUNNING)?;
+        match c.kind {
+            CommitKind::Intent => {}
+            CommitKind::Step => {
+                let expires = c.now_ms + c.lease_ms;
+                if let Some(l) = rec.lease.as_mut() {
+                    l.expires_at_ms = expires;
+                }
+                running.insert(c.task_id.as_str(), expires)?;
+            }
+            CommitKind::Final(stop) => {
+                rec.status = QueueStatus::after(stop);
+                rec.lease = None;
+                running.remove(c.task_id.as_str())?;
+            }
+            CommitKind::Release => {
+                rec.status = QueueStatus::Queued;
+                rec.lease = None;
+                running.remove(c.task_id.as_str())?;
+                let seq = next_seq(&mut w.open_table(META)?, META_READY_SEQ)?;
+                w.open_table(READY)?
+                    .insert((-rec.priority, seq), c.task_id.as_str())?;
+            }
+        }
+        tasks.insert(c.task_id.as_str(), encode(&rec)?.as_slice())?;
+        Ok(outcome)
+    }
+
+    pub fn task(&self, id: &str) -> Result<TaskRecord> {
+        let r = self.db.begin_read()?;
+        let t = r.open_table(TASKS)?;
+        let g = t.get(id)?.ok_or_else(|| Error::NoTask(id.to_string()))?;
+        decode("task", g.value())
+    }
+
+    pub fn tasks(&self) -> Result<Vec<TaskRecord>> {
+        let r = self.db.begin_read()?;
+        let t = r.open_table(TASKS)?;
+        let mut out = Vec::new();
+        for entry in t.iter()? {
+            let (_, v) = entry?;
+            out.push(decode("task", v.value())?);
+        }
+        // Ids are t1, t2, ...: order by number, not by text.
+        out.sort_by_key(|r: &TaskRecord| {
+            (
+                r.id.trim_start_matches('t')
+                    .parse::<u64>()
+                    .unwrap_or(u64::MAX),
+                r.id.clone(),
+            )
+        });
+        Ok(out)
+    }
+
+    pub fn spans(&self, task_id: &str) -> Result<Vec<Span>> {
+        let r = self.db.begin_read()?;
+        let t = r.open_table(SPANS)?;
+        let mut out = Vec::new();
+        for entry in t.range((task_id, 0u32)..=(task_id, u32::MAX))? {
+            let (_, v) = entry?;
+            out.push(decode("span", v.value())?);
+        }
+        Ok(out)
+    }
+
+    pub fn replies(&self, task_id: &str) -> Result<Vec<RecordedReply>> {
+        let r = self.db.begin_read()?;
+        let t = r.open_table(REPLIES)?;
+        let mut out = Vec::new();
+        for entry in t.range((task_id, 0u32)..=(task_id, u32::MAX))? {
+            let (_, v) = entry?;
+            out.push(decode("reply", v.value())?);
+        }
+        Ok(out)
+    }
+
+    pub fn reply(&self, task_id: &str, step: u32) -> Result<Option<RecordedReply>> {
+        let r = self.db.begin_read()?;
+        let t = r.open_table(REPLIES)?;
+        match t.get((task_id, step))? {
+            Some(g) => Ok(Some(decode("reply", g.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    pub fn call(&self, key: &str) -> Result<Option<CallRecord>> {
+        let r = self.db.begin_read()?;
+        let t = r.open_table(CALL_KEYS)?;
+        match t.get(key)? {
+            Some(g) => Ok(Some(decode("call key", g.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Every call-key record of a task (keys are `task_id:...`).
+    pub fn calls(&self, task_id: &str) -> Result<Vec<CallRecord>> {
+        let r = self.db.begin_read()?;
+        let t = r.open_table(CALL_KEYS)?;
+        let (lo, hi) = (format!("{task_id}:"), format!("{task_id};"));
+        let mut out = Vec::new();
+        for entry in t.range(lo.as_str()..hi.as_str())? {
+            let (_, v) = entry?;
+            out.push(decode("call key", v.value())?);
+        }
+        Ok(out)
+    }
+}
+
+fn load_notes(t: &redb::Table<u64, &[u8]>) -> Result<Vec<Note>> {
+    let mut out = Vec::new();
+    for entry in t.iter()? {
+        let (_, v) = entry?;
+        out.push(decode("note", v.value())?);
+    }
+    Ok(out)
+}
+
+fn open_error(path: &Path, e: redb::DatabaseError) -> Error {
+    match e {
+        redb::DatabaseError::Storage(redb::StorageError::Io(io))
+            if io.kind() == std::io::ErrorKind::InvalidData =>
+        {
+            Error::Corrupt(format!("{}: {io}", path.display()))
+        }
+        redb::DatabaseError::Storage(redb::StorageError::Io(io)) => Error::Io {
+            path: path.to_path_buf(),
+            source: io,
+        },
+        redb::DatabaseError::UpgradeRequired(v) => Error::NewerVersion {
+            what: format!("database file {}", path.display()),
+            found: v as u64,
+            supported: 0,
+        },
+        redb::DatabaseError::Storage(redb::StorageError::Corrupted(msg)) => {
+            Error::Corrupt(format!("{}: {msg}", path.display()))
+        }
+        other => Error::Corrupt(format!("{}: {other}", path.display())),
+    }
+}
+
+/// Creates an empty file readable and writable by its owner only (nothing if it exists).
+pub(crate) fn create_private(path: &Path) -> Result<()> {
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    match opts.open(path) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(Error::Io {
+            path: path.to_path_buf(),
+            source: e,
+        }),
+    }
+}

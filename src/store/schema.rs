@@ -1,0 +1,38 @@
+//! Every redb table of the worker's database, in one place, and the schema version.
+//!
+//! Values are records encoded by [`super::codec`] (JSON with a version tag), because facts,
+//! arguments, results and spans are dynamic JSON and a serde binary format cannot decode
+//! `serde_json::Value`. Keys are plain redb types so that ranges and order come for free.
+
+use redb::TableDefinition;
+
+/// The schema this build writes and understands. A file with a larger number was written by a
+/// newer Tether and is refused, never guessed at.
+pub const SCHEMA_VERSION: u64 = 1;
+
+/// "schema_version" -> u64; "task_seq" -> next task number; "event_seq", "ready_seq", "note_seq".
+pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// task id -> task record (queue status, budget, model profile, state, lease).
+pub const TASKS: TableDefinition<&str, &[u8]> = TableDefinition::new("tasks");
+/// (-priority, sequence) -> task id: the ready queue, highest priority first, then FIFO.
+pub const READY: TableDefinition<(i64, u64), &str> = TableDefinition::new("ready");
+/// task id -> lease expiry (ms since the epoch): the tasks some worker is running.
+pub const RUNNING: TableDefinition<&str, u64> = TableDefinition::new("running");
+/// enqueue key -> task id: a retried `worker enqueue --key K` finds its task here.
+pub const ENQUEUE_KEYS: TableDefinition<&str, &str> = TableDefinition::new("enqueue_keys");
+/// call key -> call record: a write's intent, then its result, with the digest of tool and args.
+pub const CALL_KEYS: TableDefinition<&str, &[u8]> = TableDefinition::new("call_keys");
+/// (task id, span id) -> span.
+pub const SPANS: TableDefinition<(&str, u32), &[u8]> = TableDefinition::new("spans");
+/// (task id, step) -> the model reply of that step, for recovery mid-step and for replay.
+pub const REPLIES: TableDefinition<(&str, u32), &[u8]> = TableDefinition::new("replies");
+/// sequence -> audit event (who, what, when, why).
+pub const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
+/// sequence -> long-term memory note.
+pub const NOTES: TableDefinition<u64, &[u8]> = TableDefinition::new("notes");
+
+pub const META_SCHEMA: &str = "schema_version";
+pub const META_TASK_SEQ: &str = "task_seq";
+pub const META_READY_SEQ: &str = "ready_seq";
+pub const META_EVENT_SEQ: &str = "event_seq";
+pub const META_NOTE_SEQ: &str = "note_seq";

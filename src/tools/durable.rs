@@ -1,0 +1,281 @@
+//! The document's store, durable: orders, the ledger of effects, stored results per call key and
+//! approvals live in their own redb file, so they survive the worker's crashes the way an
+//! external service would. Each write call is one transaction: the effect, the stored result and
+//! the order change commit together, so a call key takes effect at most once.
+
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use super::{Effect, Order, REPLAY_LATENCY_MS, Tools, apply, default_latency_ms, demo_orders};
+use crate::kernel::{ToolReply, ToolRequest};
+use crate::store::codec::{decode, encode};
+use crate::store::{Error, Result};
+
+const ORDERS: TableDefinition<&str, &[u8]> = TableDefinition::new("orders");
+/// sequence -> ledger entry.
+const LEDGER: TableDefinition<u64, &[u8]> = TableDefinition::new("ledger");
+/// (call key, tool) -> stored result of a write that took effect.
+const DONE: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("done");
+/// (tool, digest of tool and args) -> approver.
+const APPROVED: TableDefinition<(&str, &str), &str> = TableDefinition::new("approved");
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LedgerEntry {
+    pub seq: u64,
+    /// The tenant the order belongs to; empty for the shared book.
+    #[serde(default)]
+    pub scope: String,
+    pub effect: Effect,
+    pub key: String,
+    pub user: String,
+}
+
+pub struct DurableStore {
+    db: Database,
+    pub path: PathBuf,
+}
+
+impl DurableStore {
+    /// Opens the store file, creating it with the document's two orders if it is new.
+    pub fn open(path: &Path) -> Result<DurableStore> {
+        crate::store::create_private(path)?;
+        let p = path.to_path_buf();
+        let opened = std::panic::catch_unwind(move || {
+            Database::builder()
+                .set_concurrency_mode(redb::ConcurrencyMode::MultiWriter)
+                .set_cache_size(16 << 20)
+                .create(&p)
+        });
+        let db = match opened {
+            Ok(Ok(db)) => db,
+            Ok(Err(e)) => return Err(Error::Corrupt(format!("store {}: {e}", path.display()))),
+            Err(_) => {
+                return Err(Error::Corrupt(format!(
+                    "store {} could not be read",
+                    path.display()
+                )));
+            }
+        };
+        let s = DurableStore {
+            db,
+            path: path.to_path_buf(),
+        };
+        let fresh = {
+            let r = s.db.begin_read()?;
+            match r.open_table(ORDERS) {
+                Ok(_) => false,
+                Err(redb::TableError::TableDoesNotExist(_)) => true,
+                Err(e) => return Err(e.into()),
+            }
+        };
+        if fresh {
+            let w = s.db.begin_write()?;
+            {
+                let mut orders = w.open_table(ORDERS)?;
+                if orders.is_empty()? {
+                    for (id, o) in demo_orders() {
+                        orders.insert(id.as_str(), encode(&o)?.as_slice())?;
+                    }
+                }
+                w.open_table(LEDGER)?;
+                w.open_table(DONE)?;
+                w.open_table(APPROVED)?;
+            }
+            w.commit()?;
+        }
+        Ok(s)
+    }
+
+    /// Adds or replaces orders.
+    pub fn put_orders(&self, orders: &[(String, Order)]) -> Result<()> {
+        let w = self.db.begin_write()?;
+        {
+            let mut t = w.open_table(ORDERS)?;
+            for (id, o) in orders {
+                t.insert(id.as_str(), encode(o)?.as_slice())?;
+            }
+        }
+        w.commit()?;
+        Ok(())
+    }
+
+    pub fn orders(&self) -> Result<BTreeMap<String, Order>> {
+        let r = self.db.begin_read()?;
+        let t = r.open_table(ORDERS)?;
+        let mut out = BTreeMap::new();
+        for e in t.iter()? {
+            let (k, v) = e?;
+            out.insert(k.value().to_string(), decode("order", v.value())?);
+        }
+        Ok(out)
+    }
+
+    pub fn ledger(&self) -> Result<Vec<LedgerEntry>> {
+        let r = self.db.begin_read()?;
+        let t = r.open_table(LEDGER)?;
+        let mut out = Vec::new();
+        for e in t.iter()? {
+            let (_, v) = e?;
+            out.push(decode("ledger entry", v.value())?);
+        }
+        Ok(out)
+    }
+
+    /// The stored result of a call key, if the write took effect: what a lookup endpoint answers.
+    pub fn lookup(&self, key: &str, tool: &str) -> Result<Option<Value>> {
+        let r = self.db.begin_read()?;
+        let t = r.open_table(DONE)?;
+        match t.get((key, tool))? {
+            Some(g) => Ok(Some(decode("stored result", g.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    pub fn approve(&self, tool: &str, digest: &str, by: &str) -> Result<()> {
+        let w = self.db.begin_write()?;
+        w.open_table(APPROVED)?.insert((tool, digest), by)?;
+        w.commit()?;
+        Ok(())
+    }
+
+    /// One call as the service runs it. Errors of the store itself become error results.
+    ///
+    /// `scope` names a tenant: its orders are stored apart, and the first time a scope touches
+    /// one of the document's order ids it gets a fresh copy of that order, so each demo task
+    /// runs against the document's store as it starts out.
+    pub fn call_once(
+        &self,
+        scope: &str,
+        user: &str,
+        name: &str,
+        args: &serde_json::Map<String, Value>,
+        key: &str,
+        write: bool,
+    ) -> Result<(Value, bool)> {
+        let order_id = args.get("order_id").and_then(Value::as_str).unwrap_or("");
+        let stored_id = scoped(scope, order_id);
+        let fresh_copy = || -> Option<Order> {
+            if scope.is_empty() {
+                None
+            } else {
+                demo_orders().remove(order_id)
+            }
+        };
+        if !write {
+            let r = self.db.begin_read()?;
+            let mut orders = BTreeMap::new();
+            let found = match r.open_table(ORDERS)?.get(stored_id.as_str())? {
+                Some(g) => Some(decode::<Order>("order", g.value())?),
+                None => fresh_copy(),
+            };
+            if let Some(o) = found {
+                orders.insert(order_id.to_string(), o);
+            }
+            let (res, _) = apply(&mut orders, &|_, _| false, user, name, args);
+            return Ok((res, false));
+        }
+        let w = self.db.begin_write()?;
+        let (res, replayed) = {
+            let mut done = w.open_table(DONE)?;
+            if let Some(g) = done.get((key, name))? {
+                (decode::<Value>("stored result", g.value())?, true)
+            } else {
+                let mut orders_t = w.open_table(ORDERS)?;
+                let mut orders = BTreeMap::new();
+                let found = match orders_t.get(stored_id.as_str())? {
+                    Some(g) => Some(decode::<Order>("order", g.value())?),
+                    None => fresh_copy(),
+                };
+                if let Some(o) = found {
+                    orders.insert(order_id.to_string(), o);
+                }
+                let digest = crate::kernel::state::digest(name, args);
+                let is_approved = w
+                    .open_table(APPROVED)?
+                    .get((name, digest.as_str()))?
+                    .is_some();
+                let approved = |_: &str, _: &str| is_approved;
+                let (res, effect) = apply(&mut orders, &approved, user, name, args);
+                if let Some(effect) = effect {
+                    for o in orders.values() {
+                        orders_t.insert(stored_id.as_str(), encode(o)?.as_slice())?;
+                    }
+                    done.insert((key, name), encode(&res)?.as_slice())?;
+                    let mut ledger = w.open_table(LEDGER)?;
+                    let seq = ledger.last()?.map_or(1, |(k, _)| k.value() + 1);
+                    let entry = LedgerEntry {
+                        seq,
+                        scope: scope.to_string(),
+                        effect,
+                        key: key.to_string(),
+                        user: user.to_string(),
+                    };
+                    ledger.insert(seq, encode(&entry)?.as_slice())?;
+                }
+                (res, false)
+            }
+        };
+        w.commit()?;
+        Ok((res, replayed))
+    }
+}
+
+/// The durable store as the tools of one task, with that task's latency overrides.
+pub struct DurableTools<'a> {
+    pub store: &'a DurableStore,
+    pub scope: &'a str,
+    pub latency_ms: &'a BTreeMap<String, u64>,
+}
+
+impl Tools for DurableTools<'_> {
+    fn call(&mut self, req: &ToolRequest<'_>) -> ToolReply {
+        let name = req.call.name.as_str();
+        let write = req.access == crate::kernel::Access::Write;
+        match self.store.call_once(
+            self.scope,
+            req.user_id,
+            name,
+            &req.call.args,
+            req.key,
+            write,
+        ) {
+            Ok((mut result, true)) => {
+                if let Some(o) = result.as_object_mut() {
+                    o.insert("replayed".into(), Value::Bool(true));
+                }
+                ToolReply {
+                    result,
+                    latency_ms: REPLAY_LATENCY_MS,
+                }
+            }
+            Ok((result, false)) => ToolReply {
+                result,
+                latency_ms: self
+                    .latency_ms
+                    .get(name)
+                    .copied()
+                    .unwrap_or_else(|| default_latency_ms(name)),
+            },
+            // The service failed: for a write nobody knows whether it applied.
+            Err(e) => ToolReply {
+                result: if write {
+                    serde_json::json!({"status": "unknown", "code": "store_error", "detail": e.to_string()})
+                } else {
+                    serde_json::json!({"status": "error", "code": "store_error", "detail": e.to_string()})
+                },
+                latency_ms: 0,
+            },
+        }
+    }
+}
+
+fn scoped(scope: &str, order_id: &str) -> String {
+    if scope.is_empty() {
+        order_id.to_string()
+    } else {
+        format!("{scope}/{order_id}")
+    }
+}

@@ -1,0 +1,329 @@
+//! The daemon: a bounded pool of threads, each running one task at a time, fed through bounded
+//! crossbeam channels, with one committer thread that groups the commits of all threads into
+//! shared write transactions (group commit: each step stays atomic, many steps share an fsync).
+//!
+//! Life of a task here: the dispatcher claims it with a lease; a worker thread drives its kernel
+//! session; before a write is sent its intent is committed; at every step end the state, spans,
+//! reply, call-key record and lease renewal are committed together; at the end the stop reason
+//! decides whether it is finished, suspended or held. On SIGINT/SIGTERM each thread commits the
+//! step in progress, releases its lease and the daemon exits. Expired leases, and leases of
+//! processes that are gone, are recovered on start and periodically.
+
+pub mod driver;
+
+use crossbeam_channel::{Receiver, Sender, bounded};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::store::{Commit, CommitOutcome, Error, Lease, Result, Store, TaskRecord};
+use crate::tools::durable::DurableStore;
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub workers: usize,
+    /// Exit when nothing is runnable.
+    pub drain: bool,
+    pub lease_ms: u64,
+    /// How long the dispatcher waits when the queue is empty.
+    pub poll_ms: u64,
+    pub recover_every_ms: u64,
+    /// Real time slept per simulated millisecond of model and tool latency (0: none). Lets
+    /// scripted models take real time, e.g. for crash tests that kill a daemon mid-step.
+    pub time_scale: f64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            workers: 4,
+            drain: false,
+            lease_ms: 60_000,
+            poll_ms: 50,
+            recover_every_ms: 5_000,
+            time_scale: 0.0,
+        }
+    }
+}
+
+/// Counters of one daemon run.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub tasks_started: AtomicU64,
+    pub tasks_ended: AtomicU64,
+    pub steps: AtomicU64,
+    pub commits: AtomicU64,
+    pub transactions: AtomicU64,
+    pub abandoned: AtomicU64,
+}
+
+/// This process as a lease owner.
+#[derive(Clone, Debug)]
+pub struct Identity {
+    pub host: String,
+    pub pid: u32,
+    pub start_ticks: u64,
+}
+
+impl Identity {
+    pub fn current() -> Identity {
+        let pid = std::process::id();
+        Identity {
+            host: hostname(),
+            pid,
+            start_ticks: start_ticks(pid).unwrap_or(0),
+        }
+    }
+
+    pub fn owner(&self) -> String {
+        format!("{}:{}:{}", self.host, self.pid, self.start_ticks)
+    }
+
+    pub fn lease(&self, now_ms: u64, lease_ms: u64) -> Lease {
+        Lease {
+            owner: self.owner(),
+            host: self.host.clone(),
+            pid: self.pid,
+            start_ticks: self.start_ticks,
+            expires_at_ms: now_ms + lease_ms,
+        }
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// Field 22 of /proc/PID/stat: when the process started, in clock ticks since boot.
+fn start_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may contain spaces; fields after it follow the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// A lease whose owner is a process on this host that no longer exists can be taken over at
+/// once, without waiting for it to expire. Other hosts' leases are left to expire.
+pub fn owner_is_dead(lease: &Lease) -> bool {
+    if lease.host != hostname() || !std::path::Path::new("/proc/self/stat").exists() {
+        return false;
+    }
+    match start_ticks(lease.pid) {
+        None => true,
+        Some(t) => t != lease.start_ticks,
+    }
+}
+
+/// Why a commit did not happen.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CommitFail {
+    LeaseLost,
+    Failed(String),
+}
+
+struct CommitRequest {
+    commit: Commit,
+    reply: Sender<std::result::Result<CommitOutcome, CommitFail>>,
+}
+
+/// Handle that worker threads use to commit through the committer thread.
+#[derive(Clone)]
+pub struct Committer {
+    tx: Sender<CommitRequest>,
+}
+
+impl Committer {
+    pub fn commit(&self, commit: Commit) -> std::result::Result<CommitOutcome, CommitFail> {
+        let (tx, rx) = bounded(1);
+        self.tx
+            .send(CommitRequest { commit, reply: tx })
+            .map_err(|_| CommitFail::Failed("the committer has stopped".into()))?;
+        rx.recv()
+            .map_err(|_| CommitFail::Failed("the committer has stopped".into()))?
+    }
+}
+
+/// Largest number of commits grouped into one transaction.
+const GROUP_MAX: usize = 256;
+
+fn committer_loop(store: &Store, rx: Receiver<CommitRequest>, stats: &Stats) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        while batch.len() < GROUP_MAX {
+            match rx.try_recv() {
+                Ok(r) => batch.push(r),
+                Err(_) => break,
+            }
+        }
+        let results = group_commit(store, &batch);
+        stats.transactions.fetch_add(1, Ordering::Relaxed);
+        stats
+            .commits
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        for (req, res) in batch.into_iter().zip(results) {
+            let _ = req.reply.send(res);
+        }
+    }
+}
+
+fn group_commit(
+    store: &Store,
+    batch: &[CommitRequest],
+) -> Vec<std::result::Result<CommitOutcome, CommitFail>> {
+    let fail_all = |msg: String| {
+        batch
+            .iter()
+            .map(|_| Err(CommitFail::Failed(msg.clone())))
+            .collect()
+    };
+    let w = match store.begin_write() {
+        Ok(w) => w,
+        Err(e) => return fail_all(e.to_string()),
+    };
+    let mut results = Vec::with_capacity(batch.len());
+    for req in batch {
+        match Store::apply_commit(&w, &req.commit) {
+            Ok(o) => results.push(Ok(o)),
+            // Checked before anything of that commit was written: the others go on.
+            Err(Error::LeaseLost(_) | Error::NoTask(_)) => results.push(Err(CommitFail::LeaseLost)),
+            // Something failed mid-write: nothing of this transaction may land.
+            Err(e) => return fail_all(e.to_string()),
+        }
+    }
+    match w.commit() {
+        Ok(()) => results,
+        Err(e) => fail_all(e.to_string()),
+    }
+}
+
+/// Runs the daemon until `shutdown` is set (or, with `drain`, until nothing is runnable).
+pub fn run(
+    store: Arc<Store>,
+    tools: Arc<DurableStore>,
+    cfg: &Config,
+    shutdown: Arc<AtomicBool>,
+) -> Result<Arc<Stats>> {
+    let workers = cfg.workers.max(1);
+    let me = Identity::current();
+    let stats = Arc::new(Stats::default());
+    let recovered = store.recover(now_ms(), &owner_is_dead)?;
+    if !recovered.is_empty() {
+        tracing::info!(count = recovered.len(), tasks = ?recovered, "recovered tasks whose lease expired or whose worker is gone");
+    }
+    let (commit_tx, commit_rx) = bounded::<CommitRequest>(workers * 2);
+    let (task_tx, task_rx) = bounded::<TaskRecord>(workers);
+    let (done_tx, done_rx) = bounded::<()>(workers);
+    let committer = {
+        let store = Arc::clone(&store);
+        let stats = Arc::clone(&stats);
+        std::thread::Builder::new()
+            .name("committer".into())
+            .spawn(move || committer_loop(&store, commit_rx, &stats))
+            .map_err(|e| Error::Conflict(format!("cannot start the committer thread: {e}")))?
+    };
+    let mut threads = Vec::with_capacity(workers);
+    for i in 0..workers {
+        let ctx = driver::Context {
+            store: Arc::clone(&store),
+            tools: Arc::clone(&tools),
+            committer: Committer {
+                tx: commit_tx.clone(),
+            },
+            owner: me.owner(),
+            lease_ms: cfg.lease_ms,
+            time_scale: cfg.time_scale,
+            shutdown: Arc::clone(&shutdown),
+            stats: Arc::clone(&stats),
+        };
+        let rx = task_rx.clone();
+        let done = done_tx.clone();
+        let t = std::thread::Builder::new()
+            .name(format!("worker-{i}"))
+            .spawn(move || {
+                for rec in rx {
+                    driver::run_task(&ctx, rec);
+                    if done.send(()).is_err() {
+                        break;
+                    }
+                }
+            })
+            .map_err(|e| Error::Conflict(format!("cannot start worker thread {i}: {e}")))?;
+        threads.push(t);
+    }
+    drop(commit_tx);
+    drop(task_rx);
+    drop(done_tx);
+
+    let mut in_flight = 0usize;
+    let mut last_recover = now_ms();
+    let result = loop {
+        if shutdown.load(Ordering::SeqCst) {
+            break Ok(());
+        }
+        while done_rx.try_recv().is_ok() {
+            in_flight -= 1;
+        }
+        let now = now_ms();
+        if now.saturating_sub(last_recover) >= cfg.recover_every_ms {
+            last_recover = now;
+            match store.recover(now, &owner_is_dead) {
+                Ok(ids) if !ids.is_empty() => {
+                    tracing::info!(tasks = ?ids, "recovered expired leases")
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "lease recovery failed"),
+            }
+        }
+        let free = workers - in_flight;
+        let claimed = if free > 0 {
+            match store.claim(&me.lease(now, cfg.lease_ms), free, now) {
+                Ok(c) => c,
+                Err(e) => break Err(e),
+            }
+        } else {
+            Vec::new()
+        };
+        let got = claimed.len();
+        for rec in claimed {
+            tracing::debug!(task = %rec.id, "claimed");
+            in_flight += 1;
+            if task_tx.send(rec).is_err() {
+                break;
+            }
+        }
+        if got == 0 {
+            if cfg.drain && in_flight == 0 {
+                // Nothing of ours in flight and nothing queued: also take over dead workers' tasks.
+                match store.recover(now_ms(), &owner_is_dead) {
+                    Ok(ids) if ids.is_empty() => match store.ready_count() {
+                        Ok(0) => break Ok(()),
+                        Ok(_) => continue,
+                        Err(e) => break Err(e),
+                    },
+                    Ok(_) => continue,
+                    Err(e) => break Err(e),
+                }
+            }
+            if let Ok(()) = done_rx.recv_timeout(Duration::from_millis(cfg.poll_ms)) {
+                in_flight -= 1;
+            }
+        }
+    };
+    drop(task_tx);
+    for t in threads {
+        let _ = t.join();
+    }
+    let _ = committer.join();
+    result.map(|()| stats)
+}

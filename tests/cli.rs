@@ -1,0 +1,369 @@
+//! The real `worker` binary in temporary directories: the demo, enqueue/run/show/trace,
+//! idempotent enqueue, scenario G held with nothing refunded, JSON output, exit codes for bad
+//! input, and damaged or newer database files.
+
+mod common;
+use common::*;
+
+const GOAL: &str = "refund the damaged item on order ord_1001";
+
+#[test]
+fn demo_prints_the_documents_table_through_the_durable_path() {
+    let dir = TempDir::new("demo");
+    assert_eq!(ok(dir.path(), &["demo"]), fixture("scenarios"));
+}
+
+#[test]
+fn enqueue_run_show_trace() {
+    let dir = TempDir::new("basic");
+    let d = dir.path();
+    assert_eq!(
+        ok(d, &["enqueue", "--user", "cu_ana", "--goal", GOAL]).trim(),
+        "t1"
+    );
+    ok(d, &["run", "--drain", "--workers", "2"]);
+    let show = ok(d, &["show", "t1"]);
+    assert!(show.contains("stop      done"), "{show}");
+    assert!(show.contains("tokens         708 / 4000"), "{show}");
+    assert!(show.contains("the confirmation email was sent"), "{show}");
+    assert_eq!(ok(d, &["trace", "t1"]), fixture("trace"));
+    let pm = ok(d, &["postmortem", "t1"]);
+    assert!(
+        pm.starts_with("{'stop': 'done', 'steps': 5, 'first_error': None"),
+        "{pm}"
+    );
+    let ledger = json(d, &["store", "ledger", "--json"]);
+    assert_eq!(ledger.as_array().map(Vec::len), Some(2));
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.file("worker.redb"))
+            .expect("db exists")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "database must be private to its owner");
+    }
+}
+
+#[test]
+fn enqueue_with_the_same_key_creates_one_task() {
+    let dir = TempDir::new("key");
+    let d = dir.path();
+    let a = json(
+        d,
+        &[
+            "enqueue", "--user", "u", "--goal", "g", "--key", "job-1", "--json",
+        ],
+    );
+    let b = json(
+        d,
+        &[
+            "enqueue", "--user", "u", "--goal", "g", "--key", "job-1", "--json",
+        ],
+    );
+    assert_eq!(a[0]["id"], b[0]["id"]);
+    assert_eq!(a[0]["created"], true);
+    assert_eq!(b[0]["created"], false);
+    let list = json(d, &["list", "--json"]);
+    assert_eq!(list.as_array().map(Vec::len), Some(1));
+}
+
+#[test]
+fn scenario_g_suspends_with_its_call_held_and_nothing_refunded() {
+    let dir = TempDir::new("g");
+    let d = dir.path();
+    ok(
+        d,
+        &[
+            "enqueue",
+            "--user",
+            "cu_ana",
+            "--goal",
+            GOAL,
+            "--model",
+            "policy:ord_1004:8000",
+        ],
+    );
+    ok(d, &["run", "--drain"]);
+    let show = json(d, &["show", "t1", "--json"]);
+    assert_eq!(show["status"], "suspended");
+    assert_eq!(show["stop"], "needs_approval");
+    assert_eq!(show["state"]["pending"]["name"], "issue_refund");
+    assert_eq!(show["state"]["pending"]["args"]["amount_cents"], 8000);
+    assert_eq!(show["tokens"], 393);
+    assert_eq!(
+        json(d, &["store", "ledger", "--json"]),
+        serde_json::json!([])
+    );
+    let listed = json(d, &["list", "--status", "suspended", "--json"]);
+    assert_eq!(listed.as_array().map(Vec::len), Some(1));
+    // A second drain does not run a suspended task again.
+    ok(d, &["run", "--drain"]);
+    assert_eq!(json(d, &["show", "t1", "--json"])["steps"], 3);
+}
+
+#[test]
+fn batch_enqueue_is_all_or_nothing_and_names_the_line() {
+    let dir = TempDir::new("batch");
+    let d = dir.path();
+    let good = r#"{"user": "cu_ana", "goal": "refund", "key": "a"}
+{"user": "cu_ana", "goal": "refund", "budget": {"steps_max": 3}, "model": "policy:ord_1004:8000", "priority": 5}
+"#;
+    std::fs::write(dir.file("good.jsonl"), good).expect("write");
+    let out = json(d, &["enqueue", "--file", "good.jsonl", "--json"]);
+    assert_eq!(out.as_array().map(Vec::len), Some(2));
+    let bad = "{\"user\": \"u\", \"goal\": \"g\"}\n{\"user\": \"u\", \"goal\": \"g\", \"budget\": {\"steps\": 3}}\n";
+    std::fs::write(dir.file("bad.jsonl"), bad).expect("write");
+    let (code, err) = fails(d, &["enqueue", "--file", "bad.jsonl"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("bad.jsonl:2") && err.contains("unknown budget \"steps\""),
+        "{err}"
+    );
+    let unknown_field = "{\"user\": \"u\", \"goal\": \"g\", \"colour\": 1}\n";
+    std::fs::write(dir.file("bad2.jsonl"), unknown_field).expect("write");
+    let (code, err) = fails(d, &["enqueue", "--file", "bad2.jsonl"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("colour"), "{err}");
+    assert_eq!(
+        json(d, &["list", "--json"]).as_array().map(Vec::len),
+        Some(2),
+        "nothing of a bad batch lands"
+    );
+    // Priority 5 runs first.
+    let list = json(d, &["list", "--status", "queued", "--json"]);
+    assert_eq!(list[1]["priority"], 5);
+}
+
+#[test]
+fn json_output_parses_for_every_read_verb() {
+    let dir = TempDir::new("json");
+    let d = dir.path();
+    ok(
+        d,
+        &[
+            "enqueue",
+            "--user",
+            "cu_ana",
+            "--goal",
+            GOAL,
+            "--model",
+            "same_call",
+        ],
+    );
+    ok(d, &["run", "--drain"]);
+    assert_eq!(json(d, &["list", "--json"])[0]["stop"], "repeated_call");
+    assert_eq!(
+        json(d, &["show", "t1", "--json"])["closing_message"]
+            .as_str()
+            .map(|s| s.contains("same call")),
+        Some(true)
+    );
+    assert_eq!(
+        json(d, &["trace", "t1", "--json"]).as_array().map(Vec::len),
+        Some(9)
+    );
+    assert_eq!(
+        json(d, &["postmortem", "t1", "--json"])["first_error"][1],
+        "not_found"
+    );
+    assert!(
+        json(d, &["store", "orders", "--json"])
+            .get("ord_1001")
+            .is_some()
+    );
+}
+
+#[test]
+fn bad_input_gets_exit_code_2_and_names_the_problem() {
+    let dir = TempDir::new("usage");
+    let d = dir.path();
+    let cases: &[(&[&str], &str)] = &[
+        (&["enqueue", "--goal", "g"], "--user"),
+        (
+            &["enqueue", "--user", "", "--goal", "g"],
+            "--user must not be empty",
+        ),
+        (
+            &["enqueue", "--user", "u", "--goal", "  "],
+            "--goal must not be empty",
+        ),
+        (
+            &[
+                "enqueue",
+                "--user",
+                "u",
+                "--goal",
+                "g",
+                "--budget",
+                "steps_max",
+            ],
+            "expected NAME=VALUE",
+        ),
+        (
+            &[
+                "enqueue",
+                "--user",
+                "u",
+                "--goal",
+                "g",
+                "--budget",
+                "steps_max=-1",
+            ],
+            "not a whole number",
+        ),
+        (
+            &["enqueue", "--user", "u", "--goal", "g", "--model", "gpt"],
+            "unknown model",
+        ),
+        (
+            &[
+                "enqueue",
+                "--user",
+                "u",
+                "--goal",
+                "g",
+                "--model",
+                "policy:ord_1:lots",
+            ],
+            "whole number of cents",
+        ),
+        (
+            &[
+                "enqueue",
+                "--user",
+                "u",
+                "--goal",
+                "g",
+                "--tool-latency",
+                "teleport=5",
+            ],
+            "unknown tool",
+        ),
+        (&["list", "--status", "sleeping"], "is not a status"),
+        (&["list", "--stop", "tired"], "is not a stop reason"),
+        (&["run", "--workers", "0"], "workers"),
+        (&["run", "--time-scale=-1"], "time-scale"),
+        (&["show"], "TASK"),
+        (
+            &["store", "add-order", "--order", "ord_1:cu"],
+            "ID:CUSTOMER:TOTAL_CENTS",
+        ),
+        (&["frobnicate"], "unrecognized subcommand"),
+    ];
+    for (args, want) in cases {
+        let (code, err) = fails(d, args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: expected {want:?} in {err}");
+    }
+    // Nothing was created by rejected commands.
+    assert!(!dir.file("worker.redb").exists());
+}
+
+#[test]
+fn operational_errors_get_exit_code_1() {
+    let dir = TempDir::new("op");
+    let d = dir.path();
+    let (code, err) = fails(d, &["list"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("no database at") && err.contains("hint:"),
+        "{err}"
+    );
+    ok(d, &["enqueue", "--user", "u", "--goal", "g"]);
+    let (code, err) = fails(d, &["show", "t42"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("no task \"t42\""), "{err}");
+    let (code, err) = fails(d, &["trace", "nope"]);
+    assert_eq!(code, 1, "{err}");
+    let (code, err) = fails(d, &["enqueue", "--file", "missing.jsonl"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("missing.jsonl"), "{err}");
+    let (code, err) = fails(
+        d,
+        &[
+            "enqueue",
+            "--user",
+            "u",
+            "--goal",
+            "g",
+            "--model",
+            "script:none.jsonl",
+        ],
+    );
+    assert_eq!(code, 2);
+    assert!(err.contains("none.jsonl"), "{err}");
+}
+
+#[test]
+fn damaged_and_newer_files_are_refused_cleanly() {
+    let dir = TempDir::new("damaged");
+    let d = dir.path();
+    ok(d, &["enqueue", "--user", "u", "--goal", "g"]);
+    let db = dir.file("worker.redb");
+    let good = std::fs::read(&db).expect("read db");
+
+    // Truncated.
+    std::fs::write(dir.file("trunc.redb"), &good[..good.len() / 3]).expect("write");
+    let (code, err) = fails(d, &["--db", "trunc.redb", "list"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("damaged") && !err.contains("panicked"),
+        "{err}"
+    );
+
+    // Not a database at all.
+    std::fs::write(dir.file("junk.redb"), vec![0x5a; 20_000]).expect("write");
+    let (code, err) = fails(d, &["--db", "junk.redb", "show", "t1"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("damaged") && !err.contains("panicked"),
+        "{err}"
+    );
+
+    // Written by a newer schema.
+    {
+        let newer = redb::Database::builder()
+            .set_concurrency_mode(redb::ConcurrencyMode::MultiWriter)
+            .create(&db)
+            .expect("open");
+        let w = newer.begin_write().expect("write");
+        {
+            let mut meta = w.open_table(tether::store::schema::META).expect("meta");
+            meta.insert("schema_version", 99u64).expect("insert");
+        }
+        w.commit().expect("commit");
+    }
+    for verb in [
+        &["list"][..],
+        &["enqueue", "--user", "u", "--goal", "g"],
+        &["run", "--drain"],
+    ] {
+        let (code, err) = fails(d, verb);
+        assert_eq!(code, 1, "{verb:?}");
+        assert!(
+            err.contains("newer version") && err.contains("99"),
+            "{verb:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn help_has_examples() {
+    let dir = TempDir::new("help");
+    for verb in [
+        "run",
+        "enqueue",
+        "list",
+        "show",
+        "trace",
+        "postmortem",
+        "demo",
+    ] {
+        let out = ok(dir.path(), &[verb, "--help"]);
+        assert!(
+            out.contains("Example"),
+            "{verb} --help has no example:\n{out}"
+        );
+    }
+}

@@ -1,0 +1,80 @@
+//! Helpers for tests that run the real `worker` binary in a temporary directory.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(name: &str) -> TempDir {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let p = std::env::temp_dir().join(format!("tether-{name}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&p).expect("create temp dir");
+        TempDir(p)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_worker")
+}
+
+/// Runs `worker ARGS` in `dir` with its default database there.
+pub fn worker(dir: &Path, args: &[&str]) -> Output {
+    Command::new(bin())
+        .args(args)
+        .current_dir(dir)
+        .env_remove("WORKER_DB")
+        .env_remove("WORKER_STORE")
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run worker")
+}
+
+pub fn ok(dir: &Path, args: &[&str]) -> String {
+    let out = worker(dir, args);
+    assert!(
+        out.status.success(),
+        "worker {args:?} failed ({:?}):\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn json(dir: &Path, args: &[&str]) -> serde_json::Value {
+    let text = ok(dir, args);
+    serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("worker {args:?} printed no JSON ({e}):\n{text}"))
+}
+
+/// Runs a failing command and returns (exit code, stderr).
+pub fn fails(dir: &Path, args: &[&str]) -> (i32, String) {
+    let out = worker(dir, args);
+    assert!(!out.status.success(), "worker {args:?} should have failed");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+pub fn fixture(name: &str) -> String {
+    let path = format!("{}/tests/fixtures/{name}.txt", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
