@@ -234,14 +234,15 @@ fn held_unknown_write_resumes_under_its_original_key() {
     assert_eq!(held.key(&h.state.task_id, h.state.step), "t1:s2");
     let mut store = h.store;
     store.latency_ms.clear();
-    // With no active time left the held call cannot be sent at all: it stays unknown.
+    // With no active time left the held call is not sent at all; it stays held.
     let (again, _) = resume(
         &mut ModelProfile::policy().build(),
         Budget::default(),
         &mut store,
         h.state.clone(),
     );
-    assert_eq!(again.stop, Some(StopReason::UnknownOutcome));
+    assert_eq!(again.stop, Some(StopReason::Deadline));
+    assert_eq!(again.pending.as_ref().map(|c| c.name.as_str()), Some("issue_refund"));
     // With time (a larger deadline), it is re-sent under its key and the stored result returns.
     let budget = Budget {
         deadline_ms: 60_000,

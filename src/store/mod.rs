@@ -455,14 +455,15 @@ impl Store {
             for entry in running.iter()? {
                 let (id, expires) = entry?;
                 let id = id.value().to_string();
-                let dead = match tasks.get(id.as_str())? {
+                let _ = expires;
+                let take = match tasks.get(id.as_str())? {
                     Some(g) => {
                         let rec: TaskRecord = decode("task", g.value())?;
-                        rec.lease.as_ref().is_none_or(is_dead)
+                        lease_over(&rec, now_ms, is_dead)
                     }
                     None => true,
                 };
-                if expires.value() <= now_ms || dead {
+                if take {
                     c.push(id);
                 }
             }
@@ -480,15 +481,15 @@ impl Store {
             let mut ready = w.open_table(READY)?;
             for id in candidates {
                 // Checked again inside the write: another process may have recovered it.
-                let Some(expires) = running.get(id.as_str())?.map(|g| g.value()) else {
+                if running.get(id.as_str())?.is_none() {
                     continue;
-                };
+                }
                 let Some(bytes) = tasks.get(id.as_str())?.map(|g| g.value().to_vec()) else {
                     running.remove(id.as_str())?;
                     continue;
                 };
                 let mut rec: TaskRecord = decode("task", &bytes)?;
-                if !(expires <= now_ms || rec.lease.as_ref().is_none_or(is_dead)) {
+                if !lease_over(&rec, now_ms, is_dead) {
                     continue;
                 }
                 running.remove(id.as_str())?;
@@ -546,11 +547,11 @@ impl Store {
         match c.kind {
             CommitKind::Intent => {}
             CommitKind::Step => {
-                let expires = c.now_ms + c.lease_ms;
+                // The renewed expiry lives in the record; RUNNING keeps the claim-time expiry
+                // as an index, and recovery reads the record before taking a task over.
                 if let Some(l) = rec.lease.as_mut() {
-                    l.expires_at_ms = expires;
+                    l.expires_at_ms = c.now_ms + c.lease_ms;
                 }
-                running.insert(c.task_id.as_str(), expires)?;
             }
             CommitKind::Final(stop) => {
                 rec.status = QueueStatus::after(stop);
@@ -649,6 +650,15 @@ impl Store {
         }
         Ok(out)
     }
+}
+
+/// A running task may be taken over when its lease expired or its owner is gone.
+fn lease_over(rec: &TaskRecord, now_ms: u64, is_dead: &dyn Fn(&Lease) -> bool) -> bool {
+    rec.status != QueueStatus::Running
+        || rec
+            .lease
+            .as_ref()
+            .is_none_or(|l| l.expires_at_ms <= now_ms || is_dead(l))
 }
 
 fn load_notes(t: &redb::Table<u64, &[u8]>) -> Result<Vec<Note>> {

@@ -16,7 +16,8 @@ pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 pub const TASKS: TableDefinition<&str, &[u8]> = TableDefinition::new("tasks");
 /// (-priority, sequence) -> task id: the ready queue, highest priority first, then FIFO.
 pub const READY: TableDefinition<(i64, u64), &str> = TableDefinition::new("ready");
-/// task id -> lease expiry (ms since the epoch): the tasks some worker is running.
+/// task id -> lease expiry at claim time: the index of the tasks some worker is running; the
+/// expiry renewed by each step commit is in the task record.
 pub const RUNNING: TableDefinition<&str, u64> = TableDefinition::new("running");
 /// enqueue key -> task id: a retried `worker enqueue --key K` finds its task here.
 pub const ENQUEUE_KEYS: TableDefinition<&str, &str> = TableDefinition::new("enqueue_keys");

@@ -3,11 +3,16 @@
 //! external service would. Each write call is one transaction: the effect, the stored result and
 //! the order change commit together, so a call key takes effect at most once.
 
-use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+use crossbeam_channel::{Receiver, Sender, bounded};
+use redb::{
+    Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
+    WriteTransaction,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use super::{Effect, Order, REPLAY_LATENCY_MS, Tools, apply, default_latency_ms, demo_orders};
 use crate::kernel::{ToolReply, ToolRequest};
@@ -34,9 +39,29 @@ pub struct LedgerEntry {
 }
 
 pub struct DurableStore {
-    db: Database,
+    db: Arc<Database>,
     pub path: PathBuf,
+    /// Write calls go through one thread that groups concurrent calls into one transaction
+    /// (started on the first write), as a service handling many clients would.
+    writer: Mutex<Option<Sender<WriteReq>>>,
 }
+
+/// One write call, owned, for the group-commit thread.
+struct WriteCall {
+    scope: String,
+    user: String,
+    name: String,
+    args: serde_json::Map<String, Value>,
+    key: String,
+}
+
+struct WriteReq {
+    call: WriteCall,
+    reply: Sender<std::result::Result<(Value, bool), String>>,
+}
+
+/// Largest number of write calls grouped into one transaction.
+const GROUP_MAX: usize = 128;
 
 impl DurableStore {
     /// Opens the store file, creating it with the document's two orders if it is new.
@@ -60,8 +85,9 @@ impl DurableStore {
             }
         };
         let s = DurableStore {
-            db,
+            db: Arc::new(db),
             path: path.to_path_buf(),
+            writer: Mutex::new(None),
         };
         let fresh = {
             let r = s.db.begin_read()?;
@@ -157,19 +183,12 @@ impl DurableStore {
     ) -> Result<(Value, bool)> {
         let order_id = args.get("order_id").and_then(Value::as_str).unwrap_or("");
         let stored_id = scoped(scope, order_id);
-        let fresh_copy = || -> Option<Order> {
-            if scope.is_empty() {
-                None
-            } else {
-                demo_orders().remove(order_id)
-            }
-        };
         if !write {
             let r = self.db.begin_read()?;
             let mut orders = BTreeMap::new();
             let found = match r.open_table(ORDERS)?.get(stored_id.as_str())? {
                 Some(g) => Some(decode::<Order>("order", g.value())?),
-                None => fresh_copy(),
+                None => fresh_copy(scope, order_id),
             };
             if let Some(o) = found {
                 orders.insert(order_id.to_string(), o);
@@ -177,49 +196,132 @@ impl DurableStore {
             let (res, _) = apply(&mut orders, &|_, _| false, user, name, args);
             return Ok((res, false));
         }
-        let w = self.db.begin_write()?;
-        let (res, replayed) = {
-            let mut done = w.open_table(DONE)?;
-            if let Some(g) = done.get((key, name))? {
-                (decode::<Value>("stored result", g.value())?, true)
-            } else {
-                let mut orders_t = w.open_table(ORDERS)?;
-                let mut orders = BTreeMap::new();
-                let found = match orders_t.get(stored_id.as_str())? {
-                    Some(g) => Some(decode::<Order>("order", g.value())?),
-                    None => fresh_copy(),
-                };
-                if let Some(o) = found {
-                    orders.insert(order_id.to_string(), o);
-                }
-                let digest = crate::kernel::state::digest(name, args);
-                let is_approved = w
-                    .open_table(APPROVED)?
-                    .get((name, digest.as_str()))?
-                    .is_some();
-                let approved = |_: &str, _: &str| is_approved;
-                let (res, effect) = apply(&mut orders, &approved, user, name, args);
-                if let Some(effect) = effect {
-                    for o in orders.values() {
-                        orders_t.insert(stored_id.as_str(), encode(o)?.as_slice())?;
-                    }
-                    done.insert((key, name), encode(&res)?.as_slice())?;
-                    let mut ledger = w.open_table(LEDGER)?;
-                    let seq = ledger.last()?.map_or(1, |(k, _)| k.value() + 1);
-                    let entry = LedgerEntry {
-                        seq,
-                        scope: scope.to_string(),
-                        effect,
-                        key: key.to_string(),
-                        user: user.to_string(),
-                    };
-                    ledger.insert(seq, encode(&entry)?.as_slice())?;
-                }
-                (res, false)
-            }
+        let call = WriteCall {
+            scope: scope.to_string(),
+            user: user.to_string(),
+            name: name.to_string(),
+            args: args.clone(),
+            key: key.to_string(),
         };
-        w.commit()?;
-        Ok((res, replayed))
+        let (tx, rx) = bounded(1);
+        let sender = self.writer_handle()?;
+        sender
+            .send(WriteReq { call, reply: tx })
+            .map_err(|_| Error::Conflict("the store's writer has stopped".into()))?;
+        rx.recv()
+            .map_err(|_| Error::Conflict("the store's writer has stopped".into()))?
+            .map_err(Error::Corrupt)
+    }
+
+    fn writer_handle(&self) -> Result<Sender<WriteReq>> {
+        let mut guard = self
+            .writer
+            .lock()
+            .map_err(|_| Error::Conflict("store writer lock poisoned".into()))?;
+        if let Some(tx) = guard.as_ref() {
+            return Ok(tx.clone());
+        }
+        let (tx, rx) = bounded::<WriteReq>(GROUP_MAX);
+        let db = Arc::clone(&self.db);
+        std::thread::Builder::new()
+            .name("store-writer".into())
+            .spawn(move || group_writer(&db, &rx))
+            .map_err(|e| Error::Conflict(format!("cannot start the store's writer thread: {e}")))?;
+        *guard = Some(tx.clone());
+        Ok(tx)
+    }
+}
+
+fn group_writer(db: &Database, rx: &Receiver<WriteReq>) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        while batch.len() < GROUP_MAX {
+            match rx.try_recv() {
+                Ok(r) => batch.push(r),
+                Err(_) => break,
+            }
+        }
+        let results: std::result::Result<Vec<(Value, bool)>, String> = (|| {
+            let w = db.begin_write().map_err(|e| e.to_string())?;
+            let mut out = Vec::with_capacity(batch.len());
+            for req in &batch {
+                out.push(write_in(&w, &req.call).map_err(|e| e.to_string())?);
+            }
+            w.commit().map_err(|e| e.to_string())?;
+            Ok(out)
+        })();
+        match results {
+            Ok(out) => {
+                for (req, r) in batch.into_iter().zip(out) {
+                    let _ = req.reply.send(Ok(r));
+                }
+            }
+            Err(e) => {
+                for req in batch {
+                    let _ = req.reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// One write call inside a (shared) write transaction: a stored result is replayed; otherwise
+/// the store's rules run, and an effect commits with its stored result and order change.
+fn write_in(w: &WriteTransaction, c: &WriteCall) -> Result<(Value, bool)> {
+    let (scope, user, name, args, key) = (
+        c.scope.as_str(),
+        c.user.as_str(),
+        c.name.as_str(),
+        &c.args,
+        c.key.as_str(),
+    );
+    let order_id = args.get("order_id").and_then(Value::as_str).unwrap_or("");
+    let stored_id = scoped(scope, order_id);
+    let mut done = w.open_table(DONE)?;
+    if let Some(g) = done.get((key, name))? {
+        return Ok((decode::<Value>("stored result", g.value())?, true));
+    }
+    let mut orders_t = w.open_table(ORDERS)?;
+    let mut orders = BTreeMap::new();
+    let found = match orders_t.get(stored_id.as_str())? {
+        Some(g) => Some(decode::<Order>("order", g.value())?),
+        None => fresh_copy(scope, order_id),
+    };
+    if let Some(o) = found {
+        orders.insert(order_id.to_string(), o);
+    }
+    let digest = crate::kernel::state::digest(name, args);
+    let is_approved = w
+        .open_table(APPROVED)?
+        .get((name, digest.as_str()))?
+        .is_some();
+    let approved = |_: &str, _: &str| is_approved;
+    let (res, effect) = apply(&mut orders, &approved, user, name, args);
+    if let Some(effect) = effect {
+        for o in orders.values() {
+            orders_t.insert(stored_id.as_str(), encode(o)?.as_slice())?;
+        }
+        done.insert((key, name), encode(&res)?.as_slice())?;
+        let mut ledger = w.open_table(LEDGER)?;
+        let seq = ledger.last()?.map_or(1, |(k, _)| k.value() + 1);
+        let entry = LedgerEntry {
+            seq,
+            scope: scope.to_string(),
+            effect,
+            key: key.to_string(),
+            user: user.to_string(),
+        };
+        ledger.insert(seq, encode(&entry)?.as_slice())?;
+    }
+    Ok((res, false))
+}
+
+/// A tenant's first sight of one of the document's orders is a fresh copy of it.
+fn fresh_copy(scope: &str, order_id: &str) -> Option<Order> {
+    if scope.is_empty() {
+        None
+    } else {
+        demo_orders().remove(order_id)
     }
 }
 

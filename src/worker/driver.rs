@@ -54,6 +54,22 @@ pub fn run_task(ctx: &Context, rec: TaskRecord) {
 }
 
 fn drive(ctx: &Context, rec: TaskRecord) -> Result<Option<StopReason>, CommitFail> {
+    if ctx.shutdown.load(Ordering::SeqCst) {
+        // Claimed ahead but not started: hand it back untouched.
+        ctx.committer.commit(Commit {
+            task_id: rec.id.clone(),
+            owner: ctx.owner.clone(),
+            kind: CommitKind::Release,
+            state: rec.state.clone(),
+            next_span_id: rec.next_span_id,
+            spans: Vec::new(),
+            reply: None,
+            call: None,
+            now_ms: now_ms(),
+            lease_ms: ctx.lease_ms,
+        })?;
+        return Ok(None);
+    }
     let catalog = Catalog::demo();
     let mut model = rec.model.build();
     let mut tools = DurableTools {

@@ -154,6 +154,9 @@ impl Committer {
     }
 }
 
+/// Smallest backlog of claimed tasks waiting for a thread.
+const PREFETCH_MIN: usize = 8;
+
 /// Largest number of commits grouped into one transaction.
 const GROUP_MAX: usize = 256;
 
@@ -222,7 +225,11 @@ pub fn run(
         tracing::info!(count = recovered.len(), tasks = ?recovered, "recovered tasks whose lease expired or whose worker is gone");
     }
     let (commit_tx, commit_rx) = bounded::<CommitRequest>(workers * 2);
-    let (task_tx, task_rx) = bounded::<TaskRecord>(workers);
+    // Claims run ahead of the threads by a small backlog, so a thread that finishes a task
+    // finds the next one waiting and one claim transaction serves several tasks. The backlog
+    // is refilled when it runs dry, not after every task.
+    let backlog = workers.max(PREFETCH_MIN);
+    let (task_tx, task_rx) = bounded::<TaskRecord>(workers + backlog);
     let (done_tx, done_rx) = bounded::<()>(workers);
     let committer = {
         let store = Arc::clone(&store);
@@ -285,7 +292,11 @@ pub fn run(
                 Err(e) => tracing::warn!(error = %e, "lease recovery failed"),
             }
         }
-        let free = workers - in_flight;
+        let free = if in_flight <= workers {
+            workers + backlog - in_flight
+        } else {
+            0
+        };
         let claimed = if free > 0 {
             match store.claim(&me.lease(now, cfg.lease_ms), free, now) {
                 Ok(c) => c,

@@ -1,0 +1,184 @@
+//! Benchmark of the durable worker, all measured in one run on the same disk:
+//! - the raw redb commit rate of a step-shaped transaction (about 2 KiB of state, a call-key
+//!   record and three spans) in MultiWriter mode;
+//! - durable steps/s and tasks/s with one worker thread (one task at a time), for a read-only
+//!   workload (1 commit per step) and the document's Policy (refund and email: intents and
+//!   store writes too);
+//! - the same with 64 tasks in flight (64 threads; the committer groups their steps);
+//! - enqueue throughput: one `worker enqueue` process per task, and one batch file.
+//!
+//! Run with `cargo bench --bench durable`. Figures are printed with their ratios.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use tether::kernel::Budget;
+use tether::model::ModelProfile;
+use tether::store::{NewTask, Store};
+use tether::tools::durable::DurableStore;
+use tether::worker::{self, Config};
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let p = std::env::temp_dir().join(format!("tether-bench-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&p);
+    std::fs::create_dir_all(&p).expect("temp dir");
+    p
+}
+
+fn raw_commit_rate(n: usize) -> f64 {
+    let dir = temp_dir("raw");
+    let db = redb::Database::builder()
+        .set_concurrency_mode(redb::ConcurrencyMode::MultiWriter)
+        .create(dir.join("raw.redb"))
+        .expect("open");
+    const STATE: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("tasks");
+    const KEYS: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("call_keys");
+    const SPANS: redb::TableDefinition<(&str, u32), &[u8]> = redb::TableDefinition::new("spans");
+    let state = vec![b'x'; 2048];
+    let key = vec![b'k'; 256];
+    let span = vec![b's'; 200];
+    let t = Instant::now();
+    for i in 0..n {
+        let w = db.begin_write().expect("write");
+        {
+            w.open_table(STATE)
+                .expect("t")
+                .insert("t1", state.as_slice())
+                .expect("i");
+            w.open_table(KEYS)
+                .expect("t")
+                .insert(format!("t1:s{i}").as_str(), key.as_slice())
+                .expect("i");
+            let mut s = w.open_table(SPANS).expect("t");
+            for j in 0..3u32 {
+                s.insert(("t1", i as u32 * 3 + j), span.as_slice())
+                    .expect("i");
+            }
+        }
+        w.commit().expect("commit");
+    }
+    let rate = n as f64 / t.elapsed().as_secs_f64();
+    let _ = std::fs::remove_dir_all(&dir);
+    rate
+}
+
+/// Enqueues `n` tasks of `model` (each with its own store tenant), runs them with `workers`
+/// threads until drained, and returns (steps/s, tasks/s, transactions, commits).
+fn durable(name: &str, model: &ModelProfile, n: usize, workers: usize) -> (f64, f64, u64, u64) {
+    let dir = temp_dir(name);
+    let store = Arc::new(Store::open(&dir.join("w.redb"), true).expect("db"));
+    let tools = Arc::new(DurableStore::open(&dir.join("w.store.redb")).expect("store"));
+    let tasks: Vec<NewTask> = (0..n)
+        .map(|i| NewTask {
+            user: "cu_ana".into(),
+            goal: "refund the damaged item on order ord_1001".into(),
+            key: None,
+            priority: 0,
+            budget: Budget::default(),
+            model: model.clone(),
+            tool_latency_ms: Default::default(),
+            store_scope: format!("b{i}"),
+        })
+        .collect();
+    store.enqueue(&tasks, worker::now_ms()).expect("enqueue");
+    let cfg = Config {
+        workers,
+        drain: true,
+        ..Config::default()
+    };
+    let t = Instant::now();
+    let stats = worker::run(
+        Arc::clone(&store),
+        tools,
+        &cfg,
+        Arc::new(AtomicBool::new(false)),
+    )
+    .expect("run");
+    let secs = t.elapsed().as_secs_f64();
+    let steps = stats.steps.load(Ordering::Relaxed) as f64;
+    let ended = stats.tasks_ended.load(Ordering::Relaxed);
+    assert_eq!(ended as usize, n, "every task ran to its end");
+    let out = (
+        steps / secs,
+        ended as f64 / secs,
+        stats.transactions.load(Ordering::Relaxed),
+        stats.commits.load(Ordering::Relaxed),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    out
+}
+
+fn enqueue_rates(single: usize, batch: usize) -> (f64, f64) {
+    let bin = env!("CARGO_BIN_EXE_worker");
+    let dir = temp_dir("enqueue");
+    let run = |args: &[&str]| {
+        let st = std::process::Command::new(bin)
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .expect("worker");
+        assert!(
+            st.status.success(),
+            "{}",
+            String::from_utf8_lossy(&st.stderr)
+        );
+    };
+    run(&["enqueue", "--user", "u", "--goal", "warm up"]);
+    let t = Instant::now();
+    for i in 0..single {
+        run(&[
+            "enqueue",
+            "--user",
+            "u",
+            "--goal",
+            "g",
+            "--key",
+            &format!("single-{i}"),
+        ]);
+    }
+    let single_rate = single as f64 / t.elapsed().as_secs_f64();
+    let lines: Vec<String> = (0..batch)
+        .map(|i| format!(r#"{{"user": "u", "goal": "g", "key": "batch-{i}"}}"#))
+        .collect();
+    std::fs::write(dir.join("batch.jsonl"), lines.join("\n")).expect("write batch");
+    let t = Instant::now();
+    run(&["enqueue", "--file", "batch.jsonl"]);
+    let batch_rate = batch as f64 / t.elapsed().as_secs_f64();
+    let _ = std::fs::remove_dir_all(&dir);
+    (single_rate, batch_rate)
+}
+
+fn main() {
+    let raw = raw_commit_rate(500);
+    println!("raw redb commit (2 KiB state + key + 3 spans, MultiWriter): {raw:.0} commits/s");
+    let reads = ModelProfile::NewIds { latency_ms: 1500 };
+    let policy = ModelProfile::policy();
+    let (r1, rt1, _, _) = durable("reads-1", &reads, 100, 1);
+    println!(
+        "1 thread,  read-only tasks : {r1:.0} steps/s, {rt1:.0} tasks/s  ({:.2}x the raw commit rate; target 0.7x)",
+        r1 / raw
+    );
+    let (p1, pt1, _, _) = durable("policy-1", &policy, 100, 1);
+    println!(
+        "1 thread,  Policy tasks    : {p1:.0} steps/s, {pt1:.0} tasks/s  ({:.2}x the raw commit rate)",
+        p1 / raw
+    );
+    let (r64, rt64, tx, commits) = durable("reads-64", &reads, 640, 64);
+    println!(
+        "64 in flight, read-only    : {r64:.0} steps/s, {rt64:.0} tasks/s  ({:.1}x one thread; target 5x; {:.1} commits per transaction)",
+        r64 / r1,
+        commits as f64 / tx.max(1) as f64
+    );
+    let (p64, pt64, tx, commits) = durable("policy-64", &policy, 640, 64);
+    println!(
+        "64 in flight, Policy       : {p64:.0} steps/s, {pt64:.0} tasks/s  ({:.1}x one thread; {:.1} commits per transaction)",
+        p64 / p1,
+        commits as f64 / tx.max(1) as f64
+    );
+    let (single, batch) = enqueue_rates(50, 2000);
+    println!(
+        "enqueue: {single:.0} tasks/s one process per task, {batch:.0} tasks/s in one batch file ({:.0}x)",
+        batch / single
+    );
+}
