@@ -242,7 +242,10 @@ fn held_unknown_write_resumes_under_its_original_key() {
         h.state.clone(),
     );
     assert_eq!(again.stop, Some(StopReason::Deadline));
-    assert_eq!(again.pending.as_ref().map(|c| c.name.as_str()), Some("issue_refund"));
+    assert_eq!(
+        again.pending.as_ref().map(|c| c.name.as_str()),
+        Some("issue_refund")
+    );
     // With time (a larger deadline), it is re-sent under its key and the stored result returns.
     let budget = Budget {
         deadline_ms: 60_000,

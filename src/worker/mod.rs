@@ -230,7 +230,9 @@ pub fn run(
     // is refilled when it runs dry, not after every task.
     let backlog = workers.max(PREFETCH_MIN);
     let (task_tx, task_rx) = bounded::<TaskRecord>(workers + backlog);
-    let (done_tx, done_rx) = bounded::<()>(workers);
+    // As large as the most tasks in flight, so a thread never blocks reporting a finished
+    // task while the dispatcher is no longer listening (at shutdown).
+    let (done_tx, done_rx) = bounded::<()>(workers + workers.max(PREFETCH_MIN));
     let committer = {
         let store = Arc::clone(&store);
         let stats = Arc::clone(&stats);

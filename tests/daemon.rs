@@ -1,0 +1,135 @@
+//! The daemon as operators run it: graceful shutdown on SIGTERM and SIGINT, two daemons on one
+//! file never running the same task, and a task driven by a JSONL script of replies.
+
+mod common;
+use common::*;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+fn enqueue_many(d: &std::path::Path, n: usize, model: &str) {
+    let lines: Vec<String> = (0..n)
+        .map(|i| format!(r#"{{"user": "cu_ana", "goal": "refund the damaged item on order ord_1001", "model": "{model}", "store_scope": "s{i}"}}"#))
+        .collect();
+    std::fs::write(d.join("tasks.jsonl"), lines.join("\n")).expect("write tasks");
+    ok(d, &["enqueue", "--file", "tasks.jsonl"]);
+}
+
+fn signal(pid: u32, sig: &str) {
+    let st = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(st.success());
+}
+
+#[test]
+fn sigterm_and_sigint_commit_release_and_exit_zero() {
+    for sig in ["-TERM", "-INT"] {
+        let dir = TempDir::new("sigterm");
+        let d = dir.path();
+        enqueue_many(d, 12, "policy");
+        // Slow steps (1.5 s of model latency = 30 ms), so tasks are mid-run at the signal.
+        let child = Command::new(bin())
+            .args(["run", "--workers", "3", "--time-scale", "0.02"])
+            .current_dir(d)
+            .env_remove("WORKER_DB")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start daemon");
+        std::thread::sleep(Duration::from_millis(250));
+        signal(child.id(), sig);
+        let out = child.wait_with_output().expect("daemon exits");
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{sig}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let tasks = json(d, &["list", "--json"]);
+        let tasks = tasks.as_array().expect("array");
+        assert!(
+            tasks.iter().all(|t| t["status"] != "running"),
+            "{sig}: a lease was left behind: {tasks:?}"
+        );
+        assert!(
+            tasks.iter().any(|t| t["status"] == "queued"),
+            "{sig}: the signal came after all work was done"
+        );
+        // Released tasks continue from their committed state and finish with one effect each.
+        ok(d, &["run", "--drain"]);
+        let tasks = json(d, &["list", "--json"]);
+        assert!(
+            tasks
+                .as_array()
+                .expect("array")
+                .iter()
+                .all(|t| t["stop"] == "done"),
+            "{tasks}"
+        );
+        let ledger = json(d, &["store", "ledger", "--json"]);
+        assert_eq!(
+            ledger.as_array().map(Vec::len),
+            Some(24),
+            "one refund and one email per task"
+        );
+    }
+}
+
+#[test]
+fn two_daemons_never_run_the_same_task() {
+    let dir = TempDir::new("two");
+    let d = dir.path();
+    enqueue_many(d, 40, "policy");
+    let start = || {
+        Command::new(bin())
+            .args(["run", "--workers", "4", "--drain", "--time-scale", "0.002"])
+            .current_dir(d)
+            .env_remove("WORKER_DB")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start daemon")
+    };
+    let (mut a, mut b) = (start(), start());
+    assert!(a.wait().expect("a").success());
+    assert!(b.wait().expect("b").success());
+    let tasks = json(d, &["list", "--json"]);
+    for t in tasks.as_array().expect("array") {
+        assert_eq!(t["runs"], 1, "claimed more than once: {t}");
+        assert_eq!(t["stop"], "done", "{t}");
+    }
+    let ledger = json(d, &["store", "ledger", "--json"]);
+    assert_eq!(ledger.as_array().map(Vec::len), Some(80));
+}
+
+#[test]
+fn a_task_driven_by_a_jsonl_script() {
+    let dir = TempDir::new("script");
+    let d = dir.path();
+    let script = r#"{"type": "plan", "steps": [{"id": "s1", "tool": "get_order"}]}
+this line is not JSON
+{"type": "tool", "name": "get_order", "args": {"order_id": "ord_1001"}, "plan_step": "s1"}
+{"type": "final", "outcome": "completed", "text": "read it"}
+"#;
+    std::fs::write(dir.file("replies.jsonl"), script).expect("write");
+    ok(
+        d,
+        &[
+            "enqueue",
+            "--user",
+            "cu_ana",
+            "--goal",
+            "read my order",
+            "--model",
+            "script:replies.jsonl",
+        ],
+    );
+    ok(d, &["run", "--drain"]);
+    let show = json(d, &["show", "t1", "--json"]);
+    assert_eq!(show["stop"], "done");
+    assert_eq!(show["steps"], 4);
+    assert_eq!(show["state"]["answer"], "read it");
+    assert_eq!(show["state"]["facts"]["ord_1001.total_cents"], 4200);
+}
