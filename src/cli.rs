@@ -14,6 +14,7 @@ use crate::kernel::report::{closing_message, postmortem, span_table};
 use crate::kernel::{Budget, Catalog, StopReason};
 use crate::model::ModelProfile;
 use crate::sim::{SCENARIO_HEADER, scenario_row, scenarios};
+use crate::store::ops::{Decision, Settlement};
 use crate::store::{self, NewTask, QueueStatus, Store, TaskRecord};
 use crate::tools::durable::{DurableStore, LedgerEntry};
 use crate::tools::{Effect, Order, effects_to_python};
@@ -73,6 +74,133 @@ pub enum Command {
     /// The document's store: orders and ledger.
     #[command(subcommand)]
     Store(StoreCommand),
+    /// Approve exactly the held call of a suspended task; the task is requeued.
+    #[command(
+        after_help = "Example:\n  worker show t7                 # the held call and its digest\n  worker approve t7 --by alice --reason 'damage confirmed' --digest 3f2a9c1d0e"
+    )]
+    Approve(ApproveArgs),
+    /// Reject the held call of a suspended task: it is never sent; the task goes on.
+    #[command(
+        after_help = "Example:\n  worker reject t7 --by alice --reason 'refund above policy'"
+    )]
+    Reject(DecideArgs),
+    /// List held writes (outcome unknown), or settle one: --applied or --not-applied.
+    #[command(
+        after_help = "Examples:\n  worker reconcile                                  # list held writes\n  worker reconcile t8 --applied --result '{\"status\": \"ok\", \"refunded_cents\": 3000}' --by bob --reason 'seen in the ledger'\n  worker reconcile t8 --not-applied --by bob --reason 'not in the ledger'   # re-sent under the same key"
+    )]
+    Reconcile(ReconcileArgs),
+    /// Cancel a queued, running (at its next step boundary), suspended or held task.
+    #[command(after_help = "Example:\n  worker cancel t3 --reason 'customer withdrew the request'")]
+    Cancel(DecideArgs),
+    /// Re-run a task offline from its recorded replies against a fresh copy of the demo store,
+    /// and compare its final state and effects with the stored ones (exit 1 if they differ).
+    #[command(after_help = "Example:\n  worker replay t1 --json")]
+    Replay(TaskArgs),
+    /// The audit log (who, what, when, why), of one task when given.
+    #[command(after_help = "Example:\n  worker events t7")]
+    Events(EventsArgs),
+    /// Long-term memory: notes from trusted sources, scoped to a user, expiring.
+    #[command(subcommand)]
+    Memory(MemoryCommand),
+}
+
+fn default_by() -> String {
+    std::env::var("USER")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| "operator".into())
+}
+
+#[derive(Args, Debug)]
+pub struct DecideArgs {
+    /// Task id.
+    pub task: String,
+    /// Who decides (default: $USER).
+    #[arg(long, default_value_t = default_by())]
+    pub by: String,
+    /// Why; recorded in the audit log.
+    #[arg(long)]
+    pub reason: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct ApproveArgs {
+    #[command(flatten)]
+    pub decide: DecideArgs,
+    /// The digest of the call being approved (from `worker show`); refused if the held call
+    /// differs.
+    #[arg(long)]
+    pub digest: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct ReconcileArgs {
+    /// Task id; without it, list the held writes.
+    pub task: Option<String>,
+    /// The write took effect.
+    #[arg(long, requires = "task", conflicts_with = "not_applied")]
+    pub applied: bool,
+    /// The write did not take effect: send it again under the same call key.
+    #[arg(long, requires = "task")]
+    pub not_applied: bool,
+    /// With --applied: the service's result, as JSON (default {"status": "ok"}).
+    #[arg(long, requires = "applied")]
+    pub result: Option<String>,
+    #[arg(long, default_value_t = default_by())]
+    pub by: String,
+    #[arg(long)]
+    pub reason: Option<String>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct EventsArgs {
+    pub task: Option<String>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum MemoryCommand {
+    /// Store a note (trusted sources only: user_message, validated_tool).
+    #[command(
+        after_help = "Example:\n  worker memory add --user cu_ana --source user_message --ttl-days 90 --text 'Prefers refunds to the original card.'"
+    )]
+    Add {
+        #[arg(long)]
+        user: String,
+        #[arg(long)]
+        text: String,
+        #[arg(long)]
+        source: String,
+        #[arg(long, default_value_t = 90)]
+        ttl_days: u64,
+        #[arg(long, default_value_t = default_by())]
+        by: String,
+    },
+    /// List live notes (all with --all), of one user when given.
+    #[command(after_help = "Example:\n  worker memory list --user cu_ana")]
+    List {
+        #[arg(long)]
+        user: Option<String>,
+        #[arg(long)]
+        all: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a user's notes, only those from one source when given.
+    #[command(
+        after_help = "Example:\n  worker memory forget --user cu_ana --source validated_tool"
+    )]
+    Forget {
+        #[arg(long)]
+        user: String,
+        #[arg(long)]
+        source: Option<String>,
+        #[arg(long, default_value_t = default_by())]
+        by: String,
+    },
 }
 
 const ENQUEUE_HELP: &str = "Models (--model): policy | policy:ORDER:AMOUNT_CENTS[:LATENCY_MS] | same_call | new_ids |
@@ -135,6 +263,10 @@ pub struct EnqueueArgs {
     /// Demo-store tenant: the task gets its own fresh copy of the document's orders.
     #[arg(long, default_value = "", conflicts_with = "file")]
     pub store_scope: String,
+    /// How long the task may wait for an approval before it stops with approval_expired
+    /// (default: 24 hours). Separate from the active-time deadline.
+    #[arg(long, conflicts_with = "file")]
+    pub approval_wait_ms: Option<u64>,
     /// Enqueue every task of a JSONL file in one transaction (all or nothing).
     #[arg(long)]
     pub file: Option<PathBuf>,
@@ -295,6 +427,13 @@ pub fn run(cli: Cli) -> CliResult {
         Command::Postmortem(a) => cmd_postmortem(&cli, a),
         Command::Demo(a) => cmd_demo(a),
         Command::Store(c) => cmd_store(&cli, c),
+        Command::Approve(a) => cmd_approve(&cli, a),
+        Command::Reject(a) => cmd_reject(&cli, a),
+        Command::Reconcile(a) => cmd_reconcile(&cli, a),
+        Command::Cancel(a) => cmd_cancel(&cli, a),
+        Command::Replay(a) => cmd_replay(&cli, a),
+        Command::Events(a) => cmd_events(&cli, a),
+        Command::Memory(c) => cmd_memory(&cli, c),
     }
 }
 
@@ -358,6 +497,8 @@ struct TaskLine {
     tool_latency_ms: BTreeMap<String, u64>,
     #[serde(default)]
     store_scope: String,
+    #[serde(default)]
+    approval_wait_ms: Option<u64>,
 }
 
 const GOAL_MAX_CHARS: usize = 4000;
@@ -413,6 +554,9 @@ fn new_task(l: TaskLine) -> Result<NewTask, String> {
         budget,
         tool_latency_ms: l.tool_latency_ms,
         store_scope: l.store_scope,
+        approval_wait_ms: l
+            .approval_wait_ms
+            .unwrap_or(store::DEFAULT_APPROVAL_WAIT_MS),
     })
 }
 
@@ -464,6 +608,7 @@ fn cmd_enqueue(cli: &Cli, a: &EnqueueArgs) -> CliResult {
                 model: Some(a.model.clone()),
                 tool_latency_ms: latency,
                 store_scope: a.store_scope.clone(),
+                approval_wait_ms: a.approval_wait_ms,
             })
             .map_err(CliError::usage)?;
             vec![t]
@@ -610,10 +755,11 @@ fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
     println!("  stalls      {:>6} / {}", st.stalls, b.stalls_max);
     if let Some(p) = &st.pending {
         println!(
-            "held      {} {} key {}",
+            "held      {} {} key {} digest {}",
             p.name,
             Value::Object(p.args.clone()),
-            p.key(&st.task_id, st.step)
+            p.key(&st.task_id, st.step),
+            p.digest()
         );
     }
     println!("closing   {closing}");
@@ -691,6 +837,7 @@ fn cmd_demo(a: &DemoArgs) -> CliResult {
                 .map(|(t, ms)| (t.to_string(), *ms))
                 .collect(),
             store_scope: sc.name[..1].to_string(),
+            approval_wait_ms: store::DEFAULT_APPROVAL_WAIT_MS,
         })
         .collect();
     let ids = store.enqueue(&tasks, now_ms())?;
@@ -797,6 +944,258 @@ fn cmd_store(cli: &Cli, c: &StoreCommand) -> CliResult {
                     println!("{:6} {:24} {}", e.seq, e.key, e.effect.to_python());
                 }
             }
+        }
+    }
+    Ok(())
+}
+
+fn decision(by: &str, reason: &Option<String>) -> Result<Decision, CliError> {
+    if by.trim().is_empty() {
+        return Err(CliError::usage("--by must not be empty"));
+    }
+    Ok(Decision {
+        by: by.to_string(),
+        reason: reason.clone(),
+        now_ms: now_ms(),
+    })
+}
+
+fn cmd_approve(cli: &Cli, a: &ApproveArgs) -> CliResult {
+    let d = decision(&a.decide.by, &a.decide.reason)?;
+    let store = open_existing(cli)?;
+    let rec = store.task(&a.decide.task)?;
+    // The service learns of the approval first, so that once the task is requeued the held
+    // call finds it; it covers this call key with exactly these arguments, nothing else.
+    if let Some(call) = &rec.state.pending
+        && rec.status == QueueStatus::Suspended
+        && a.digest.as_deref().is_none_or(|want| want == call.digest())
+    {
+        let key = call.key(&rec.id, rec.state.step);
+        DurableStore::open(&store_path(cli))?.approve(&key, &call.digest(), &d.by)?;
+    }
+    let call = store.approve(&a.decide.task, a.digest.as_deref(), &d)?;
+    println!(
+        "approved {} {} for task {}; it is queued and runs the call first",
+        call.name,
+        Value::Object(call.args.clone()),
+        a.decide.task
+    );
+    Ok(())
+}
+
+fn cmd_reject(cli: &Cli, a: &DecideArgs) -> CliResult {
+    let d = decision(&a.by, &a.reason)?;
+    let call = open_existing(cli)?.reject(&a.task, &d)?;
+    println!(
+        "rejected {} for task {}; it is queued and continues without it",
+        call.name, a.task
+    );
+    Ok(())
+}
+
+fn cmd_reconcile(cli: &Cli, a: &ReconcileArgs) -> CliResult {
+    let store = open_existing(cli)?;
+    let Some(task) = &a.task else {
+        let held = store.held()?;
+        if a.json {
+            let v: Vec<Value> = held
+                .iter()
+                .map(|(r, c)| {
+                    let p = r.state.pending.as_ref();
+                    json!({
+                        "task": r.id,
+                        "tool": p.map(|p| p.name.clone()),
+                        "args": p.map(|p| Value::Object(p.args.clone())),
+                        "key": p.map(|p| p.key(&r.id, r.state.step)),
+                        "since_ms": c.as_ref().map_or(r.updated_at_ms, |c| c.intent_at_ms),
+                        "known": c.as_ref().and_then(|c| c.result.clone()),
+                    })
+                })
+                .collect();
+            print_json(&Value::Array(v));
+            return Ok(());
+        }
+        if held.is_empty() {
+            println!("no held writes");
+        }
+        for (r, c) in &held {
+            let Some(p) = &r.state.pending else { continue };
+            let known = match c.as_ref().and_then(|c| c.result.clone()) {
+                Some(v) => format!("last answer {v}"),
+                None => "no answer: the worker stopped while the call was in flight".into(),
+            };
+            let since = c.as_ref().map_or(r.updated_at_ms, |c| c.intent_at_ms);
+            println!(
+                "{}  {} {}  key {}  since {} ms  {known}",
+                r.id,
+                p.name,
+                Value::Object(p.args.clone()),
+                p.key(&r.id, r.state.step),
+                since
+            );
+        }
+        return Ok(());
+    };
+    let settlement = match (a.applied, a.not_applied) {
+        (true, _) => {
+            let result = match &a.result {
+                Some(text) => serde_json::from_str::<Value>(text)
+                    .map_err(|e| CliError::usage(format!("--result is not JSON: {e}")))?,
+                None => json!({"status": "ok"}),
+            };
+            Settlement::Applied(result)
+        }
+        (false, true) => Settlement::NotApplied,
+        (false, false) => {
+            return Err(CliError::usage(
+                "say whether the write took effect: --applied or --not-applied",
+            ));
+        }
+    };
+    let d = decision(&a.by, &a.reason)?;
+    let call = store.reconcile(task, &settlement, &d)?;
+    let what = if a.applied {
+        "applied"
+    } else {
+        "not applied; it will be sent again under the same key"
+    };
+    println!(
+        "recorded {} for task {} as {what}; the task is queued",
+        call.name, task
+    );
+    Ok(())
+}
+
+fn cmd_cancel(cli: &Cli, a: &DecideArgs) -> CliResult {
+    let d = decision(&a.by, &a.reason)?;
+    match open_existing(cli)?.cancel(&a.task, &d)? {
+        QueueStatus::Running => println!(
+            "task {} will stop at its next step boundary (cancelled)",
+            a.task
+        ),
+        _ => println!("task {} cancelled", a.task),
+    }
+    Ok(())
+}
+
+fn cmd_replay(cli: &Cli, a: &TaskArgs) -> CliResult {
+    let store = open_existing(cli)?;
+    let rec = store.task(&a.task)?;
+    if matches!(rec.status, QueueStatus::Queued | QueueStatus::Running) {
+        return Err(CliError::op(format!(
+            "task {} is {}; replay a task that has stopped",
+            rec.id,
+            rec.status.as_str()
+        )));
+    }
+    let ledger = DurableStore::open(&store_path(cli))?.ledger()?;
+    let stored = task_effects(&ledger, &rec.id);
+    let report = crate::replay::replay(
+        &rec,
+        store.replies(&rec.id)?,
+        &store.events(Some(&rec.id))?,
+        &stored,
+    );
+    if a.json {
+        print_json(&json!({
+            "task": rec.id,
+            "same_state": report.same_state,
+            "same_effects": report.same_effects,
+            "stop": report.state.stop.map(|s| s.as_str()),
+            "effects": effects_to_python(&report.effects),
+            "stored_effects": effects_to_python(&stored),
+        }));
+    } else {
+        let yn = |b: bool| if b { "identical" } else { "DIFFERENT" };
+        println!(
+            "replay of {}: stop {}, {} steps",
+            rec.id,
+            report.state.stop.map_or("-", |s| s.as_str()),
+            report.state.step
+        );
+        println!("final state JSON: {}", yn(report.same_state));
+        println!(
+            "effects         : {} {}",
+            yn(report.same_effects),
+            effects_to_python(&report.effects)
+        );
+    }
+    if report.same_state && report.same_effects {
+        Ok(())
+    } else {
+        Err(CliError::op(format!("the replay of task {} differs from the stored run", rec.id))
+            .hint("a run that crashed mid-write, or was settled by reconcile, can differ: its tool results are not recorded"))
+    }
+}
+
+fn cmd_events(cli: &Cli, a: &EventsArgs) -> CliResult {
+    let store = open_existing(cli)?;
+    if let Some(t) = &a.task {
+        store.task(t)?;
+    }
+    let events = store.events(a.task.as_deref())?;
+    if a.json {
+        print_json(&serde_json::to_value(&events).unwrap_or(Value::Null));
+        return Ok(());
+    }
+    for e in &events {
+        println!(
+            "{:5} {} {:8} {:22} by {:10} {}  {}",
+            e.seq,
+            e.at_ms,
+            e.task.as_deref().unwrap_or("-"),
+            e.verb,
+            e.by,
+            e.reason
+                .as_deref()
+                .map_or(String::new(), |r| format!("({r})")),
+            e.detail
+        );
+    }
+    Ok(())
+}
+
+fn cmd_memory(cli: &Cli, c: &MemoryCommand) -> CliResult {
+    match c {
+        MemoryCommand::Add {
+            user,
+            text,
+            source,
+            ttl_days,
+            by,
+        } => {
+            if user.trim().is_empty() {
+                return Err(CliError::usage("--user must not be empty"));
+            }
+            let d = decision(by, &None)?;
+            let store = Store::open(&cli.db, true)?;
+            let note = store.add_note(user, text, source, ttl_days.saturating_mul(86_400), &d)?;
+            println!(
+                "stored for {} until {} (unix seconds)",
+                note.user, note.expires_at_s
+            );
+        }
+        MemoryCommand::List {
+            user,
+            all,
+            json: as_json,
+        } => {
+            let notes = open_existing(cli)?.notes(user.as_deref(), now_ms(), *all)?;
+            if *as_json {
+                print_json(&serde_json::to_value(&notes).unwrap_or(Value::Null));
+            } else {
+                for n in &notes {
+                    println!(
+                        "{:10} {:16} expires {:>10}  {}",
+                        n.user, n.source, n.expires_at_s, n.text
+                    );
+                }
+            }
+        }
+        MemoryCommand::Forget { user, source, by } => {
+            let d = decision(by, &None)?;
+            let n = open_existing(cli)?.forget(user, source.as_deref(), &d)?;
+            println!("{n} note(s) deleted");
         }
     }
     Ok(())

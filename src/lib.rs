@@ -6,6 +6,7 @@
 pub mod cli;
 pub mod kernel;
 pub mod model;
+pub mod replay;
 pub mod sim;
 pub mod store;
 pub mod tools;

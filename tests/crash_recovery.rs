@@ -2,7 +2,10 @@
 //! killed with SIGKILL at 32 random moments and restarted each time; then a final drain.
 //! Afterwards no task is lost, duplicated or stuck in running, every task is done, stopped,
 //! suspended or held, and the store's ledger holds each refund and each email at most once
-//! (exactly once for tasks that ended done).
+//! (exactly once for tasks that ended done). Then a test-side oracle settles every held write
+//! by asking the store's ledger (`worker reconcile --applied` or `--not-applied`) and approves
+//! the suspended tasks; after a last drain every task is finished and every effect of a task
+//! that ended done appears exactly once.
 //!
 //! The seed is printed; `TETHER_SEED=<seed> cargo test --test crash_recovery` replays the same
 //! task mix and kill schedule (the machine's timing still varies).
@@ -160,4 +163,81 @@ fn daemon_killed_at_random_moments_loses_and_repeats_nothing() {
         }
     }
     println!("after {KILLS} kills: {by_status:?}");
+
+    // The oracle: a held write is applied exactly when the ledger has its call key; suspended
+    // tasks are approved. A settled write can lead to an approval and back, so a few rounds.
+    for _round in 0..3 {
+        let ledger = json(&d, &["store", "ledger", "--json"]);
+        let ledger = ledger.as_array().expect("ledger");
+        let held = json(&d, &["reconcile", "--json"]);
+        for h in held.as_array().expect("held list") {
+            let (task, key) = (
+                h["task"].as_str().expect("task"),
+                h["key"].as_str().expect("key"),
+            );
+            let verdict = if ledger.iter().any(|e| e["key"] == key) {
+                "--applied"
+            } else {
+                "--not-applied"
+            };
+            ok(
+                &d,
+                &[
+                    "reconcile",
+                    task,
+                    verdict,
+                    "--by",
+                    "oracle",
+                    "--reason",
+                    "asked the ledger",
+                ],
+            );
+        }
+        let suspended = json(&d, &["list", "--status", "suspended", "--json"]);
+        for t in suspended.as_array().expect("suspended list") {
+            ok(
+                &d,
+                &["approve", t["id"].as_str().expect("id"), "--by", "oracle"],
+            );
+        }
+        ok(&d, &["run", "--drain", "--workers", "4"]);
+    }
+    let tasks = json(&d, &["list", "--json"]);
+    let ledger = json(&d, &["store", "ledger", "--json"]);
+    let mut per_key: BTreeMap<String, usize> = BTreeMap::new();
+    let mut per_task: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    for e in ledger.as_array().expect("ledger") {
+        let key = e["key"].as_str().expect("key").to_string();
+        let task = key.split(':').next().unwrap_or("").to_string();
+        *per_key.entry(key).or_default() += 1;
+        let slot = per_task.entry(task).or_default();
+        if e["effect"]["kind"] == "refund" {
+            slot.0 += 1;
+        } else {
+            slot.1 += 1;
+        }
+    }
+    assert!(
+        per_key.values().all(|n| *n == 1),
+        "an effect twice after reconcile (seed {seed}): {per_key:?}"
+    );
+    let mut settled: BTreeMap<String, usize> = BTreeMap::new();
+    for t in tasks.as_array().expect("tasks") {
+        let id = t["id"].as_str().expect("id");
+        assert_eq!(
+            t["status"], "finished",
+            "task {id} is not final after reconcile (seed {seed}): {t}"
+        );
+        *settled
+            .entry(t["stop"].as_str().unwrap_or("-").to_string())
+            .or_default() += 1;
+        if t["stop"] == "done" {
+            assert_eq!(
+                per_task.get(id).copied(),
+                Some((1, 1)),
+                "task {id} (seed {seed})"
+            );
+        }
+    }
+    println!("after reconcile and approvals: {settled:?}");
 }

@@ -48,6 +48,14 @@ pub fn closing_message(state: &TaskState, catalog: &Catalog) -> String {
             None => "The task stopped because a write's outcome is unknown.".into(),
         },
         Some(StopReason::Cancelled) => "The task was cancelled by an operator.".into(),
+        Some(StopReason::ApprovalExpired) => match &state.pending {
+            Some(call) => format!(
+                "The task stopped because the approval of {} with {} did not come in time; nothing was sent.",
+                call.name,
+                dumps(&Value::Object(call.args.clone()))
+            ),
+            None => "The task stopped because an approval did not come in time.".into(),
+        },
     };
     if state.plan.is_empty() {
         return format!(

@@ -116,9 +116,11 @@ pub enum StopReason {
     UnknownOutcome,
     /// An operator stopped the task.
     Cancelled,
+    /// The task waited for an approval longer than its approval wait allows.
+    ApprovalExpired,
 }
 
-pub const STOP_REASONS: [StopReason; 10] = [
+pub const STOP_REASONS: [StopReason; 11] = [
     StopReason::Done,
     StopReason::MaxSteps,
     StopReason::MaxToolCalls,
@@ -129,6 +131,7 @@ pub const STOP_REASONS: [StopReason; 10] = [
     StopReason::NeedsApproval,
     StopReason::UnknownOutcome,
     StopReason::Cancelled,
+    StopReason::ApprovalExpired,
 ];
 
 impl StopReason {
@@ -144,6 +147,7 @@ impl StopReason {
             StopReason::NeedsApproval => "needs_approval",
             StopReason::UnknownOutcome => "unknown_outcome",
             StopReason::Cancelled => "cancelled",
+            StopReason::ApprovalExpired => "approval_expired",
         }
     }
 

@@ -7,6 +7,7 @@
 //! or tool call: callers hand in finished data.
 
 pub mod codec;
+pub mod ops;
 pub mod schema;
 
 use redb::{
@@ -165,6 +166,25 @@ pub struct TaskRecord {
     /// An operator asked to cancel; the running worker stops at its next step boundary.
     #[serde(default)]
     pub cancel_requested: Option<String>,
+    /// An operator's settlement of the held call (rejected, or applied with this result), to be
+    /// folded in as that call's result when the task next runs.
+    #[serde(default)]
+    pub settle: Option<Value>,
+    /// How long a suspended task may wait for an approval (its own limit, separate from the
+    /// active-time deadline).
+    #[serde(default = "default_approval_wait_ms")]
+    pub approval_wait_ms: u64,
+    #[serde(default)]
+    pub suspended_at_ms: Option<u64>,
+    /// The approval this task runs under: digest, who, when.
+    #[serde(default)]
+    pub approval: Option<Value>,
+}
+
+pub const DEFAULT_APPROVAL_WAIT_MS: u64 = 24 * 3600 * 1000;
+
+fn default_approval_wait_ms() -> u64 {
+    DEFAULT_APPROVAL_WAIT_MS
 }
 
 /// A task to enqueue.
@@ -178,6 +198,7 @@ pub struct NewTask {
     pub model: ModelProfile,
     pub tool_latency_ms: BTreeMap<String, u64>,
     pub store_scope: String,
+    pub approval_wait_ms: u64,
 }
 
 /// A write's call key record: committed as an intent before the tool is called, then completed
@@ -210,6 +231,8 @@ pub struct Commit {
     pub call: Option<CallRecord>,
     pub now_ms: u64,
     pub lease_ms: u64,
+    /// The task's settlement was folded into `state`: forget it.
+    pub clear_settle: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -382,6 +405,10 @@ impl Store {
                     lease: None,
                     runs: 0,
                     cancel_requested: None,
+                    settle: None,
+                    approval_wait_ms: t.approval_wait_ms,
+                    suspended_at_ms: None,
+                    approval: None,
                 };
                 tasks_t.insert(id.as_str(), encode(&rec)?.as_slice())?;
                 let seq = next_seq(&mut meta, META_READY_SEQ)?;
@@ -542,6 +569,9 @@ impl Store {
         }
         rec.state = c.state.clone();
         rec.next_span_id = c.next_span_id;
+        if c.clear_settle {
+            rec.settle = None;
+        }
         rec.updated_at_ms = c.now_ms;
         let mut running = w.open_table(RUNNING)?;
         match c.kind {
@@ -555,6 +585,7 @@ impl Store {
             }
             CommitKind::Final(stop) => {
                 rec.status = QueueStatus::after(stop);
+                rec.suspended_at_ms = (stop == StopReason::NeedsApproval).then_some(c.now_ms);
                 rec.lease = None;
                 running.remove(c.task_id.as_str())?;
             }

@@ -24,7 +24,7 @@ const ORDERS: TableDefinition<&str, &[u8]> = TableDefinition::new("orders");
 const LEDGER: TableDefinition<u64, &[u8]> = TableDefinition::new("ledger");
 /// (call key, tool) -> stored result of a write that took effect.
 const DONE: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("done");
-/// (tool, digest of tool and args) -> approver.
+/// (call key, digest of tool and args) -> approver: an approval covers one call, exactly.
 const APPROVED: TableDefinition<(&str, &str), &str> = TableDefinition::new("approved");
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -160,9 +160,10 @@ impl DurableStore {
         }
     }
 
-    pub fn approve(&self, tool: &str, digest: &str, by: &str) -> Result<()> {
+    /// Approves the call under `key` with exactly these arguments (`digest`).
+    pub fn approve(&self, key: &str, digest: &str, by: &str) -> Result<()> {
         let w = self.db.begin_write()?;
-        w.open_table(APPROVED)?.insert((tool, digest), by)?;
+        w.open_table(APPROVED)?.insert((key, digest), by)?;
         w.commit()?;
         Ok(())
     }
@@ -293,7 +294,7 @@ fn write_in(w: &WriteTransaction, c: &WriteCall) -> Result<(Value, bool)> {
     let digest = crate::kernel::state::digest(name, args);
     let is_approved = w
         .open_table(APPROVED)?
-        .get((name, digest.as_str()))?
+        .get((key, digest.as_str()))?
         .is_some();
     let approved = |_: &str, _: &str| is_approved;
     let (res, effect) = apply(&mut orders, &approved, user, name, args);

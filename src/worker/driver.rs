@@ -67,6 +67,7 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Option<StopReason>, CommitFai
             call: None,
             now_ms: now_ms(),
             lease_ms: ctx.lease_ms,
+            clear_settle: false,
         })?;
         return Ok(None);
     }
@@ -82,11 +83,29 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Option<StopReason>, CommitFai
             rec.state.stop,
             Some(StopReason::NeedsApproval | StopReason::UnknownOutcome)
         );
-    let mut session = if resuming {
+    let settled = rec
+        .settle
+        .clone()
+        .filter(|_| resuming && rec.cancel_requested.is_none());
+    let clear_settle = settled.is_some();
+    let mut session = if let Some(result) = settled {
+        // An operator settled the held call: fold the decision in, send nothing.
+        Session::resume_settled(
+            rec.state.clone(),
+            rec.budget,
+            &catalog,
+            rec.next_span_id,
+            result,
+        )
+    } else if resuming && rec.cancel_requested.is_none() {
         Session::resume(rec.state.clone(), rec.budget, &catalog, rec.next_span_id)
     } else {
         Session::start(rec.state.clone(), rec.budget, &catalog, rec.next_span_id)
     };
+    if rec.cancel_requested.is_some() {
+        // Cancelled while its worker was gone: stop before anything runs.
+        session.cancel();
+    }
     let mut step_reply: Option<RecordedReply> = None;
     let mut step_call: Option<CallRecord> = None;
     let commit = |session: &mut Session<'_>,
@@ -104,6 +123,7 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Option<StopReason>, CommitFai
             call,
             now_ms: now_ms(),
             lease_ms: ctx.lease_ms,
+            clear_settle,
         };
         ctx.committer.commit(c)
     };

@@ -293,6 +293,13 @@ pub fn run(
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "lease recovery failed"),
             }
+            match store.expire_approvals(now) {
+                Ok(ids) if !ids.is_empty() => {
+                    tracing::info!(tasks = ?ids, "approval waits ran out")
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "expiring approval waits failed"),
+            }
         }
         let free = if in_flight <= workers {
             workers + backlog - in_flight

@@ -1,0 +1,401 @@
+//! Operator decisions, each one write transaction that checks the task's status, applies the
+//! decision and records an audit event (who, what, when, why) together: approve, reject,
+//! reconcile, cancel, the expiry of approval waits, and the long-term memory store.
+//!
+//! Two operators deciding the same task are serialized by redb's single writer: the second
+//! finds the status already changed and gets a `Conflict` naming what happened.
+
+use redb::{ReadableTable, WriteTransaction};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::codec::{decode, encode};
+use super::schema::*;
+use super::{CallRecord, Error, QueueStatus, Result, Store, TaskRecord, next_seq};
+use crate::kernel::memory::{self, Note};
+use crate::kernel::{Status, StopReason, ToolCall};
+
+/// One line of the audit log.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub seq: u64,
+    pub at_ms: u64,
+    pub task: Option<String>,
+    pub verb: String,
+    pub by: String,
+    pub reason: Option<String>,
+    pub detail: Value,
+}
+
+/// Who decides, why, and when.
+#[derive(Clone, Debug)]
+pub struct Decision {
+    pub by: String,
+    pub reason: Option<String>,
+    pub now_ms: u64,
+}
+
+/// How an operator settles a held write.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Settlement {
+    /// The write took effect; `result` is what the service answered (or `{"status": "ok"}`).
+    Applied(Value),
+    /// The write did not take effect: the step runs again under the same call key.
+    NotApplied,
+}
+
+fn load(w: &WriteTransaction, id: &str) -> Result<TaskRecord> {
+    let t = w.open_table(TASKS)?;
+    let g = t.get(id)?.ok_or_else(|| Error::NoTask(id.to_string()))?;
+    decode("task", g.value())
+}
+
+fn save(w: &WriteTransaction, rec: &TaskRecord) -> Result<()> {
+    w.open_table(TASKS)?
+        .insert(rec.id.as_str(), encode(rec)?.as_slice())?;
+    Ok(())
+}
+
+fn requeue(w: &WriteTransaction, rec: &mut TaskRecord, now_ms: u64) -> Result<()> {
+    rec.status = QueueStatus::Queued;
+    rec.updated_at_ms = now_ms;
+    let seq = next_seq(&mut w.open_table(META)?, META_READY_SEQ)?;
+    w.open_table(READY)?
+        .insert((-rec.priority, seq), rec.id.as_str())?;
+    save(w, rec)
+}
+
+fn finish(w: &WriteTransaction, rec: &mut TaskRecord, stop: StopReason, now_ms: u64) -> Result<()> {
+    rec.state.stop = Some(stop);
+    rec.state.status = Status::Stopped;
+    rec.status = QueueStatus::Finished;
+    rec.updated_at_ms = now_ms;
+    save(w, rec)
+}
+
+fn event(
+    w: &WriteTransaction,
+    task: Option<&str>,
+    verb: &str,
+    d: &Decision,
+    detail: Value,
+) -> Result<u64> {
+    let seq = next_seq(&mut w.open_table(META)?, META_EVENT_SEQ)?;
+    let ev = Event {
+        seq,
+        at_ms: d.now_ms,
+        task: task.map(str::to_string),
+        verb: verb.to_string(),
+        by: d.by.clone(),
+        reason: d.reason.clone(),
+        detail,
+    };
+    w.open_table(EVENTS)?.insert(seq, encode(&ev)?.as_slice())?;
+    Ok(seq)
+}
+
+fn not_in(rec: &TaskRecord, wanted: &str) -> Error {
+    let stop = rec.state.stop.map_or(String::new(), |s| format!(" ({s})"));
+    Error::Conflict(format!(
+        "task {} is {}{stop}, not {wanted}; `worker events {}` shows what was decided",
+        rec.id,
+        rec.status.as_str(),
+        rec.id
+    ))
+}
+
+fn held_call(rec: &TaskRecord) -> Result<ToolCall> {
+    rec.state
+        .pending
+        .clone()
+        .ok_or_else(|| Error::Conflict(format!("task {} holds no call", rec.id)))
+}
+
+fn call_json(rec: &TaskRecord, call: &ToolCall) -> Value {
+    json!({"tool": call.name, "args": call.args, "key": call.key(&rec.id, rec.state.step), "digest": call.digest()})
+}
+
+fn approval_expired(rec: &TaskRecord, now_ms: u64) -> bool {
+    rec.status == QueueStatus::Suspended
+        && rec
+            .suspended_at_ms
+            .is_some_and(|t| now_ms >= t.saturating_add(rec.approval_wait_ms))
+}
+
+impl Store {
+    /// Approves exactly the held call of a suspended task (its digest must equal `digest` when
+    /// one is given) and requeues the task; the held call then runs under its original key.
+    pub fn approve(&self, id: &str, digest: Option<&str>, d: &Decision) -> Result<ToolCall> {
+        let w = self.begin_write()?;
+        let mut rec = load(&w, id)?;
+        if approval_expired(&rec, d.now_ms) {
+            let call = held_call(&rec)?;
+            let detail = call_json(&rec, &call);
+            finish(&w, &mut rec, StopReason::ApprovalExpired, d.now_ms)?;
+            event(&w, Some(id), "expire", &system(d.now_ms), detail)?;
+            w.commit()?;
+            return Err(Error::Conflict(format!(
+                "the approval wait of task {id} ran out ({} ms); the task stopped with approval_expired",
+                rec.approval_wait_ms
+            )));
+        }
+        if rec.status != QueueStatus::Suspended || rec.state.stop != Some(StopReason::NeedsApproval)
+        {
+            return Err(not_in(&rec, "waiting for approval"));
+        }
+        let call = held_call(&rec)?;
+        let held = call.digest();
+        if let Some(want) = digest
+            && want != held
+        {
+            return Err(Error::Conflict(format!(
+                "the approval does not match the held call: task {id} holds {} {} with digest {held}, the approval names {want}",
+                call.name,
+                Value::Object(call.args.clone())
+            )));
+        }
+        rec.approval = Some(json!({"digest": held, "by": d.by, "at_ms": d.now_ms}));
+        rec.suspended_at_ms = None;
+        let detail = call_json(&rec, &call);
+        requeue(&w, &mut rec, d.now_ms)?;
+        event(&w, Some(id), "approve", d, detail)?;
+        w.commit()?;
+        Ok(call)
+    }
+
+    /// Rejects the held call: it is never sent; the task continues with a `rejected` result
+    /// for that step, under its budget.
+    pub fn reject(&self, id: &str, d: &Decision) -> Result<ToolCall> {
+        let w = self.begin_write()?;
+        let mut rec = load(&w, id)?;
+        if rec.status != QueueStatus::Suspended || rec.state.stop != Some(StopReason::NeedsApproval)
+        {
+            return Err(not_in(&rec, "waiting for approval"));
+        }
+        let call = held_call(&rec)?;
+        let result = json!({"status": "rejected", "code": "rejected",
+            "detail": d.reason.clone().unwrap_or_else(|| "rejected by an operator".into())});
+        rec.settle = Some(result.clone());
+        rec.suspended_at_ms = None;
+        let mut detail = call_json(&rec, &call);
+        detail["result"] = result;
+        requeue(&w, &mut rec, d.now_ms)?;
+        event(&w, Some(id), "reject", d, detail)?;
+        w.commit()?;
+        Ok(call)
+    }
+
+    /// Held writes: tasks stopped with `unknown_outcome`, with their call-key records.
+    pub fn held(&self) -> Result<Vec<(TaskRecord, Option<CallRecord>)>> {
+        let mut out = Vec::new();
+        for rec in self.tasks()? {
+            if rec.status != QueueStatus::Held {
+                continue;
+            }
+            let call = match &rec.state.pending {
+                Some(c) => self.call(&c.key(&rec.id, rec.state.step))?,
+                None => None,
+            };
+            out.push((rec, call));
+        }
+        Ok(out)
+    }
+
+    /// Settles a held write and requeues the task. Applied: the result is folded in as the
+    /// call's result. Not applied: the call is sent again under the same call key.
+    pub fn reconcile(&self, id: &str, s: &Settlement, d: &Decision) -> Result<ToolCall> {
+        let w = self.begin_write()?;
+        let mut rec = load(&w, id)?;
+        if rec.status != QueueStatus::Held {
+            return Err(not_in(&rec, "held for reconcile"));
+        }
+        let call = held_call(&rec)?;
+        let key = call.key(&rec.id, rec.state.step);
+        let mut detail = call_json(&rec, &call);
+        let (verb, recorded) = match s {
+            Settlement::Applied(result) => {
+                if !result.get("status").is_some_and(Value::is_string) {
+                    return Err(Error::Invalid(
+                        "--result must be a JSON object with a string \"status\", e.g. {\"status\": \"ok\"}".into(),
+                    ));
+                }
+                rec.settle = Some(result.clone());
+                ("reconcile_applied", result.clone())
+            }
+            Settlement::NotApplied => (
+                "reconcile_not_applied",
+                json!({"status": "not_applied", "by": d.by}),
+            ),
+        };
+        detail["result"] = recorded.clone();
+        let mut calls = w.open_table(CALL_KEYS)?;
+        let existing = calls.get(key.as_str())?.map(|g| g.value().to_vec());
+        if let Some(bytes) = existing {
+            let mut c: CallRecord = decode("call key", &bytes)?;
+            c.result = Some(recorded);
+            c.result_at_ms = Some(d.now_ms);
+            calls.insert(key.as_str(), encode(&c)?.as_slice())?;
+        }
+        drop(calls);
+        requeue(&w, &mut rec, d.now_ms)?;
+        event(&w, Some(id), verb, d, detail)?;
+        w.commit()?;
+        Ok(call)
+    }
+
+    /// Cancels a task: at once when it is queued, suspended or held; at the running worker's
+    /// next step boundary when it is running.
+    pub fn cancel(&self, id: &str, d: &Decision) -> Result<QueueStatus> {
+        let w = self.begin_write()?;
+        let mut rec = load(&w, id)?;
+        let was = rec.status;
+        match rec.status {
+            QueueStatus::Finished => {
+                return Err(Error::Conflict(format!(
+                    "task {id} already finished ({}); there is nothing to cancel",
+                    rec.state.stop.map_or("-", |s| s.as_str())
+                )));
+            }
+            QueueStatus::Running => {
+                if rec.cancel_requested.is_some() {
+                    return Err(Error::Conflict(format!(
+                        "cancelling task {id} was already requested"
+                    )));
+                }
+                rec.cancel_requested = Some(d.reason.clone().unwrap_or_default());
+                save(&w, &rec)?;
+            }
+            QueueStatus::Queued | QueueStatus::Suspended | QueueStatus::Held => {
+                // A queued task's entry in the ready queue is dropped when it is next seen.
+                finish(&w, &mut rec, StopReason::Cancelled, d.now_ms)?;
+            }
+        }
+        event(&w, Some(id), "cancel", d, json!({"was": was.as_str()}))?;
+        w.commit()?;
+        Ok(was)
+    }
+
+    /// Ends every suspended task whose approval wait ran out, with `approval_expired`.
+    pub fn expire_approvals(&self, now_ms: u64) -> Result<Vec<String>> {
+        let due: Vec<String> = self
+            .tasks()?
+            .into_iter()
+            .filter(|r| approval_expired(r, now_ms))
+            .map(|r| r.id)
+            .collect();
+        if due.is_empty() {
+            return Ok(due);
+        }
+        let w = self.begin_write()?;
+        let mut done = Vec::new();
+        for id in due {
+            let mut rec = load(&w, &id)?;
+            if !approval_expired(&rec, now_ms) {
+                continue;
+            }
+            let detail = match &rec.state.pending {
+                Some(c) => call_json(&rec, c),
+                None => Value::Null,
+            };
+            finish(&w, &mut rec, StopReason::ApprovalExpired, now_ms)?;
+            event(&w, Some(&id), "expire", &system(now_ms), detail)?;
+            done.push(id);
+        }
+        w.commit()?;
+        Ok(done)
+    }
+
+    pub fn events(&self, task: Option<&str>) -> Result<Vec<Event>> {
+        let r = self.begin_read()?;
+        let t = r.open_table(EVENTS)?;
+        let mut out = Vec::new();
+        for e in t.iter()? {
+            let (_, v) = e?;
+            let ev: Event = decode("event", v.value())?;
+            if task.is_none_or(|id| ev.task.as_deref() == Some(id)) {
+                out.push(ev);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Stores a long-term memory note if the policy admits it (trusted source, non-empty).
+    pub fn add_note(
+        &self,
+        user: &str,
+        text: &str,
+        source: &str,
+        ttl_s: u64,
+        d: &Decision,
+    ) -> Result<Note> {
+        let note = memory::admit(user, text, source, d.now_ms / 1000, ttl_s)
+            .map_err(|e| Error::Conflict(e.to_string()))?;
+        let w = self.begin_write()?;
+        let seq = next_seq(&mut w.open_table(META)?, META_NOTE_SEQ)?;
+        w.open_table(NOTES)?
+            .insert(seq, encode(&note)?.as_slice())?;
+        event(
+            &w,
+            None,
+            "memory_add",
+            d,
+            json!({"user": user, "source": source, "ttl_s": ttl_s}),
+        )?;
+        w.commit()?;
+        Ok(note)
+    }
+
+    /// Notes, of one user when given; expired ones only with `all`.
+    pub fn notes(&self, user: Option<&str>, now_ms: u64, all: bool) -> Result<Vec<Note>> {
+        let r = self.begin_read()?;
+        let t = r.open_table(NOTES)?;
+        let mut out = Vec::new();
+        for e in t.iter()? {
+            let (_, v) = e?;
+            let n: Note = decode("note", v.value())?;
+            if user.is_none_or(|u| n.user == u) && (all || n.expires_at_s > now_ms / 1000) {
+                out.push(n);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Deletes a user's notes, only those from `source` when given. Returns how many.
+    pub fn forget(&self, user: &str, source: Option<&str>, d: &Decision) -> Result<usize> {
+        let w = self.begin_write()?;
+        let mut gone = Vec::new();
+        {
+            let t = w.open_table(NOTES)?;
+            for e in t.iter()? {
+                let (k, v) = e?;
+                let n: Note = decode("note", v.value())?;
+                if n.user == user && source.is_none_or(|s| n.source == s) {
+                    gone.push(k.value());
+                }
+            }
+        }
+        {
+            let mut t = w.open_table(NOTES)?;
+            for k in &gone {
+                t.remove(k)?;
+            }
+        }
+        event(
+            &w,
+            None,
+            "memory_forget",
+            d,
+            json!({"user": user, "source": source, "deleted": gone.len()}),
+        )?;
+        w.commit()?;
+        Ok(gone.len())
+    }
+}
+
+fn system(now_ms: u64) -> Decision {
+    Decision {
+        by: "worker".into(),
+        reason: Some("approval wait ran out".into()),
+        now_ms,
+    }
+}
