@@ -79,6 +79,7 @@ fn durable(name: &str, model: &ModelProfile, n: usize, workers: usize) -> (f64, 
             model: model.clone(),
             tool_latency_ms: Default::default(),
             store_scope: format!("b{i}"),
+            catalog: None,
             approval_wait_ms: tether::store::DEFAULT_APPROVAL_WAIT_MS,
         })
         .collect();

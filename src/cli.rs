@@ -40,6 +40,9 @@ pub struct Cli {
     /// The document's store (orders, ledger, stored results); default: <db>.store.redb beside --db.
     #[arg(long, global = true, env = "WORKER_STORE")]
     pub store: Option<PathBuf>,
+    /// Config file (TOML) with model profiles and the tool catalog, for `worker enqueue`.
+    #[arg(long, global = true, env = "WORKER_CONFIG")]
+    pub config: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -62,12 +65,21 @@ pub enum Command {
     /// Show one task: state, plan, budgets used, closing message.
     #[command(after_help = "Example:\n  worker show t1 --json")]
     Show(TaskArgs),
-    /// The task's span table.
-    #[command(after_help = "Example:\n  worker trace t1")]
-    Trace(TaskArgs),
+    /// The task's span table, or its spans as OTLP/JSON for an OpenTelemetry collector.
+    #[command(
+        after_help = "Example:\n  worker trace t1\n  worker trace t1 --otlp t1.otlp.json   # GenAI semantic conventions"
+    )]
+    Trace(TraceArgs),
     /// The document's post-mortem of a task.
     #[command(after_help = "Example:\n  worker postmortem t2")]
     Postmortem(TaskArgs),
+    /// Serve the document's store over HTTP (Stripe-style idempotency keys, fault injection).
+    /// Its file is --store, or --db when given, or worker.store.redb.
+    #[command(
+        name = "demo-store",
+        after_help = "Example:\n  worker demo-store --listen 127.0.0.1:8700 --db store.redb --lose-rate 0.2"
+    )]
+    DemoStore(DemoStoreArgs),
     /// Enqueue scenarios A-H on a fresh temporary database, run them, print the table.
     #[command(after_help = "Example:\n  worker demo --workers 4")]
     Demo(DemoArgs),
@@ -137,6 +149,9 @@ pub struct ApproveArgs {
 pub struct ReconcileArgs {
     /// Task id; without it, list the held writes.
     pub task: Option<String>,
+    /// Settle every held write whose tool's lookup gives a definite answer.
+    #[arg(long, conflicts_with_all = ["task", "applied", "not_applied"])]
+    pub auto: bool,
     /// The write took effect.
     #[arg(long, requires = "task", conflicts_with = "not_applied")]
     pub applied: bool,
@@ -296,6 +311,38 @@ pub struct TaskArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct TraceArgs {
+    pub task: String,
+    #[arg(long)]
+    pub json: bool,
+    /// Write the spans as OTLP/JSON to this file (one line, as a collector's file receiver reads).
+    #[arg(long, value_name = "FILE")]
+    pub otlp: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct DemoStoreArgs {
+    /// Address to listen on; port 0 picks a free one (printed on the first line of stdout).
+    #[arg(long, default_value = "127.0.0.1:8700")]
+    pub listen: String,
+    /// Handler threads.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub threads: u16,
+    /// Fault: added latency of every tool call, in ms.
+    #[arg(long, default_value_t = 0)]
+    pub latency_ms: u64,
+    /// Fault: fraction of writes whose response is lost after the write was applied.
+    #[arg(long, default_value_t = 0.0)]
+    pub lose_rate: f64,
+    /// Fault: fraction of calls answered 503 before anything is applied.
+    #[arg(long, default_value_t = 0.0)]
+    pub error_rate: f64,
+    /// Seed of the fault draws.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+#[derive(Args, Debug)]
 pub struct DemoArgs {
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub workers: u16,
@@ -426,6 +473,7 @@ pub fn run(cli: Cli) -> CliResult {
         Command::Trace(a) => cmd_trace(&cli, a),
         Command::Postmortem(a) => cmd_postmortem(&cli, a),
         Command::Demo(a) => cmd_demo(a),
+        Command::DemoStore(a) => cmd_demo_store(&cli, a),
         Command::Store(c) => cmd_store(&cli, c),
         Command::Approve(a) => cmd_approve(&cli, a),
         Command::Reject(a) => cmd_reject(&cli, a),
@@ -529,7 +577,7 @@ fn parse_pair<'a>(flag: &str, s: &'a str) -> Result<(&'a str, &'a str), String> 
         .ok_or_else(|| format!("--{flag} {s:?}: expected NAME=VALUE"))
 }
 
-fn new_task(l: TaskLine) -> Result<NewTask, String> {
+fn new_task(l: TaskLine, cfg: Option<&crate::config::Config>) -> Result<NewTask, String> {
     check_text("user", &l.user, 200)?;
     check_text("goal", &l.goal, GOAL_MAX_CHARS)?;
     if let Some(k) = &l.key {
@@ -545,8 +593,14 @@ fn new_task(l: TaskLine) -> Result<NewTask, String> {
             return Err(format!("--tool-latency: unknown tool {tool:?}"));
         }
     }
+    let name = l.model.as_deref().unwrap_or("policy");
+    let model = match cfg.and_then(|c| c.models.get(name)) {
+        Some(profile) => profile.clone(),
+        None => parse_model(name)?,
+    };
     Ok(NewTask {
-        model: parse_model(l.model.as_deref().unwrap_or("policy"))?,
+        model,
+        catalog: cfg.and_then(|c| c.catalog.clone()),
         user: l.user,
         goal: l.goal,
         key: l.key,
@@ -560,7 +614,25 @@ fn new_task(l: TaskLine) -> Result<NewTask, String> {
     })
 }
 
+fn load_config(cli: &Cli) -> Result<Option<crate::config::Config>, CliError> {
+    match &cli.config {
+        None => Ok(None),
+        Some(p) => crate::config::load(p).map(Some).map_err(|e| {
+            let code = if e.starts_with("cannot read") { 1 } else { 2 };
+            CliError {
+                message: e,
+                cause: None,
+                hint: Some(
+                    "see `worker enqueue --help` and data/worker.toml for the format".into(),
+                ),
+                code,
+            }
+        }),
+    }
+}
+
 fn cmd_enqueue(cli: &Cli, a: &EnqueueArgs) -> CliResult {
+    let cfg = load_config(cli)?;
     let tasks = match &a.file {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -572,7 +644,7 @@ fn cmd_enqueue(cli: &Cli, a: &EnqueueArgs) -> CliResult {
                 }
                 let at = |m: String| CliError::usage(format!("{}:{}: {m}", path.display(), n + 1));
                 let l: TaskLine = serde_json::from_str(line).map_err(|e| at(e.to_string()))?;
-                let t = new_task(l).map_err(at)?;
+                let t = new_task(l, cfg.as_ref()).map_err(at)?;
                 tasks.push(t);
             }
             if tasks.is_empty() {
@@ -599,17 +671,20 @@ fn cmd_enqueue(cli: &Cli, a: &EnqueueArgs) -> CliResult {
                 })?;
                 latency.insert(k.to_string(), ms);
             }
-            let t = new_task(TaskLine {
-                user: a.user.clone().unwrap_or_default(),
-                goal: a.goal.clone().unwrap_or_default(),
-                key: a.key.clone(),
-                priority: a.priority,
-                budget,
-                model: Some(a.model.clone()),
-                tool_latency_ms: latency,
-                store_scope: a.store_scope.clone(),
-                approval_wait_ms: a.approval_wait_ms,
-            })
+            let t = new_task(
+                TaskLine {
+                    user: a.user.clone().unwrap_or_default(),
+                    goal: a.goal.clone().unwrap_or_default(),
+                    key: a.key.clone(),
+                    priority: a.priority,
+                    budget,
+                    model: Some(a.model.clone()),
+                    tool_latency_ms: latency,
+                    store_scope: a.store_scope.clone(),
+                    approval_wait_ms: a.approval_wait_ms,
+                },
+                cfg.as_ref(),
+            )
             .map_err(CliError::usage)?;
             vec![t]
         }
@@ -766,10 +841,17 @@ fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
     Ok(())
 }
 
-fn cmd_trace(cli: &Cli, a: &TaskArgs) -> CliResult {
+fn cmd_trace(cli: &Cli, a: &TraceArgs) -> CliResult {
     let store = open_existing(cli)?;
-    store.task(&a.task)?;
+    let rec = store.task(&a.task)?;
     let spans = store.spans(&a.task)?;
+    if let Some(path) = &a.otlp {
+        let doc = crate::otlp::export(&rec, &spans);
+        std::fs::write(path, format!("{doc}\n"))
+            .map_err(|e| CliError::op(format!("cannot write {}: {e}", path.display())))?;
+        println!("{} spans written to {}", spans.len(), path.display());
+        return Ok(());
+    }
     if a.json {
         print_json(&serde_json::to_value(&spans).unwrap_or(Value::Null));
     } else {
@@ -836,6 +918,7 @@ fn cmd_demo(a: &DemoArgs) -> CliResult {
                 .iter()
                 .map(|(t, ms)| (t.to_string(), *ms))
                 .collect(),
+            catalog: None,
             store_scope: sc.name[..1].to_string(),
             approval_wait_ms: store::DEFAULT_APPROVAL_WAIT_MS,
         })
@@ -995,6 +1078,9 @@ fn cmd_reject(cli: &Cli, a: &DecideArgs) -> CliResult {
 
 fn cmd_reconcile(cli: &Cli, a: &ReconcileArgs) -> CliResult {
     let store = open_existing(cli)?;
+    if a.auto {
+        return reconcile_auto(cli, &store, a);
+    }
     let Some(task) = &a.task else {
         let held = store.held()?;
         if a.json {
@@ -1199,4 +1285,117 @@ fn cmd_memory(cli: &Cli, c: &MemoryCommand) -> CliResult {
         }
     }
     Ok(())
+}
+
+/// Settles held writes from each tool's lookup, only on a definite answer.
+fn reconcile_auto(cli: &Cli, store: &Store, a: &ReconcileArgs) -> CliResult {
+    let mut demo: Option<DurableStore> = None;
+    let (mut settled, mut skipped) = (0, 0);
+    for (rec, _) in store.held()? {
+        let Some(call) = rec.state.pending.clone() else {
+            continue;
+        };
+        let key = call.key(&rec.id, rec.state.step);
+        let answer = match rec
+            .catalog
+            .as_ref()
+            .and_then(|c| c.get(&call.name))
+            .and_then(|s| s.http.clone())
+        {
+            Some(http) => match &http.lookup_url {
+                Some(url) => crate::http::lookup(url, &key),
+                None => {
+                    crate::http::Lookup::Unknown(format!("tool {} has no lookup_url", call.name))
+                }
+            },
+            None if rec.catalog.is_none() => {
+                if demo.is_none() {
+                    demo = Some(DurableStore::open(&store_path(cli))?);
+                }
+                match demo.as_ref().map(|d| d.lookup(&key, &call.name)) {
+                    Some(Ok(Some(result))) => crate::http::Lookup::Applied(result),
+                    Some(Ok(None)) => crate::http::Lookup::NotApplied,
+                    Some(Err(e)) => crate::http::Lookup::Unknown(e.to_string()),
+                    None => crate::http::Lookup::Unknown("no store".into()),
+                }
+            }
+            None => crate::http::Lookup::Unknown(format!(
+                "tool {} is not in the task's catalog",
+                call.name
+            )),
+        };
+        let settlement = match answer {
+            crate::http::Lookup::Applied(result) => Settlement::Applied(result),
+            crate::http::Lookup::NotApplied => Settlement::NotApplied,
+            crate::http::Lookup::Unknown(why) => {
+                skipped += 1;
+                println!("{}  {} key {}: left held ({why})", rec.id, call.name, key);
+                continue;
+            }
+        };
+        let d = decision(
+            &a.by,
+            &Some(
+                a.reason
+                    .clone()
+                    .unwrap_or_else(|| "reconcile --auto: the tool's lookup answered".into()),
+            ),
+        )?;
+        let applied = matches!(settlement, Settlement::Applied(_));
+        match store.reconcile(&rec.id, &settlement, &d) {
+            Ok(_) => {
+                settled += 1;
+                println!(
+                    "{}  {} key {}: {}",
+                    rec.id,
+                    call.name,
+                    key,
+                    if applied {
+                        "applied"
+                    } else {
+                        "not applied; will be re-sent under the same key"
+                    }
+                );
+            }
+            Err(e) => {
+                skipped += 1;
+                println!("{}  {} key {}: left held ({e})", rec.id, call.name, key);
+            }
+        }
+    }
+    println!("{settled} settled, {skipped} left held");
+    Ok(())
+}
+
+fn cmd_demo_store(cli: &Cli, a: &DemoStoreArgs) -> CliResult {
+    for (name, rate) in [("--lose-rate", a.lose_rate), ("--error-rate", a.error_rate)] {
+        if !(0.0..=1.0).contains(&rate) {
+            return Err(CliError::usage(format!(
+                "{name} {rate} must be between 0 and 1"
+            )));
+        }
+    }
+    let path = match &cli.store {
+        Some(p) => p.clone(),
+        None if cli.db != Path::new("worker.redb") => cli.db.clone(),
+        None => sibling_store(&cli.db),
+    };
+    let tools = DurableStore::open(&path)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&stop))
+            .map_err(|e| CliError::op(format!("cannot install the signal handler: {e}")))?;
+    }
+    let faults = crate::tools::service::Faults {
+        latency_ms: a.latency_ms,
+        lose_rate: a.lose_rate,
+        error_rate: a.error_rate,
+        seed: a.seed,
+    };
+    crate::tools::service::serve(tools, &a.listen, faults, a.threads as usize, stop, |addr| {
+        use std::io::Write;
+        println!("listening on http://{addr}");
+        let _ = std::io::stdout().flush();
+    })
+    .map_err(CliError::op)
 }

@@ -4,8 +4,11 @@
 //! [`sim`] drives the kernel in memory (the design document's programs and benchmarks).
 
 pub mod cli;
+pub mod config;
+pub mod http;
 pub mod kernel;
 pub mod model;
+pub mod otlp;
 pub mod replay;
 pub mod sim;
 pub mod store;

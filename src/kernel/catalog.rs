@@ -1,7 +1,10 @@
-//! The tool catalog as the kernel sees it: names, read or write, idempotency, and which result
-//! fields may become facts. Pure data; the tools themselves live outside the kernel.
+//! The tool catalog as the kernel sees it: names, read or write, idempotency, which result
+//! fields may become facts, an argument schema checked before any call, and (for HTTP tools)
+//! where the tool lives. Pure data; the tools themselves live outside the kernel.
 
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -11,19 +14,130 @@ pub enum Access {
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ToolSpec {
     pub name: String,
     pub access: Access,
     /// The service replays a stored result for a repeated call key, so a write whose outcome
     /// is unknown after a crash may be retried under the same key.
+    #[serde(default)]
     pub idempotent: bool,
     /// Result fields copied into facts (an allow-list); anything else in a result is content.
+    #[serde(default)]
     pub fact_fields: Vec<String>,
     /// The argument whose value prefixes fact names (`ord_1001.total_cents`).
+    #[serde(default)]
     pub fact_prefix_arg: String,
     /// Phrases for the closing message: what was done, and what was not.
+    #[serde(default)]
     pub done_phrase: String,
+    #[serde(default)]
     pub not_done_phrase: String,
+    /// Argument schema; empty means arguments are not checked here (the document's store
+    /// checks its own). Unknown arguments are refused when a schema is given.
+    #[serde(default)]
+    pub args: BTreeMap<String, ArgSpec>,
+    /// Where an HTTP tool lives; `None` for the built-in demo store.
+    #[serde(default)]
+    pub http: Option<HttpSpec>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ArgType {
+    String,
+    Integer,
+    Number,
+    Boolean,
+}
+
+/// One argument: its type, whether it is required, and bounds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArgSpec {
+    #[serde(rename = "type")]
+    pub kind: ArgType,
+    #[serde(default)]
+    pub required: bool,
+    /// Numbers: inclusive bounds.
+    #[serde(default)]
+    pub min: Option<f64>,
+    #[serde(default)]
+    pub max: Option<f64>,
+    /// Strings: longest length in characters.
+    #[serde(default)]
+    pub max_len: Option<usize>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSpec {
+    #[serde(default = "default_method")]
+    pub method: String,
+    pub url: String,
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Answers whether a call key was applied: `GET {lookup_url}?key=K`.
+    #[serde(default)]
+    pub lookup_url: Option<String>,
+}
+
+fn default_method() -> String {
+    "POST".into()
+}
+
+fn default_timeout_ms() -> u64 {
+    10_000
+}
+
+/// Checks arguments against a tool's schema. `Err` names the first problem.
+pub fn check_args(spec: &ToolSpec, args: &Map<String, Value>) -> Result<(), String> {
+    if spec.args.is_empty() {
+        return Ok(());
+    }
+    for (name, a) in &spec.args {
+        let Some(v) = args.get(name) else {
+            if a.required {
+                return Err(format!("{}: missing required argument {name:?}", spec.name));
+            }
+            continue;
+        };
+        let ok_type = match a.kind {
+            ArgType::String => v.is_string(),
+            ArgType::Integer => v.is_i64() || v.is_u64(),
+            ArgType::Number => v.is_number(),
+            ArgType::Boolean => v.is_boolean(),
+        };
+        if !ok_type {
+            return Err(format!(
+                "{}: argument {name:?} must be of type {:?}",
+                spec.name, a.kind
+            )
+            .to_lowercase());
+        }
+        if let Some(x) = v.as_f64()
+            && (a.min.is_some_and(|m| x < m) || a.max.is_some_and(|m| x > m))
+        {
+            return Err(format!(
+                "{}: argument {name:?} = {x} is outside [{}, {}]",
+                spec.name,
+                a.min.map_or("-inf".into(), |m| m.to_string()),
+                a.max.map_or("inf".into(), |m| m.to_string())
+            ));
+        }
+        if let (Some(s), Some(max)) = (v.as_str(), a.max_len)
+            && s.chars().count() > max
+        {
+            return Err(format!(
+                "{}: argument {name:?} is longer than {max} characters",
+                spec.name
+            ));
+        }
+    }
+    if let Some(extra) = args.keys().find(|k| !spec.args.contains_key(*k)) {
+        return Err(format!("{}: unknown argument {extra:?}", spec.name));
+    }
+    Ok(())
 }
 
 #[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize)]
@@ -48,6 +162,8 @@ impl Catalog {
                 fact_prefix_arg: "order_id".to_string(),
                 done_phrase: done.to_string(),
                 not_done_phrase: not_done.to_string(),
+                args: BTreeMap::new(),
+                http: None,
             }
         };
         Catalog {

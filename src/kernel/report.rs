@@ -69,12 +69,14 @@ pub fn closing_message(state: &TaskState, catalog: &Catalog) -> String {
         .iter()
         .map(|s| {
             let spec = catalog.get(&s.tool);
-            let done =
-                spec.map_or_else(|| format!("{} was done", s.tool), |t| t.done_phrase.clone());
-            let not_done = spec.map_or_else(
-                || format!("{} was not done", s.tool),
-                |t| t.not_done_phrase.clone(),
-            );
+            let done = spec
+                .map(|t| t.done_phrase.clone())
+                .filter(|p| !p.is_empty())
+                .unwrap_or_else(|| format!("{} was done", s.tool));
+            let not_done = spec
+                .map(|t| t.not_done_phrase.clone())
+                .filter(|p| !p.is_empty())
+                .unwrap_or_else(|| format!("{} was not done", s.tool));
             match s.status {
                 StepStatus::Done => done,
                 StepStatus::Failed => format!("{not_done} (it failed)"),

@@ -13,7 +13,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::catalog::{Access, Catalog};
+use super::catalog::{Access, Catalog, check_args};
 use super::json::{dumped_len, py_repr};
 use super::plan::validate_plan;
 use super::reply::{RawReply, Reply, parse_reply};
@@ -463,6 +463,15 @@ impl<'c> Session<'c> {
                 } else if self.catalog.get(&call.name).is_none() {
                     self.state.last_result =
                         Some(json!({"status": "error", "code": "unknown_tool"}));
+                    None
+                } else if let Some(Err(detail)) = self
+                    .catalog
+                    .get(&call.name)
+                    .map(|s| check_args(s, &call.args))
+                {
+                    // Refused before any call: nothing is sent, so no tool call is counted.
+                    self.state.last_result =
+                        Some(json!({"status": "error", "code": "invalid_args", "detail": detail}));
                     None
                 } else {
                     self.open_tool(call, self.step_span, false);

@@ -247,7 +247,7 @@ pub fn digest(name: &str, args: &Map<String, Value>) -> String {
     hex_prefix(&Sha256::digest(text.as_bytes()), 10)
 }
 
-pub(crate) fn hex_prefix(bytes: &[u8], n: usize) -> String {
+pub fn hex_prefix(bytes: &[u8], n: usize) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(n);
     for b in bytes {

@@ -40,6 +40,15 @@ pub enum ModelProfile {
         replies: Vec<Value>,
         latency_ms: u64,
     },
+    /// An OpenAI-compatible Chat Completions endpoint. The API key is read from the named
+    /// environment variable when the model is built; it is never stored.
+    OpenAi {
+        base_url: String,
+        model: String,
+        api_key_env: Option<String>,
+        max_retries: u32,
+        temperature: f64,
+    },
 }
 
 pub const DEFAULT_LATENCY_MS: u64 = 1500;
@@ -53,6 +62,29 @@ impl ModelProfile {
         }
     }
 
+    /// Builds the model for a task whose tools are `catalog` (an HTTP model is told about them
+    /// in its system prompt).
+    pub fn build_for(&self, catalog: &crate::kernel::Catalog) -> Box<dyn Model> {
+        match self {
+            ModelProfile::OpenAi {
+                base_url,
+                model,
+                api_key_env,
+                max_retries,
+                temperature,
+            } => Box::new(crate::http::OpenAiModel {
+                base_url: base_url.clone(),
+                model: model.clone(),
+                api_key: api_key_env.as_ref().and_then(|v| std::env::var(v).ok()),
+                max_retries: *max_retries,
+                temperature: *temperature,
+                system: crate::http::system_prompt(catalog),
+            }),
+            _ => self.build(),
+        }
+    }
+
+    /// Builds the model with the document's catalog.
     pub fn build(&self) -> Box<dyn Model> {
         match self.clone() {
             ModelProfile::Policy {
@@ -83,6 +115,7 @@ impl ModelProfile {
                 replies,
                 latency_ms,
             }),
+            ModelProfile::OpenAi { .. } => self.build_for(&crate::kernel::Catalog::demo()),
         }
     }
 

@@ -151,6 +151,9 @@ pub struct TaskRecord {
     /// Latency overrides of the demo store's tools for this task (simulated milliseconds).
     #[serde(default)]
     pub tool_latency_ms: BTreeMap<String, u64>,
+    /// The task's tool catalog (from the config file); `None` for the document's store.
+    #[serde(default)]
+    pub catalog: Option<crate::kernel::Catalog>,
     /// The demo store tenant this task's orders belong to (empty: the shared book).
     #[serde(default)]
     pub store_scope: String,
@@ -197,6 +200,7 @@ pub struct NewTask {
     pub budget: Budget,
     pub model: ModelProfile,
     pub tool_latency_ms: BTreeMap<String, u64>,
+    pub catalog: Option<crate::kernel::Catalog>,
     pub store_scope: String,
     pub approval_wait_ms: u64,
 }
@@ -398,6 +402,7 @@ impl Store {
                     model: t.model.clone(),
                     tool_latency_ms: t.tool_latency_ms.clone(),
                     store_scope: t.store_scope.clone(),
+                    catalog: t.catalog.clone(),
                     state,
                     next_span_id: 0,
                     created_at_ms: now_ms,

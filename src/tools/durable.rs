@@ -24,6 +24,8 @@ const ORDERS: TableDefinition<&str, &[u8]> = TableDefinition::new("orders");
 const LEDGER: TableDefinition<u64, &[u8]> = TableDefinition::new("ledger");
 /// (call key, tool) -> stored result of a write that took effect.
 const DONE: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("done");
+/// call key -> (payload digest, response) of the HTTP service: Stripe's idempotency record.
+const IDEMPOTENCY: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency");
 /// (call key, digest of tool and args) -> approver: an approval covers one call, exactly.
 const APPROVED: TableDefinition<(&str, &str), &str> = TableDefinition::new("approved");
 
@@ -36,6 +38,12 @@ pub struct LedgerEntry {
     pub effect: Effect,
     pub key: String,
     pub user: String,
+}
+
+#[derive(Serialize, Deserialize)]
+struct IdempotencyRecord {
+    digest: String,
+    response: Value,
 }
 
 pub struct DurableStore {
@@ -109,6 +117,7 @@ impl DurableStore {
                 w.open_table(LEDGER)?;
                 w.open_table(DONE)?;
                 w.open_table(APPROVED)?;
+                w.open_table(IDEMPOTENCY)?;
             }
             w.commit()?;
         }
@@ -158,6 +167,37 @@ impl DurableStore {
             Some(g) => Ok(Some(decode("stored result", g.value())?)),
             None => Ok(None),
         }
+    }
+
+    /// The HTTP service's stored response for an idempotency key: (payload digest, response).
+    pub fn idempotent_response(&self, key: &str) -> Result<Option<(String, Value)>> {
+        let r = self.db.begin_read()?;
+        let t = match r.open_table(IDEMPOTENCY) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        match t.get(key)? {
+            Some(g) => {
+                let r: IdempotencyRecord = decode("idempotency record", g.value())?;
+                Ok(Some((r.digest, r.response)))
+            }
+            None => Ok(None),
+        }
+    }
+
+    pub fn remember_response(&self, key: &str, digest: &str, response: &Value) -> Result<()> {
+        let w = self.db.begin_write()?;
+        w.open_table(IDEMPOTENCY)?.insert(
+            key,
+            encode(&IdempotencyRecord {
+                digest: digest.to_string(),
+                response: response.clone(),
+            })?
+            .as_slice(),
+        )?;
+        w.commit()?;
+        Ok(())
     }
 
     /// Approves the call under `key` with exactly these arguments (`digest`).

@@ -240,3 +240,4 @@ impl Tools for DemoStore {
 }
 
 pub mod durable;
+pub mod service;

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{CommitFail, Committer, Stats, now_ms};
+use crate::http::HttpTools;
 use crate::kernel::{Access, Action, Catalog, Session, StopReason, ToolReply};
 use crate::model::RecordedReply;
 use crate::store::{CallRecord, Commit, CommitKind, Store, TaskRecord};
@@ -71,12 +72,18 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Option<StopReason>, CommitFai
         })?;
         return Ok(None);
     }
-    let catalog = Catalog::demo();
-    let mut model = rec.model.build();
-    let mut tools = DurableTools {
+    let catalog = rec.catalog.clone().unwrap_or_else(Catalog::demo);
+    let mut model = rec.model.build_for(&catalog);
+    let mut demo_tools = DurableTools {
         store: &ctx.tools,
         scope: &rec.store_scope,
         latency_ms: &rec.tool_latency_ms,
+    };
+    let mut http_tools = HttpTools { catalog: &catalog };
+    let tools: &mut dyn Tools = if catalog.tools.iter().any(|t| t.http.is_some()) {
+        &mut http_tools
+    } else {
+        &mut demo_tools
     };
     let resuming = rec.state.pending.is_some()
         && matches!(

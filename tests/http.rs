@@ -1,0 +1,548 @@
+//! The worker against real HTTP on loopback: a mock OpenAI-compatible server scripted per test
+//! (valid, malformed, refused, truncated, 429, slow past the deadline) and the document's store
+//! served by `worker demo-store` (with lost responses). Also `reconcile --auto` and OTLP export.
+
+mod common;
+use common::*;
+
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// One scripted answer of the mock model server.
+#[derive(Clone)]
+struct Answer {
+    status: u16,
+    body: String,
+    delay_ms: u64,
+}
+
+fn completion(content: &str, prompt_tokens: u64, completion_tokens: u64) -> Answer {
+    Answer {
+        status: 200,
+        body: json!({
+            "id": "cmpl-1", "object": "chat.completion",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+        })
+        .to_string(),
+        delay_ms: 0,
+    }
+}
+
+/// A mock Chat Completions server: answers in order (the last one repeats) and keeps the
+/// requests it saw (headers and body).
+/// A request the mock saw: its headers and its JSON body.
+type Seen = (Vec<(String, String)>, Value);
+
+struct MockModel {
+    url: String,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+fn mock_model(answers: Vec<Answer>) -> MockModel {
+    let server = tiny_http::Server::http("127.0.0.1:0").expect("bind mock");
+    let url = format!("http://{}/v1", server.server_addr());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let seen2 = Arc::clone(&seen);
+    std::thread::spawn(move || {
+        for (n, mut req) in server.incoming_requests().enumerate() {
+            let mut body = String::new();
+            let _ = req.as_reader().read_to_string(&mut body);
+            let headers = req
+                .headers()
+                .iter()
+                .map(|h| (h.field.to_string(), h.value.to_string()))
+                .collect();
+            seen2
+                .lock()
+                .expect("lock")
+                .push((headers, serde_json::from_str(&body).unwrap_or(Value::Null)));
+            let a = answers[n.min(answers.len() - 1)].clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(a.delay_ms));
+                let _ = req
+                    .respond(tiny_http::Response::from_string(a.body).with_status_code(a.status));
+            });
+        }
+    });
+    MockModel { url, seen }
+}
+
+/// `worker demo-store` on a free port; killed when dropped.
+struct StoreService {
+    child: Child,
+    url: String,
+}
+
+impl Drop for StoreService {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn store_service(dir: &Path, extra: &[&str]) -> StoreService {
+    let mut child = Command::new(bin())
+        .args([
+            "--store",
+            "store.redb",
+            "demo-store",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .args(extra)
+        .current_dir(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start demo-store");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read address");
+    let url = line
+        .trim()
+        .strip_prefix("listening on ")
+        .expect("address line")
+        .to_string();
+    StoreService { child, url }
+}
+
+/// Writes a catalog pointing at `store` and a config with a model profile at `model_url`.
+fn config(dir: &Path, store: &str, model_url: &str) {
+    let catalog =
+        std::fs::read_to_string(format!("{}/data/tools.toml", env!("CARGO_MANIFEST_DIR")))
+            .expect("data/tools.toml")
+            .replace("http://127.0.0.1:8700", store);
+    std::fs::write(dir.join("tools.toml"), catalog).expect("write catalog");
+    let cfg = format!(
+        "[models.mock]\nkind = \"openai\"\nbase_url = \"{model_url}\"\nmodel = \"mock-1\"\napi_key_env = \"TETHER_TEST_KEY\"\nmax_retries = 2\n\n[tools]\ncatalog = \"tools.toml\"\n"
+    );
+    std::fs::write(dir.join("worker.toml"), cfg).expect("write config");
+}
+
+fn worker_env(dir: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(bin())
+        .args(["--config", "worker.toml"])
+        .args(args)
+        .current_dir(dir)
+        .env("TETHER_TEST_KEY", "sk-test-123")
+        .env_remove("WORKER_DB")
+        .env_remove("WORKER_STORE")
+        .output()
+        .expect("run worker")
+}
+
+fn okc(dir: &Path, args: &[&str]) -> String {
+    let out = worker_env(dir, args);
+    assert!(
+        out.status.success(),
+        "worker {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+const POLICY_REPLIES: [&str; 5] = [
+    r#"{"type": "plan", "steps": [{"id": "s1", "tool": "get_order", "depends_on": []}, {"id": "s2", "tool": "issue_refund", "depends_on": ["s1"]}, {"id": "s3", "tool": "send_status_email", "depends_on": ["s2"]}]}"#,
+    r#"{"type": "tool", "name": "get_order", "args": {"order_id": "ord_1001"}, "plan_step": "s1"}"#,
+    "```json\n{\"type\": \"tool\", \"name\": \"issue_refund\", \"plan_step\": \"s2\", \"args\": {\"order_id\": \"ord_1001\", \"amount_cents\": 3000, \"reason\": \"damaged\"}}\n```",
+    r#"{"type": "tool", "name": "send_status_email", "args": {"order_id": "ord_1001"}, "plan_step": "s3"}"#,
+    r#"{"type": "final", "outcome": "completed", "text": "Refund issued and confirmation sent."}"#,
+];
+
+#[test]
+fn a_task_completes_over_http_with_the_documents_effects() {
+    let dir = TempDir::new("http-e2e");
+    let d = dir.path();
+    let svc = store_service(d, &[]);
+    let answers: Vec<Answer> = POLICY_REPLIES
+        .iter()
+        .map(|r| completion(r, 120, 30))
+        .collect();
+    let model = mock_model(answers);
+    config(d, &svc.url, &model.url);
+    okc(
+        d,
+        &[
+            "enqueue",
+            "--user",
+            "cu_ana",
+            "--goal",
+            "refund the damaged item on order ord_1001",
+            "--model",
+            "mock",
+        ],
+    );
+    okc(d, &["run", "--drain"]);
+    let t = json(d, &["show", "t1", "--json"]);
+    assert_eq!(t["stop"], "done", "{t}");
+    assert_eq!(
+        t["tokens"],
+        5 * 150,
+        "the provider's usage numbers, not the estimate"
+    );
+    let ledger = json(d, &["--store", "store.redb", "store", "ledger", "--json"]);
+    let effects: Vec<Value> = ledger
+        .as_array()
+        .expect("ledger")
+        .iter()
+        .map(|e| e["effect"].clone())
+        .collect();
+    assert_eq!(
+        effects,
+        [
+            json!({"kind": "refund", "order": "ord_1001", "amount_cents": 3000}),
+            json!({"kind": "email", "order": "ord_1001"})
+        ]
+    );
+    let seen = model.seen.lock().expect("lock");
+    assert_eq!(seen.len(), 5);
+    let (headers, body) = &seen[0];
+    assert!(
+        headers
+            .iter()
+            .any(|(k, v)| k.eq_ignore_ascii_case("authorization") && v == "Bearer sk-test-123")
+    );
+    assert_eq!(body["model"], "mock-1");
+    assert_eq!(body["max_tokens"], 300);
+    let system = body["messages"][0]["content"]
+        .as_str()
+        .expect("system prompt");
+    assert!(
+        system.contains("issue_refund (write)") && system.contains("Reply with one JSON object")
+    );
+    let view: Value = serde_json::from_str(body["messages"][1]["content"].as_str().expect("view"))
+        .expect("view is JSON");
+    assert_eq!(view["goal"], "refund the damaged item on order ord_1001");
+    // The key is never stored.
+    let db = std::fs::read(d.join("worker.redb")).expect("db");
+    assert!(
+        !db.windows(11).any(|w| w == b"sk-test-123"),
+        "the API key must not be stored"
+    );
+
+    // OTLP export with the GenAI conventions.
+    okc(d, &["trace", "t1", "--otlp", "t1.json"]);
+    let otlp: Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("t1.json")).expect("otlp"))
+            .expect("otlp JSON");
+    let spans = otlp["resourceSpans"][0]["scopeSpans"][0]["spans"]
+        .as_array()
+        .expect("spans");
+    let chat = spans
+        .iter()
+        .find(|s| s["name"] == "chat mock-1")
+        .expect("a chat span");
+    let attr = |s: &Value, k: &str| {
+        s["attributes"]
+            .as_array()
+            .and_then(|a| a.iter().find(|x| x["key"] == k).map(|x| x["value"].clone()))
+    };
+    assert_eq!(
+        attr(chat, "gen_ai.operation.name"),
+        Some(json!({"stringValue": "chat"}))
+    );
+    assert_eq!(
+        attr(chat, "gen_ai.usage.input_tokens"),
+        Some(json!({"intValue": "120"}))
+    );
+    let tool = spans
+        .iter()
+        .find(|s| s["name"] == "execute_tool issue_refund")
+        .expect("a tool span");
+    assert_eq!(
+        attr(tool, "tether.call_key"),
+        Some(json!({"stringValue": "t1:s2"}))
+    );
+    assert!(tool["parentSpanId"].as_str().is_some_and(|p| p.len() == 16));
+    assert_eq!(tool["traceId"].as_str().map(str::len), Some(32));
+}
+
+#[test]
+fn malformed_refused_truncated_and_rate_limited_replies_are_kernel_errors() {
+    let dir = TempDir::new("http-bad");
+    let d = dir.path();
+    let svc = store_service(d, &[]);
+    let refused = Answer {
+        status: 200,
+        body: json!({"choices": [{"finish_reason": "stop", "message": {"content": null, "refusal": "I can't help with that."}}]}).to_string(),
+        delay_ms: 0,
+    };
+    let truncated = Answer {
+        status: 200,
+        body: json!({"choices": [{"finish_reason": "length", "message": {"content": "{\"type\": \"pl"}}]}).to_string(),
+        delay_ms: 0,
+    };
+    let limited = Answer {
+        status: 429,
+        body: "{\"error\": \"slow down\"}".into(),
+        delay_ms: 0,
+    };
+    let model = mock_model(vec![
+        completion("I think we should refund.", 100, 10),
+        refused,
+        truncated,
+        limited.clone(),
+        limited,
+        completion(
+            r#"{"type": "final", "outcome": "cannot_complete", "text": "giving up"}"#,
+            100,
+            10,
+        ),
+    ]);
+    config(d, &svc.url, &model.url);
+    okc(
+        d,
+        &[
+            "enqueue",
+            "--user",
+            "cu_ana",
+            "--goal",
+            "refund",
+            "--model",
+            "mock",
+            "--budget",
+            "stalls_max=5",
+        ],
+    );
+    okc(d, &["run", "--drain"]);
+    let t = json(d, &["show", "t1", "--json"]);
+    assert_eq!(t["stop"], "done", "{t}");
+    assert_eq!(t["state"]["outcome"], "cannot_complete");
+    assert_eq!(
+        t["steps"], 4,
+        "three bad replies each counted as a step; two 429s were retried"
+    );
+    assert_eq!(model.seen.lock().expect("lock").len(), 6);
+    let trace = json(d, &["trace", "t1", "--json"]);
+    let statuses: Vec<&str> = trace
+        .as_array()
+        .expect("spans")
+        .iter()
+        .filter(|s| s["kind"] == "model")
+        .filter_map(|s| s["status"].as_str())
+        .collect();
+    assert_eq!(statuses, ["ok", "error", "error", "ok"]);
+}
+
+#[test]
+fn a_slow_model_ends_at_the_deadline_not_in_a_hung_thread() {
+    let dir = TempDir::new("http-slow");
+    let d = dir.path();
+    let svc = store_service(d, &[]);
+    let slow = Answer {
+        delay_ms: 5000,
+        ..completion(POLICY_REPLIES[0], 10, 10)
+    };
+    let model = mock_model(vec![slow]);
+    config(d, &svc.url, &model.url);
+    okc(
+        d,
+        &[
+            "enqueue",
+            "--user",
+            "cu_ana",
+            "--goal",
+            "refund",
+            "--model",
+            "mock",
+            "--budget",
+            "deadline_ms=700",
+        ],
+    );
+    okc(d, &["run", "--drain"]);
+    let t = json(d, &["show", "t1", "--json"]);
+    assert_eq!(t["stop"], "deadline", "{t}");
+    assert_eq!(
+        t["elapsed_s"], 0.7,
+        "the model call was given the remaining active time and no more"
+    );
+    assert_eq!(t["steps"], 1);
+}
+
+#[test]
+fn arguments_are_checked_against_the_schema_before_any_call() {
+    let dir = TempDir::new("http-schema");
+    let d = dir.path();
+    let svc = store_service(d, &[]);
+    let model = mock_model(vec![
+        completion(
+            r#"{"type": "tool", "name": "issue_refund", "args": {"order_id": "ord_1001", "amount_cents": "all of it"}}"#,
+            10,
+            10,
+        ),
+        completion(
+            r#"{"type": "tool", "name": "get_order", "args": {"order_id": "ord_1001", "user_id": "cu_ben"}}"#,
+            10,
+            10,
+        ),
+        completion(
+            r#"{"type": "final", "outcome": "cannot_complete", "text": "bad args"}"#,
+            10,
+            10,
+        ),
+    ]);
+    config(d, &svc.url, &model.url);
+    okc(
+        d,
+        &[
+            "enqueue", "--user", "cu_ana", "--goal", "refund", "--model", "mock",
+        ],
+    );
+    okc(d, &["run", "--drain"]);
+    let t = json(d, &["show", "t1", "--json"]);
+    assert_eq!(t["tool_calls"], 0, "nothing was sent");
+    let ledger = json(d, &["--store", "store.redb", "store", "ledger", "--json"]);
+    assert_eq!(ledger, json!([]));
+    let steps = json(d, &["trace", "t1", "--json"]);
+    assert!(
+        steps
+            .as_array()
+            .expect("spans")
+            .iter()
+            .all(|s| s["kind"] != "tool")
+    );
+}
+
+/// Lost responses: the service applies each write and then breaks the connection. The tasks
+/// stop with unknown_outcome; `reconcile --auto` asks the lookup endpoint and settles them.
+#[test]
+fn lost_responses_are_held_then_settled_by_reconcile_auto() {
+    let dir = TempDir::new("http-lost");
+    let d = dir.path();
+    let svc = store_service(d, &["--lose-rate", "1.0"]);
+    let model = mock_model(vec![completion("{}", 1, 1)]);
+    config(d, &svc.url, &model.url);
+    let n = 5;
+    for i in 0..n {
+        let order = format!("ord_{}", 3000 + i);
+        okc(
+            d,
+            &[
+                "--store",
+                "store.redb",
+                "store",
+                "add-order",
+                "--order",
+                &format!("{order}:cu_ana:4200"),
+            ],
+        );
+        okc(
+            d,
+            &[
+                "enqueue",
+                "--user",
+                "cu_ana",
+                "--goal",
+                "refund",
+                "--model",
+                &format!("policy:{order}:3000"),
+            ],
+        );
+    }
+    okc(d, &["run", "--drain"]);
+    let held = json(d, &["reconcile", "--json"]);
+    assert_eq!(held.as_array().map(Vec::len), Some(n), "{held}");
+    assert!(
+        held.as_array()
+            .expect("held")
+            .iter()
+            .all(|h| h["tool"] == "issue_refund")
+    );
+    for _ in 0..3 {
+        let out = okc(d, &["reconcile", "--auto"]);
+        assert!(!out.contains(": left held"), "{out}");
+        okc(d, &["run", "--drain"]);
+    }
+    let tasks = json(d, &["list", "--json"]);
+    for t in tasks.as_array().expect("tasks") {
+        assert_eq!(t["stop"], "done", "{t}");
+    }
+    let ledger = json(d, &["--store", "store.redb", "store", "ledger", "--json"]);
+    let ledger = ledger.as_array().expect("ledger");
+    for i in 0..n {
+        let order = format!("ord_{}", 3000 + i);
+        let refunds = ledger
+            .iter()
+            .filter(|e| e["effect"]["kind"] == "refund" && e["effect"]["order"] == order.as_str())
+            .count();
+        let emails = ledger
+            .iter()
+            .filter(|e| e["effect"]["kind"] == "email" && e["effect"]["order"] == order.as_str())
+            .count();
+        assert_eq!((refunds, emails), (1, 1), "{order}");
+    }
+}
+
+/// The crash test against the HTTP store: the daemon is killed while writes are in flight;
+/// after reconcile --auto every effect exists exactly once.
+#[test]
+fn daemon_killed_while_http_writes_are_in_flight() {
+    let dir = TempDir::new("http-crash");
+    let d = dir.path();
+    let svc = store_service(d, &["--latency-ms", "15"]);
+    let model = mock_model(vec![completion("{}", 1, 1)]);
+    config(d, &svc.url, &model.url);
+    let n = 16;
+    let mut orders = Vec::new();
+    for i in 0..n {
+        orders.push(format!("--order=ord_{}:cu_ana:4200", 4000 + i));
+    }
+    let mut args = vec!["--store", "store.redb", "store", "add-order"];
+    args.extend(orders.iter().map(String::as_str));
+    okc(d, &args);
+    let lines: Vec<String> = (0..n)
+        .map(|i| format!(r#"{{"user": "cu_ana", "goal": "refund", "model": "policy:ord_{}:3000", "key": "h{i}"}}"#, 4000 + i))
+        .collect();
+    std::fs::write(d.join("tasks.jsonl"), lines.join("\n")).expect("write");
+    okc(d, &["enqueue", "--file", "tasks.jsonl"]);
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    for _ in 0..12 {
+        let mut child = Command::new(bin())
+            .args(["--config", "worker.toml", "run", "--workers", "4"])
+            .current_dir(d)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("daemon");
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        std::thread::sleep(Duration::from_millis(30 + rng % 90));
+        child.kill().expect("kill");
+        child.wait().expect("wait");
+    }
+    okc(d, &["run", "--drain"]);
+    for _ in 0..4 {
+        okc(d, &["reconcile", "--auto"]);
+        okc(d, &["run", "--drain"]);
+    }
+    let tasks = json(d, &["list", "--json"]);
+    let tasks = tasks.as_array().expect("tasks");
+    assert_eq!(tasks.len(), n);
+    let ledger = json(d, &["--store", "store.redb", "store", "ledger", "--json"]);
+    let ledger = ledger.as_array().expect("ledger");
+    let mut keys: Vec<&str> = ledger.iter().filter_map(|e| e["key"].as_str()).collect();
+    let total = keys.len();
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), total, "a call key took effect twice");
+    for t in tasks {
+        assert_eq!(t["stop"], "done", "{t}");
+        let id = t["id"].as_str().expect("id");
+        let mine = ledger
+            .iter()
+            .filter(|e| {
+                e["key"]
+                    .as_str()
+                    .is_some_and(|k| k.starts_with(&format!("{id}:")))
+            })
+            .count();
+        assert_eq!(mine, 2, "task {id}: one refund and one email");
+    }
+}
