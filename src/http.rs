@@ -241,8 +241,13 @@ fn call_tool(spec: &ToolSpec, req: &ToolRequest<'_>, write: bool) -> Value {
     };
     let timeout = Duration::from_millis(http.timeout_ms.min(req.timeout_ms).max(1));
     let body = json!({"user_id": req.user_id, "args": Value::Object(req.call.args.clone())});
-    let r = agent(timeout)
-        .post(&http.url)
+    let a = agent(timeout);
+    let r = if http.method == "PUT" {
+        a.put(&http.url)
+    } else {
+        a.post(&http.url)
+    };
+    let r = r
         .header("Content-Type", "application/json")
         .header("Idempotency-Key", req.key);
     match r.send(body.to_string()) {

@@ -546,3 +546,71 @@ fn daemon_killed_while_http_writes_are_in_flight() {
         assert_eq!(mine, 2, "task {id}: one refund and one email");
     }
 }
+
+/// The service's idempotency semantics, spoken to directly: the same key and payload returns
+/// the stored response, another payload under the key is refused (422), a write without a key
+/// is refused (400), and the lookup answers by key.
+#[test]
+fn demo_store_service_has_stripe_idempotency() {
+    let dir = TempDir::new("http-svc");
+    let svc = store_service(dir.path(), &[]);
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let post = |key: Option<&str>, body: Value| {
+        let mut r = agent
+            .post(&format!("{}/tools/issue_refund", svc.url))
+            .header("Content-Type", "application/json");
+        if let Some(k) = key {
+            r = r.header("Idempotency-Key", k);
+        }
+        let mut resp = r.send(body.to_string()).expect("request");
+        (
+            resp.status().as_u16(),
+            resp.body_mut().read_to_string().unwrap_or_default(),
+        )
+    };
+    let body = json!({"user_id": "cu_ana", "args": {"order_id": "ord_1001", "amount_cents": 1000}});
+    let (s1, r1) = post(Some("k-1"), body.clone());
+    assert_eq!(s1, 200, "{r1}");
+    let (s2, r2) = post(Some("k-1"), body.clone());
+    assert_eq!(
+        (s2, &r2),
+        (200, &r1),
+        "same key, same payload: the stored response"
+    );
+    let (s3, _) = post(
+        Some("k-1"),
+        json!({"user_id": "cu_ana", "args": {"order_id": "ord_1001", "amount_cents": 2000}}),
+    );
+    assert_eq!(s3, 422);
+    let (s4, _) = post(None, body);
+    assert_eq!(s4, 400);
+    let mut look = agent
+        .get(&format!("{}/lookup/issue_refund", svc.url))
+        .query("key", "k-1")
+        .call()
+        .expect("lookup");
+    let v: Value =
+        serde_json::from_str(&look.body_mut().read_to_string().unwrap_or_default()).expect("json");
+    assert_eq!(v["applied"], true);
+    assert_eq!(v["result"]["refunded_cents"], 1000);
+    let mut look = agent
+        .get(&format!("{}/lookup/issue_refund", svc.url))
+        .query("key", "k-2")
+        .call()
+        .expect("lookup");
+    let v: Value =
+        serde_json::from_str(&look.body_mut().read_to_string().unwrap_or_default()).expect("json");
+    assert_eq!(v["applied"], false);
+    let ledger = json(
+        dir.path(),
+        &["--store", "store.redb", "store", "ledger", "--json"],
+    );
+    assert_eq!(
+        ledger.as_array().map(Vec::len),
+        Some(1),
+        "one refund for one key"
+    );
+}
