@@ -454,11 +454,18 @@ impl Store {
                     continue; // stale entry
                 }
                 rec.status = QueueStatus::Running;
-                rec.lease = Some(lease.clone());
+                let mut lease = lease.clone();
+                lease.expires_at_ms = lease
+                    .expires_at_ms
+                    .max(now_ms + covering_ms(&rec.budget, &rec.state));
+                rec.lease = Some(lease);
                 rec.runs += 1;
                 rec.updated_at_ms = now_ms;
                 tasks.insert(id.as_str(), encode(&rec)?.as_slice())?;
-                running.insert(id.as_str(), lease.expires_at_ms)?;
+                running.insert(
+                    id.as_str(),
+                    rec.lease.as_ref().map_or(now_ms, |l| l.expires_at_ms),
+                )?;
                 out.push(rec);
             }
         }
@@ -585,7 +592,7 @@ impl Store {
                 // The renewed expiry lives in the record; RUNNING keeps the claim-time expiry
                 // as an index, and recovery reads the record before taking a task over.
                 if let Some(l) = rec.lease.as_mut() {
-                    l.expires_at_ms = c.now_ms + c.lease_ms;
+                    l.expires_at_ms = c.now_ms + c.lease_ms.max(covering_ms(&rec.budget, &c.state));
                 }
             }
             CommitKind::Final(stop) => {
@@ -686,6 +693,15 @@ impl Store {
         }
         Ok(out)
     }
+}
+
+/// Slack added to a task's remaining active time when sizing its lease.
+pub const LEASE_MARGIN_MS: u64 = 10_000;
+
+/// A lease long enough for the rest of the task's active time: one model or tool call can take
+/// up to all of it, and the lease must not run out under a worker that is only waiting.
+fn covering_ms(budget: &Budget, state: &TaskState) -> u64 {
+    budget.deadline_ms.saturating_sub(state.elapsed_ms) + LEASE_MARGIN_MS
 }
 
 /// A running task may be taken over when its lease expired or its owner is gone.
