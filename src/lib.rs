@@ -5,6 +5,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod group;
 pub mod http;
 pub mod kernel;
 pub mod model;

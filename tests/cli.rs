@@ -5,8 +5,6 @@
 mod common;
 use common::*;
 
-const GOAL: &str = "refund the damaged item on order ord_1001";
-
 #[test]
 fn demo_prints_the_documents_table_through_the_durable_path() {
     let dir = TempDir::new("demo");
@@ -17,10 +15,7 @@ fn demo_prints_the_documents_table_through_the_durable_path() {
 fn enqueue_run_show_trace() {
     let dir = TempDir::new("basic");
     let d = dir.path();
-    assert_eq!(
-        ok(d, &["enqueue", "--user", "cu_ana", "--goal", GOAL]).trim(),
-        "t1"
-    );
+    assert_eq!(enqueue(d, &[]).trim(), "t1");
     ok(d, &["run", "--drain", "--workers", "2"]);
     let show = ok(d, &["show", "t1"]);
     assert!(show.contains("stop      done"), "{show}");
@@ -72,18 +67,7 @@ fn enqueue_with_the_same_key_creates_one_task() {
 fn scenario_g_suspends_with_its_call_held_and_nothing_refunded() {
     let dir = TempDir::new("g");
     let d = dir.path();
-    ok(
-        d,
-        &[
-            "enqueue",
-            "--user",
-            "cu_ana",
-            "--goal",
-            GOAL,
-            "--model",
-            "policy:ord_1004:8000",
-        ],
-    );
+    enqueue(d, &["--model", "policy:ord_1004:8000"]);
     ok(d, &["run", "--drain"]);
     let show = json(d, &["show", "t1", "--json"]);
     assert_eq!(show["status"], "suspended");
@@ -139,18 +123,7 @@ fn batch_enqueue_is_all_or_nothing_and_names_the_line() {
 fn json_output_parses_for_every_read_verb() {
     let dir = TempDir::new("json");
     let d = dir.path();
-    ok(
-        d,
-        &[
-            "enqueue",
-            "--user",
-            "cu_ana",
-            "--goal",
-            GOAL,
-            "--model",
-            "same_call",
-        ],
-    );
+    enqueue(d, &["--model", "same_call"]);
     ok(d, &["run", "--drain"]);
     assert_eq!(json(d, &["list", "--json"])[0]["stop"], "repeated_call");
     assert_eq!(

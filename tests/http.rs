@@ -147,6 +147,15 @@ fn okc(dir: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Enqueues a task for Ana driven by the mock model profile of the test's config.
+fn enqueue_mock(dir: &Path, extra: &[&str]) -> String {
+    let mut args = vec![
+        "enqueue", "--user", "cu_ana", "--goal", "refund", "--model", "mock",
+    ];
+    args.extend_from_slice(extra);
+    okc(dir, &args)
+}
+
 const POLICY_REPLIES: [&str; 5] = [
     r#"{"type": "plan", "steps": [{"id": "s1", "tool": "get_order", "depends_on": []}, {"id": "s2", "tool": "issue_refund", "depends_on": ["s1"]}, {"id": "s3", "tool": "send_status_email", "depends_on": ["s2"]}]}"#,
     r#"{"type": "tool", "name": "get_order", "args": {"order_id": "ord_1001"}, "plan_step": "s1"}"#,
@@ -296,20 +305,7 @@ fn malformed_refused_truncated_and_rate_limited_replies_are_kernel_errors() {
         ),
     ]);
     config(d, &svc.url, &model.url);
-    okc(
-        d,
-        &[
-            "enqueue",
-            "--user",
-            "cu_ana",
-            "--goal",
-            "refund",
-            "--model",
-            "mock",
-            "--budget",
-            "stalls_max=5",
-        ],
-    );
+    enqueue_mock(d, &["--budget", "stalls_max=5"]);
     okc(d, &["run", "--drain"]);
     let t = json(d, &["show", "t1", "--json"]);
     assert_eq!(t["stop"], "done", "{t}");
@@ -341,20 +337,7 @@ fn a_slow_model_ends_at_the_deadline_not_in_a_hung_thread() {
     };
     let model = mock_model(vec![slow]);
     config(d, &svc.url, &model.url);
-    okc(
-        d,
-        &[
-            "enqueue",
-            "--user",
-            "cu_ana",
-            "--goal",
-            "refund",
-            "--model",
-            "mock",
-            "--budget",
-            "deadline_ms=700",
-        ],
-    );
+    enqueue_mock(d, &["--budget", "deadline_ms=700"]);
     okc(d, &["run", "--drain"]);
     let t = json(d, &["show", "t1", "--json"]);
     assert_eq!(t["stop"], "deadline", "{t}");
@@ -388,12 +371,7 @@ fn arguments_are_checked_against_the_schema_before_any_call() {
         ),
     ]);
     config(d, &svc.url, &model.url);
-    okc(
-        d,
-        &[
-            "enqueue", "--user", "cu_ana", "--goal", "refund", "--model", "mock",
-        ],
-    );
+    enqueue_mock(d, &[]);
     okc(d, &["run", "--drain"]);
     let t = json(d, &["show", "t1", "--json"]);
     assert_eq!(t["tool_calls"], 0, "nothing was sent");

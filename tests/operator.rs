@@ -8,21 +8,8 @@ use common::*;
 use serde_json::Value;
 use std::process::Command;
 
-const GOAL: &str = "refund the damaged item on order ord_1001";
-
 fn suspended_g(d: &std::path::Path) {
-    ok(
-        d,
-        &[
-            "enqueue",
-            "--user",
-            "cu_ana",
-            "--goal",
-            GOAL,
-            "--model",
-            "policy:ord_1004:8000",
-        ],
-    );
+    enqueue(d, &["--model", "policy:ord_1004:8000"]);
     ok(d, &["run", "--drain"]);
     assert_eq!(json(d, &["show", "t1", "--json"])["status"], "suspended");
 }
@@ -89,19 +76,9 @@ fn approve_resumes_g_to_done_with_one_refund() {
     assert_eq!(events[0]["by"], "alice");
     assert_eq!(events[0]["reason"], "damage confirmed");
     // The approval covered that call only: a second task with the same arguments still waits.
-    ok(
+    enqueue(
         d,
-        &[
-            "enqueue",
-            "--user",
-            "cu_ana",
-            "--goal",
-            GOAL,
-            "--model",
-            "policy:ord_1004:8000",
-            "--store-scope",
-            "other",
-        ],
+        &["--model", "policy:ord_1004:8000", "--store-scope", "other"],
     );
     ok(d, &["run", "--drain"]);
     assert_eq!(json(d, &["show", "t2", "--json"])["status"], "suspended");
@@ -111,7 +88,7 @@ fn approve_resumes_g_to_done_with_one_refund() {
 fn verbs_refuse_unknown_tasks_and_wrong_statuses() {
     let dir = TempDir::new("wrong");
     let d = dir.path();
-    ok(d, &["enqueue", "--user", "cu_ana", "--goal", GOAL]);
+    enqueue(d, &[]);
     for verb in [
         &["approve", "t9"][..],
         &["reject", "t9"],
@@ -230,31 +207,10 @@ fn concurrent_operators_one_decision_wins() {
 fn reconcile_lists_and_settles_a_held_write() {
     let dir = TempDir::new("reconcile");
     let d = dir.path();
-    ok(
+    enqueue(d, &["--tool-latency", "issue_refund=40000"]);
+    enqueue(
         d,
-        &[
-            "enqueue",
-            "--user",
-            "cu_ana",
-            "--goal",
-            GOAL,
-            "--tool-latency",
-            "issue_refund=40000",
-        ],
-    );
-    ok(
-        d,
-        &[
-            "enqueue",
-            "--user",
-            "cu_ana",
-            "--goal",
-            GOAL,
-            "--tool-latency",
-            "issue_refund=40000",
-            "--store-scope",
-            "b",
-        ],
+        &["--tool-latency", "issue_refund=40000", "--store-scope", "b"],
     );
     ok(d, &["run", "--drain"]);
     let held = json(d, &["reconcile", "--json"]);
@@ -312,18 +268,7 @@ fn cancel_queued_suspended_and_running_tasks() {
     let dir = TempDir::new("cancel");
     let d = dir.path();
     suspended_g(d);
-    ok(
-        d,
-        &[
-            "enqueue",
-            "--user",
-            "cu_ana",
-            "--goal",
-            GOAL,
-            "--store-scope",
-            "q",
-        ],
-    );
+    enqueue(d, &["--store-scope", "q"]);
     ok(d, &["cancel", "t1", "--reason", "customer withdrew"]);
     ok(d, &["cancel", "t2"]);
     for t in ["t1", "t2"] {
@@ -342,19 +287,9 @@ fn cancel_queued_suspended_and_running_tasks() {
     );
 
     // Running: the worker stops it at its next step boundary.
-    ok(
+    enqueue(
         d,
-        &[
-            "enqueue",
-            "--user",
-            "cu_ana",
-            "--goal",
-            GOAL,
-            "--store-scope",
-            "r",
-            "--model",
-            "policy:ord_1001:3000:3000",
-        ],
+        &["--store-scope", "r", "--model", "policy:ord_1001:3000:3000"],
     );
     let mut daemon = Command::new(bin())
         .args(["run", "--time-scale", "0.01"])
@@ -393,19 +328,9 @@ fn cancel_queued_suspended_and_running_tasks() {
 fn an_approval_wait_that_runs_out_stops_the_task() {
     let dir = TempDir::new("expire");
     let d = dir.path();
-    ok(
+    enqueue(
         d,
-        &[
-            "enqueue",
-            "--user",
-            "cu_ana",
-            "--goal",
-            GOAL,
-            "--model",
-            "policy:ord_1004:8000",
-            "--approval-wait-ms",
-            "1",
-        ],
+        &["--model", "policy:ord_1004:8000", "--approval-wait-ms", "1"],
     );
     ok(d, &["run", "--drain"]);
     std::thread::sleep(std::time::Duration::from_millis(20));

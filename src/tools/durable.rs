@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use super::{Effect, Order, REPLAY_LATENCY_MS, Tools, apply, default_latency_ms, demo_orders};
+use super::{Effect, Order, REPLAY_LATENCY_MS, Tools, apply, demo_orders, latency_ms};
 use crate::kernel::{ToolReply, ToolRequest};
 use crate::store::codec::{decode, encode};
 use crate::store::{Error, Result};
@@ -274,14 +274,7 @@ impl DurableStore {
 }
 
 fn group_writer(db: &Database, rx: &Receiver<WriteReq>) {
-    while let Ok(first) = rx.recv() {
-        let mut batch = vec![first];
-        while batch.len() < GROUP_MAX {
-            match rx.try_recv() {
-                Ok(r) => batch.push(r),
-                Err(_) => break,
-            }
-        }
+    while let Some(batch) = crate::group::recv_batch(rx, GROUP_MAX) {
         let results: std::result::Result<Vec<(Value, bool)>, String> = (|| {
             let w = db.begin_write().map_err(|e| e.to_string())?;
             let mut out = Vec::with_capacity(batch.len());
@@ -396,11 +389,7 @@ impl Tools for DurableTools<'_> {
             }
             Ok((result, false)) => ToolReply {
                 result,
-                latency_ms: self
-                    .latency_ms
-                    .get(name)
-                    .copied()
-                    .unwrap_or_else(|| default_latency_ms(name)),
+                latency_ms: latency_ms(name, self.latency_ms.get(name).copied()),
             },
             // The service failed: for a write nobody knows whether it applied.
             Err(e) => ToolReply {

@@ -24,6 +24,11 @@ pub const AUTO_LIMIT_CENTS: i64 = 5000;
 /// Time a replayed result takes.
 pub const REPLAY_LATENCY_MS: u64 = 100;
 
+/// A tool's simulated latency: the task's override, else the document's figure.
+pub fn latency_ms(tool: &str, override_ms: Option<u64>) -> u64 {
+    override_ms.unwrap_or_else(|| default_latency_ms(tool))
+}
+
 pub fn default_latency_ms(tool: &str) -> u64 {
     match tool {
         "get_order" => 400,
@@ -230,11 +235,7 @@ impl Tools for DemoStore {
         }
         ToolReply {
             result,
-            latency_ms: self
-                .latency_ms
-                .get(name)
-                .copied()
-                .unwrap_or_else(|| default_latency_ms(name)),
+            latency_ms: latency_ms(name, self.latency_ms.get(name).copied()),
         }
     }
 }

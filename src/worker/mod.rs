@@ -161,14 +161,7 @@ const PREFETCH_MIN: usize = 8;
 const GROUP_MAX: usize = 256;
 
 fn committer_loop(store: &Store, rx: Receiver<CommitRequest>, stats: &Stats) {
-    while let Ok(first) = rx.recv() {
-        let mut batch = vec![first];
-        while batch.len() < GROUP_MAX {
-            match rx.try_recv() {
-                Ok(r) => batch.push(r),
-                Err(_) => break,
-            }
-        }
+    while let Some(batch) = crate::group::recv_batch(&rx, GROUP_MAX) {
         let results = group_commit(store, &batch);
         stats.transactions.fetch_add(1, Ordering::Relaxed);
         stats

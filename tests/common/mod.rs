@@ -78,3 +78,13 @@ pub fn fixture(name: &str) -> String {
     let path = format!("{}/tests/fixtures/{name}.txt", env!("CARGO_MANIFEST_DIR"));
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
+
+/// The document's goal for Ana's damaged jacket.
+pub const GOAL: &str = "refund the damaged item on order ord_1001";
+
+/// `worker enqueue --user cu_ana --goal GOAL EXTRA...`, which must succeed.
+pub fn enqueue(dir: &Path, extra: &[&str]) -> String {
+    let mut args = vec!["enqueue", "--user", "cu_ana", "--goal", GOAL];
+    args.extend_from_slice(extra);
+    ok(dir, &args)
+}
