@@ -113,6 +113,7 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Option<StopReason>, CommitFai
         // Cancelled while its worker was gone: stop before anything runs.
         session.cancel();
     }
+    let mut first_model_call = true;
     let mut step_reply: Option<RecordedReply> = None;
     let mut step_call: Option<CallRecord> = None;
     let commit = |session: &mut Session<'_>,
@@ -141,10 +142,17 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Option<StopReason>, CommitFai
             Action::Model(req) => {
                 ctx.stats.steps.fetch_add(1, Ordering::Relaxed);
                 let step = req.step;
-                // A reply recorded for this step means a run before a crash got this far.
-                let reply = match ctx.store.reply(&rec.id, step) {
-                    Ok(Some(recorded)) => recorded.to_reply(),
-                    _ => model.next(&req),
+                // A reply recorded for this step means a run before a crash got this far. Only
+                // the first step of a run can be such a step: later ones are this run's own.
+                let recorded = if first_model_call {
+                    first_model_call = false;
+                    ctx.store.reply(&rec.id, step).ok().flatten()
+                } else {
+                    None
+                };
+                let reply = match recorded {
+                    Some(recorded) => recorded.to_reply(),
+                    None => model.next(&req),
                 };
                 pause(ctx.time_scale, reply.latency_ms);
                 step_reply = Some(RecordedReply::of(step, &reply));
