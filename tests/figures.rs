@@ -59,3 +59,13 @@ fn random_models_same_distribution_as_reference() {
     let sum = random_workload(0..2000, budget);
     assert_eq!(demos::random_report(&sum, &budget), fixture("random"));
 }
+
+#[test]
+fn compounding_error_table() {
+    assert_eq!(demos::compounding_demo(), fixture("compounding"));
+}
+
+#[test]
+fn choosing_limits_table() {
+    assert_eq!(demos::limits_demo(), fixture("limits"));
+}

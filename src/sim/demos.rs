@@ -340,3 +340,65 @@ pub fn random_report(sum: &crate::sim::RandomSummary, budget: &Budget) -> String
     }
     out
 }
+
+/// `compounding_demo.py`: the probability that all n steps succeed, and the effect of a check.
+pub fn compounding_demo() -> String {
+    let mut out = String::from("per-step success p, probability that all n steps succeed = p**n\n");
+    let _ = write!(out, "{:>6} ", "p");
+    let heads: Vec<String> = [3, 5, 10, 20].iter().map(|n| format!("n={n:<4}")).collect();
+    let _ = writeln!(out, "{}", heads.join(" "));
+    for p in [0.99f64, 0.95, 0.90] {
+        let cells: Vec<String> = [3, 5, 10, 20]
+            .iter()
+            .map(|n| format!("{:6.3}", p.powi(*n)))
+            .collect();
+        let _ = writeln!(out, "{p:6.2} {}", cells.join(" "));
+    }
+    out.push('\n');
+    for (p, q) in [(0.95f64, 0.0f64), (0.95, 0.8), (0.95, 0.95)] {
+        let eff = p + (1.0 - p) * q * p;
+        let _ = writeln!(
+            out,
+            "p={}, check catches {q:.2}: effective step success {eff:.4}, 10 steps -> {:.3}",
+            crate::kernel::json::py_float_repr(p),
+            eff.powi(10)
+        );
+    }
+    out
+}
+
+/// The document's "Choosing limits" program: step counts of 200 successful runs (toy data from
+/// `random.Random(7)`, as in the document) and what each step cap would cut off.
+pub fn limits_demo() -> String {
+    let mut rng = crate::model::pyrandom::PyRandom::new(7);
+    let mut runs: Vec<u32> = Vec::with_capacity(200);
+    while runs.len() < 200 {
+        let mut n = 2;
+        while rng.random() > 0.45 {
+            n += 1;
+        }
+        if n <= 20 {
+            runs.push(n);
+        }
+    }
+    runs.sort_unstable();
+    let q = |f: f64| runs[(f * (runs.len() - 1) as f64) as usize];
+    let mut out = format!(
+        "successful runs: {}  median {}  p90 {}  p99 {}  max {}\n",
+        runs.len(),
+        q(0.5),
+        q(0.9),
+        q(0.99),
+        runs[runs.len() - 1]
+    );
+    for cap in [4, 6, 8, 10, 12] {
+        let cut = runs.iter().filter(|r| **r > cap).count();
+        let _ = writeln!(
+            out,
+            "max_steps={cap:2}: would cut off {cut:3} of {} successful runs ({:.1}%)",
+            runs.len(),
+            100.0 * cut as f64 / runs.len() as f64
+        );
+    }
+    out
+}
