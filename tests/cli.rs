@@ -324,19 +324,32 @@ fn damaged_and_newer_files_are_refused_cleanly() {
 #[test]
 fn help_has_examples() {
     let dir = TempDir::new("help");
-    for verb in [
-        "run",
-        "enqueue",
-        "list",
-        "show",
-        "trace",
-        "postmortem",
-        "demo",
-    ] {
-        let out = ok(dir.path(), &[verb, "--help"]);
+    let verbs: [&[&str]; 17] = [
+        &["run"],
+        &["enqueue"],
+        &["list"],
+        &["show"],
+        &["trace"],
+        &["postmortem"],
+        &["demo"],
+        &["demo-store"],
+        &["approve"],
+        &["reject"],
+        &["reconcile"],
+        &["cancel"],
+        &["replay"],
+        &["events"],
+        &["memory", "add"],
+        &["memory", "list"],
+        &["memory", "forget"],
+    ];
+    for verb in verbs {
+        let mut args = verb.to_vec();
+        args.push("--help");
+        let out = ok(dir.path(), &args);
         assert!(
             out.contains("Example"),
-            "{verb} --help has no example:\n{out}"
+            "{verb:?} --help has no example:\n{out}"
         );
     }
 }

@@ -482,3 +482,44 @@ fn memory_policy_through_the_cli() {
         Some(1)
     );
 }
+
+/// The operator's view of a live system: a daemon runs (not draining) while a task suspends,
+/// is approved from another process, and is picked up and finished by that daemon.
+#[test]
+fn approve_while_a_daemon_runs() {
+    let dir = TempDir::new("live");
+    let d = dir.path();
+    ok(d, &["store", "orders"]);
+    let mut daemon = Command::new(bin())
+        .args(["run", "--workers", "2"])
+        .current_dir(d)
+        .env_remove("WORKER_DB")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("daemon");
+    enqueue(d, &["--model", "policy:ord_1004:8000"]);
+    let wait_for = |want: &str| {
+        for _ in 0..500 {
+            if json(d, &["show", "t1", "--json"])["status"] == want {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        false
+    };
+    assert!(wait_for("suspended"), "the daemon never suspended t1");
+    ok(d, &["approve", "t1", "--by", "alice"]);
+    assert!(
+        wait_for("finished"),
+        "the daemon never finished t1 after the approval"
+    );
+    let st = Command::new("kill")
+        .args(["-TERM", &daemon.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(st.success());
+    assert_eq!(daemon.wait().expect("daemon exits").code(), Some(0));
+    let t = json(d, &["show", "t1", "--json"]);
+    assert_eq!(t["stop"], "done");
+    assert_eq!(ledger(d).len(), 2);
+}

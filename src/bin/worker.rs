@@ -2,7 +2,7 @@
 //! verb and turns errors into `error:` / `hint:` lines and exit codes (1 operational, 2 usage).
 
 use clap::Parser;
-use tether::cli::{Cli, run};
+use tether::cli::{Cli, Command, run};
 
 fn main() {
     let cli = match Cli::try_parse() {
@@ -13,8 +13,13 @@ fn main() {
             std::process::exit(e.exit_code());
         }
     };
+    // Daemons log their work by default; one-shot verbs only warnings. RUST_LOG overrides both.
+    let default = match cli.command {
+        Command::Run(_) | Command::DemoStore(_) => "info",
+        _ => "warn",
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
