@@ -69,3 +69,47 @@ fn compounding_error_table() {
 fn choosing_limits_table() {
     assert_eq!(demos::limits_demo(), fixture("limits"));
 }
+
+/// Every view the model was shown in scenarios A, D and G, byte for byte as the reference's
+/// `render` wrote it (captured in tests/fixtures/views.jsonl).
+#[test]
+fn views_are_byte_identical_to_the_reference() {
+    struct Spy {
+        inner: Box<dyn tether::model::Model>,
+        views: Vec<String>,
+    }
+    impl tether::model::Model for Spy {
+        fn next(&mut self, req: &tether::kernel::ModelRequest<'_>) -> tether::kernel::ModelReply {
+            self.views.push(req.view.to_string());
+            self.inner.next(req)
+        }
+    }
+    let want = fixture_file("views.jsonl");
+    let mut expected: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for line in want.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).expect("fixture line");
+        let name = v["scenario"].as_str().expect("scenario").to_string();
+        expected
+            .entry(name)
+            .or_default()
+            .push(v["view"].as_str().expect("view").to_string());
+    }
+    for sc in tether::sim::scenarios() {
+        let letter = sc.name[..1].to_string();
+        let Some(want) = expected.get(&letter) else {
+            continue;
+        };
+        let mut spy = Spy {
+            inner: sc.model.build(),
+            views: Vec::new(),
+        };
+        tether::sim::go(&mut spy, sc.budget, sc.store());
+        assert_eq!(&spy.views, want, "scenario {letter}");
+    }
+    assert_eq!(expected.len(), 3);
+}
+
+fn fixture_file(name: &str) -> String {
+    let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
