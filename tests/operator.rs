@@ -292,7 +292,7 @@ fn cancel_queued_suspended_and_running_tasks() {
         &["--store-scope", "r", "--model", "policy:ord_1001:3000:3000"],
     );
     let mut daemon = Command::new(bin())
-        .args(["run", "--time-scale", "0.02"])
+        .args(["run", "--time-scale", "0.05"])
         .current_dir(d)
         .env_remove("WORKER_DB")
         .stderr(std::process::Stdio::null())
