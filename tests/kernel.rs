@@ -323,3 +323,41 @@ fn usage_numbers_replace_the_estimate() {
     });
     assert_eq!(s.state().tokens, 86);
 }
+
+/// A provider that counts twice the estimated input: the pessimistic check learns the ratio and
+/// stops before the provider's counts pass the token budget.
+#[test]
+fn provider_usage_larger_than_the_estimate_still_respects_the_budget() {
+    struct Greedy;
+    impl tether::model::Model for Greedy {
+        fn next(&mut self, req: &tether::kernel::ModelRequest<'_>) -> ModelReply {
+            let est = (req.view.len() as u64).div_ceil(4);
+            ModelReply {
+                outcome: Ok(RawReply::Text(
+                    r#"{"type": "tool", "name": "search_policy", "args": {"q": "x"}}"#.into(),
+                )),
+                latency_ms: 10,
+                usage: Some(tether::kernel::Usage {
+                    input_tokens: 2 * est,
+                    output_tokens: 20,
+                }),
+            }
+        }
+    }
+    let budget = Budget {
+        tokens_max: 4000,
+        stalls_max: 20,
+        repeat_max: 20,
+        tool_calls_max: 20,
+        steps_max: 20,
+        ..Budget::default()
+    };
+    let r = go(&mut Greedy, budget, DemoStore::new());
+    assert_eq!(r.state.stop, Some(StopReason::MaxTokens));
+    assert!(
+        r.state.tokens <= budget.tokens_max,
+        "{} > {}",
+        r.state.tokens,
+        budget.tokens_max
+    );
+}

@@ -124,6 +124,10 @@ pub struct Session<'c> {
     phase: Phase,
     view: String,
     view_tokens: u64,
+    /// How much more input a provider has counted than the 4-characters estimate, at most, in
+    /// this run (1.0 until a provider reports usage). The pessimistic check scales the next
+    /// view's estimate by it, so provider counts do not slip past the token budget.
+    input_scale: f64,
     root: Option<u32>,
     step_span: u32,
     model_span: u32,
@@ -221,6 +225,7 @@ impl<'c> Session<'c> {
             phase,
             view: String::with_capacity(512),
             view_tokens: 0,
+            input_scale: 1.0,
             root: None,
             step_span: 0,
             model_span: 0,
@@ -347,11 +352,15 @@ impl<'c> Session<'c> {
             Some(StopReason::MaxToolCalls)
         } else if st.elapsed_ms >= b.deadline_ms {
             Some(StopReason::Deadline)
-        } else if st.tokens + self.view_tokens + b.output_tokens_max as u64 > b.tokens_max {
+        } else if st.tokens + self.expected_input() + b.output_tokens_max as u64 > b.tokens_max {
             Some(StopReason::MaxTokens)
         } else {
             None
         }
+    }
+
+    fn expected_input(&self) -> u64 {
+        (self.view_tokens as f64 * self.input_scale).ceil() as u64
     }
 
     fn remaining_ms(&self) -> u64 {
@@ -392,6 +401,9 @@ impl<'c> Session<'c> {
             return;
         };
         let tin = reply.usage.map_or(self.view_tokens, |u| u.input_tokens);
+        if self.view_tokens > 0 && tin > self.view_tokens {
+            self.input_scale = self.input_scale.max(tin as f64 / self.view_tokens as f64);
+        }
         let estimated_out = match &raw {
             RawReply::Json(v) => est_tokens(dumped_len(v)),
             RawReply::Text(t) => est_tokens(t.chars().count()),
