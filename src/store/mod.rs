@@ -288,25 +288,7 @@ impl Store {
                 source: std::io::Error::other("it is a directory"),
             });
         }
-        let p = path.to_path_buf();
-        // redb documents that a plain open of an altered file may panic; a damaged file must
-        // give an error, never take the process down.
-        let opened = std::panic::catch_unwind(move || {
-            Database::builder()
-                .set_concurrency_mode(redb::ConcurrencyMode::MultiWriter)
-                .set_cache_size(32 << 20)
-                .create(&p)
-        });
-        let db = match opened {
-            Ok(Ok(db)) => db,
-            Ok(Err(e)) => return Err(open_error(path, e)),
-            Err(_) => {
-                return Err(Error::Corrupt(format!(
-                    "{} could not be read as a redb database",
-                    path.display()
-                )));
-            }
-        };
+        let db = open_redb(path, 32 << 20)?;
         let store = Store {
             db,
             path: path.to_path_buf(),
@@ -742,6 +724,26 @@ fn open_error(path: &Path, e: redb::DatabaseError) -> Error {
             Error::Corrupt(format!("{}: {msg}", path.display()))
         }
         other => Error::Corrupt(format!("{}: {other}", path.display())),
+    }
+}
+
+/// Opens a redb file in MultiWriter mode. redb documents that a plain open of an altered file
+/// may panic; a damaged file must give an error, never take the process down.
+pub(crate) fn open_redb(path: &Path, cache_bytes: usize) -> Result<Database> {
+    let p = path.to_path_buf();
+    let opened = std::panic::catch_unwind(move || {
+        Database::builder()
+            .set_concurrency_mode(redb::ConcurrencyMode::MultiWriter)
+            .set_cache_size(cache_bytes)
+            .create(&p)
+    });
+    match opened {
+        Ok(Ok(db)) => Ok(db),
+        Ok(Err(e)) => Err(open_error(path, e)),
+        Err(_) => Err(Error::Corrupt(format!(
+            "{} could not be read as a redb database",
+            path.display()
+        ))),
     }
 }
 

@@ -75,23 +75,7 @@ impl DurableStore {
     /// Opens the store file, creating it with the document's two orders if it is new.
     pub fn open(path: &Path) -> Result<DurableStore> {
         crate::store::create_private(path)?;
-        let p = path.to_path_buf();
-        let opened = std::panic::catch_unwind(move || {
-            Database::builder()
-                .set_concurrency_mode(redb::ConcurrencyMode::MultiWriter)
-                .set_cache_size(16 << 20)
-                .create(&p)
-        });
-        let db = match opened {
-            Ok(Ok(db)) => db,
-            Ok(Err(e)) => return Err(Error::Corrupt(format!("store {}: {e}", path.display()))),
-            Err(_) => {
-                return Err(Error::Corrupt(format!(
-                    "store {} could not be read",
-                    path.display()
-                )));
-            }
-        };
+        let db = crate::store::open_redb(path, 16 << 20)?;
         let s = DurableStore {
             db: Arc::new(db),
             path: path.to_path_buf(),
