@@ -780,7 +780,8 @@ fn cmd_list(cli: &Cli, a: &ListArgs) -> CliResult {
 fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
     let store = open_existing(cli)?;
     let r = store.task(&a.task)?;
-    let closing = closing_message(&r.state, &Catalog::demo());
+    let catalog = r.catalog.clone().unwrap_or_else(Catalog::demo);
+    let closing = closing_message(&r.state, &catalog);
     let b = &r.budget;
     if a.json {
         let mut v = record_json(&r);

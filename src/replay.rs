@@ -28,7 +28,8 @@ pub fn replay(
     events: &[Event],
     stored_effects: &[Effect],
 ) -> ReplayReport {
-    let catalog = Catalog::demo();
+    // The task's own catalog (its schema and fact fields), against the document's store.
+    let catalog = rec.catalog.clone().unwrap_or_else(Catalog::demo);
     let mut store = DemoStore::new();
     for (tool, ms) in &rec.tool_latency_ms {
         store = store.with_latency(tool, *ms);
