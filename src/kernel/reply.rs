@@ -44,49 +44,53 @@ pub enum Reply {
 
 /// Parses a reply. Text is parsed as JSON first; the error names what was wrong.
 pub fn parse_reply(raw: &RawReply) -> Result<Reply, String> {
-    let parsed;
+    parse_owned(raw.clone())
+}
+
+/// Like [`parse_reply`], taking the reply by value so its parts move instead of being copied.
+pub fn parse_owned(raw: RawReply) -> Result<Reply, String> {
     let v = match raw {
         RawReply::Json(v) => v,
         RawReply::Text(t) => {
-            parsed =
-                serde_json::from_str::<Value>(t).map_err(|e| format!("reply is not JSON: {e}"))?;
-            &parsed
+            serde_json::from_str::<Value>(&t).map_err(|e| format!("reply is not JSON: {e}"))?
         }
     };
-    let obj = v.as_object().ok_or("reply must be a JSON object")?;
-    let kind = match obj.get("type") {
-        Some(Value::String(t)) => t.as_str(),
+    let Value::Object(mut obj) = v else {
+        return Err("reply must be a JSON object".into());
+    };
+    let kind = match obj.remove("type") {
+        Some(Value::String(t)) => t,
         Some(_) => return Err("reply `type` must be a string".into()),
         None => return Err("reply has no `type` (expected plan, tool or final)".into()),
     };
-    match kind {
+    match kind.as_str() {
         "final" => {
-            let outcome = match obj.get("outcome") {
+            let outcome = match obj.remove("outcome") {
                 None | Some(Value::Null) => None,
-                Some(Value::String(s)) => Some(s.clone()),
+                Some(Value::String(s)) => Some(s),
                 Some(_) => return Err("final reply `outcome` must be a string".into()),
             };
-            let text = match obj.get("text") {
-                Some(Value::String(s)) => s.clone(),
+            let text = match obj.remove("text") {
+                Some(Value::String(s)) => s,
                 _ => return Err("final reply needs a string `text`".into()),
             };
             Ok(Reply::Final { outcome, text })
         }
         "plan" => Ok(Reply::Plan {
-            steps: obj.get("steps").cloned().unwrap_or(Value::Null),
+            steps: obj.remove("steps").unwrap_or(Value::Null),
         }),
         "tool" => {
-            let name = match obj.get("name") {
-                Some(Value::String(s)) => s.clone(),
+            let name = match obj.remove("name") {
+                Some(Value::String(s)) => s,
                 _ => return Err("tool reply needs a string `name`".into()),
             };
-            let args = match obj.get("args") {
-                Some(Value::Object(m)) => m.clone(),
+            let args = match obj.remove("args") {
+                Some(Value::Object(m)) => m,
                 _ => return Err("tool reply `args` must be an object".into()),
             };
-            let plan_step = match obj.get("plan_step") {
+            let plan_step = match obj.remove("plan_step") {
                 None | Some(Value::Null) => None,
-                Some(Value::String(s)) => Some(s.clone()),
+                Some(Value::String(s)) => Some(s),
                 Some(_) => return Err("tool reply `plan_step` must be a string or null".into()),
             };
             Ok(Reply::Tool(ToolCall {

@@ -16,7 +16,7 @@ use serde_json::{Map, Value, json};
 use super::catalog::{Access, Catalog, check_args};
 use super::json::{dumped_len, py_repr};
 use super::plan::validate_plan;
-use super::reply::{RawReply, Reply, parse_reply};
+use super::reply::{RawReply, Reply, parse_owned};
 use super::state::{Budget, Status, StepStatus, StopReason, TaskState, ToolCall, est_tokens};
 use super::trace::{SpanKind, Trace};
 use super::view::render_into;
@@ -428,7 +428,7 @@ impl<'c> Session<'c> {
                 "reply is longer than the output cap of {cap} tokens"
             ))
         } else {
-            parse_reply(&raw)
+            parse_owned(raw)
         };
         let stop = match parsed {
             Err(detail) => {
