@@ -474,9 +474,8 @@ impl Store {
             let tasks = r.open_table(TASKS)?;
             let mut c = Vec::new();
             for entry in running.iter()? {
-                let (id, expires) = entry?;
+                let (id, _claimed_expiry) = entry?;
                 let id = id.value().to_string();
-                let _ = expires;
                 let take = match tasks.get(id.as_str())? {
                     Some(g) => {
                         let rec: TaskRecord = decode("task", g.value())?;
