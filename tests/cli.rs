@@ -353,3 +353,25 @@ fn help_has_examples() {
         );
     }
 }
+
+/// A database written before a table was added to schema 1 gets the table on open.
+#[test]
+fn a_missing_table_is_created_on_open() {
+    let dir = TempDir::new("compat");
+    let d = dir.path();
+    enqueue(d, &["--model", "policy:ord_1004:8000"]);
+    {
+        let db = redb::Database::builder()
+            .set_concurrency_mode(redb::ConcurrencyMode::MultiWriter)
+            .create(dir.file("worker.redb"))
+            .expect("open");
+        let w = db.begin_write().expect("write");
+        assert!(
+            w.delete_table(tether::store::schema::WAITING)
+                .expect("delete")
+        );
+        w.commit().expect("commit");
+    }
+    ok(d, &["run", "--drain"]);
+    assert_eq!(json(d, &["show", "t1", "--json"])["status"], "suspended");
+}

@@ -523,3 +523,30 @@ fn approve_while_a_daemon_runs() {
     assert_eq!(t["stop"], "done");
     assert_eq!(ledger(d).len(), 2);
 }
+
+/// A daemon ends suspended tasks whose approval wait ran out, without anyone calling approve.
+#[test]
+fn the_daemon_expires_approval_waits() {
+    let dir = TempDir::new("expire-daemon");
+    let d = dir.path();
+    enqueue(
+        d,
+        &["--model", "policy:ord_1004:8000", "--approval-wait-ms", "1"],
+    );
+    enqueue(
+        d,
+        &["--model", "policy:ord_1004:8000", "--store-scope", "b"],
+    );
+    ok(d, &["run", "--drain"]);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    ok(d, &["run", "--drain"]);
+    let t1 = json(d, &["show", "t1", "--json"]);
+    assert_eq!(t1["stop"], "approval_expired", "{t1}");
+    assert_eq!(t1["status"], "finished");
+    let t2 = json(d, &["show", "t2", "--json"]);
+    assert_eq!(t2["status"], "suspended", "a 24-hour wait has not run out");
+    let events = json(d, &["events", "--json"]);
+    assert_eq!(events.as_array().map(Vec::len), Some(1));
+    assert_eq!(events[0]["verb"], "expire");
+    assert_eq!(events[0]["by"], "worker");
+}

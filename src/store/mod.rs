@@ -316,8 +316,9 @@ impl Store {
                 found: v,
                 supported: SCHEMA_VERSION,
             }),
-            Some(_) => Ok(()),
-            None => {
+            Some(_) if self.has_table(WAITING)? => Ok(()),
+            _ => {
+                // A new file, or one written before a table was added: create what is missing.
                 let w = self.db.begin_write()?;
                 {
                     let mut meta = w.open_table(META)?;
@@ -333,10 +334,23 @@ impl Store {
                     w.open_table(REPLIES)?;
                     w.open_table(EVENTS)?;
                     w.open_table(NOTES)?;
+                    w.open_table(WAITING)?;
                 }
                 w.commit()?;
                 Ok(())
             }
+        }
+    }
+
+    fn has_table<K: redb::Key + 'static, V: redb::Value + 'static>(
+        &self,
+        t: redb::TableDefinition<K, V>,
+    ) -> Result<bool> {
+        let r = self.db.begin_read()?;
+        match r.open_table(t) {
+            Ok(_) => Ok(true),
+            Err(redb::TableError::TableDoesNotExist(_)) => Ok(false),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -579,6 +593,15 @@ impl Store {
             CommitKind::Final(stop) => {
                 rec.status = QueueStatus::after(stop);
                 rec.suspended_at_ms = (stop == StopReason::NeedsApproval).then_some(c.now_ms);
+                let mut waiting = w.open_table(WAITING)?;
+                if stop == StopReason::NeedsApproval {
+                    waiting.insert(
+                        c.task_id.as_str(),
+                        c.now_ms.saturating_add(rec.approval_wait_ms),
+                    )?;
+                } else {
+                    waiting.remove(c.task_id.as_str())?;
+                }
                 rec.lease = None;
                 running.remove(c.task_id.as_str())?;
             }

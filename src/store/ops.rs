@@ -57,6 +57,7 @@ fn save(w: &WriteTransaction, rec: &TaskRecord) -> Result<()> {
 }
 
 fn requeue(w: &WriteTransaction, rec: &mut TaskRecord, now_ms: u64) -> Result<()> {
+    w.open_table(WAITING)?.remove(rec.id.as_str())?;
     rec.status = QueueStatus::Queued;
     rec.updated_at_ms = now_ms;
     let seq = next_seq(&mut w.open_table(META)?, META_READY_SEQ)?;
@@ -66,6 +67,7 @@ fn requeue(w: &WriteTransaction, rec: &mut TaskRecord, now_ms: u64) -> Result<()
 }
 
 fn finish(w: &WriteTransaction, rec: &mut TaskRecord, stop: StopReason, now_ms: u64) -> Result<()> {
+    w.open_table(WAITING)?.remove(rec.id.as_str())?;
     rec.state.stop = Some(stop);
     rec.state.status = Status::Stopped;
     rec.status = QueueStatus::Finished;
@@ -277,12 +279,18 @@ impl Store {
 
     /// Ends every suspended task whose approval wait ran out, with `approval_expired`.
     pub fn expire_approvals(&self, now_ms: u64) -> Result<Vec<String>> {
-        let due: Vec<String> = self
-            .tasks()?
-            .into_iter()
-            .filter(|r| approval_expired(r, now_ms))
-            .map(|r| r.id)
-            .collect();
+        let due: Vec<String> = {
+            let r = self.begin_read()?;
+            let waiting = r.open_table(WAITING)?;
+            let mut due = Vec::new();
+            for e in waiting.iter()? {
+                let (id, until) = e?;
+                if until.value() <= now_ms {
+                    due.push(id.value().to_string());
+                }
+            }
+            due
+        };
         if due.is_empty() {
             return Ok(due);
         }

@@ -19,6 +19,9 @@ pub const READY: TableDefinition<(i64, u64), &str> = TableDefinition::new("ready
 /// task id -> lease expiry at claim time: the index of the tasks some worker is running; the
 /// expiry renewed by each step commit is in the task record.
 pub const RUNNING: TableDefinition<&str, u64> = TableDefinition::new("running");
+/// task id -> when its approval wait runs out (ms since the epoch): the suspended tasks, so
+/// that expiring waits reads only them.
+pub const WAITING: TableDefinition<&str, u64> = TableDefinition::new("waiting");
 /// enqueue key -> task id: a retried `worker enqueue --key K` finds its task here.
 pub const ENQUEUE_KEYS: TableDefinition<&str, &str> = TableDefinition::new("enqueue_keys");
 /// call key -> call record: a write's intent, then its result, with the digest of tool and args.

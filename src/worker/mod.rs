@@ -213,6 +213,10 @@ pub fn run(
     let workers = cfg.workers.max(1);
     let me = Identity::current();
     let stats = Arc::new(Stats::default());
+    let expired = store.expire_approvals(now_ms())?;
+    if !expired.is_empty() {
+        tracing::info!(tasks = ?expired, "approval waits ran out");
+    }
     let recovered = store.recover(now_ms(), &owner_is_dead)?;
     if !recovered.is_empty() {
         tracing::info!(count = recovered.len(), tasks = ?recovered, "recovered tasks whose lease expired or whose worker is gone");
