@@ -316,7 +316,7 @@ impl Store {
                 found: v,
                 supported: SCHEMA_VERSION,
             }),
-            Some(_) if self.has_table(WAITING)? => Ok(()),
+            Some(_) if self.has_table(WAITING)? && self.has_table(HELD)? => Ok(()),
             _ => {
                 // A new file, or one written before a table was added: create what is missing.
                 let w = self.db.begin_write()?;
@@ -335,6 +335,7 @@ impl Store {
                     w.open_table(EVENTS)?;
                     w.open_table(NOTES)?;
                     w.open_table(WAITING)?;
+                    w.open_table(HELD)?;
                 }
                 w.commit()?;
                 Ok(())
@@ -601,6 +602,12 @@ impl Store {
                     )?;
                 } else {
                     waiting.remove(c.task_id.as_str())?;
+                }
+                let mut held = w.open_table(HELD)?;
+                if stop == StopReason::UnknownOutcome {
+                    held.insert(c.task_id.as_str(), c.now_ms)?;
+                } else {
+                    held.remove(c.task_id.as_str())?;
                 }
                 rec.lease = None;
                 running.remove(c.task_id.as_str())?;

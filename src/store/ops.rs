@@ -56,8 +56,15 @@ fn save(w: &WriteTransaction, rec: &TaskRecord) -> Result<()> {
     Ok(())
 }
 
+/// The task leaves the suspended and held indexes.
+fn unindex(w: &WriteTransaction, id: &str) -> Result<()> {
+    w.open_table(WAITING)?.remove(id)?;
+    w.open_table(HELD)?.remove(id)?;
+    Ok(())
+}
+
 fn requeue(w: &WriteTransaction, rec: &mut TaskRecord, now_ms: u64) -> Result<()> {
-    w.open_table(WAITING)?.remove(rec.id.as_str())?;
+    unindex(w, &rec.id)?;
     rec.status = QueueStatus::Queued;
     rec.updated_at_ms = now_ms;
     let seq = next_seq(&mut w.open_table(META)?, META_READY_SEQ)?;
@@ -67,7 +74,7 @@ fn requeue(w: &WriteTransaction, rec: &mut TaskRecord, now_ms: u64) -> Result<()
 }
 
 fn finish(w: &WriteTransaction, rec: &mut TaskRecord, stop: StopReason, now_ms: u64) -> Result<()> {
-    w.open_table(WAITING)?.remove(rec.id.as_str())?;
+    unindex(w, &rec.id)?;
     rec.state.stop = Some(stop);
     rec.state.status = Status::Stopped;
     rec.status = QueueStatus::Finished;
@@ -189,8 +196,27 @@ impl Store {
 
     /// Held writes: tasks stopped with `unknown_outcome`, with their call-key records.
     pub fn held(&self) -> Result<Vec<(TaskRecord, Option<CallRecord>)>> {
+        let ids: Vec<String> = {
+            let r = self.begin_read()?;
+            let held = r.open_table(HELD)?;
+            let mut ids = Vec::new();
+            for e in held.iter()? {
+                ids.push(e?.0.value().to_string());
+            }
+            // t2 before t10.
+            ids.sort_by_key(|id| {
+                (
+                    id.trim_start_matches('t')
+                        .parse::<u64>()
+                        .unwrap_or(u64::MAX),
+                    id.clone(),
+                )
+            });
+            ids
+        };
         let mut out = Vec::new();
-        for rec in self.tasks()? {
+        for id in ids {
+            let rec = self.task(&id)?;
             if rec.status != QueueStatus::Held {
                 continue;
             }

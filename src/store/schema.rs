@@ -22,6 +22,8 @@ pub const RUNNING: TableDefinition<&str, u64> = TableDefinition::new("running");
 /// task id -> when its approval wait runs out (ms since the epoch): the suspended tasks, so
 /// that expiring waits reads only them.
 pub const WAITING: TableDefinition<&str, u64> = TableDefinition::new("waiting");
+/// task id -> when it was held: the tasks whose write has an unknown outcome.
+pub const HELD: TableDefinition<&str, u64> = TableDefinition::new("held");
 /// enqueue key -> task id: a retried `worker enqueue --key K` finds its task here.
 pub const ENQUEUE_KEYS: TableDefinition<&str, &str> = TableDefinition::new("enqueue_keys");
 /// call key -> call record: a write's intent, then its result, with the digest of tool and args.
