@@ -128,8 +128,10 @@ pub struct DecideArgs {
     /// Task id.
     pub task: String,
     /// Who decides (default: $USER).
+    /// Who decides (default: $USER); recorded in the audit log.
     #[arg(long, default_value_t = default_by())]
     pub by: String,
+    /// Why; recorded in the audit log.
     /// Why; recorded in the audit log.
     #[arg(long)]
     pub reason: Option<String>,
@@ -161,17 +163,22 @@ pub struct ReconcileArgs {
     /// With --applied: the service's result, as JSON (default {"status": "ok"}).
     #[arg(long, requires = "applied")]
     pub result: Option<String>,
+    /// Who decides (default: $USER); recorded in the audit log.
     #[arg(long, default_value_t = default_by())]
     pub by: String,
+    /// Why; recorded in the audit log.
     #[arg(long)]
     pub reason: Option<String>,
+    /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
 }
 
 #[derive(Args, Debug)]
 pub struct EventsArgs {
+    /// Only this task's events.
     pub task: Option<String>,
+    /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
 }
@@ -183,24 +190,32 @@ pub enum MemoryCommand {
         after_help = "Example:\n  worker memory add --user cu_ana --source user_message --ttl-days 90 --text 'Prefers refunds to the original card.'"
     )]
     Add {
+        /// The user the note belongs to; only that user's tasks will see it.
         #[arg(long)]
         user: String,
+        /// The note itself.
         #[arg(long)]
         text: String,
+        /// Where it came from: user_message or validated_tool (anything else is refused).
         #[arg(long)]
         source: String,
+        /// How long the note lives.
         #[arg(long, default_value_t = 90)]
         ttl_days: u64,
+        /// Who decides (default: $USER); recorded in the audit log.
         #[arg(long, default_value_t = default_by())]
         by: String,
     },
     /// List live notes (all with --all), of one user when given.
     #[command(after_help = "Example:\n  worker memory list --user cu_ana")]
     List {
+        /// Only this user's notes.
         #[arg(long)]
         user: Option<String>,
+        /// Include expired notes.
         #[arg(long)]
         all: bool,
+        /// Print the result as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -209,10 +224,13 @@ pub enum MemoryCommand {
         after_help = "Example:\n  worker memory forget --user cu_ana --source validated_tool"
     )]
     Forget {
+        /// Whose notes.
         #[arg(long)]
         user: String,
+        /// Only the notes from this source.
         #[arg(long)]
         source: Option<String>,
+        /// Who decides (default: $USER); recorded in the audit log.
         #[arg(long, default_value_t = default_by())]
         by: String,
     },
@@ -269,7 +287,7 @@ pub struct EnqueueArgs {
     /// A budget limit, NAME=VALUE; repeatable.
     #[arg(long = "budget", value_name = "NAME=VALUE", conflicts_with = "file")]
     pub budgets: Vec<String>,
-    /// The model profile.
+    /// The model profile: a built-in one (see below) or a name from the --config file.
     #[arg(long, default_value = "policy", conflicts_with = "file")]
     pub model: String,
     /// Simulated latency of a demo-store tool, TOOL=MS; repeatable.
@@ -298,6 +316,7 @@ pub struct ListArgs {
     /// A stop reason (done, max_steps, ..., cancelled).
     #[arg(long)]
     pub stop: Option<String>,
+    /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
 }
@@ -306,13 +325,16 @@ pub struct ListArgs {
 pub struct TaskArgs {
     /// Task id, as printed by `worker enqueue` (e.g. t1).
     pub task: String,
+    /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
 }
 
 #[derive(Args, Debug)]
 pub struct TraceArgs {
+    /// Task id (e.g. t1).
     pub task: String,
+    /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
     /// Write the spans as OTLP/JSON to this file (one line, as a collector's file receiver reads).
@@ -355,6 +377,7 @@ pub struct DemoArgs {
 pub enum StoreCommand {
     /// List the store's orders.
     Orders {
+        /// Print the result as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -372,6 +395,7 @@ pub enum StoreCommand {
     },
     /// The ledger of effects (refunds and emails), in order.
     Ledger {
+        /// Print the result as JSON.
         #[arg(long)]
         json: bool,
     },
