@@ -366,6 +366,7 @@ pub struct DemoStoreArgs {
 
 #[derive(Args, Debug)]
 pub struct DemoArgs {
+    /// Worker threads of the demo's daemon.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub workers: u16,
     /// Keep the demo's database files in this directory instead of a temporary one.
@@ -386,6 +387,7 @@ pub enum StoreCommand {
         after_help = "Example:\n  worker store add-order --order ord_2001:cu_bo:4200 --order ord_2002:cu_cy:15000"
     )]
     AddOrder {
+        /// An order: its id, its customer's user id, its total in cents.
         #[arg(
             long = "order",
             value_name = "ID:CUSTOMER:TOTAL_CENTS",
