@@ -101,8 +101,6 @@ pub fn replay(
 }
 
 fn run(mut session: Session<'_>, model: &mut Replay, store: &mut DemoStore) -> TaskState {
-    if !session.is_finished() {
-        drive(&mut session, model, store);
-    }
+    drive(&mut session, model, store);
     session.into_parts().0
 }

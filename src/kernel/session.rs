@@ -254,10 +254,6 @@ impl<'c> Session<'c> {
         (self.state, self.trace)
     }
 
-    pub fn is_finished(&self) -> bool {
-        matches!(self.phase, Phase::Finished(_))
-    }
-
     /// The next thing the driver must do. Calling it again without feeding a result returns
     /// the same request.
     pub fn poll(&mut self) -> Action<'_> {

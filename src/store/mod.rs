@@ -297,10 +297,6 @@ impl Store {
         Ok(store)
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     fn init(&self) -> Result<()> {
         let found = {
             let r = self.db.begin_read()?;
@@ -475,11 +471,6 @@ impl Store {
         Ok(r.open_table(READY)?.len()?)
     }
 
-    pub fn running_count(&self) -> Result<u64> {
-        let r = self.db.begin_read()?;
-        Ok(r.open_table(RUNNING)?.len()?)
-    }
-
     /// Puts back in the queue every running task whose lease expired or whose owner `is_dead`.
     /// Returns the ids recovered. Reads first, so an idle check writes nothing.
     pub fn recover(&self, now_ms: u64, is_dead: &dyn Fn(&Lease) -> bool) -> Result<Vec<String>> {
@@ -640,36 +631,31 @@ impl Store {
             let (_, v) = entry?;
             out.push(decode("task", v.value())?);
         }
-        // Ids are t1, t2, ...: order by number, not by text.
-        out.sort_by_key(|r: &TaskRecord| {
-            (
-                r.id.trim_start_matches('t')
-                    .parse::<u64>()
-                    .unwrap_or(u64::MAX),
-                r.id.clone(),
-            )
-        });
+        out.sort_by_key(|r: &TaskRecord| task_order(&r.id));
         Ok(out)
     }
 
     pub fn spans(&self, task_id: &str) -> Result<Vec<Span>> {
-        let r = self.db.begin_read()?;
-        let t = r.open_table(SPANS)?;
-        let mut out = Vec::new();
-        for entry in t.range((task_id, 0u32)..=(task_id, u32::MAX))? {
-            let (_, v) = entry?;
-            out.push(decode("span", v.value())?);
-        }
-        Ok(out)
+        self.per_task(SPANS, "span", task_id)
     }
 
     pub fn replies(&self, task_id: &str) -> Result<Vec<RecordedReply>> {
+        self.per_task(REPLIES, "reply", task_id)
+    }
+
+    /// Every record of one task in a table keyed by (task id, number), in number order.
+    fn per_task<T: serde::de::DeserializeOwned>(
+        &self,
+        table: redb::TableDefinition<(&str, u32), &[u8]>,
+        what: &str,
+        task_id: &str,
+    ) -> Result<Vec<T>> {
         let r = self.db.begin_read()?;
-        let t = r.open_table(REPLIES)?;
+        let t = r.open_table(table)?;
         let mut out = Vec::new();
         for entry in t.range((task_id, 0u32)..=(task_id, u32::MAX))? {
             let (_, v) = entry?;
-            out.push(decode("reply", v.value())?);
+            out.push(decode(what, v.value())?);
         }
         Ok(out)
     }
@@ -704,6 +690,12 @@ impl Store {
         }
         Ok(out)
     }
+}
+
+/// Sort key of a task id: ids are t1, t2, ..., so t2 comes before t10.
+pub(crate) fn task_order(id: &str) -> (u64, String) {
+    let n = id.trim_start_matches('t').parse().unwrap_or(u64::MAX);
+    (n, id.to_string())
 }
 
 /// Slack added to a task's remaining active time when sizing its lease.

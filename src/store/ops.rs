@@ -203,15 +203,7 @@ impl Store {
             for e in held.iter()? {
                 ids.push(e?.0.value().to_string());
             }
-            // t2 before t10.
-            ids.sort_by_key(|id| {
-                (
-                    id.trim_start_matches('t')
-                        .parse::<u64>()
-                        .unwrap_or(u64::MAX),
-                    id.clone(),
-                )
-            });
+            ids.sort_by_key(|id| super::task_order(id));
             ids
         };
         let mut out = Vec::new();

@@ -206,18 +206,10 @@ impl DurableStore {
         key: &str,
         write: bool,
     ) -> Result<(Value, bool)> {
-        let order_id = args.get("order_id").and_then(Value::as_str).unwrap_or("");
-        let stored_id = scoped(scope, order_id);
         if !write {
+            let order_id = args.get("order_id").and_then(Value::as_str).unwrap_or("");
             let r = self.db.begin_read()?;
-            let mut orders = BTreeMap::new();
-            let found = match r.open_table(ORDERS)?.get(stored_id.as_str())? {
-                Some(g) => Some(decode::<Order>("order", g.value())?),
-                None => fresh_copy(scope, order_id),
-            };
-            if let Some(o) = found {
-                orders.insert(order_id.to_string(), o);
-            }
+            let mut orders = load_order(&r.open_table(ORDERS)?, scope, order_id)?;
             let (res, _) = apply(&mut orders, &|_, _| false, user, name, args);
             return Ok((res, false));
         }
@@ -300,14 +292,7 @@ fn write_in(w: &WriteTransaction, c: &WriteCall) -> Result<(Value, bool)> {
         return Ok((decode::<Value>("stored result", g.value())?, true));
     }
     let mut orders_t = w.open_table(ORDERS)?;
-    let mut orders = BTreeMap::new();
-    let found = match orders_t.get(stored_id.as_str())? {
-        Some(g) => Some(decode::<Order>("order", g.value())?),
-        None => fresh_copy(scope, order_id),
-    };
-    if let Some(o) = found {
-        orders.insert(order_id.to_string(), o);
-    }
+    let mut orders = load_order(&orders_t, scope, order_id)?;
     let digest = crate::kernel::state::digest(name, args);
     let is_approved = w
         .open_table(APPROVED)?
@@ -332,6 +317,22 @@ fn write_in(w: &WriteTransaction, c: &WriteCall) -> Result<(Value, bool)> {
         ledger.insert(seq, encode(&entry)?.as_slice())?;
     }
     Ok((res, false))
+}
+
+/// The one order a call names, as the book `apply` works on (empty if there is no such order).
+fn load_order(
+    t: &impl ReadableTable<&'static str, &'static [u8]>,
+    scope: &str,
+    order_id: &str,
+) -> Result<BTreeMap<String, Order>> {
+    let found = match t.get(scoped(scope, order_id).as_str())? {
+        Some(g) => Some(decode::<Order>("order", g.value())?),
+        None => fresh_copy(scope, order_id),
+    };
+    Ok(found
+        .into_iter()
+        .map(|o| (order_id.to_string(), o))
+        .collect())
 }
 
 /// A tenant's first sight of one of the document's orders is a fresh copy of it.

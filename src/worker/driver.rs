@@ -35,7 +35,6 @@ pub struct Context {
 
 /// Runs the task until it ends, suspends, is released at shutdown, or its lease is lost.
 pub fn run_task(ctx: &Context, rec: TaskRecord) {
-    ctx.stats.tasks_started.fetch_add(1, Ordering::Relaxed);
     let id = rec.id.clone();
     match drive(ctx, rec) {
         Ok(Some(stop)) => {

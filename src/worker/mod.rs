@@ -55,7 +55,6 @@ impl Default for Config {
 /// Counters of one daemon run.
 #[derive(Debug, Default)]
 pub struct Stats {
-    pub tasks_started: AtomicU64,
     pub tasks_ended: AtomicU64,
     pub steps: AtomicU64,
     pub commits: AtomicU64,
