@@ -14,7 +14,7 @@ use crate::kernel::report::{closing_message, postmortem, span_table};
 use crate::kernel::{Budget, Catalog, StopReason};
 use crate::model::ModelProfile;
 use crate::sim::{SCENARIO_HEADER, scenario_row, scenarios};
-use crate::store::ops::{Decision, Settlement};
+use crate::store::ops::{Decision, Extension, Reviewed, Settlement};
 use crate::store::{self, NewTask, QueueStatus, Store, TaskRecord};
 use crate::tools::durable::{DurableStore, LedgerEntry};
 use crate::tools::{Effect, Order, effects_to_python};
@@ -88,17 +88,17 @@ pub enum Command {
     Store(StoreCommand),
     /// Approve exactly the held call of a suspended task; the task is requeued.
     #[command(
-        after_help = "Example:\n  worker show t7                 # the held call and its digest\n  worker approve t7 --by alice --reason 'damage confirmed' --digest 3f2a9c1d0e"
+        after_help = "Examples:\n  worker show t7                 # the held call, its key and its digest\n  worker approve t7 --by alice --reason 'damage confirmed' --digest 3f2a9c1d0e\n  worker approve t7 --digest 3f2a9c1d0e --extend tool_calls=1   # when its budget is spent"
     )]
     Approve(ApproveArgs),
     /// Reject the held call of a suspended task: it is never sent; the task goes on.
     #[command(
-        after_help = "Example:\n  worker reject t7 --by alice --reason 'refund above policy'"
+        after_help = "Example:\n  worker reject t7 --by alice --reason 'refund above policy' --digest 3f2a9c1d0e"
     )]
-    Reject(DecideArgs),
+    Reject(RejectArgs),
     /// List held writes (outcome unknown), or settle one: --applied or --not-applied.
     #[command(
-        after_help = "Examples:\n  worker reconcile                                  # list held writes\n  worker reconcile t8 --applied --result '{\"status\": \"ok\", \"refunded_cents\": 3000}' --by bob --reason 'seen in the ledger'\n  worker reconcile t8 --not-applied --by bob --reason 'not in the ledger'   # re-sent under the same key"
+        after_help = "Examples:\n  worker reconcile                                  # list held writes, with keys and digests\n  worker reconcile t8 --applied --result '{\"status\": \"ok\", \"refunded_cents\": 3000}' --by bob --reason 'seen in the ledger'\n  worker reconcile t8 --not-applied --key 5f0c2a9e11d3:t8:s2 --by bob   # re-sent under the same key\n  worker reconcile t8 --not-applied --digest 54592ae224 --extend deadline_ms=10000"
     )]
     Reconcile(ReconcileArgs),
     /// Cancel a queued, running (at its next step boundary), suspended or held task.
@@ -137,14 +137,47 @@ pub struct DecideArgs {
     pub reason: Option<String>,
 }
 
+/// The held call a decision is about, as `worker show` prints it. Compared inside the
+/// decision's transaction: a task that moved on to another call refuses the decision.
+#[derive(Args, Debug)]
+pub struct CallArgs {
+    /// The held call's digest of tool and args (from `worker show`).
+    #[arg(long)]
+    pub digest: Option<String>,
+    /// The held call's call key (from `worker show`).
+    #[arg(long)]
+    pub key: Option<String>,
+}
+
+impl CallArgs {
+    fn reviewed(&self) -> Reviewed {
+        Reviewed {
+            key: self.key.clone(),
+            digest: self.digest.clone(),
+        }
+    }
+}
+
 #[derive(Args, Debug)]
 pub struct ApproveArgs {
     #[command(flatten)]
     pub decide: DecideArgs,
-    /// The digest of the call being approved (from `worker show`); refused if the held call
-    /// differs.
+    /// Required: --digest or --key of the held call; refused if the task holds another call.
+    #[command(flatten)]
+    pub call: CallArgs,
+    /// Grant more budget with the approval, e.g. `tool_calls=1,deadline_ms=10000` (each limit
+    /// grows by its amount; recorded in the audit event).
     #[arg(long)]
-    pub digest: Option<String>,
+    pub extend: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct RejectArgs {
+    #[command(flatten)]
+    pub decide: DecideArgs,
+    /// When given, refused if the task holds another call.
+    #[command(flatten)]
+    pub call: CallArgs,
 }
 
 #[derive(Args, Debug)]
@@ -163,6 +196,13 @@ pub struct ReconcileArgs {
     /// With --applied: the service's result, as JSON (default {"status": "ok"}).
     #[arg(long, requires = "applied")]
     pub result: Option<String>,
+    /// When given, refused if the task holds another call.
+    #[command(flatten)]
+    pub call: CallArgs,
+    /// With --not-applied or --applied: grant more budget, e.g. `tool_calls=1` or
+    /// `deadline_ms=10000` (each limit grows by its amount; recorded in the audit event).
+    #[arg(long, requires = "task")]
+    pub extend: Option<String>,
     /// Who decides (default: $USER); recorded in the audit log.
     #[arg(long, default_value_t = default_by())]
     pub by: String,
@@ -397,6 +437,13 @@ pub enum StoreCommand {
     },
     /// The ledger of effects (refunds and emails), in order.
     Ledger {
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Every write request that reached the store (applied, replayed, refused, ...), in order:
+    /// where a duplicate send shows even when the stored result hid it.
+    Arrivals {
         /// Print the result as JSON.
         #[arg(long)]
         json: bool,
@@ -816,6 +863,10 @@ fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
         v["model"] = serde_json::to_value(&r.model).unwrap_or(Value::Null);
         v["closing_message"] = Value::String(closing);
         v["calls"] = serde_json::to_value(store.calls(&r.id)?).unwrap_or(Value::Null);
+        if let Some(p) = &r.state.pending {
+            v["held"] = json!({"tool": p.name, "args": p.args,
+                "key": store.call_key(p, &r.id, r.state.step), "digest": p.digest()});
+        }
         print_json(&v);
         return Ok(());
     }
@@ -860,7 +911,7 @@ fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
             "held      {} {} key {} digest {}",
             p.name,
             Value::Object(p.args.clone()),
-            p.key(&st.task_id, st.step),
+            store.call_key(p, &st.task_id, st.step),
             p.digest()
         );
     }
@@ -900,8 +951,9 @@ fn cmd_postmortem(cli: &Cli, a: &TaskArgs) -> CliResult {
 }
 
 /// Effects of one task: ledger entries whose call key belongs to it.
-pub fn task_effects(ledger: &[LedgerEntry], task_id: &str) -> Vec<Effect> {
-    let prefix = format!("{task_id}:");
+/// The effects of one task of the database whose id is `db_id` (keys are `db_id:task:step`).
+pub fn task_effects(ledger: &[LedgerEntry], db_id: &str, task_id: &str) -> Vec<Effect> {
+    let prefix = format!("{db_id}:{task_id}:");
     ledger
         .iter()
         .filter(|e| e.key.starts_with(&prefix))
@@ -971,7 +1023,7 @@ fn cmd_demo(a: &DemoArgs) -> CliResult {
             scenario_row(
                 sc.name,
                 &r.state,
-                &effects_to_python(&task_effects(&ledger, &e.id))
+                &effects_to_python(&task_effects(&ledger, store.db_id(), &e.id))
             )
         );
     }
@@ -1055,6 +1107,19 @@ fn cmd_store(cli: &Cli, c: &StoreCommand) -> CliResult {
                 }
             }
         }
+        StoreCommand::Arrivals { json } => {
+            let arrivals = open()?.arrivals()?;
+            if *json {
+                print_json(&serde_json::to_value(&arrivals).unwrap_or(Value::Null));
+            } else {
+                for a in &arrivals {
+                    println!(
+                        "{:6} {:24} {:18} {} {}",
+                        a.seq, a.key, a.tool, a.digest, a.outcome
+                    );
+                }
+            }
+        }
     }
     Ok(())
 }
@@ -1070,20 +1135,29 @@ fn decision(by: &str, reason: &Option<String>) -> Result<Decision, CliError> {
     })
 }
 
+fn extension(text: &Option<String>) -> Result<Extension, CliError> {
+    match text {
+        Some(t) => Extension::parse(t).map_err(CliError::usage),
+        None => Ok(Extension::default()),
+    }
+}
+
 fn cmd_approve(cli: &Cli, a: &ApproveArgs) -> CliResult {
     let d = decision(&a.decide.by, &a.decide.reason)?;
-    let store = open_existing(cli)?;
-    let rec = store.task(&a.decide.task)?;
-    // The service learns of the approval first, so that once the task is requeued the held
-    // call finds it; it covers this call key with exactly these arguments, nothing else.
-    if let Some(call) = &rec.state.pending
-        && rec.status == QueueStatus::Suspended
-        && a.digest.as_deref().is_none_or(|want| want == call.digest())
-    {
-        let key = call.key(&rec.id, rec.state.step);
-        DurableStore::open(&store_path(cli))?.approve(&key, &call.digest(), &d.by)?;
+    let reviewed = a.call.reviewed();
+    if reviewed.is_empty() {
+        return Err(CliError::usage(
+            "approve needs --digest or --key of the held call, so the approval covers the call you reviewed",
+        )
+        .hint(format!(
+            "`worker show {}` prints the held call's key and digest",
+            a.decide.task
+        )));
     }
-    let call = store.approve(&a.decide.task, a.digest.as_deref(), &d)?;
+    let extend = extension(&a.extend)?;
+    // The approval is written once, here, with its audit event; the re-sent call carries it
+    // to the tool service.
+    let call = open_existing(cli)?.approve(&a.decide.task, &reviewed, &extend, &d)?;
     println!(
         "approved {} {} for task {}; it is queued and runs the call first",
         call.name,
@@ -1093,12 +1167,12 @@ fn cmd_approve(cli: &Cli, a: &ApproveArgs) -> CliResult {
     Ok(())
 }
 
-fn cmd_reject(cli: &Cli, a: &DecideArgs) -> CliResult {
-    let d = decision(&a.by, &a.reason)?;
-    let call = open_existing(cli)?.reject(&a.task, &d)?;
+fn cmd_reject(cli: &Cli, a: &RejectArgs) -> CliResult {
+    let d = decision(&a.decide.by, &a.decide.reason)?;
+    let call = open_existing(cli)?.reject(&a.decide.task, &a.call.reviewed(), &d)?;
     println!(
         "rejected {} for task {}; it is queued and continues without it",
-        call.name, a.task
+        call.name, a.decide.task
     );
     Ok(())
 }
@@ -1119,7 +1193,9 @@ fn cmd_reconcile(cli: &Cli, a: &ReconcileArgs) -> CliResult {
                         "task": r.id,
                         "tool": p.map(|p| p.name.clone()),
                         "args": p.map(|p| Value::Object(p.args.clone())),
-                        "key": p.map(|p| p.key(&r.id, r.state.step)),
+                        "key": p.map(|p| store.call_key(p, &r.id, r.state.step)),
+                        "digest": p.map(|p| p.digest()),
+                        "status": r.status.as_str(),
                         "since_ms": c.as_ref().map_or(r.updated_at_ms, |c| c.intent_at_ms),
                         "known": c.as_ref().and_then(|c| c.result.clone()),
                     })
@@ -1138,12 +1214,18 @@ fn cmd_reconcile(cli: &Cli, a: &ReconcileArgs) -> CliResult {
                 None => "no answer: the worker stopped while the call was in flight".into(),
             };
             let since = c.as_ref().map_or(r.updated_at_ms, |c| c.intent_at_ms);
+            let cancelled = if r.status == QueueStatus::Finished {
+                "  (task cancelled)"
+            } else {
+                ""
+            };
             println!(
-                "{}  {} {}  key {}  since {} ms  {known}",
+                "{}  {} {}  key {}  digest {}  since {} ms  {known}{cancelled}",
                 r.id,
                 p.name,
                 Value::Object(p.args.clone()),
-                p.key(&r.id, r.state.step),
+                store.call_key(p, &r.id, r.state.step),
+                p.digest(),
                 since
             );
         }
@@ -1166,7 +1248,8 @@ fn cmd_reconcile(cli: &Cli, a: &ReconcileArgs) -> CliResult {
         }
     };
     let d = decision(&a.by, &a.reason)?;
-    let call = store.reconcile(task, &settlement, &d)?;
+    let extend = extension(&a.extend)?;
+    let call = store.reconcile(task, &settlement, &a.call.reviewed(), &extend, &d)?;
     let what = if a.applied {
         "applied"
     } else {
@@ -1202,7 +1285,7 @@ fn cmd_replay(cli: &Cli, a: &TaskArgs) -> CliResult {
         )));
     }
     let ledger = DurableStore::open(&store_path(cli))?.ledger()?;
-    let stored = task_effects(&ledger, &rec.id);
+    let stored = task_effects(&ledger, store.db_id(), &rec.id);
     let report = crate::replay::replay(
         &rec,
         store.replies(&rec.id)?,
@@ -1322,7 +1405,7 @@ fn reconcile_auto(cli: &Cli, store: &Store, a: &ReconcileArgs) -> CliResult {
         let Some(call) = rec.state.pending.clone() else {
             continue;
         };
-        let key = call.key(&rec.id, rec.state.step);
+        let key = store.call_key(&call, &rec.id, rec.state.step);
         let answer = match rec
             .catalog
             .as_ref()
@@ -1369,7 +1452,12 @@ fn reconcile_auto(cli: &Cli, store: &Store, a: &ReconcileArgs) -> CliResult {
             ),
         )?;
         let applied = matches!(settlement, Settlement::Applied(_));
-        match store.reconcile(&rec.id, &settlement, &d) {
+        // The key looked up is checked again inside the transaction that settles it.
+        let reviewed = Reviewed {
+            key: Some(key.clone()),
+            digest: Some(call.digest()),
+        };
+        match store.reconcile(&rec.id, &settlement, &reviewed, &Extension::default(), &d) {
             Ok(_) => {
                 settled += 1;
                 println!(

@@ -247,9 +247,13 @@ fn call_tool(spec: &ToolSpec, req: &ToolRequest<'_>, write: bool) -> Value {
     } else {
         a.post(&http.url)
     };
-    let r = r
+    let mut r = r
         .header("Content-Type", "application/json")
         .header("Idempotency-Key", req.key);
+    if let Some(approval) = req.approval {
+        // The approval recorded in the worker database travels with the call it covers.
+        r = r.header("Tether-Approval", approval);
+    }
     match r.send(body.to_string()) {
         Ok(mut resp) => {
             let status = resp.status().as_u16();

@@ -127,7 +127,7 @@ fn daemon_killed_at_random_moments_loses_and_repeats_nothing() {
     for e in ledger {
         let key = e["key"].as_str().expect("ledger key");
         *per_key.entry(key).or_default() += 1;
-        let task = key.split(':').next().unwrap_or("").to_string();
+        let task = key.split(':').nth(1).unwrap_or("").to_string();
         let slot = per_task.entry(task).or_default();
         match e["effect"]["kind"].as_str() {
             Some("refund") => slot.0 += 1,
@@ -195,10 +195,9 @@ fn daemon_killed_at_random_moments_loses_and_repeats_nothing() {
         }
         let suspended = json(&d, &["list", "--status", "suspended", "--json"]);
         for t in suspended.as_array().expect("suspended list") {
-            ok(
-                &d,
-                &["approve", t["id"].as_str().expect("id"), "--by", "oracle"],
-            );
+            let id = t["id"].as_str().expect("id");
+            let digest = held_digest(&d, id);
+            ok(&d, &["approve", id, "--by", "oracle", "--digest", &digest]);
         }
         ok(&d, &["run", "--drain", "--workers", "4"]);
     }
@@ -208,7 +207,7 @@ fn daemon_killed_at_random_moments_loses_and_repeats_nothing() {
     let mut per_task: BTreeMap<String, (usize, usize)> = BTreeMap::new();
     for e in ledger.as_array().expect("ledger") {
         let key = e["key"].as_str().expect("key").to_string();
-        let task = key.split(':').next().unwrap_or("").to_string();
+        let task = key.split(':').nth(1).unwrap_or("").to_string();
         *per_key.entry(key).or_default() += 1;
         let slot = per_task.entry(task).or_default();
         if e["effect"]["kind"] == "refund" {

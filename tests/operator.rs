@@ -66,7 +66,7 @@ fn approve_resumes_g_to_done_with_one_refund() {
         "{effects:?}"
     );
     // A second approval is refused and nothing more is refunded.
-    let (code, err) = fails(d, &["approve", "t1"]);
+    let (code, err) = fails(d, &["approve", "t1", "--digest", &held_digest]);
     assert_eq!(code, 1);
     assert!(err.contains("not waiting for approval"), "{err}");
     ok(d, &["run", "--drain"]);
@@ -90,7 +90,7 @@ fn verbs_refuse_unknown_tasks_and_wrong_statuses() {
     let d = dir.path();
     enqueue(d, &[]);
     for verb in [
-        &["approve", "t9"][..],
+        &["approve", "t9", "--digest", "0000000000"][..],
         &["reject", "t9"],
         &["reconcile", "t9", "--applied"],
         &["cancel", "t9"],
@@ -103,7 +103,7 @@ fn verbs_refuse_unknown_tasks_and_wrong_statuses() {
     }
     // t1 is queued: nothing to approve, reject or reconcile, and no replay yet.
     for verb in [
-        &["approve", "t1"][..],
+        &["approve", "t1", "--digest", "0000000000"][..],
         &["reject", "t1"],
         &["reconcile", "t1", "--not-applied"],
         &["replay", "t1"],
@@ -175,11 +175,12 @@ fn concurrent_operators_one_decision_wins() {
     let d2 = dir2.path();
     suspended_g(d2);
     // Six operators start together; redb serializes their write transactions.
+    let digest = held_digest(d2, "t1");
     let procs: Vec<_> = (0..6)
         .map(|i| {
             let verb = if i % 2 == 0 { "approve" } else { "reject" };
             Command::new(bin())
-                .args([verb, "t1", "--by", &format!("op{i}")])
+                .args([verb, "t1", "--by", &format!("op{i}"), "--digest", &digest])
                 .current_dir(d2)
                 .env_remove("WORKER_DB")
                 .stdout(std::process::Stdio::piped())
@@ -215,10 +216,11 @@ fn reconcile_lists_and_settles_a_held_write() {
     ok(d, &["run", "--drain"]);
     let held = json(d, &["reconcile", "--json"]);
     assert_eq!(held.as_array().map(Vec::len), Some(2), "{held}");
-    assert_eq!(held[0]["key"], "t1:s2");
+    let key = held[0]["key"].as_str().expect("key").to_string();
+    assert!(key.ends_with(":t1:s2") && key.len() == 12 + 6, "{key}");
     assert_eq!(held[0]["tool"], "issue_refund");
     assert_eq!(held[0]["known"]["status"], "unknown");
-    assert!(ok(d, &["reconcile"]).contains("t1:s2"));
+    assert!(ok(d, &["reconcile"]).contains(&key));
     let (code, err) = fails(d, &["reconcile", "t1", "--applied", "--result", "not json"]);
     assert_eq!(code, 2, "{err}");
     let (code, err) = fails(d, &["reconcile", "t1", "--applied", "--result", "[1]"]);
@@ -237,23 +239,60 @@ fn reconcile_lists_and_settles_a_held_write() {
             "in the ledger",
         ],
     );
-    ok(d, &["reconcile", "t2", "--not-applied", "--by", "carol"]);
+    // t2 used all its active time: a re-send would stop before it goes out, so the promise
+    // of --not-applied is refused with a hint, and kept with an explicit extension.
+    let (code, err) = fails(d, &["reconcile", "t2", "--not-applied", "--by", "carol"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("active time is used up") && err.contains("--extend deadline_ms="),
+        "{err}"
+    );
+    ok(
+        d,
+        &[
+            "reconcile",
+            "t2",
+            "--not-applied",
+            "--by",
+            "carol",
+            "--extend",
+            "deadline_ms=60000",
+        ],
+    );
     let (code, err) = fails(d, &["reconcile", "t1", "--not-applied"]);
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("not held"), "{err}");
     ok(d, &["run", "--drain"]);
-    // Both used all 30 s of active time: the applied one folds in its result and stops at the
-    // deadline; the not-applied one is not re-sent without time and stays held in state.
+    // t1 folds in the applied result and stops at its deadline.
     let t1 = json(d, &["show", "t1", "--json"]);
     assert_eq!(t1["stop"], "deadline");
     assert_eq!(t1["state"]["plan"][1]["status"], "done");
     assert_eq!(t1["state"]["facts"]["ord_1001.refunded_cents"], 3000);
+    assert_eq!(t1["tool_calls"], 2, "a settled call is not counted twice");
+    // t2's call was re-sent under its key: the store had applied it the first time, so it
+    // answers from the stored result, and the task goes on to the email within its new time.
     let t2 = json(d, &["show", "t2", "--json"]);
-    assert_eq!(t2["stop"], "deadline");
-    assert_eq!(t2["state"]["pending"]["name"], "issue_refund");
-    assert_eq!(ledger(d).len(), 2, "one refund per task, none repeated");
+    assert_eq!(t2["budget"]["deadline_ms"], 90000);
+    assert!(t2["state"]["pending"].is_null(), "{t2}");
+    assert_eq!(t2["stop"], "done", "{t2}");
+    let refunds = ledger(d)
+        .iter()
+        .filter(|e| e["effect"]["kind"] == "refund")
+        .count();
+    assert_eq!(refunds, 2, "one refund per task, none repeated");
+    let t2_key = held[1]["key"].as_str().expect("t2 key").to_string();
+    let arrivals: Vec<String> = json(d, &["store", "arrivals", "--json"])
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .filter(|a| a["key"] == t2_key.as_str())
+        .map(|a| a["outcome"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(arrivals, ["applied", "replayed"], "sent once, re-sent once");
     assert_eq!(json(d, &["reconcile", "--json"]), serde_json::json!([]));
-    let verbs: Vec<Value> = json(d, &["events", "--json"])
+    let events = json(d, &["events", "--json"]);
+    let verbs: Vec<Value> = events
         .as_array()
         .cloned()
         .unwrap_or_default()
@@ -261,6 +300,7 @@ fn reconcile_lists_and_settles_a_held_write() {
         .map(|e| e["verb"].clone())
         .collect();
     assert_eq!(verbs, ["reconcile_applied", "reconcile_not_applied"]);
+    assert_eq!(events[1]["detail"]["extend"]["deadline_ms"], 60000);
 }
 
 #[test]
@@ -334,7 +374,7 @@ fn an_approval_wait_that_runs_out_stops_the_task() {
     );
     ok(d, &["run", "--drain"]);
     std::thread::sleep(std::time::Duration::from_millis(20));
-    let (code, err) = fails(d, &["approve", "t1"]);
+    let (code, err) = fails(d, &["approve", "t1", "--digest", "0000000000"]);
     assert_eq!(code, 1);
     assert!(
         err.contains("approval wait") && err.contains("approval_expired"),
@@ -492,7 +532,17 @@ fn approve_while_a_daemon_runs() {
         false
     };
     assert!(wait_for("suspended"), "the daemon never suspended t1");
-    ok(d, &["approve", "t1", "--by", "alice"]);
+    ok(
+        d,
+        &[
+            "approve",
+            "t1",
+            "--by",
+            "alice",
+            "--digest",
+            &held_digest(d, "t1"),
+        ],
+    );
     assert!(
         wait_for("finished"),
         "the daemon never finished t1 after the approval"

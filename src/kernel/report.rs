@@ -47,7 +47,14 @@ pub fn closing_message(state: &TaskState, catalog: &Catalog) -> String {
             ),
             None => "The task stopped because a write's outcome is unknown.".into(),
         },
-        Some(StopReason::Cancelled) => "The task was cancelled by an operator.".into(),
+        Some(StopReason::Cancelled) => match state.unknown_write() {
+            Some(call) => format!(
+                "The task was cancelled by an operator while it is not known whether {} with {} took effect; it must be reconciled.",
+                call.name,
+                dumps(&Value::Object(call.args.clone()))
+            ),
+            None => "The task was cancelled by an operator.".into(),
+        },
         Some(StopReason::ApprovalExpired) => match &state.pending {
             Some(call) => format!(
                 "The task stopped because the approval of {} with {} did not come in time; nothing was sent.",
@@ -63,7 +70,7 @@ pub fn closing_message(state: &TaskState, catalog: &Catalog) -> String {
             state.tool_calls
         );
     }
-    let held = state.pending.as_ref().and_then(|c| c.plan_step.clone());
+    let held = state.unknown_write().and_then(|c| c.plan_step.clone());
     let parts: Vec<String> = state
         .plan
         .iter()
@@ -80,10 +87,7 @@ pub fn closing_message(state: &TaskState, catalog: &Catalog) -> String {
             match s.status {
                 StepStatus::Done => done,
                 StepStatus::Failed => format!("{not_done} (it failed)"),
-                StepStatus::Pending
-                    if held.as_deref() == Some(s.id.as_str())
-                        && state.stop == Some(StopReason::UnknownOutcome) =>
-                {
+                StepStatus::Pending if held.as_deref() == Some(s.id.as_str()) => {
                     format!("it is unknown whether {done}")
                 }
                 StepStatus::Pending => not_done,

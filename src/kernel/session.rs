@@ -81,6 +81,11 @@ pub struct ToolRequest<'a> {
     pub idempotent: bool,
     /// The held call of a suspended task, executed first on resume.
     pub held: bool,
+    /// The approval this call runs under: the digest of tool and args an operator approved.
+    /// The kernel never sets it; the durable driver attaches it from the worker database (the
+    /// one place an approval lives) to the held call it covers, and the tool service checks
+    /// it against the call's own digest.
+    pub approval: Option<&'a str>,
 }
 
 pub enum Action<'a> {
@@ -115,8 +120,55 @@ enum Phase {
     Finished(StopReason),
 }
 
+/// How a session names the idempotency keys of its writes.
+///
+/// The document's keys are `task_id:plan_step` (or `task_id:adhoc<step>`), and a model may
+/// name any plan step. The durable path is strict: a write must name a step of the accepted
+/// plan whose tool matches, so the kernel, not the model's text, decides which logical write a
+/// key stands for; and every key starts with the database's id, so keys of two databases never
+/// collide at a shared tool service.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Keys {
+    /// Prefix of every key (`namespace:task_id:plan_step`); empty for the document's keys.
+    pub namespace: String,
+    /// A write must name a plan step whose tool matches.
+    pub strict: bool,
+}
+
+impl Keys {
+    /// The document's keys, for the in-memory reproduction of its figures.
+    pub fn document() -> Keys {
+        Keys::default()
+    }
+
+    /// Keys of the durable path: namespaced by the database id, and owned by the plan.
+    pub fn durable(namespace: &str) -> Keys {
+        Keys {
+            namespace: namespace.to_string(),
+            strict: true,
+        }
+    }
+
+    pub fn key(&self, call: &ToolCall, task_id: &str, step: u32) -> String {
+        call.key_in(&self.namespace, task_id, step)
+    }
+}
+
+/// How a run begins.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Run {
+    /// A new run (or one continuing after a crash): the loop from the top.
+    Start,
+    /// A suspended or held task goes on: its held call is sent first, under its own key.
+    Resume,
+    /// An operator settled the held call (rejected, or recorded as applied): this result is
+    /// folded in as its answer; nothing is sent and no tool call is counted.
+    Settled(Value),
+}
+
 /// One run (or resumed run) of one task.
 pub struct Session<'c> {
+    keys: Keys,
     state: TaskState,
     budget: Budget,
     catalog: &'c Catalog,
@@ -137,74 +189,118 @@ pub struct Session<'c> {
 }
 
 impl<'c> Session<'c> {
-    /// Starts (or continues) the loop on `state`. Spans are numbered from `first_span_id`.
+    /// Starts (or continues) the loop on `state` with the document's keys. Spans are numbered
+    /// from `first_span_id`.
     pub fn start(
         state: TaskState,
         budget: Budget,
         catalog: &'c Catalog,
         first_span_id: u32,
     ) -> Self {
-        Session::new(state, budget, catalog, first_span_id, Phase::Begin)
+        Session::begin(
+            Run::Start,
+            state,
+            budget,
+            catalog,
+            first_span_id,
+            Keys::document(),
+        )
     }
 
     /// Continues a suspended (or held) task: its held call runs first under its original call
     /// key, then the loop continues. With no held call this is [`Session::start`].
     pub fn resume(
-        mut state: TaskState,
+        state: TaskState,
         budget: Budget,
         catalog: &'c Catalog,
         first_span_id: u32,
     ) -> Self {
-        let held = state.pending.take();
-        let mut s = Session::new(state, budget, catalog, first_span_id, Phase::Begin);
-        if let Some(call) = held {
-            let t = s.state.elapsed_ms;
-            let rid = s
-                .trace
-                .start(SpanKind::Resume, "execute held call".into(), None, t);
-            s.resume_span = Some(rid);
-            // The held call is a tool call like any other: it may not break the budget.
-            let spent = if s.state.tool_calls >= s.budget.tool_calls_max {
-                Some(StopReason::MaxToolCalls)
-            } else if s.state.elapsed_ms >= s.budget.deadline_ms {
-                Some(StopReason::Deadline)
-            } else {
-                None
-            };
-            if let Some(stop) = spent {
-                s.trace.end(rid, stop.as_str(), t);
-                s.state.pending = Some(call); // still held: it was not sent
-                s.finish(stop, None);
-            } else {
-                s.open_tool(call, rid, true);
-            }
-        }
-        s
+        Session::begin(
+            Run::Resume,
+            state,
+            budget,
+            catalog,
+            first_span_id,
+            Keys::document(),
+        )
     }
 
     /// Continues a task whose held call an operator settled without running it (rejected, or
     /// recorded as applied): `result` is folded in as that call's result, then the loop goes on.
     pub fn resume_settled(
-        mut state: TaskState,
+        state: TaskState,
         budget: Budget,
         catalog: &'c Catalog,
         first_span_id: u32,
         result: Value,
     ) -> Self {
-        let held = state.pending.take();
-        let mut s = Session::new(state, budget, catalog, first_span_id, Phase::Begin);
-        if let Some(call) = held {
-            let t = s.state.elapsed_ms;
-            let rid = s
-                .trace
-                .start(SpanKind::Resume, "settled held call".into(), None, t);
-            s.resume_span = Some(rid);
-            s.open_tool(call, rid, true);
-            // Nothing is sent: the result is the operator's decision, taking no active time.
-            s.on_tool(ToolReply {
-                result,
-                latency_ms: 0,
-            });
+        Session::begin(
+            Run::Settled(result),
+            state,
+            budget,
+            catalog,
+            first_span_id,
+            Keys::document(),
+        )
+    }
+
+    /// A run of any kind under a key policy.
+    pub fn begin(
+        run: Run,
+        mut state: TaskState,
+        budget: Budget,
+        catalog: &'c Catalog,
+        first_span_id: u32,
+        keys: Keys,
+    ) -> Self {
+        let held = match run {
+            Run::Start => None,
+            Run::Resume | Run::Settled(_) => state.pending.take(),
+        };
+        let mut s = Session::new(state, budget, catalog, first_span_id, Phase::Begin, keys);
+        let Some(call) = held else {
+            return s;
+        };
+        let t = s.state.elapsed_ms;
+        match run {
+            Run::Start => {}
+            Run::Resume => {
+                let rid = s
+                    .trace
+                    .start(SpanKind::Resume, "execute held call".into(), None, t);
+                s.resume_span = Some(rid);
+                // The held call is a tool call like any other: it may not break the budget.
+                let spent = if s.state.tool_calls >= s.budget.tool_calls_max {
+                    Some(StopReason::MaxToolCalls)
+                } else if s.state.elapsed_ms >= s.budget.deadline_ms {
+                    Some(StopReason::Deadline)
+                } else {
+                    None
+                };
+                if let Some(stop) = spent {
+                    s.trace.end(rid, stop.as_str(), t);
+                    s.state.pending = Some(call); // still held: it was not sent
+                    s.finish(stop, None);
+                } else {
+                    s.open_tool(call, rid, true);
+                }
+            }
+            Run::Settled(result) => {
+                let rid = s
+                    .trace
+                    .start(SpanKind::Resume, "settled held call".into(), None, t);
+                s.resume_span = Some(rid);
+                s.open_tool(call, rid, true);
+                // Nothing is sent: the result is the operator's decision, taking no active
+                // time and no tool call (the call was counted when it was sent, if it was).
+                s.fold_tool(
+                    ToolReply {
+                        result,
+                        latency_ms: 0,
+                    },
+                    false,
+                );
+            }
         }
         s
     }
@@ -215,9 +311,11 @@ impl<'c> Session<'c> {
         catalog: &'c Catalog,
         first_span_id: u32,
         phase: Phase,
+        keys: Keys,
     ) -> Self {
         let signature = state.signature();
         Session {
+            keys,
             state,
             budget,
             catalog,
@@ -236,6 +334,10 @@ impl<'c> Session<'c> {
 
     pub fn state(&self) -> &TaskState {
         &self.state
+    }
+
+    pub fn keys(&self) -> &Keys {
+        &self.keys
     }
 
     pub fn budget(&self) -> &Budget {
@@ -330,6 +432,7 @@ impl<'c> Session<'c> {
                         access: spec.map_or(Access::Write, |s| s.access),
                         idempotent: spec.is_some_and(|s| s.idempotent),
                         held,
+                        approval: None,
                     });
                 }
                 Phase::Finished(stop) => return Action::Finished(stop),
@@ -481,6 +584,13 @@ impl<'c> Session<'c> {
                     self.state.last_result =
                         Some(json!({"status": "error", "code": "invalid_args", "detail": detail}));
                     None
+                } else if let Err(detail) = self.check_plan_step(&call) {
+                    // The key of a write is the plan step's: a write that names no step of
+                    // the plan (or one of another tool) would get a key the model chose.
+                    self.state.last_result = Some(
+                        json!({"status": "error", "code": "invalid_plan_step", "detail": detail}),
+                    );
+                    None
                 } else {
                     self.open_tool(call, self.step_span, false);
                     return;
@@ -490,8 +600,33 @@ impl<'c> Session<'c> {
         self.end_step(stop);
     }
 
+    /// Under strict keys, a write must name a step of the accepted plan whose tool matches.
+    fn check_plan_step(&self, call: &ToolCall) -> Result<(), String> {
+        let write = self
+            .catalog
+            .get(&call.name)
+            .is_none_or(|s| s.access == Access::Write);
+        if !self.keys.strict || !write {
+            return Ok(());
+        }
+        let Some(p) = call.plan_step.as_deref().filter(|p| !p.is_empty()) else {
+            return Err(format!(
+                "a write must name the plan step it carries out; {} names none",
+                call.name
+            ));
+        };
+        match self.state.plan.iter().find(|s| s.id == p) {
+            None => Err(format!("plan step {p:?} is not in the accepted plan")),
+            Some(step) if step.tool != call.name => Err(format!(
+                "plan step {p:?} is a {} step, not {}",
+                step.tool, call.name
+            )),
+            Some(_) => Ok(()),
+        }
+    }
+
     fn open_tool(&mut self, call: ToolCall, parent: u32, held: bool) {
-        let key = call.key(&self.state.task_id, self.state.step);
+        let key = self.keys.key(&call, &self.state.task_id, self.state.step);
         let t = self.state.elapsed_ms;
         let span = self
             .trace
@@ -511,6 +646,11 @@ impl<'c> Session<'c> {
 
     /// Folds in the tool's result to the request of [`Action::Tool`].
     pub fn on_tool(&mut self, reply: ToolReply) {
+        self.fold_tool(reply, true);
+    }
+
+    /// Folds in a tool result; `sent` says whether a call went out (and so counts).
+    fn fold_tool(&mut self, reply: ToolReply, sent: bool) {
         let Phase::AwaitTool {
             call,
             key: _,
@@ -538,7 +678,9 @@ impl<'c> Session<'c> {
             (checked_result(reply.result, write), reply.latency_ms)
         };
         self.state.elapsed_ms += secs;
-        self.state.tool_calls += 1;
+        if sent {
+            self.state.tool_calls += 1;
+        }
         let status = result
             .get("status")
             .and_then(Value::as_str)

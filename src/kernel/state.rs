@@ -224,9 +224,19 @@ pub struct ToolCall {
 impl ToolCall {
     /// The call key: one key per logical write, `task_id:plan_step` or `task_id:adhoc<step>`.
     pub fn key(&self, task_id: &str, step: u32) -> String {
+        self.key_in("", task_id, step)
+    }
+
+    /// The call key under a namespace (a database id): `namespace:task_id:plan_step`.
+    pub fn key_in(&self, namespace: &str, task_id: &str, step: u32) -> String {
+        let ns = if namespace.is_empty() {
+            String::new()
+        } else {
+            format!("{namespace}:")
+        };
         match &self.plan_step {
-            Some(p) if !p.is_empty() => format!("{task_id}:{p}"),
-            _ => format!("{task_id}:adhoc{step}"),
+            Some(p) if !p.is_empty() => format!("{ns}{task_id}:{p}"),
+            _ => format!("{ns}{task_id}:adhoc{step}"),
         }
     }
 
@@ -306,6 +316,10 @@ pub struct TaskState {
     pub outcome: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub remembered: Vec<String>,
+    /// The stop the task had when an operator cancelled it: with `unknown_outcome`, `pending`
+    /// is a write whose outcome is still unknown and must be reconciled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancelled_from: Option<StopReason>,
 }
 
 fn ser_secs<S: Serializer>(ms: &u64, s: S) -> Result<S::Ok, S::Error> {
@@ -356,6 +370,7 @@ impl TaskState {
             pending: None,
             outcome: None,
             remembered: Vec::new(),
+            cancelled_from: None,
         }
     }
 
@@ -390,6 +405,14 @@ impl TaskState {
         }
         text.push_str("]}");
         hex_prefix(&Sha256::digest(text.as_bytes()), 12)
+    }
+
+    /// The held write whose outcome is unknown, if any: the held call of an `unknown_outcome`
+    /// stop, also after an operator cancelled the task.
+    pub fn unknown_write(&self) -> Option<&ToolCall> {
+        let held = self.stop == Some(StopReason::UnknownOutcome)
+            || self.cancelled_from == Some(StopReason::UnknownOutcome);
+        self.pending.as_ref().filter(|_| held)
     }
 
     pub fn open_steps(&self) -> Vec<String> {

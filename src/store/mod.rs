@@ -138,6 +138,11 @@ pub struct Lease {
     /// for the original process.
     pub start_ticks: u64,
     pub expires_at_ms: u64,
+    /// The fencing token of this claim: the task's claim count when it was taken. Every
+    /// commit carries it and is applied only while it is the task's current token, so a
+    /// superseded claim (a paused process, a stale thread) can never commit.
+    #[serde(default)]
+    pub token: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -163,7 +168,7 @@ pub struct TaskRecord {
     pub updated_at_ms: u64,
     #[serde(default)]
     pub lease: Option<Lease>,
-    /// How many times a worker claimed it.
+    /// How many times a worker claimed it; also the fencing token of the current claim.
     #[serde(default)]
     pub runs: u32,
     /// An operator asked to cancel; the running worker stops at its next step boundary.
@@ -226,7 +231,8 @@ pub struct CallRecord {
 #[derive(Clone, Debug)]
 pub struct Commit {
     pub task_id: String,
-    pub owner: String,
+    /// The fencing token of the claim this commit belongs to.
+    pub token: u64,
     pub kind: CommitKind,
     pub state: TaskState,
     pub next_span_id: u32,
@@ -266,6 +272,9 @@ pub struct Enqueued {
 pub struct Store {
     db: Database,
     path: PathBuf,
+    /// This database's id: made at random when the file is created, it prefixes every call
+    /// key, so keys of two databases (or of a restored backup) never collide at a tool service.
+    db_id: String,
 }
 
 fn next_seq(meta: &mut redb::Table<&str, u64>, name: &str) -> Result<u64> {
@@ -289,12 +298,49 @@ impl Store {
             });
         }
         let db = open_redb(path, 32 << 20)?;
-        let store = Store {
+        let mut store = Store {
             db,
             path: path.to_path_buf(),
+            db_id: String::new(),
         };
         store.init()?;
+        store.db_id = store.load_db_id()?;
         Ok(store)
+    }
+
+    /// The database id that prefixes every call key of this database.
+    pub fn db_id(&self) -> &str {
+        &self.db_id
+    }
+
+    /// Reads the database id, making one if the file has none yet (a file from before ids).
+    fn load_db_id(&self) -> Result<String> {
+        let found = {
+            let r = self.db.begin_read()?;
+            r.open_table(META)?.get(META_DB_ID)?.map(|g| g.value())
+        };
+        let id = match found {
+            Some(id) => id,
+            None => {
+                let w = self.db.begin_write()?;
+                let id = {
+                    let mut meta = w.open_table(META)?;
+                    // Checked again inside the write: another process may have made it.
+                    let existing = meta.get(META_DB_ID)?.map(|g| g.value());
+                    match existing {
+                        Some(id) => id,
+                        None => {
+                            let id = random_u64() & DB_ID_MASK;
+                            meta.insert(META_DB_ID, id)?;
+                            id
+                        }
+                    }
+                };
+                w.commit()?;
+                id
+            }
+        };
+        Ok(format!("{id:012x}"))
     }
 
     fn init(&self) -> Result<()> {
@@ -374,10 +420,21 @@ impl Store {
                 if let Some(k) = &t.key
                     && let Some(existing) = keys.get(k.as_str())?
                 {
-                    out.push(Enqueued {
-                        id: existing.value().to_string(),
-                        created: false,
-                    });
+                    let id = existing.value().to_string();
+                    drop(existing);
+                    // A retried enqueue must be the same request; another one under a used key
+                    // is a mistake that would otherwise vanish silently.
+                    let bytes = tasks_t
+                        .get(id.as_str())?
+                        .map(|g| g.value().to_vec())
+                        .ok_or_else(|| Error::NoTask(id.clone()))?;
+                    let rec: TaskRecord = decode("task", &bytes)?;
+                    if let Some(field) = differs(&rec, t) {
+                        return Err(Error::Conflict(format!(
+                            "enqueue key {k:?} was used for task {id} with another {field}; a retry must repeat the same request (use a new key for a new task)"
+                        )));
+                    }
+                    out.push(Enqueued { id, created: false });
                     continue;
                 }
                 let id = format!("t{}", next_seq(&mut meta, META_TASK_SEQ)?);
@@ -451,8 +508,9 @@ impl Store {
                 lease.expires_at_ms = lease
                     .expires_at_ms
                     .max(now_ms + covering_ms(&rec.budget, &rec.state));
+                rec.runs = rec.runs.saturating_add(1);
+                lease.token = u64::from(rec.runs);
                 rec.lease = Some(lease);
-                rec.runs += 1;
                 rec.updated_at_ms = now_ms;
                 tasks.insert(id.as_str(), encode(&rec)?.as_slice())?;
                 running.insert(
@@ -471,9 +529,20 @@ impl Store {
         Ok(r.open_table(READY)?.len()?)
     }
 
-    /// Puts back in the queue every running task whose lease expired or whose owner `is_dead`.
+    /// Puts back in the queue every running task whose lease expired or whose owner `is_dead`,
+    /// except the claims `live` names (a process never recovers its own live claims: its
+    /// threads renew them, and fencing refuses a stale thread's commits anyway).
     /// Returns the ids recovered. Reads first, so an idle check writes nothing.
-    pub fn recover(&self, now_ms: u64, is_dead: &dyn Fn(&Lease) -> bool) -> Result<Vec<String>> {
+    pub fn recover(
+        &self,
+        now_ms: u64,
+        is_dead: &dyn Fn(&Lease) -> bool,
+        live: &dyn Fn(&str, &Lease) -> bool,
+    ) -> Result<Vec<String>> {
+        let over = |rec: &TaskRecord| {
+            lease_over(rec, now_ms, is_dead)
+                && !rec.lease.as_ref().is_some_and(|l| live(&rec.id, l))
+        };
         let candidates: Vec<String> = {
             let r = self.db.begin_read()?;
             let running = r.open_table(RUNNING)?;
@@ -485,7 +554,7 @@ impl Store {
                 let take = match tasks.get(id.as_str())? {
                     Some(g) => {
                         let rec: TaskRecord = decode("task", g.value())?;
-                        lease_over(&rec, now_ms, is_dead)
+                        over(&rec)
                     }
                     None => true,
                 };
@@ -515,7 +584,7 @@ impl Store {
                     continue;
                 };
                 let mut rec: TaskRecord = decode("task", &bytes)?;
-                if !lease_over(&rec, now_ms, is_dead) {
+                if !over(&rec) {
                     continue;
                 }
                 running.remove(id.as_str())?;
@@ -541,8 +610,10 @@ impl Store {
             .map(|g| g.value().to_vec())
             .ok_or_else(|| Error::NoTask(c.task_id.clone()))?;
         let mut rec: TaskRecord = decode("task", &bytes)?;
+        // Fencing: only the task's current claim may commit. An older claim of the same
+        // process (a thread that kept running after its lease was taken over) is refused too.
         let held = rec.status == QueueStatus::Running
-            && rec.lease.as_ref().is_some_and(|l| l.owner == c.owner);
+            && rec.lease.as_ref().is_some_and(|l| l.token == c.token);
         if !held {
             return Err(Error::LeaseLost(c.task_id.clone()));
         }
@@ -678,11 +749,17 @@ impl Store {
         }
     }
 
-    /// Every call-key record of a task (keys are `task_id:...`).
+    /// The call key of `call` made at `step` of task `task_id`, in this database's namespace.
+    pub fn call_key(&self, call: &crate::kernel::ToolCall, task_id: &str, step: u32) -> String {
+        call.key_in(&self.db_id, task_id, step)
+    }
+
+    /// Every call-key record of a task (keys are `db_id:task_id:...`).
     pub fn calls(&self, task_id: &str) -> Result<Vec<CallRecord>> {
         let r = self.db.begin_read()?;
         let t = r.open_table(CALL_KEYS)?;
-        let (lo, hi) = (format!("{task_id}:"), format!("{task_id};"));
+        let ns = &self.db_id;
+        let (lo, hi) = (format!("{ns}:{task_id}:"), format!("{ns}:{task_id};"));
         let mut out = Vec::new();
         for entry in t.range(lo.as_str()..hi.as_str())? {
             let (_, v) = entry?;
@@ -690,6 +767,52 @@ impl Store {
         }
         Ok(out)
     }
+}
+
+/// The first field in which a new request differs from the task its key already made.
+fn differs(rec: &TaskRecord, t: &NewTask) -> Option<&'static str> {
+    if rec.state.user_id != t.user {
+        Some("user")
+    } else if rec.state.goal != t.goal {
+        Some("goal")
+    } else if rec.model != t.model {
+        Some("model")
+    } else if rec.budget != t.budget {
+        Some("budget")
+    } else if rec.priority != t.priority {
+        Some("priority")
+    } else if rec.catalog != t.catalog {
+        Some("tool catalog")
+    } else if rec.store_scope != t.store_scope || rec.tool_latency_ms != t.tool_latency_ms {
+        Some("tool settings")
+    } else {
+        None
+    }
+}
+
+/// Database ids are 48 bits: 12 hex digits in every call key.
+const DB_ID_MASK: u64 = (1 << 48) - 1;
+
+/// 64 random bits from the operating system, or (if it has none to give) from the standard
+/// library's randomly seeded hasher mixed with the time and the process id.
+pub(crate) fn random_u64() -> u64 {
+    use std::io::Read;
+    let mut b = [0u8; 8];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .is_ok()
+    {
+        return u64::from_le_bytes(b);
+    }
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    h.finish()
 }
 
 /// Sort key of a task id: ids are t1, t2, ..., so t2 comes before t10.

@@ -13,7 +13,7 @@ use super::codec::{decode, encode};
 use super::schema::*;
 use super::{CallRecord, Error, QueueStatus, Result, Store, TaskRecord, next_seq};
 use crate::kernel::memory::{self, Note};
-use crate::kernel::{Status, StopReason, ToolCall};
+use crate::kernel::{Budget, Status, StopReason, ToolCall};
 
 /// One line of the audit log.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -120,8 +120,8 @@ fn held_call(rec: &TaskRecord) -> Result<ToolCall> {
         .ok_or_else(|| Error::Conflict(format!("task {} holds no call", rec.id)))
 }
 
-fn call_json(rec: &TaskRecord, call: &ToolCall) -> Value {
-    json!({"tool": call.name, "args": call.args, "key": call.key(&rec.id, rec.state.step), "digest": call.digest()})
+fn call_json(ns: &str, rec: &TaskRecord, call: &ToolCall) -> Value {
+    json!({"tool": call.name, "args": call.args, "key": call.key_in(ns, &rec.id, rec.state.step), "digest": call.digest()})
 }
 
 fn approval_expired(rec: &TaskRecord, now_ms: u64) -> bool {
@@ -131,15 +131,163 @@ fn approval_expired(rec: &TaskRecord, now_ms: u64) -> bool {
             .is_some_and(|t| now_ms >= t.saturating_add(rec.approval_wait_ms))
 }
 
+/// The held call an operator reviewed, as `worker show` printed it: its call key, its digest,
+/// or both. A decision is applied only if it still names the call the task holds when the
+/// decision's transaction runs.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Reviewed {
+    pub key: Option<String>,
+    pub digest: Option<String>,
+}
+
+impl Reviewed {
+    pub fn is_empty(&self) -> bool {
+        self.key.is_none() && self.digest.is_none()
+    }
+
+    /// Refuses unless every given part equals the held call's.
+    fn check(&self, id: &str, call: &ToolCall, key: &str) -> Result<()> {
+        let digest = call.digest();
+        let key_ok = self.key.as_deref().is_none_or(|k| k == key);
+        let digest_ok = self.digest.as_deref().is_none_or(|d| d == digest);
+        if key_ok && digest_ok {
+            return Ok(());
+        }
+        Err(Error::Conflict(format!(
+            "the decision does not match the held call: task {id} holds {} {} under key {key} with digest {digest}; the decision names {}",
+            call.name,
+            Value::Object(call.args.clone()),
+            [
+                self.key.as_ref().map(|k| format!("key {k}")),
+                self.digest.as_ref().map(|d| format!("digest {d}")),
+            ]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join(" and ")
+        )))
+    }
+}
+
+/// More budget an operator grants with a decision: each named limit grows by its amount.
+/// Recorded in the decision's audit event.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Extension(pub Vec<(String, u64)>);
+
+impl Extension {
+    /// Parses `steps=2,deadline_ms=10000` (names as in `--budget`, or without `_max`).
+    pub fn parse(text: &str) -> std::result::Result<Extension, String> {
+        let mut out = Vec::new();
+        for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (name, value) = part
+                .split_once('=')
+                .ok_or_else(|| format!("--extend {part:?}: expected NAME=AMOUNT"))?;
+            let name = name.trim();
+            let full = if crate::kernel::state::BUDGET_FIELDS.contains(&name) {
+                name.to_string()
+            } else {
+                format!("{name}_max")
+            };
+            if !crate::kernel::state::BUDGET_FIELDS.contains(&full.as_str()) {
+                return Err(format!(
+                    "--extend: unknown limit {name:?}; known: steps, tool_calls, tokens, deadline_ms, ..."
+                ));
+            }
+            let amount: u64 = value
+                .trim()
+                .parse()
+                .map_err(|_| format!("--extend {name}: {value:?} is not a whole number"))?;
+            out.push((full, amount));
+        }
+        Ok(Extension(out))
+    }
+
+    /// The budget with every limit grown (saturating: a limit never wraps around).
+    fn apply(&self, b: &mut Budget) -> Result<()> {
+        for (name, amount) in &self.0 {
+            let now = budget_value(b, name);
+            let grown = now.saturating_add(*amount);
+            let text = match name.as_str() {
+                "tokens_max" | "deadline_ms" => grown.to_string(),
+                _ => grown.min(u64::from(u32::MAX)).to_string(),
+            };
+            b.set(name, &text).map_err(Error::Invalid)?;
+        }
+        Ok(())
+    }
+
+    fn to_json(&self) -> Value {
+        Value::Object(
+            self.0
+                .iter()
+                .map(|(k, v)| (k.clone(), Value::from(*v)))
+                .collect(),
+        )
+    }
+}
+
+fn budget_value(b: &Budget, name: &str) -> u64 {
+    match name {
+        "steps_max" => b.steps_max.into(),
+        "tool_calls_max" => b.tool_calls_max.into(),
+        "tokens_max" => b.tokens_max,
+        "output_tokens_max" => b.output_tokens_max.into(),
+        "deadline_ms" => b.deadline_ms,
+        "repeat_max" => b.repeat_max.into(),
+        "stalls_max" => b.stalls_max.into(),
+        _ => b.plan_steps_max.into(),
+    }
+}
+
+/// A decision that re-sends the held call promises a send: refuse it when the task's budget
+/// would stop the re-sent call before it goes out, and say how to extend it.
+fn check_can_send(rec: &TaskRecord, verb: &str) -> Result<()> {
+    let (st, b) = (&rec.state, &rec.budget);
+    let short = if st.tool_calls >= b.tool_calls_max {
+        Some(format!(
+            "its tool calls are used up ({} / {}); try --extend tool_calls=1",
+            st.tool_calls, b.tool_calls_max
+        ))
+    } else if st.elapsed_ms >= b.deadline_ms {
+        Some(format!(
+            "its active time is used up ({} ms / {} ms); try --extend deadline_ms=10000",
+            st.elapsed_ms, b.deadline_ms
+        ))
+    } else {
+        None
+    };
+    match short {
+        Some(why) => Err(Error::Conflict(format!(
+            "{verb} would re-send the held call of task {}, but {why}",
+            rec.id
+        ))),
+        None => Ok(()),
+    }
+}
+
 impl Store {
-    /// Approves exactly the held call of a suspended task (its digest must equal `digest` when
-    /// one is given) and requeues the task; the held call then runs under its original key.
-    pub fn approve(&self, id: &str, digest: Option<&str>, d: &Decision) -> Result<ToolCall> {
+    /// Approves exactly the held call of a suspended task and requeues it; the held call then
+    /// runs under its original key, carrying the approval to the tool. The approval lives
+    /// here only, with its audit event, in one transaction. `reviewed` must name the held call
+    /// (its key or digest, from `worker show`); `extend` grants more budget first.
+    pub fn approve(
+        &self,
+        id: &str,
+        reviewed: &Reviewed,
+        extend: &Extension,
+        d: &Decision,
+    ) -> Result<ToolCall> {
+        if reviewed.is_empty() {
+            return Err(Error::Invalid(format!(
+                "an approval must name the call it approves: pass --digest or --key as `worker show {id}` prints them"
+            )));
+        }
+        let ns = self.db_id();
         let w = self.begin_write()?;
         let mut rec = load(&w, id)?;
         if approval_expired(&rec, d.now_ms) {
             let call = held_call(&rec)?;
-            let detail = call_json(&rec, &call);
+            let detail = call_json(ns, &rec, &call);
             finish(&w, &mut rec, StopReason::ApprovalExpired, d.now_ms)?;
             event(&w, Some(id), "expire", &system(d.now_ms), detail)?;
             w.commit()?;
@@ -153,19 +301,17 @@ impl Store {
             return Err(not_in(&rec, "waiting for approval"));
         }
         let call = held_call(&rec)?;
-        let held = call.digest();
-        if let Some(want) = digest
-            && want != held
-        {
-            return Err(Error::Conflict(format!(
-                "the approval does not match the held call: task {id} holds {} {} with digest {held}, the approval names {want}",
-                call.name,
-                Value::Object(call.args.clone())
-            )));
-        }
-        rec.approval = Some(json!({"digest": held, "by": d.by, "at_ms": d.now_ms}));
+        let key = call.key_in(ns, &rec.id, rec.state.step);
+        reviewed.check(id, &call, &key)?;
+        extend.apply(&mut rec.budget)?;
+        check_can_send(&rec, "the approval")?;
+        let digest = call.digest();
+        rec.approval = Some(json!({"key": key, "digest": digest, "by": d.by, "at_ms": d.now_ms}));
         rec.suspended_at_ms = None;
-        let detail = call_json(&rec, &call);
+        let mut detail = call_json(ns, &rec, &call);
+        if !extend.0.is_empty() {
+            detail["extend"] = extend.to_json();
+        }
         requeue(&w, &mut rec, d.now_ms)?;
         event(&w, Some(id), "approve", d, detail)?;
         w.commit()?;
@@ -173,8 +319,9 @@ impl Store {
     }
 
     /// Rejects the held call: it is never sent; the task continues with a `rejected` result
-    /// for that step, under its budget.
-    pub fn reject(&self, id: &str, d: &Decision) -> Result<ToolCall> {
+    /// for that step, under its budget. `reviewed`, when given, must name the held call.
+    pub fn reject(&self, id: &str, reviewed: &Reviewed, d: &Decision) -> Result<ToolCall> {
+        let ns = self.db_id();
         let w = self.begin_write()?;
         let mut rec = load(&w, id)?;
         if rec.status != QueueStatus::Suspended || rec.state.stop != Some(StopReason::NeedsApproval)
@@ -182,11 +329,13 @@ impl Store {
             return Err(not_in(&rec, "waiting for approval"));
         }
         let call = held_call(&rec)?;
+        reviewed.check(id, &call, &call.key_in(ns, &rec.id, rec.state.step))?;
         let result = json!({"status": "rejected", "code": "rejected",
             "detail": d.reason.clone().unwrap_or_else(|| "rejected by an operator".into())});
         rec.settle = Some(result.clone());
+        rec.approval = None;
         rec.suspended_at_ms = None;
-        let mut detail = call_json(&rec, &call);
+        let mut detail = call_json(ns, &rec, &call);
         detail["result"] = result;
         requeue(&w, &mut rec, d.now_ms)?;
         event(&w, Some(id), "reject", d, detail)?;
@@ -194,7 +343,9 @@ impl Store {
         Ok(call)
     }
 
-    /// Held writes: tasks stopped with `unknown_outcome`, with their call-key records.
+    /// Held writes: every task in the held index (stopped with `unknown_outcome`, or cancelled
+    /// while its write was held), with its call-key record. A write stays listed until it is
+    /// settled.
     pub fn held(&self) -> Result<Vec<(TaskRecord, Option<CallRecord>)>> {
         let ids: Vec<String> = {
             let r = self.begin_read()?;
@@ -209,29 +360,41 @@ impl Store {
         let mut out = Vec::new();
         for id in ids {
             let rec = self.task(&id)?;
-            if rec.status != QueueStatus::Held {
+            let Some(c) = rec.state.unknown_write() else {
+                continue;
+            };
+            if !matches!(rec.status, QueueStatus::Held | QueueStatus::Finished) {
                 continue;
             }
-            let call = match &rec.state.pending {
-                Some(c) => self.call(&c.key(&rec.id, rec.state.step))?,
-                None => None,
-            };
+            let call = self.call(&self.call_key(c, &rec.id, rec.state.step))?;
             out.push((rec, call));
         }
         Ok(out)
     }
 
-    /// Settles a held write and requeues the task. Applied: the result is folded in as the
-    /// call's result. Not applied: the call is sent again under the same call key.
-    pub fn reconcile(&self, id: &str, s: &Settlement, d: &Decision) -> Result<ToolCall> {
+    /// Settles a held write. Applied: the result is folded in as the call's result. Not
+    /// applied: the call is sent again under the same call key (refused when the budget would
+    /// stop it before it goes out, unless `extend` grants more). A task cancelled while its
+    /// write was held is not requeued: the settlement is recorded and it leaves the held list.
+    pub fn reconcile(
+        &self,
+        id: &str,
+        s: &Settlement,
+        reviewed: &Reviewed,
+        extend: &Extension,
+        d: &Decision,
+    ) -> Result<ToolCall> {
+        let ns = self.db_id();
         let w = self.begin_write()?;
         let mut rec = load(&w, id)?;
-        if rec.status != QueueStatus::Held {
+        let cancelled = rec.status == QueueStatus::Finished && rec.state.unknown_write().is_some();
+        if rec.status != QueueStatus::Held && !cancelled {
             return Err(not_in(&rec, "held for reconcile"));
         }
         let call = held_call(&rec)?;
-        let key = call.key(&rec.id, rec.state.step);
-        let mut detail = call_json(&rec, &call);
+        let key = call.key_in(ns, &rec.id, rec.state.step);
+        reviewed.check(id, &call, &key)?;
+        let mut detail = call_json(ns, &rec, &call);
         let (verb, recorded) = match s {
             Settlement::Applied(result) => {
                 if !result.get("status").is_some_and(Value::is_string) {
@@ -239,7 +402,6 @@ impl Store {
                         "--result must be a JSON object with a string \"status\", e.g. {\"status\": \"ok\"}".into(),
                     ));
                 }
-                rec.settle = Some(result.clone());
                 ("reconcile_applied", result.clone())
             }
             Settlement::NotApplied => (
@@ -247,24 +409,54 @@ impl Store {
                 json!({"status": "not_applied", "by": d.by}),
             ),
         };
+        if !cancelled {
+            extend.apply(&mut rec.budget)?;
+            if *s == Settlement::NotApplied {
+                check_can_send(&rec, "--not-applied")?;
+            }
+            if let Settlement::Applied(result) = s {
+                rec.settle = Some(result.clone());
+            }
+        }
         detail["result"] = recorded.clone();
+        if !extend.0.is_empty() && !cancelled {
+            detail["extend"] = extend.to_json();
+        }
         let mut calls = w.open_table(CALL_KEYS)?;
         let existing = calls.get(key.as_str())?.map(|g| g.value().to_vec());
         if let Some(bytes) = existing {
             let mut c: CallRecord = decode("call key", &bytes)?;
-            c.result = Some(recorded);
+            c.result = Some(recorded.clone());
             c.result_at_ms = Some(d.now_ms);
             calls.insert(key.as_str(), encode(&c)?.as_slice())?;
         }
         drop(calls);
-        requeue(&w, &mut rec, d.now_ms)?;
+        if cancelled {
+            // The task stays cancelled; the write is settled and leaves the held list.
+            let applied_ok = matches!(s, Settlement::Applied(r) if r["status"] == "ok");
+            if applied_ok
+                && let Some(p) = call.plan_step.as_deref()
+                && let Some(step) = rec.state.plan.iter_mut().find(|st| st.id == p)
+            {
+                step.status = crate::kernel::StepStatus::Done;
+            }
+            rec.state.pending = None;
+            rec.state.cancelled_from = None;
+            rec.state.last_result = Some(recorded);
+            rec.updated_at_ms = d.now_ms;
+            unindex(&w, &rec.id)?;
+            save(&w, &rec)?;
+        } else {
+            requeue(&w, &mut rec, d.now_ms)?;
+        }
         event(&w, Some(id), verb, d, detail)?;
         w.commit()?;
         Ok(call)
     }
 
     /// Cancels a task: at once when it is queued, suspended or held; at the running worker's
-    /// next step boundary when it is running.
+    /// next step boundary when it is running. A held write stays listed by `held` (and so by
+    /// `worker reconcile`) until it is settled: cancelling does not make its outcome known.
     pub fn cancel(&self, id: &str, d: &Decision) -> Result<QueueStatus> {
         let w = self.begin_write()?;
         let mut rec = load(&w, id)?;
@@ -285,7 +477,16 @@ impl Store {
                 rec.cancel_requested = Some(d.reason.clone().unwrap_or_default());
                 save(&w, &rec)?;
             }
-            QueueStatus::Queued | QueueStatus::Suspended | QueueStatus::Held => {
+            QueueStatus::Held => {
+                rec.state.cancelled_from = rec.state.stop;
+                w.open_table(WAITING)?.remove(id)?;
+                rec.state.stop = Some(StopReason::Cancelled);
+                rec.state.status = Status::Stopped;
+                rec.status = QueueStatus::Finished;
+                rec.updated_at_ms = d.now_ms;
+                save(&w, &rec)?; // stays in the held index until reconciled
+            }
+            QueueStatus::Queued | QueueStatus::Suspended => {
                 // A queued task's entry in the ready queue is dropped when it is next seen.
                 finish(&w, &mut rec, StopReason::Cancelled, d.now_ms)?;
             }
@@ -320,7 +521,7 @@ impl Store {
                 continue;
             }
             let detail = match &rec.state.pending {
-                Some(c) => call_json(&rec, c),
+                Some(c) => call_json(self.db_id(), &rec, c),
                 None => Value::Null,
             };
             finish(&w, &mut rec, StopReason::ApprovalExpired, now_ms)?;

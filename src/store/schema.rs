@@ -10,7 +10,8 @@ use redb::TableDefinition;
 /// newer Tether and is refused, never guessed at.
 pub const SCHEMA_VERSION: u64 = 1;
 
-/// "schema_version" -> u64; "task_seq" -> next task number; "event_seq", "ready_seq", "note_seq".
+/// "schema_version" -> u64; "task_seq" -> next task number; "event_seq", "ready_seq",
+/// "note_seq"; "db_id" -> the database id.
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// task id -> task record (queue status, budget, model profile, state, lease).
 pub const TASKS: TableDefinition<&str, &[u8]> = TableDefinition::new("tasks");
@@ -42,3 +43,5 @@ pub const META_TASK_SEQ: &str = "task_seq";
 pub const META_READY_SEQ: &str = "ready_seq";
 pub const META_EVENT_SEQ: &str = "event_seq";
 pub const META_NOTE_SEQ: &str = "note_seq";
+/// The database id (48 random bits) that prefixes every call key.
+pub const META_DB_ID: &str = "db_id";

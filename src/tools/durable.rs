@@ -1,7 +1,14 @@
 //! The document's store, durable: orders, the ledger of effects, stored results per call key and
-//! approvals live in their own redb file, so they survive the worker's crashes the way an
-//! external service would. Each write call is one transaction: the effect, the stored result and
-//! the order change commit together, so a call key takes effect at most once.
+//! the arrivals log live in their own redb file, so they survive the worker's crashes the way an
+//! external service would. Each write call is one transaction: the effect, the stored result,
+//! the order change and the arrival commit together, so a call key takes effect at most once.
+//!
+//! The store keeps no approvals of its own: an approval lives in the worker database, and the
+//! re-sent call carries it (the digest of tool and args that was approved), which the store
+//! checks against the call's own digest. A key reused with other arguments is refused as a
+//! conflict, never answered with the first call's result. Every write request that reaches the
+//! store is appended to the arrivals log, whatever was done with it, so a test can see a
+//! duplicate send that the stored results would otherwise hide.
 
 use crossbeam_channel::{Receiver, Sender, bounded};
 use redb::{
@@ -22,12 +29,12 @@ use crate::store::{Error, Result};
 const ORDERS: TableDefinition<&str, &[u8]> = TableDefinition::new("orders");
 /// sequence -> ledger entry.
 const LEDGER: TableDefinition<u64, &[u8]> = TableDefinition::new("ledger");
-/// (call key, tool) -> stored result of a write that took effect.
-const DONE: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("done");
+/// (call key, tool) -> stored result (with the digest of its args) of a write that took effect.
+const DONE: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("done_v2");
+/// sequence -> arrival: every write request that reached the store.
+const ARRIVALS: TableDefinition<u64, &[u8]> = TableDefinition::new("arrivals");
 /// call key -> (payload digest, response) of the HTTP service: Stripe's idempotency record.
 const IDEMPOTENCY: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency");
-/// (call key, digest of tool and args) -> approver: an approval covers one call, exactly.
-const APPROVED: TableDefinition<(&str, &str), &str> = TableDefinition::new("approved");
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LedgerEntry {
@@ -38,6 +45,26 @@ pub struct LedgerEntry {
     pub effect: Effect,
     pub key: String,
     pub user: String,
+}
+
+/// A write request as it reached the store, and what the store did with it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Arrival {
+    pub seq: u64,
+    pub key: String,
+    pub tool: String,
+    /// Digest of tool and args (the document's).
+    pub digest: String,
+    /// `applied`, `replayed` (a stored result answered it), `needs_approval`, `conflict` (the
+    /// key was used for other arguments), `in_flight`, or `refused` (an error, nothing done).
+    pub outcome: String,
+}
+
+/// What a stored result of a write keeps: the result, and the digest of the call it answers.
+#[derive(Serialize, Deserialize)]
+struct Stored {
+    digest: String,
+    result: Value,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -61,6 +88,7 @@ struct WriteCall {
     name: String,
     args: serde_json::Map<String, Value>,
     key: String,
+    approval: Option<String>,
 }
 
 struct WriteReq {
@@ -100,7 +128,7 @@ impl DurableStore {
                 }
                 w.open_table(LEDGER)?;
                 w.open_table(DONE)?;
-                w.open_table(APPROVED)?;
+                w.open_table(ARRIVALS)?;
                 w.open_table(IDEMPOTENCY)?;
             }
             w.commit()?;
@@ -148,9 +176,34 @@ impl DurableStore {
         let r = self.db.begin_read()?;
         let t = r.open_table(DONE)?;
         match t.get((key, tool))? {
-            Some(g) => Ok(Some(decode("stored result", g.value())?)),
+            Some(g) => Ok(Some(decode::<Stored>("stored result", g.value())?.result)),
             None => Ok(None),
         }
+    }
+
+    /// Every write request that reached the store, in order.
+    pub fn arrivals(&self) -> Result<Vec<Arrival>> {
+        let r = self.db.begin_read()?;
+        let t = match r.open_table(ARRIVALS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
+        };
+        let mut out = Vec::new();
+        for e in t.iter()? {
+            let (_, v) = e?;
+            out.push(decode("arrival", v.value())?);
+        }
+        Ok(out)
+    }
+
+    /// Logs a write request that the HTTP front answered without reaching the store's rules
+    /// (a stored response, a conflicting payload, a key in flight).
+    pub fn arrive(&self, key: &str, tool: &str, digest: &str, outcome: &str) -> Result<()> {
+        let w = self.db.begin_write()?;
+        log_arrival(&w, key, tool, digest, outcome)?;
+        w.commit()?;
+        Ok(())
     }
 
     /// The HTTP service's stored response for an idempotency key: (payload digest, response).
@@ -184,19 +237,13 @@ impl DurableStore {
         Ok(())
     }
 
-    /// Approves the call under `key` with exactly these arguments (`digest`).
-    pub fn approve(&self, key: &str, digest: &str, by: &str) -> Result<()> {
-        let w = self.db.begin_write()?;
-        w.open_table(APPROVED)?.insert((key, digest), by)?;
-        w.commit()?;
-        Ok(())
-    }
-
     /// One call as the service runs it. Errors of the store itself become error results.
     ///
     /// `scope` names a tenant: its orders are stored apart, and the first time a scope touches
     /// one of the document's order ids it gets a fresh copy of that order, so each demo task
-    /// runs against the document's store as it starts out.
+    /// runs against the document's store as it starts out. `approval` is the digest an
+    /// operator approved, carried by the request; it counts only if it is this call's digest.
+    #[allow(clippy::too_many_arguments)]
     pub fn call_once(
         &self,
         scope: &str,
@@ -205,6 +252,7 @@ impl DurableStore {
         args: &serde_json::Map<String, Value>,
         key: &str,
         write: bool,
+        approval: Option<&str>,
     ) -> Result<(Value, bool)> {
         if !write {
             let order_id = args.get("order_id").and_then(Value::as_str).unwrap_or("");
@@ -219,6 +267,7 @@ impl DurableStore {
             name: name.to_string(),
             args: args.clone(),
             key: key.to_string(),
+            approval: approval.map(str::to_string),
         };
         let (tx, rx) = bounded(1);
         let sender = self.writer_handle()?;
@@ -275,8 +324,30 @@ fn group_writer(db: &Database, rx: &Receiver<WriteReq>) {
     }
 }
 
-/// One write call inside a (shared) write transaction: a stored result is replayed; otherwise
-/// the store's rules run, and an effect commits with its stored result and order change.
+fn log_arrival(
+    w: &WriteTransaction,
+    key: &str,
+    tool: &str,
+    digest: &str,
+    outcome: &str,
+) -> Result<()> {
+    let mut t = w.open_table(ARRIVALS)?;
+    let seq = t.last()?.map_or(1, |(k, _)| k.value() + 1);
+    let a = Arrival {
+        seq,
+        key: key.to_string(),
+        tool: tool.to_string(),
+        digest: digest.to_string(),
+        outcome: outcome.to_string(),
+    };
+    t.insert(seq, encode(&a)?.as_slice())?;
+    Ok(())
+}
+
+/// One write call inside a (shared) write transaction: a stored result is replayed (or, for
+/// other arguments under the same key, refused as a conflict); otherwise the store's rules
+/// run, and an effect commits with its stored result and order change. The arrival is logged
+/// in the same transaction.
 fn write_in(w: &WriteTransaction, c: &WriteCall) -> Result<(Value, bool)> {
     let (scope, user, name, args, key) = (
         c.scope.as_str(),
@@ -285,26 +356,44 @@ fn write_in(w: &WriteTransaction, c: &WriteCall) -> Result<(Value, bool)> {
         &c.args,
         c.key.as_str(),
     );
+    let digest = crate::kernel::state::digest(name, args);
     let order_id = args.get("order_id").and_then(Value::as_str).unwrap_or("");
     let stored_id = scoped(scope, order_id);
     let mut done = w.open_table(DONE)?;
     if let Some(g) = done.get((key, name))? {
-        return Ok((decode::<Value>("stored result", g.value())?, true));
+        let stored: Stored = decode("stored result", g.value())?;
+        drop(g);
+        if stored.digest != digest {
+            log_arrival(w, key, name, &digest, "conflict")?;
+            return Ok((
+                serde_json::json!({"status": "error", "code": "key_conflict",
+                    "detail": "this call key was used for a call with other arguments; nothing was done"}),
+                false,
+            ));
+        }
+        log_arrival(w, key, name, &digest, "replayed")?;
+        return Ok((stored.result, true));
     }
     let mut orders_t = w.open_table(ORDERS)?;
     let mut orders = load_order(&orders_t, scope, order_id)?;
-    let digest = crate::kernel::state::digest(name, args);
-    let is_approved = w
-        .open_table(APPROVED)?
-        .get((key, digest.as_str()))?
-        .is_some();
+    let is_approved = c.approval.as_deref() == Some(digest.as_str());
     let approved = |_: &str, _: &str| is_approved;
     let (res, effect) = apply(&mut orders, &approved, user, name, args);
+    let outcome = match (&effect, res.get("status").and_then(Value::as_str)) {
+        (Some(_), _) => "applied",
+        (None, Some("needs_approval")) => "needs_approval",
+        _ => "refused",
+    };
+    log_arrival(w, key, name, &digest, outcome)?;
     if let Some(effect) = effect {
         for o in orders.values() {
             orders_t.insert(stored_id.as_str(), encode(o)?.as_slice())?;
         }
-        done.insert((key, name), encode(&res)?.as_slice())?;
+        let stored = Stored {
+            digest,
+            result: res.clone(),
+        };
+        done.insert((key, name), encode(&stored)?.as_slice())?;
         let mut ledger = w.open_table(LEDGER)?;
         let seq = ledger.last()?.map_or(1, |(k, _)| k.value() + 1);
         let entry = LedgerEntry {
@@ -362,6 +451,7 @@ impl Tools for DurableTools<'_> {
             &req.call.args,
             req.key,
             write,
+            req.approval,
         ) {
             Ok((mut result, true)) => {
                 if let Some(o) = result.as_object_mut() {

@@ -6,6 +6,11 @@
 //!   a different payload is refused with 422; a request whose key is still in flight gets 409.
 //! - `GET /lookup/NAME?key=K` answers `{"applied": true, "result": ...}` or `{"applied": false}`
 //!   (409 while the key is in flight): what `worker reconcile --auto` asks.
+//! - An approved call carries `Tether-Approval: DIGEST` (the digest of tool and args the
+//!   operator approved, from the worker database); it counts only if it is this call's digest.
+//!   A `needs_approval` answer is never stored as the key's response, so the approved call
+//!   that follows under the same key is decided afresh.
+//! - Every write request is logged in the store's arrivals log, whatever was done with it.
 //! - Faults: added latency, lost responses (the write is applied, then the connection gets a
 //!   broken answer), and a rate of 503 answers given before anything is applied.
 
@@ -178,12 +183,24 @@ fn handle(svc: &Service, mut req: tiny_http::Request) {
         return run(svc, req, &name, &user, &args, "", false);
     };
     let digest = payload_digest(&name, &user, &args);
+    let call_digest = crate::kernel::state::digest(&name, &args);
+    let approval = req
+        .headers()
+        .iter()
+        .find(|h| h.field.equiv("Tether-Approval"))
+        .map(|h| h.value.as_str().to_string());
+    let arrive = |outcome: &str| {
+        if write {
+            let _ = svc.store.arrive(&key, &name, &call_digest, outcome);
+        }
+    };
     {
         let Ok(mut f) = svc.in_flight.lock() else {
             return respond(req, 500, json!({"error": "lock poisoned"}));
         };
         if !f.insert(key.clone()) {
             drop(f);
+            arrive("in_flight");
             return respond(
                 req,
                 409,
@@ -196,8 +213,10 @@ fn handle(svc: &Service, mut req: tiny_http::Request) {
         Ok(Some((d, resp))) => {
             svc.in_flight.lock().map(|mut f| f.remove(&key)).ok();
             if d == digest {
+                arrive("replayed");
                 return respond(req, 200, resp);
             }
+            arrive("conflict");
             return respond(
                 req,
                 422,
@@ -212,16 +231,21 @@ fn handle(svc: &Service, mut req: tiny_http::Request) {
     }
     if svc.faults.error_rate > 0.0 && svc.draw() < svc.faults.error_rate {
         svc.in_flight.lock().map(|mut f| f.remove(&key)).ok();
+        arrive("refused");
         return respond(
             req,
             503,
             json!({"error": "injected fault: service unavailable"}),
         );
     }
-    let result = svc.store.call_once("", &user, &name, &args, &key, write);
+    let result = svc
+        .store
+        .call_once("", &user, &name, &args, &key, write, approval.as_deref());
     let outcome = match result {
         Ok((res, _replayed)) => {
-            if write {
+            // A call waiting for approval is not answered for good: the approved call that
+            // follows under the same key must be decided afresh.
+            if write && res["status"] != "needs_approval" {
                 let _ = svc.store.remember_response(&key, &digest, &res);
             }
             Ok(res)
@@ -250,7 +274,7 @@ fn run(
     key: &str,
     write: bool,
 ) {
-    match svc.store.call_once("", user, name, args, key, write) {
+    match svc.store.call_once("", user, name, args, key, write, None) {
         Ok((res, _)) => respond(req, 200, res),
         Err(e) => respond(req, 500, json!({"error": e.to_string()})),
     }

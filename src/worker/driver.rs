@@ -1,14 +1,19 @@
 //! The durable driver: runs one claimed task's kernel session against its model and the durable
 //! store, committing at each boundary the kernel reports.
 //!
+//! - Every commit carries the claim's fencing token; the store applies it only while that claim
+//!   is the task's current one.
 //! - Before a write is sent, its intent (call key, tool, args, digest) and the step's model reply
 //!   are committed.
 //! - At each step end, the state, the spans changed, the reply, the call-key result and the
 //!   lease renewal are committed in one transaction.
 //! - A step interrupted by a crash is re-run from the last committed state; if its reply was
 //!   recorded with an intent, the same reply is folded in again instead of asking the model, so
-//!   the step proposes the same call under the same key. That write is then re-sent only if the
-//!   tool is idempotent; otherwise its outcome is unknown and the task is held for reconcile.
+//!   the step proposes the same call under the same key. A write whose intent has no result is
+//!   re-sent only if the tool is idempotent, whether or not it was a held call being resumed;
+//!   otherwise its outcome is unknown and the task is held for reconcile.
+//! - A read of the database that fails is never taken for "nothing recorded": the run stops
+//!   here (nothing is sent) and the task is recovered later.
 
 use serde_json::json;
 use std::sync::Arc;
@@ -16,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{CommitFail, Committer, Stats, now_ms};
 use crate::http::HttpTools;
-use crate::kernel::{Access, Action, Catalog, Session, StopReason, ToolReply};
+use crate::kernel::{Access, Action, Catalog, Keys, Run, Session, StopReason, ToolReply};
 use crate::model::RecordedReply;
 use crate::store::{CallRecord, Commit, CommitKind, Store, TaskRecord};
 use crate::tools::Tools;
@@ -26,14 +31,13 @@ pub struct Context {
     pub store: Arc<Store>,
     pub tools: Arc<DurableStore>,
     pub committer: Committer,
-    pub owner: String,
     pub lease_ms: u64,
     pub time_scale: f64,
     pub shutdown: Arc<AtomicBool>,
     pub stats: Arc<Stats>,
 }
 
-/// Runs the task until it ends, suspends, is released at shutdown, or its lease is lost.
+/// Runs the task until it ends, suspends, is released at shutdown, or its claim is superseded.
 pub fn run_task(ctx: &Context, rec: TaskRecord) {
     let id = rec.id.clone();
     match drive(ctx, rec) {
@@ -44,7 +48,7 @@ pub fn run_task(ctx: &Context, rec: TaskRecord) {
         Ok(None) => tracing::info!(task = %id, "task released at shutdown"),
         Err(CommitFail::LeaseLost) => {
             ctx.stats.abandoned.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(task = %id, "lease lost to another worker; abandoning the task here");
+            tracing::warn!(task = %id, "claim superseded (lease taken over); abandoning the task here");
         }
         Err(CommitFail::Failed(e)) => {
             ctx.stats.abandoned.fetch_add(1, Ordering::Relaxed);
@@ -53,12 +57,21 @@ pub fn run_task(ctx: &Context, rec: TaskRecord) {
     }
 }
 
+/// The approval digest that covers the held call under `key` with `digest`, if the task's
+/// record holds one for exactly that call.
+fn approval_for<'r>(rec: &'r TaskRecord, key: &str, digest: &str) -> Option<&'r str> {
+    let a = rec.approval.as_ref()?;
+    let approved = a.get("digest")?.as_str()?;
+    (approved == digest && a.get("key").and_then(|k| k.as_str()) == Some(key)).then_some(approved)
+}
+
 fn drive(ctx: &Context, rec: TaskRecord) -> Result<Option<StopReason>, CommitFail> {
+    let token = rec.lease.as_ref().map_or(0, |l| l.token);
     if ctx.shutdown.load(Ordering::SeqCst) {
-        // Claimed ahead but not started: hand it back untouched.
+        // Claimed but not started: hand it back untouched.
         ctx.committer.commit(Commit {
             task_id: rec.id.clone(),
-            owner: ctx.owner.clone(),
+            token,
             kind: CommitKind::Release,
             state: rec.state.clone(),
             next_span_id: rec.next_span_id,
@@ -94,20 +107,22 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Option<StopReason>, CommitFai
         .clone()
         .filter(|_| resuming && rec.cancel_requested.is_none());
     let clear_settle = settled.is_some();
-    let mut session = if let Some(result) = settled {
+    let run = if let Some(result) = settled {
         // An operator settled the held call: fold the decision in, send nothing.
-        Session::resume_settled(
-            rec.state.clone(),
-            rec.budget,
-            &catalog,
-            rec.next_span_id,
-            result,
-        )
+        Run::Settled(result)
     } else if resuming && rec.cancel_requested.is_none() {
-        Session::resume(rec.state.clone(), rec.budget, &catalog, rec.next_span_id)
+        Run::Resume
     } else {
-        Session::start(rec.state.clone(), rec.budget, &catalog, rec.next_span_id)
+        Run::Start
     };
+    let mut session = Session::begin(
+        run,
+        rec.state.clone(),
+        rec.budget,
+        &catalog,
+        rec.next_span_id,
+        Keys::durable(ctx.store.db_id()),
+    );
     if rec.cancel_requested.is_some() {
         // Cancelled while its worker was gone: stop before anything runs.
         session.cancel();
@@ -115,13 +130,16 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Option<StopReason>, CommitFai
     let mut first_model_call = true;
     let mut step_reply: Option<RecordedReply> = None;
     let mut step_call: Option<CallRecord> = None;
+    let failed = |what: &str, e: crate::store::Error| {
+        CommitFail::Failed(format!("cannot read the {what} of task {}: {e}", rec.id))
+    };
     let commit = |session: &mut Session<'_>,
                   kind,
                   reply: Option<RecordedReply>,
                   call: Option<CallRecord>| {
         let c = Commit {
             task_id: rec.id.clone(),
-            owner: ctx.owner.clone(),
+            token,
             kind,
             state: session.state().clone(),
             next_span_id: session.trace().next_id(),
@@ -145,7 +163,9 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Option<StopReason>, CommitFai
                 // the first step of a run can be such a step: later ones are this run's own.
                 let recorded = if first_model_call {
                     first_model_call = false;
-                    ctx.store.reply(&rec.id, step).ok().flatten()
+                    ctx.store
+                        .reply(&rec.id, step)
+                        .map_err(|e| failed("recorded reply", e))?
                 } else {
                     None
                 };
@@ -159,18 +179,18 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Option<StopReason>, CommitFai
             }
             Action::Tool(req) => {
                 let key = req.key.to_string();
-                let (write, held, idempotent) =
-                    (req.access == Access::Write, req.held, req.idempotent);
+                let (write, idempotent) = (req.access == Access::Write, req.idempotent);
                 let (tool, args, digest) = (
                     req.call.name.clone(),
                     req.call.args.clone(),
                     req.call.digest(),
                 );
                 if write {
-                    let existing = ctx.store.call(&key).ok().flatten();
+                    let existing = ctx.store.call(&key).map_err(|e| failed("call key", e))?;
                     let in_flight = existing.as_ref().is_some_and(|c| c.result.is_none());
-                    if in_flight && !held && !idempotent {
-                        // Sent before a crash, outcome never learned, and not safe to re-send.
+                    if in_flight && !idempotent {
+                        // Sent before a crash (a fresh call or a resumed held one), outcome
+                        // never learned, and not safe to re-send: hold it for reconcile.
                         step_call = existing;
                         session.on_tool(ToolReply {
                             result: json!({"status": "unknown", "code": "interrupted",
@@ -185,7 +205,7 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Option<StopReason>, CommitFai
                         step: session.state().step,
                         tool,
                         args,
-                        digest,
+                        digest: digest.clone(),
                         intent_at_ms: now_ms(),
                         result: None,
                         result_at_ms: None,
@@ -199,7 +219,14 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Option<StopReason>, CommitFai
                     step_call = Some(call);
                 }
                 let reply = match session.poll() {
-                    Action::Tool(req) => tools.call(&req),
+                    Action::Tool(req) => {
+                        let approval = if req.held {
+                            approval_for(&rec, &key, &digest)
+                        } else {
+                            None
+                        };
+                        tools.call(&crate::kernel::ToolRequest { approval, ..req })
+                    }
                     _ => unreachable!("the tool request is repeated until it is answered"),
                 };
                 pause(ctx.time_scale, reply.latency_ms);

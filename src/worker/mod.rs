@@ -12,8 +12,9 @@
 pub mod driver;
 
 use crossbeam_channel::{Receiver, Sender, bounded};
-use std::sync::Arc;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::store::{Commit, CommitOutcome, Error, Lease, Result, Store, TaskRecord};
@@ -90,7 +91,8 @@ impl Identity {
             host: self.host.clone(),
             pid: self.pid,
             start_ticks: self.start_ticks,
-            expires_at_ms: now_ms + lease_ms,
+            expires_at_ms: now_ms.saturating_add(lease_ms),
+            token: 0,
         }
     }
 }
@@ -153,9 +155,6 @@ impl Committer {
     }
 }
 
-/// Smallest backlog of claimed tasks waiting for a thread.
-const PREFETCH_MIN: usize = 8;
-
 /// Largest number of commits grouped into one transaction.
 const GROUP_MAX: usize = 256;
 
@@ -176,30 +175,40 @@ fn group_commit(
     store: &Store,
     batch: &[CommitRequest],
 ) -> Vec<std::result::Result<CommitOutcome, CommitFail>> {
-    let fail_all = |msg: String| {
-        batch
+    match commit_together(store, batch.iter().map(|r| &r.commit)) {
+        Ok(results) => results,
+        // Something failed mid-write, so nothing of that transaction landed. Each commit is
+        // tried again alone, so one bad commit fails only itself, never its whole group.
+        Err(_) if batch.len() > 1 => batch
             .iter()
-            .map(|_| Err(CommitFail::Failed(msg.clone())))
-            .collect()
-    };
-    let w = match store.begin_write() {
-        Ok(w) => w,
-        Err(e) => return fail_all(e.to_string()),
-    };
-    let mut results = Vec::with_capacity(batch.len());
-    for req in batch {
-        match Store::apply_commit(&w, &req.commit) {
+            .map(
+                |r| match commit_together(store, std::iter::once(&r.commit)) {
+                    Ok(mut one) => one.pop().unwrap_or(Err(CommitFail::LeaseLost)),
+                    Err(e) => Err(CommitFail::Failed(e)),
+                },
+            )
+            .collect(),
+        Err(e) => vec![Err(CommitFail::Failed(e))],
+    }
+}
+
+/// Applies commits in one write transaction. A commit whose claim is superseded is refused on
+/// its own (checked before anything of it is written); any other error aborts the transaction.
+fn commit_together<'a>(
+    store: &Store,
+    commits: impl Iterator<Item = &'a Commit>,
+) -> std::result::Result<Vec<std::result::Result<CommitOutcome, CommitFail>>, String> {
+    let w = store.begin_write().map_err(|e| e.to_string())?;
+    let mut results = Vec::new();
+    for c in commits {
+        match Store::apply_commit(&w, c) {
             Ok(o) => results.push(Ok(o)),
-            // Checked before anything of that commit was written: the others go on.
             Err(Error::LeaseLost(_) | Error::NoTask(_)) => results.push(Err(CommitFail::LeaseLost)),
-            // Something failed mid-write: nothing of this transaction may land.
-            Err(e) => return fail_all(e.to_string()),
+            Err(e) => return Err(format!("task {}: {e}", c.task_id)),
         }
     }
-    match w.commit() {
-        Ok(()) => results,
-        Err(e) => fail_all(e.to_string()),
-    }
+    w.commit().map_err(|e| e.to_string())?;
+    Ok(results)
 }
 
 /// Runs the daemon until `shutdown` is set (or, with `drain`, until nothing is runnable).
@@ -216,19 +225,27 @@ pub fn run(
     if !expired.is_empty() {
         tracing::info!(tasks = ?expired, "approval waits ran out");
     }
-    let recovered = store.recover(now_ms(), &owner_is_dead)?;
+    // The claims this process's threads hold: (task, fencing token). Recovery never takes
+    // them over, however late their lease renewal is.
+    let live: Arc<Mutex<HashSet<(String, u64)>>> = Arc::default();
+    let owner = me.owner();
+    let is_live = |id: &str, l: &Lease| {
+        l.owner == owner
+            && live
+                .lock()
+                .is_ok_and(|set| set.contains(&(id.to_string(), l.token)))
+    };
+    let recovered = store.recover(now_ms(), &owner_is_dead, &is_live)?;
     if !recovered.is_empty() {
         tracing::info!(count = recovered.len(), tasks = ?recovered, "recovered tasks whose lease expired or whose worker is gone");
     }
     let (commit_tx, commit_rx) = bounded::<CommitRequest>(workers * 2);
-    // Claims run ahead of the threads by a small backlog, so a thread that finishes a task
-    // finds the next one waiting and one claim transaction serves several tasks. The backlog
-    // is refilled when it runs dry, not after every task.
-    let backlog = workers.max(PREFETCH_MIN);
-    let (task_tx, task_rx) = bounded::<TaskRecord>(workers + backlog);
+    // Tasks are claimed only for threads that are free, so no claimed task waits in a queue
+    // with a lease that nothing renews: a claim starts running as soon as it is made.
+    let (task_tx, task_rx) = bounded::<TaskRecord>(workers);
     // As large as the most tasks in flight, so a thread never blocks reporting a finished
     // task while the dispatcher is no longer listening (at shutdown).
-    let (done_tx, done_rx) = bounded::<()>(workers + workers.max(PREFETCH_MIN));
+    let (done_tx, done_rx) = bounded::<()>(workers);
     let committer = {
         let store = Arc::clone(&store);
         let stats = Arc::clone(&stats);
@@ -245,7 +262,6 @@ pub fn run(
             committer: Committer {
                 tx: commit_tx.clone(),
             },
-            owner: me.owner(),
             lease_ms: cfg.lease_ms,
             time_scale: cfg.time_scale,
             shutdown: Arc::clone(&shutdown),
@@ -253,11 +269,16 @@ pub fn run(
         };
         let rx = task_rx.clone();
         let done = done_tx.clone();
+        let live = Arc::clone(&live);
         let t = std::thread::Builder::new()
             .name(format!("worker-{i}"))
             .spawn(move || {
                 for rec in rx {
+                    let claim = (rec.id.clone(), rec.lease.as_ref().map_or(0, |l| l.token));
                     driver::run_task(&ctx, rec);
+                    if let Ok(mut set) = live.lock() {
+                        set.remove(&claim);
+                    }
                     if done.send(()).is_err() {
                         break;
                     }
@@ -282,7 +303,7 @@ pub fn run(
         let now = now_ms();
         if now.saturating_sub(last_recover) >= cfg.recover_every_ms {
             last_recover = now;
-            match store.recover(now, &owner_is_dead) {
+            match store.recover(now, &owner_is_dead, &is_live) {
                 Ok(ids) if !ids.is_empty() => {
                     tracing::info!(tasks = ?ids, "recovered expired leases")
                 }
@@ -297,11 +318,7 @@ pub fn run(
                 Err(e) => tracing::warn!(error = %e, "expiring approval waits failed"),
             }
         }
-        let free = if in_flight <= workers {
-            workers + backlog - in_flight
-        } else {
-            0
-        };
+        let free = workers.saturating_sub(in_flight);
         let claimed = if free > 0 {
             match store.claim(&me.lease(now, cfg.lease_ms), free, now) {
                 Ok(c) => c,
@@ -314,6 +331,9 @@ pub fn run(
         for rec in claimed {
             tracing::debug!(task = %rec.id, "claimed");
             in_flight += 1;
+            if let Ok(mut set) = live.lock() {
+                set.insert((rec.id.clone(), rec.lease.as_ref().map_or(0, |l| l.token)));
+            }
             if task_tx.send(rec).is_err() {
                 break;
             }
@@ -321,7 +341,7 @@ pub fn run(
         if got == 0 {
             if cfg.drain && in_flight == 0 {
                 // Nothing of ours in flight and nothing queued: also take over dead workers' tasks.
-                match store.recover(now_ms(), &owner_is_dead) {
+                match store.recover(now_ms(), &owner_is_dead, &is_live) {
                     Ok(ids) if ids.is_empty() => match store.ready_count() {
                         Ok(0) => break Ok(()),
                         Ok(_) => continue,

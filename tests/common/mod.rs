@@ -88,3 +88,12 @@ pub fn enqueue(dir: &Path, extra: &[&str]) -> String {
     args.extend_from_slice(extra);
     ok(dir, &args)
 }
+
+/// The digest of a task's held call, as `worker show --json` prints it.
+pub fn held_digest(dir: &Path, task: &str) -> String {
+    let v = json(dir, &["show", task, "--json"]);
+    v["held"]["digest"]
+        .as_str()
+        .unwrap_or_else(|| panic!("task {task} holds no call: {v}"))
+        .to_string()
+}
