@@ -526,6 +526,8 @@ fn daemon_killed_while_http_writes_are_in_flight() {
             .count();
         assert_eq!(mine, 2, "task {id}: one refund and one email");
     }
+    let keys = assert_sent_at_most_once(d, &["--store", "store.redb"], 0);
+    assert_eq!(keys, n, "every task's refund reached the service");
 }
 
 /// The service's idempotency semantics, spoken to directly: the same key and payload returns
@@ -594,4 +596,66 @@ fn demo_store_service_has_stripe_idempotency() {
         Some(1),
         "one refund for one key"
     );
+}
+
+/// Defect 4 of issue 8: an approval never reached an HTTP tool (it was written to a local
+/// file), and the service cached the `needs_approval` answer under the key, so the approved
+/// call was refused again. Now the approval travels with the re-sent call and the service
+/// decides it afresh.
+#[test]
+fn an_approval_reaches_an_http_tool() {
+    let dir = TempDir::new("http-approve");
+    let d = dir.path();
+    let svc = store_service(d, &[]);
+    let model = mock_model(vec![completion("{}", 1, 1)]);
+    config(d, &svc.url, &model.url);
+    okc(
+        d,
+        &[
+            "enqueue",
+            "--user",
+            "cu_ana",
+            "--goal",
+            "refund",
+            "--model",
+            "policy:ord_1004:8000",
+        ],
+    );
+    okc(d, &["run", "--drain"]);
+    let t = json(d, &["show", "t1", "--json"]);
+    assert_eq!(t["status"], "suspended", "{t}");
+    let digest = t["held"]["digest"].as_str().expect("digest").to_string();
+    okc(d, &["approve", "t1", "--digest", &digest, "--by", "alice"]);
+    okc(d, &["run", "--drain"]);
+    let t = json(d, &["show", "t1", "--json"]);
+    assert_eq!(t["stop"], "done", "{t}");
+    assert_eq!(t["tool_calls"], 4, "{t}");
+    let ledger = json(d, &["--store", "store.redb", "store", "ledger", "--json"]);
+    let refunds: Vec<i64> = ledger
+        .as_array()
+        .expect("ledger")
+        .iter()
+        .filter_map(|e| e["effect"]["amount_cents"].as_i64())
+        .collect();
+    assert_eq!(refunds, [8000]);
+    // The service saw the call twice under one key: refused for approval, then applied.
+    let arrivals = json(d, &["--store", "store.redb", "store", "arrivals", "--json"]);
+    let refund_arrivals: Vec<&str> = arrivals
+        .as_array()
+        .expect("arrivals")
+        .iter()
+        .filter(|a| a["tool"] == "issue_refund")
+        .filter_map(|a| a["outcome"].as_str())
+        .collect();
+    assert_eq!(refund_arrivals, ["needs_approval", "applied"]);
+    // A request carrying an approval for other arguments is not approved.
+    let body = r#"{"user_id": "cu_ana", "args": {"order_id": "ord_1004", "amount_cents": 7000}}"#;
+    let resp = ureq::post(&format!("{}/tools/issue_refund", svc.url))
+        .header("Idempotency-Key", "other-db:t9:s2")
+        .header("Tether-Approval", digest.as_str())
+        .send(body)
+        .expect("post");
+    let v: serde_json::Value =
+        serde_json::from_str(&resp.into_body().read_to_string().expect("body")).expect("json");
+    assert_eq!(v["status"], "needs_approval", "{v}");
 }

@@ -97,3 +97,35 @@ pub fn held_digest(dir: &Path, task: &str) -> String {
         .unwrap_or_else(|| panic!("task {task} holds no call: {v}"))
         .to_string()
 }
+
+/// The strict sink's invariant: a write of a non-idempotent tool (`issue_refund`) arrives at
+/// the store at most once per call key, plus once more per `--not-applied` decision recorded
+/// for that key in the audit log. Answers that refused it for approval do not count (the
+/// approved re-send is the one send). Returns how many refund keys arrived.
+pub fn assert_sent_at_most_once(dir: &Path, store_args: &[&str], seed: u64) -> usize {
+    let mut args = store_args.to_vec();
+    args.extend_from_slice(&["store", "arrivals", "--json"]);
+    let arrivals = json(dir, &args);
+    let events = json(dir, &["events", "--json"]);
+    let mut sent: std::collections::BTreeMap<String, usize> = Default::default();
+    for a in arrivals.as_array().expect("arrivals") {
+        if a["tool"] == "issue_refund" && a["outcome"] != "needs_approval" {
+            *sent
+                .entry(a["key"].as_str().unwrap_or("").to_string())
+                .or_default() += 1;
+        }
+    }
+    for (key, n) in &sent {
+        let resends = events
+            .as_array()
+            .expect("events")
+            .iter()
+            .filter(|e| e["verb"] == "reconcile_not_applied" && e["detail"]["key"] == key.as_str())
+            .count();
+        assert!(
+            *n <= 1 + resends,
+            "refund key {key} arrived {n} times with {resends} --not-applied decision(s) (seed {seed})"
+        );
+    }
+    sent.len()
+}

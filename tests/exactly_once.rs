@@ -1,0 +1,459 @@
+//! Regression tests for the exactly-once defects of issue 8, each able to see its violation:
+//! they read the store's arrivals log (every write request that reached it) or the task's
+//! committed record, not only the deduplicated ledger.
+//!
+//! - a rejected call is never applied, whatever an approve did before failing;
+//! - a superseded claim (same process, older fencing token) can never commit, and a process
+//!   never recovers its own live claims;
+//! - a held call whose re-send was in flight at a crash is not sent again (not idempotent);
+//! - a settled call is not counted twice; a re-send the budget would stop is refused;
+//! - decisions name the call they were made for;
+//! - the kernel owns keys: a write must name a plan step of its tool;
+//! - keys of two databases never collide at one tool service;
+//! - a cancelled held write stays listed until it is settled;
+//! - an enqueue key reused for another request is refused.
+
+mod common;
+use common::*;
+
+use serde_json::Value;
+use std::path::Path;
+
+use tether::kernel::Budget;
+use tether::model::ModelProfile;
+use tether::store::{Commit, CommitKind, Error, Lease, NewTask, Store};
+
+fn arrivals(d: &Path) -> Vec<Value> {
+    json(d, &["store", "arrivals", "--json"])
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn ledger(d: &Path) -> Vec<Value> {
+    json(d, &["store", "ledger", "--json"])
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn suspended_g(d: &Path) {
+    enqueue(d, &["--model", "policy:ord_1004:8000"]);
+    ok(d, &["run", "--drain"]);
+    assert_eq!(json(d, &["show", "t1", "--json"])["status"], "suspended");
+}
+
+fn new_task(user: &str, goal: &str, key: Option<&str>) -> NewTask {
+    NewTask {
+        user: user.into(),
+        goal: goal.into(),
+        key: key.map(str::to_string),
+        priority: 0,
+        budget: Budget::default(),
+        model: ModelProfile::parse("policy", None).expect("policy"),
+        tool_latency_ms: Default::default(),
+        catalog: None,
+        store_scope: String::new(),
+        approval_wait_ms: 60_000,
+    }
+}
+
+fn lease(owner: &str, expires_at_ms: u64) -> Lease {
+    Lease {
+        owner: owner.into(),
+        host: "test-host".into(),
+        pid: 1,
+        start_ticks: 0,
+        expires_at_ms,
+        token: 0,
+    }
+}
+
+fn step_commit(rec: &tether::store::TaskRecord, token: u64, steps: u32) -> Commit {
+    let mut state = rec.state.clone();
+    state.step = steps;
+    Commit {
+        task_id: rec.id.clone(),
+        token,
+        kind: CommitKind::Step,
+        state,
+        next_span_id: rec.next_span_id,
+        spans: Vec::new(),
+        reply: None,
+        call: None,
+        now_ms: 1_000,
+        lease_ms: 1_000,
+        clear_settle: false,
+    }
+}
+
+fn commit(store: &Store, c: &Commit) -> Result<(), Error> {
+    let w = store.begin_write()?;
+    Store::apply_commit(&w, c)?;
+    w.commit().map_err(|e| Error::Db(e.into()))?;
+    Ok(())
+}
+
+/// Defect 1: a reject wins, an approve comes after it and fails. Before, the approve had
+/// already written an approval into the tool store, and the model's identical re-proposal
+/// was applied. Now nothing outside the worker database knows of approvals.
+#[test]
+fn a_rejected_refund_is_never_applied() {
+    let dir = TempDir::new("reject-wins");
+    let d = dir.path();
+    suspended_g(d);
+    let digest = held_digest(d, "t1");
+    ok(d, &["reject", "t1", "--digest", &digest, "--reason", "no"]);
+    let (code, err) = fails(d, &["approve", "t1", "--digest", &digest]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("not waiting for approval"), "{err}");
+    // The policy proposes the same refund again (same key, same digest, within repeat_max).
+    ok(d, &["run", "--drain"]);
+    assert!(ledger(d).is_empty(), "a rejected refund was applied");
+    let outcomes: Vec<Value> = arrivals(d).iter().map(|a| a["outcome"].clone()).collect();
+    assert!(!outcomes.is_empty());
+    assert!(
+        outcomes.iter().all(|o| o == "needs_approval"),
+        "{outcomes:?}"
+    );
+}
+
+/// Defect 2: the stale claim's commits were accepted because the lease named the process,
+/// not the claim. With fencing, the older token of the same owner is refused.
+#[test]
+fn a_superseded_claim_never_commits() {
+    let dir = TempDir::new("fencing");
+    let store = Store::open(&dir.file("w.redb"), true).expect("open");
+    store
+        .enqueue(&[new_task("cu_ana", "refund", None)], 0)
+        .expect("enqueue");
+    let first = store.claim(&lease("me", 0), 1, 0).expect("claim").remove(0);
+    let t1 = first.lease.as_ref().expect("lease").token;
+    commit(&store, &step_commit(&first, t1, 3)).expect("the live claim commits");
+    // The lease runs out; the same process recovers and claims the task again.
+    let far = 10_000_000;
+    let none_live = |_: &str, _: &Lease| false;
+    let recovered = store
+        .recover(far, &|_: &Lease| false, &none_live)
+        .expect("recover");
+    assert_eq!(recovered, ["t1"]);
+    let second = store
+        .claim(&lease("me", far), 1, far)
+        .expect("claim")
+        .remove(0);
+    let t2 = second.lease.as_ref().expect("lease").token;
+    assert!(t2 > t1, "fencing tokens grow: {t1} then {t2}");
+    // The stale copy tries to commit an older state: refused, nothing written.
+    let stale = commit(&store, &step_commit(&first, t1, 1));
+    assert!(matches!(stale, Err(Error::LeaseLost(_))), "{stale:?}");
+    assert_eq!(store.task("t1").expect("task").state.step, 3);
+    commit(&store, &step_commit(&second, t2, 4)).expect("the current claim commits");
+    assert_eq!(store.task("t1").expect("task").state.step, 4);
+}
+
+/// Defect 2, the daemon's side: its own recovery skipped nothing, so it requeued the tasks its
+/// own threads were running. A live claim is never recovered by its own process.
+#[test]
+fn a_process_never_recovers_its_own_live_claims() {
+    let dir = TempDir::new("own-claims");
+    let store = Store::open(&dir.file("w.redb"), true).expect("open");
+    store
+        .enqueue(
+            &[new_task("cu_ana", "a", None), new_task("cu_ana", "b", None)],
+            0,
+        )
+        .expect("enqueue");
+    let claimed = store.claim(&lease("me", 0), 2, 0).expect("claim");
+    let live_id = claimed[0].id.clone();
+    let live_token = claimed[0].lease.as_ref().expect("lease").token;
+    let live = |id: &str, l: &Lease| id == live_id && l.token == live_token;
+    let recovered = store
+        .recover(10_000_000, &|_: &Lease| false, &live)
+        .expect("recover");
+    assert_eq!(
+        recovered,
+        [claimed[1].id.clone()],
+        "only the claim nobody runs"
+    );
+}
+
+/// Defect 3: a held call (approved) was re-sent after a crash although its intent had no
+/// result and the tool is not idempotent. The crash is made exactly: the approved call's
+/// intent is committed by a claim whose process is gone, and nothing more.
+#[test]
+fn a_resumed_held_call_in_flight_at_a_crash_is_not_sent_again() {
+    let dir = TempDir::new("held-crash");
+    let d = dir.path();
+    suspended_g(d);
+    let digest = held_digest(d, "t1");
+    ok(d, &["approve", "t1", "--digest", &digest]);
+    {
+        let store = Store::open(&dir.file("worker.redb"), false).expect("open");
+        // A process that is gone: a pid that no longer exists on this host.
+        let mut gone = std::process::Command::new("true").spawn().expect("spawn");
+        let pid = gone.id();
+        gone.wait().expect("wait");
+        let identity = tether::worker::Identity::current();
+        let dead = Lease {
+            owner: format!("{}:{pid}:1", identity.host),
+            host: identity.host.clone(),
+            pid,
+            start_ticks: 1,
+            expires_at_ms: 0,
+            token: 0,
+        };
+        let now = tether::worker::now_ms();
+        let rec = store.claim(&dead, 1, now).expect("claim").remove(0);
+        let token = rec.lease.as_ref().expect("lease").token;
+        let call = rec.state.pending.clone().expect("held call");
+        let key = store.call_key(&call, &rec.id, rec.state.step);
+        let intent = tether::store::CallRecord {
+            key,
+            task_id: rec.id.clone(),
+            step: rec.state.step,
+            tool: call.name.clone(),
+            args: call.args.clone(),
+            digest: call.digest(),
+            intent_at_ms: now,
+            result: None,
+            result_at_ms: None,
+        };
+        let mut c = step_commit(&rec, token, rec.state.step);
+        c.kind = CommitKind::Intent;
+        c.call = Some(intent);
+        commit(&store, &c).expect("intent");
+        // The process dies here, with the approved refund maybe sent, maybe not.
+    }
+    let before = arrivals(d).len();
+    ok(d, &["run", "--drain"]);
+    let t = json(d, &["show", "t1", "--json"]);
+    assert_eq!(t["status"], "held", "{t}");
+    assert_eq!(t["stop"], "unknown_outcome");
+    assert_eq!(arrivals(d).len(), before, "the refund was sent again");
+    assert!(ledger(d).is_empty());
+    assert_eq!(
+        json(d, &["reconcile", "--json"]).as_array().map(Vec::len),
+        Some(1)
+    );
+}
+
+/// Defect 6: decisions must name the call the operator reviewed.
+#[test]
+fn decisions_are_bound_to_the_reviewed_call() {
+    let dir = TempDir::new("bound");
+    let d = dir.path();
+    suspended_g(d);
+    let (code, err) = fails(d, &["approve", "t1"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--digest or --key"), "{err}");
+    let (code, err) = fails(d, &["approve", "t1", "--key", "nope:t1:s2"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("does not match the held call"), "{err}");
+    let (code, err) = fails(d, &["reject", "t1", "--digest", "0000000000"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("does not match the held call"), "{err}");
+    assert_eq!(json(d, &["show", "t1", "--json"])["status"], "suspended");
+    let key = json(d, &["show", "t1", "--json"])["held"]["key"]
+        .as_str()
+        .expect("key")
+        .to_string();
+    ok(d, &["approve", "t1", "--key", &key]);
+    assert_eq!(
+        json(d, &["events", "t1", "--json"])[0]["detail"]["key"],
+        key
+    );
+}
+
+/// Defect 7: the model chose the key. A write naming no plan step, a step that is not in the
+/// plan, or a step of another tool is an error of the reply, and nothing is sent.
+#[test]
+fn a_write_must_name_a_plan_step_of_its_tool() {
+    let dir = TempDir::new("keys-owned");
+    let d = dir.path();
+    let script = r#"{"type": "plan", "steps": [{"id": "s1", "tool": "get_order"}, {"id": "s2", "tool": "issue_refund", "depends_on": ["s1"]}]}
+{"type": "tool", "name": "issue_refund", "args": {"order_id": "ord_1001", "amount_cents": 100}}
+{"type": "tool", "name": "issue_refund", "args": {"order_id": "ord_1001", "amount_cents": 200}, "plan_step": "s9"}
+{"type": "tool", "name": "issue_refund", "args": {"order_id": "ord_1001", "amount_cents": 300}, "plan_step": "s1"}
+{"type": "tool", "name": "issue_refund", "args": {"order_id": "ord_1001", "amount_cents": 400}, "plan_step": "s2"}
+{"type": "final", "outcome": "cannot_complete", "text": "stop"}
+"#;
+    std::fs::write(dir.file("replies.jsonl"), script).expect("write");
+    let budget = ["--budget", "stalls_max=10"];
+    let mut args = vec!["--model", "script:replies.jsonl"];
+    args.extend_from_slice(&budget);
+    enqueue(d, &args);
+    ok(d, &["run", "--drain"]);
+    let t = json(d, &["show", "t1", "--json"]);
+    assert_eq!(t["tool_calls"], 1, "{t}");
+    let sent = arrivals(d);
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert!(
+        sent[0]["key"]
+            .as_str()
+            .is_some_and(|k| k.ends_with(":t1:s2"))
+    );
+    let refunds: Vec<i64> = ledger(d)
+        .iter()
+        .filter_map(|e| e["effect"]["amount_cents"].as_i64())
+        .collect();
+    assert_eq!(refunds, [400]);
+}
+
+/// Defect 7, the service's side: a key reused with other arguments is a conflict, never the
+/// first call's result reported as success.
+#[test]
+fn a_reused_key_with_other_arguments_is_a_conflict() {
+    let dir = TempDir::new("key-conflict");
+    let store = tether::tools::durable::DurableStore::open(&dir.file("store.redb")).expect("open");
+    let args = |amount: i64| {
+        serde_json::json!({"order_id": "ord_1001", "amount_cents": amount})
+            .as_object()
+            .cloned()
+            .unwrap_or_default()
+    };
+    let call = |amount| {
+        store
+            .call_once(
+                "",
+                "cu_ana",
+                "issue_refund",
+                &args(amount),
+                "db:t1:s2",
+                true,
+                None,
+            )
+            .expect("call")
+    };
+    assert_eq!(call(3000).0["status"], "ok");
+    let (again, replayed) = call(3000);
+    assert!(replayed && again["status"] == "ok");
+    let (other, _) = call(1000);
+    assert_eq!(other["status"], "error");
+    assert_eq!(other["code"], "key_conflict");
+    let outcomes: Vec<String> = store
+        .arrivals()
+        .expect("arrivals")
+        .into_iter()
+        .map(|a| a.outcome)
+        .collect();
+    assert_eq!(outcomes, ["applied", "replayed", "conflict"]);
+    assert_eq!(store.ledger().expect("ledger").len(), 1);
+}
+
+/// Defect 8: two worker databases sharing one tool store both number their tasks from t1.
+/// Their keys carry the database id, so both refunds apply.
+#[test]
+fn two_databases_sharing_one_store_never_collide() {
+    let dir = TempDir::new("two-dbs");
+    let d = dir.path();
+    for (db, amount) in [("a.redb", "3000"), ("b.redb", "1000")] {
+        ok(
+            d,
+            &[
+                "--db",
+                db,
+                "--store",
+                "shared.redb",
+                "enqueue",
+                "--user",
+                "cu_ana",
+                "--goal",
+                GOAL,
+                "--model",
+                &format!("policy:ord_1001:{amount}"),
+            ],
+        );
+        ok(d, &["--db", db, "--store", "shared.redb", "run", "--drain"]);
+        let t = json(d, &["--db", db, "show", "t1", "--json"]);
+        assert_eq!(t["stop"], "done", "{t}");
+    }
+    let ledger = json(d, &["--store", "shared.redb", "store", "ledger", "--json"]);
+    let refunds: Vec<i64> = ledger
+        .as_array()
+        .expect("ledger")
+        .iter()
+        .filter_map(|e| e["effect"]["amount_cents"].as_i64())
+        .collect();
+    assert_eq!(
+        refunds,
+        [3000, 1000],
+        "the second task's refund was applied"
+    );
+}
+
+/// Defect 9: cancelling a held task made its write disappear from reconcile while the
+/// refund may have been applied.
+#[test]
+fn a_cancelled_held_write_stays_listed_until_settled() {
+    let dir = TempDir::new("cancel-held");
+    let d = dir.path();
+    enqueue(d, &["--tool-latency", "issue_refund=40000"]);
+    ok(d, &["run", "--drain"]);
+    assert_eq!(json(d, &["show", "t1", "--json"])["status"], "held");
+    ok(d, &["cancel", "t1", "--reason", "customer withdrew"]);
+    let t = json(d, &["show", "t1", "--json"]);
+    assert_eq!(t["stop"], "cancelled");
+    let closing = t["closing_message"].as_str().unwrap_or("");
+    assert!(
+        closing.contains("not known whether issue_refund") && !closing.contains("was not issued"),
+        "{closing}"
+    );
+    let held = json(d, &["reconcile", "--json"]);
+    assert_eq!(held.as_array().map(Vec::len), Some(1), "{held}");
+    assert_eq!(held[0]["task"], "t1");
+    // The refund did apply (the store applies a write whose answer came too late).
+    assert_eq!(ledger(d).len(), 1);
+    ok(
+        d,
+        &[
+            "reconcile",
+            "t1",
+            "--applied",
+            "--result",
+            r#"{"status": "ok", "refunded_cents": 3000}"#,
+        ],
+    );
+    assert_eq!(json(d, &["reconcile", "--json"]), serde_json::json!([]));
+    let t = json(d, &["show", "t1", "--json"]);
+    assert_eq!(t["stop"], "cancelled");
+    assert_eq!(t["status"], "finished");
+    let closing = t["closing_message"].as_str().unwrap_or("");
+    assert!(closing.contains("the refund was issued"), "{closing}");
+    ok(d, &["run", "--drain"]);
+    assert_eq!(
+        ledger(d).len(),
+        1,
+        "a settled cancelled task never runs again"
+    );
+}
+
+/// Defect 14: the same enqueue key with another request was answered with the old task.
+#[test]
+fn an_enqueue_key_reused_for_another_request_is_refused() {
+    let dir = TempDir::new("key-reuse");
+    let d = dir.path();
+    enqueue(d, &["--key", "job-1"]);
+    assert!(enqueue(d, &["--key", "job-1"]).contains("t1"), "a retry");
+    let (code, err) = fails(
+        d,
+        &[
+            "enqueue", "--user", "cu_bo", "--goal", GOAL, "--key", "job-1",
+        ],
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("job-1") && err.contains("another user"),
+        "{err}"
+    );
+    let (_, err) = fails(
+        d,
+        &[
+            "enqueue", "--user", "cu_ana", "--goal", "other", "--key", "job-1",
+        ],
+    );
+    assert!(err.contains("another goal"), "{err}");
+    assert_eq!(
+        json(d, &["list", "--json"]).as_array().map(Vec::len),
+        Some(1)
+    );
+}
