@@ -562,6 +562,11 @@ fn open_existing(cli: &Cli) -> Result<Store, CliError> {
     Ok(Store::open(&cli.db, false)?)
 }
 
+/// For the read verbs: read-only, so they never wait for a process inside a write.
+fn open_reader(cli: &Cli) -> Result<Store, CliError> {
+    Ok(Store::open_for_reading(&cli.db)?)
+}
+
 fn print_json(v: &Value) {
     println!(
         "{}",
@@ -802,10 +807,13 @@ fn record_json(r: &TaskRecord) -> Value {
 }
 
 fn cmd_list(cli: &Cli, a: &ListArgs) -> CliResult {
+    // Damaged (quarantined) records are listed with the others, or alone with --status damaged.
+    let only_damaged = a.status.as_deref() == Some("damaged");
     let status = match &a.status {
+        Some(_) if only_damaged => None,
         Some(s) => Some(QueueStatus::parse(s).ok_or_else(|| {
             CliError::usage(format!("--status {s:?} is not a status"))
-                .hint("use queued, running, suspended, held or finished")
+                .hint("use queued, running, suspended, held, finished or damaged")
         })?),
         None => None,
     };
@@ -817,15 +825,26 @@ fn cmd_list(cli: &Cli, a: &ListArgs) -> CliResult {
         })?),
         None => None,
     };
-    let store = open_existing(cli)?;
+    let store = open_reader(cli)?;
     let tasks: Vec<TaskRecord> = store
         .tasks()?
         .into_iter()
-        .filter(|r| status.is_none_or(|s| r.status == s))
+        .filter(|r| !only_damaged && status.is_none_or(|s| r.status == s))
         .filter(|r| stop.is_none_or(|s| r.state.stop == Some(s)))
         .collect();
+    let damaged = if status.is_none() && stop.is_none() {
+        store.damaged()?
+    } else {
+        Vec::new()
+    };
     if a.json {
-        print_json(&Value::Array(tasks.iter().map(record_json).collect()));
+        let mut v: Vec<Value> = tasks.iter().map(record_json).collect();
+        v.extend(
+            damaged
+                .iter()
+                .map(|(id, why)| json!({"id": id, "status": "damaged", "error": why})),
+        );
+        print_json(&Value::Array(v));
         return Ok(());
     }
     println!(
@@ -847,11 +866,14 @@ fn cmd_list(cli: &Cli, a: &ListArgs) -> CliResult {
             goal
         );
     }
+    for (id, why) in &damaged {
+        println!("{id:8} damaged    {why}");
+    }
     Ok(())
 }
 
 fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
-    let store = open_existing(cli)?;
+    let store = open_reader(cli)?;
     let r = store.task(&a.task)?;
     let catalog = r.catalog.clone().unwrap_or_else(Catalog::demo);
     let closing = closing_message(&r.state, &catalog);
@@ -920,7 +942,7 @@ fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
 }
 
 fn cmd_trace(cli: &Cli, a: &TraceArgs) -> CliResult {
-    let store = open_existing(cli)?;
+    let store = open_reader(cli)?;
     let rec = store.task(&a.task)?;
     let spans = store.spans(&a.task)?;
     if let Some(path) = &a.otlp {
@@ -939,7 +961,7 @@ fn cmd_trace(cli: &Cli, a: &TraceArgs) -> CliResult {
 }
 
 fn cmd_postmortem(cli: &Cli, a: &TaskArgs) -> CliResult {
-    let store = open_existing(cli)?;
+    let store = open_reader(cli)?;
     let r = store.task(&a.task)?;
     let pm = postmortem(&r.state, &store.spans(&a.task)?);
     if a.json {
@@ -1178,7 +1200,11 @@ fn cmd_reject(cli: &Cli, a: &RejectArgs) -> CliResult {
 }
 
 fn cmd_reconcile(cli: &Cli, a: &ReconcileArgs) -> CliResult {
-    let store = open_existing(cli)?;
+    let store = if a.task.is_none() && !a.auto {
+        open_reader(cli)?
+    } else {
+        open_existing(cli)?
+    };
     if a.auto {
         return reconcile_auto(cli, &store, a);
     }
@@ -1275,7 +1301,7 @@ fn cmd_cancel(cli: &Cli, a: &DecideArgs) -> CliResult {
 }
 
 fn cmd_replay(cli: &Cli, a: &TaskArgs) -> CliResult {
-    let store = open_existing(cli)?;
+    let store = open_reader(cli)?;
     let rec = store.task(&a.task)?;
     if matches!(rec.status, QueueStatus::Queued | QueueStatus::Running) {
         return Err(CliError::op(format!(
@@ -1325,7 +1351,7 @@ fn cmd_replay(cli: &Cli, a: &TaskArgs) -> CliResult {
 }
 
 fn cmd_events(cli: &Cli, a: &EventsArgs) -> CliResult {
-    let store = open_existing(cli)?;
+    let store = open_reader(cli)?;
     if let Some(t) = &a.task {
         store.task(t)?;
     }
@@ -1376,7 +1402,7 @@ fn cmd_memory(cli: &Cli, c: &MemoryCommand) -> CliResult {
             all,
             json: as_json,
         } => {
-            let notes = open_existing(cli)?.notes(user.as_deref(), now_ms(), *all)?;
+            let notes = open_reader(cli)?.notes(user.as_deref(), now_ms(), *all)?;
             if *as_json {
                 print_json(&serde_json::to_value(&notes).unwrap_or(Value::Null));
             } else {

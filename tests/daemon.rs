@@ -133,3 +133,72 @@ this line is not JSON
     assert_eq!(show["state"]["answer"], "read it");
     assert_eq!(show["state"]["facts"]["ord_1001.total_cents"], 4200);
 }
+
+/// Issue 8, defect 2: a daemon paused (SIGSTOP) past its lease while another daemon takes the
+/// task over. When it resumes, its commits carry a superseded fencing token and are refused:
+/// the task's committed state never goes back, and no write is sent twice.
+#[test]
+fn a_daemon_paused_past_its_lease_never_commits_again() {
+    let dir = TempDir::new("sigstop");
+    let d = dir.path();
+    // ~3 s of active time at 100 ms per model call; a 4 s deadline keeps the lease short
+    // (lease 1 s + the 4 s of active time left).
+    enqueue(
+        d,
+        &[
+            "--model",
+            "policy:ord_1001:3000:100",
+            "--budget",
+            "deadline_ms=4000",
+        ],
+    );
+    let a = Command::new(bin())
+        .args([
+            "run",
+            "--workers",
+            "1",
+            "--lease-ms",
+            "1000",
+            "--time-scale",
+            "1",
+        ])
+        .current_dir(d)
+        .env_remove("WORKER_DB")
+        .env_remove("WORKER_STORE")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("daemon a");
+    let mut started = false;
+    for _ in 0..500 {
+        if json(d, &["show", "t1", "--json"])["steps"].as_u64() >= Some(1) {
+            started = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(started, "daemon a never started t1");
+    signal(a.id(), "-STOP");
+    let paused_at = json(d, &["show", "t1", "--json"]);
+    // Past the lease: 1 s + 4 s of active time, with room for a loaded machine.
+    std::thread::sleep(Duration::from_millis(6500));
+    ok(d, &["run", "--drain", "--workers", "1"]);
+    let after_b = json(d, &["show", "t1", "--json"]);
+    assert_eq!(after_b["runs"], 2, "daemon b took the task over: {after_b}");
+    assert!(after_b["steps"].as_u64() >= paused_at["steps"].as_u64());
+    signal(a.id(), "-CONT");
+    // Daemon a goes on with its stale copy until its next commit, which must be refused.
+    std::thread::sleep(Duration::from_millis(2500));
+    signal(a.id(), "-TERM");
+    let out = a.wait_with_output().expect("daemon a exits");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("claim superseded"), "{log}");
+    let finally = json(d, &["show", "t1", "--json"]);
+    assert_eq!(
+        finally["state"], after_b["state"],
+        "a stale commit was applied"
+    );
+    assert_eq!(finally["updated_at_ms"], after_b["updated_at_ms"]);
+    assert_sent_at_most_once(d, &[], 0);
+}

@@ -457,3 +457,74 @@ fn an_enqueue_key_reused_for_another_request_is_refused() {
         Some(1)
     );
 }
+
+/// Defect 11: one undecodable task record stopped `claim` and `recover` for every task and
+/// made the daemon exit. It is quarantined instead: listed as damaged, never run.
+#[test]
+fn a_damaged_task_record_is_quarantined_not_fatal() {
+    let dir = TempDir::new("quarantine");
+    let d = dir.path();
+    enqueue(d, &["--store-scope", "a"]);
+    enqueue(d, &["--store-scope", "b"]);
+    {
+        let store = Store::open(&dir.file("worker.redb"), false).expect("open");
+        let w = store.begin_write().expect("write");
+        w.open_table(tether::store::schema::TASKS)
+            .expect("tasks")
+            .insert("t1", &b"{\"not\": \"a task\"}"[..])
+            .expect("insert");
+        w.commit().expect("commit");
+    }
+    ok(d, &["run", "--drain"]);
+    let list = json(d, &["list", "--json"]);
+    let list = list.as_array().expect("list");
+    let t2 = list.iter().find(|t| t["id"] == "t2").expect("t2 listed");
+    assert_eq!(t2["stop"], "done", "{t2}");
+    let t1 = list.iter().find(|t| t["id"] == "t1").expect("t1 listed");
+    assert_eq!(t1["status"], "damaged", "{t1}");
+    assert!(ok(d, &["list", "--status", "damaged"]).contains("t1"));
+    let (code, err) = fails(d, &["show", "t1"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("damaged"), "{err}");
+}
+
+/// Defect 13: a process stopped inside a write transaction blocked `worker list` and `worker
+/// show` for everyone. Read verbs open the file read-only and do not wait for the writer.
+#[test]
+fn readers_do_not_wait_for_a_writer() {
+    let dir = TempDir::new("readers");
+    let d = dir.path();
+    enqueue(d, &[]);
+    let store = Store::open(&dir.file("worker.redb"), false).expect("open");
+    let w = store.begin_write().expect("a write transaction held open");
+    let mut child = std::process::Command::new(bin())
+        .args(["list", "--json"])
+        .current_dir(d)
+        .env_remove("WORKER_DB")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("list");
+    // Bounded wait: a reader that waits for the writer never exits while `w` is open.
+    let mut exited = None;
+    for _ in 0..1000 {
+        if let Some(st) = child.try_wait().expect("try_wait") {
+            exited = Some(st);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    if exited.is_none() {
+        let _ = child.kill();
+    }
+    let out = child.wait_with_output().expect("output");
+    drop(w);
+    assert!(exited.is_some(), "worker list waited for the writer");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v[0]["id"], "t1");
+}

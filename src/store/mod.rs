@@ -269,8 +269,33 @@ pub struct Enqueued {
     pub created: bool,
 }
 
+/// The file as this handle opened it: for writing (daemons, decisions, enqueue), or read-only
+/// (the read verbs), so a reader never waits for a writer.
+enum Handle {
+    Writer(Database),
+    Reader(redb::ReadOnlyDatabase),
+}
+
+impl Handle {
+    fn begin_read(&self) -> std::result::Result<ReadTransaction, redb::TransactionError> {
+        match self {
+            Handle::Writer(db) => db.begin_read(),
+            Handle::Reader(db) => db.begin_read(),
+        }
+    }
+
+    fn begin_write(&self) -> Result<WriteTransaction> {
+        match self {
+            Handle::Writer(db) => Ok(db.begin_write()?),
+            Handle::Reader(_) => Err(Error::Invalid(
+                "this database handle was opened read-only".into(),
+            )),
+        }
+    }
+}
+
 pub struct Store {
-    db: Database,
+    db: Handle,
     path: PathBuf,
     /// This database's id: made at random when the file is created, it prefixes every call
     /// key, so keys of two databases (or of a restored backup) never collide at a tool service.
@@ -297,7 +322,7 @@ impl Store {
                 source: std::io::Error::other("it is a directory"),
             });
         }
-        let db = open_redb(path, 32 << 20)?;
+        let db = Handle::Writer(open_redb(path, 32 << 20)?);
         let mut store = Store {
             db,
             path: path.to_path_buf(),
@@ -305,6 +330,82 @@ impl Store {
         };
         store.init()?;
         store.db_id = store.load_db_id()?;
+        Ok(store)
+    }
+
+    /// Opens an existing database for reading: read-only when redb allows it, else (a file
+    /// that needs recovery after a crash, or one that reads oddly) as a writer, which recovers
+    /// it or reports the damage with the writer's full checks.
+    pub fn open_for_reading(path: &Path) -> Result<Store> {
+        match Store::open_read_only(path) {
+            Ok(s) => Ok(s),
+            Err(e @ (Error::Missing(_) | Error::NewerVersion { .. })) => Err(e),
+            Err(_) => Store::open(path, false),
+        }
+    }
+
+    /// Opens an existing database read-only, beside any writers: a read verb neither takes the
+    /// writer lock nor waits for a process that holds a write transaction open.
+    pub fn open_read_only(path: &Path) -> Result<Store> {
+        if !path.exists() {
+            return Err(Error::Missing(path.to_path_buf()));
+        }
+        if path.is_dir() {
+            return Err(Error::Io {
+                path: path.to_path_buf(),
+                source: std::io::Error::other("it is a directory"),
+            });
+        }
+        let p = path.to_path_buf();
+        let opened = std::panic::catch_unwind(move || {
+            redb::Builder::new()
+                .set_concurrency_mode(redb::ConcurrencyMode::MultiWriter)
+                .set_cache_size(8 << 20)
+                .open_read_only(&p)
+        });
+        let db = match opened {
+            Ok(Ok(db)) => db,
+            Ok(Err(e)) => return Err(open_error(path, e)),
+            Err(_) => {
+                return Err(Error::Corrupt(format!(
+                    "{} could not be read as a redb database",
+                    path.display()
+                )));
+            }
+        };
+        let mut store = Store {
+            db: Handle::Reader(db),
+            path: path.to_path_buf(),
+            db_id: String::new(),
+        };
+        let (schema, id) = {
+            let r = store.db.begin_read()?;
+            match r.open_table(META) {
+                Ok(t) => (
+                    t.get(META_SCHEMA)?.map(|g| g.value()),
+                    t.get(META_DB_ID)?.map(|g| g.value()),
+                ),
+                Err(redb::TableError::TableDoesNotExist(_)) => (None, None),
+                Err(e) => return Err(e.into()),
+            }
+        };
+        match schema {
+            Some(v) if v > SCHEMA_VERSION => {
+                return Err(Error::NewerVersion {
+                    what: format!("database {}", path.display()),
+                    found: v,
+                    supported: SCHEMA_VERSION,
+                });
+            }
+            Some(_) => {}
+            None => {
+                return Err(Error::Corrupt(format!(
+                    "{} is not a Tether worker database (no schema version)",
+                    path.display()
+                )));
+            }
+        }
+        store.db_id = id.map_or_else(String::new, |id| format!("{id:012x}"));
         Ok(store)
     }
 
@@ -358,7 +459,13 @@ impl Store {
                 found: v,
                 supported: SCHEMA_VERSION,
             }),
-            Some(_) if self.has_table(WAITING)? && self.has_table(HELD)? => Ok(()),
+            Some(_)
+                if self.has_table(WAITING)?
+                    && self.has_table(HELD)?
+                    && self.has_table(DAMAGED)? =>
+            {
+                Ok(())
+            }
             _ => {
                 // A new file, or one written before a table was added: create what is missing.
                 let w = self.db.begin_write()?;
@@ -378,6 +485,7 @@ impl Store {
                     w.open_table(NOTES)?;
                     w.open_table(WAITING)?;
                     w.open_table(HELD)?;
+                    w.open_table(DAMAGED)?;
                 }
                 w.commit()?;
                 Ok(())
@@ -398,7 +506,7 @@ impl Store {
     }
 
     pub fn begin_write(&self) -> Result<WriteTransaction> {
-        Ok(self.db.begin_write()?)
+        self.db.begin_write()
     }
 
     pub fn begin_read(&self) -> Result<ReadTransaction> {
@@ -494,20 +602,32 @@ impl Store {
                 let (k, v) = entry?;
                 taken.push((k.value(), v.value().to_string()));
             }
+            let mut damaged = w.open_table(DAMAGED)?;
             for (k, id) in taken {
                 ready.remove(k)?;
                 let Some(bytes) = tasks.get(id.as_str())?.map(|g| g.value().to_vec()) else {
                     continue;
                 };
-                let mut rec: TaskRecord = decode("task", &bytes)?;
+                let mut rec: TaskRecord = match decode("task", &bytes) {
+                    Ok(rec) => rec,
+                    Err(e) => {
+                        // Quarantined: listed as damaged, never run, never fatal for others.
+                        tracing::error!(task = %id, error = %e, "task record damaged; quarantined");
+                        damaged.insert(id.as_str(), e.to_string().as_str())?;
+                        continue;
+                    }
+                };
                 if rec.status != QueueStatus::Queued {
                     continue; // stale entry
                 }
                 rec.status = QueueStatus::Running;
                 let mut lease = lease.clone();
+                // The claim's lease (now + lease_ms) plus the task's remaining active time: one
+                // model or tool call may take all of it.
                 lease.expires_at_ms = lease
                     .expires_at_ms
-                    .max(now_ms + covering_ms(&rec.budget, &rec.state));
+                    .max(now_ms)
+                    .saturating_add(remaining_ms(&rec.budget, &rec.state));
                 rec.runs = rec.runs.saturating_add(1);
                 lease.token = u64::from(rec.runs);
                 rec.lease = Some(lease);
@@ -552,10 +672,8 @@ impl Store {
                 let (id, _claimed_expiry) = entry?;
                 let id = id.value().to_string();
                 let take = match tasks.get(id.as_str())? {
-                    Some(g) => {
-                        let rec: TaskRecord = decode("task", g.value())?;
-                        over(&rec)
-                    }
+                    // A record that cannot be decoded is quarantined below.
+                    Some(g) => decode::<TaskRecord>("task", g.value()).map_or(true, |r| over(&r)),
                     None => true,
                 };
                 if take {
@@ -583,7 +701,16 @@ impl Store {
                     running.remove(id.as_str())?;
                     continue;
                 };
-                let mut rec: TaskRecord = decode("task", &bytes)?;
+                let mut rec: TaskRecord = match decode("task", &bytes) {
+                    Ok(rec) => rec,
+                    Err(e) => {
+                        tracing::error!(task = %id, error = %e, "task record damaged; quarantined");
+                        running.remove(id.as_str())?;
+                        w.open_table(DAMAGED)?
+                            .insert(id.as_str(), e.to_string().as_str())?;
+                        continue;
+                    }
+                };
                 if !over(&rec) {
                     continue;
                 }
@@ -650,7 +777,10 @@ impl Store {
                 // The renewed expiry lives in the record; RUNNING keeps the claim-time expiry
                 // as an index, and recovery reads the record before taking a task over.
                 if let Some(l) = rec.lease.as_mut() {
-                    l.expires_at_ms = c.now_ms + c.lease_ms.max(covering_ms(&rec.budget, &c.state));
+                    l.expires_at_ms = c
+                        .now_ms
+                        .saturating_add(c.lease_ms)
+                        .saturating_add(remaining_ms(&rec.budget, &c.state));
                 }
             }
             CommitKind::Final(stop) => {
@@ -694,15 +824,41 @@ impl Store {
         decode("task", g.value())
     }
 
+    /// Every task whose record decodes, in id order; damaged ones are in [`Store::damaged`].
     pub fn tasks(&self) -> Result<Vec<TaskRecord>> {
         let r = self.db.begin_read()?;
         let t = r.open_table(TASKS)?;
         let mut out = Vec::new();
         for entry in t.iter()? {
             let (_, v) = entry?;
-            out.push(decode("task", v.value())?);
+            if let Ok(rec) = decode("task", v.value()) {
+                out.push(rec);
+            }
         }
         out.sort_by_key(|r: &TaskRecord| task_order(&r.id));
+        Ok(out)
+    }
+
+    /// Tasks whose record cannot be decoded, with why: quarantined (by a claim or a recovery
+    /// that met them) or found by this scan.
+    pub fn damaged(&self) -> Result<Vec<(String, String)>> {
+        let r = self.db.begin_read()?;
+        let mut out: BTreeMap<String, String> = BTreeMap::new();
+        if let Ok(q) = r.open_table(DAMAGED) {
+            for entry in q.iter()? {
+                let (k, v) = entry?;
+                out.insert(k.value().to_string(), v.value().to_string());
+            }
+        }
+        let t = r.open_table(TASKS)?;
+        for entry in t.iter()? {
+            let (k, v) = entry?;
+            if let Err(e) = decode::<TaskRecord>("task", v.value()) {
+                out.entry(k.value().to_string()).or_insert(e.to_string());
+            }
+        }
+        let mut out: Vec<(String, String)> = out.into_iter().collect();
+        out.sort_by_key(|(id, _)| task_order(id));
         Ok(out)
     }
 
@@ -821,13 +977,12 @@ pub(crate) fn task_order(id: &str) -> (u64, String) {
     (n, id.to_string())
 }
 
-/// Slack added to a task's remaining active time when sizing its lease.
-pub const LEASE_MARGIN_MS: u64 = 10_000;
-
-/// A lease long enough for the rest of the task's active time: one model or tool call can take
-/// up to all of it, and the lease must not run out under a worker that is only waiting.
-fn covering_ms(budget: &Budget, state: &TaskState) -> u64 {
-    budget.deadline_ms.saturating_sub(state.elapsed_ms) + LEASE_MARGIN_MS
+/// The task's remaining active time. A lease covers it on top of the lease length: one model
+/// or tool call can take up to all of it, and the lease must not run out under a worker that
+/// is only waiting. Fencing makes a lease that runs out anyway harmless: the old claim can no
+/// longer commit.
+fn remaining_ms(budget: &Budget, state: &TaskState) -> u64 {
+    budget.deadline_ms.saturating_sub(state.elapsed_ms)
 }
 
 /// A running task may be taken over when its lease expired or its owner is gone.

@@ -25,6 +25,9 @@ pub const RUNNING: TableDefinition<&str, u64> = TableDefinition::new("running");
 pub const WAITING: TableDefinition<&str, u64> = TableDefinition::new("waiting");
 /// task id -> when it was held: the tasks whose write has an unknown outcome.
 pub const HELD: TableDefinition<&str, u64> = TableDefinition::new("held");
+/// task id -> why its record could not be decoded: quarantined tasks, listed and never run,
+/// so one damaged record never stops the queue.
+pub const DAMAGED: TableDefinition<&str, &str> = TableDefinition::new("damaged");
 /// enqueue key -> task id: a retried `worker enqueue --key K` finds its task here.
 pub const ENQUEUE_KEYS: TableDefinition<&str, &str> = TableDefinition::new("enqueue_keys");
 /// call key -> call record: a write's intent, then its result, with the digest of tool and args.
