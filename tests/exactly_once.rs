@@ -528,3 +528,59 @@ fn readers_do_not_wait_for_a_writer() {
     let v: Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(v[0]["id"], "t1");
 }
+
+/// Defect 1 under the race that produced it: an approve and a reject of the same call start
+/// together, for many tasks. Whatever wins, a refund is applied exactly when the audit log
+/// holds the approval: never an effect without its audit event.
+#[test]
+fn racing_approve_and_reject_never_apply_without_an_approval_event() {
+    let dir = TempDir::new("race-approve");
+    let d = dir.path();
+    let n = 12;
+    let lines: Vec<String> = (0..n)
+        .map(|i| format!(r#"{{"user": "cu_ana", "goal": "{GOAL}", "model": "policy:ord_1004:8000", "store_scope": "r{i}"}}"#))
+        .collect();
+    std::fs::write(dir.file("tasks.jsonl"), lines.join("\n")).expect("write");
+    ok(d, &["enqueue", "--file", "tasks.jsonl"]);
+    ok(d, &["run", "--drain"]);
+    let mut procs = Vec::new();
+    for i in 1..=n {
+        let id = format!("t{i}");
+        let digest = held_digest(d, &id);
+        for verb in ["reject", "approve"] {
+            procs.push(
+                std::process::Command::new(bin())
+                    .args([verb, &id, "--digest", &digest, "--by", verb])
+                    .current_dir(d)
+                    .env_remove("WORKER_DB")
+                    .env_remove("WORKER_STORE")
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .spawn()
+                    .expect("spawn"),
+            );
+        }
+    }
+    for mut p in procs {
+        p.wait().expect("wait");
+    }
+    ok(d, &["run", "--drain"]);
+    let ledger = ledger(d);
+    for i in 1..=n {
+        let id = format!("t{i}");
+        let approved = json(d, &["events", &id, "--json"])
+            .as_array()
+            .expect("events")
+            .iter()
+            .any(|e| e["verb"] == "approve");
+        let refunded = ledger
+            .iter()
+            .filter(|e| e["scope"] == format!("r{}", i - 1) && e["effect"]["kind"] == "refund")
+            .count();
+        assert_eq!(
+            refunded,
+            usize::from(approved),
+            "task {id}: {refunded} refund(s), approval event: {approved}"
+        );
+    }
+}

@@ -2,12 +2,15 @@
 //! crossbeam channels, with one committer thread that groups the commits of all threads into
 //! shared write transactions (group commit: each step stays atomic, many steps share an fsync).
 //!
-//! Life of a task here: the dispatcher claims it with a lease; a worker thread drives its kernel
+//! Life of a task here: the dispatcher claims it with a lease and a fencing token, only when a
+//! thread is free to start it at once; a worker thread drives its kernel
 //! session; before a write is sent its intent is committed; at every step end the state, spans,
 //! reply, call-key record and lease renewal are committed together; at the end the stop reason
 //! decides whether it is finished, suspended or held. On SIGINT/SIGTERM each thread commits the
 //! step in progress, releases its lease and the daemon exits. Expired leases, and leases of
-//! processes that are gone, are recovered on start and periodically.
+//! processes that are gone, are recovered on start and periodically, never this process's own
+//! live claims. Every commit carries its claim's token; a superseded claim's commits are
+//! refused by the store, so a stale thread can never move a task's state.
 
 pub mod driver;
 
