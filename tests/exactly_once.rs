@@ -84,6 +84,7 @@ fn step_commit(rec: &tether::store::TaskRecord, token: u64, steps: u32) -> Commi
         now_ms: 1_000,
         lease_ms: 1_000,
         clear_settle: false,
+        claim_next: None,
     }
 }
 
@@ -583,4 +584,38 @@ fn racing_approve_and_reject_never_apply_without_an_approval_event() {
             "task {id}: {refunded} refund(s), approval event: {approved}"
         );
     }
+}
+
+/// A thread that ends a task claims its next one in the same transaction as the final commit:
+/// the claim gets its own fencing token, and only a final commit claims.
+#[test]
+fn a_final_commit_claims_the_next_task_under_a_new_token() {
+    let dir = TempDir::new("claim-next");
+    let store = Store::open(&dir.file("w.redb"), true).expect("open");
+    store
+        .enqueue(
+            &[new_task("cu_ana", "a", None), new_task("cu_ana", "b", None)],
+            0,
+        )
+        .expect("enqueue");
+    let first = store.claim(&lease("me", 0), 1, 0).expect("claim").remove(0);
+    let token = first.lease.as_ref().expect("lease").token;
+    let mut step = step_commit(&first, token, 1);
+    step.claim_next = Some(lease("me", 0));
+    let w = store.begin_write().expect("write");
+    let out = Store::apply_commit(&w, &step).expect("step");
+    w.commit().expect("commit");
+    assert!(out.next.is_none(), "a step commit claims nothing");
+    let mut fin = step_commit(&first, token, 2);
+    fin.kind = CommitKind::Final(tether::kernel::StopReason::Done);
+    fin.claim_next = Some(lease("me", 0));
+    let w = store.begin_write().expect("write");
+    let out = Store::apply_commit(&w, &fin).expect("final");
+    w.commit().expect("commit");
+    let next = out.next.expect("the next task was claimed");
+    assert_eq!(next.id, "t2");
+    assert_eq!(next.lease.as_ref().map(|l| l.token), Some(1));
+    assert_eq!(store.task("t2").expect("t2").status.as_str(), "running");
+    assert_eq!(store.task("t1").expect("t1").status.as_str(), "finished");
+    assert_eq!(store.ready_count().expect("ready"), 0);
 }

@@ -243,6 +243,10 @@ pub struct Commit {
     pub lease_ms: u64,
     /// The task's settlement was folded into `state`: forget it.
     pub clear_settle: bool,
+    /// With a final commit: claim the next ready task for the same thread, in the same
+    /// transaction (a thread that finishes a task is free at once, so the claim starts
+    /// running at once, and one transaction serves both).
+    pub claim_next: Option<Lease>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -261,6 +265,8 @@ pub enum CommitKind {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct CommitOutcome {
     pub cancel_requested: Option<String>,
+    /// The task claimed with `Commit::claim_next`, if one was ready.
+    pub next: Option<TaskRecord>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -592,54 +598,7 @@ impl Store {
             return Ok(Vec::new());
         }
         let w = self.db.begin_write()?;
-        let mut out = Vec::new();
-        {
-            let mut ready = w.open_table(READY)?;
-            let mut tasks = w.open_table(TASKS)?;
-            let mut running = w.open_table(RUNNING)?;
-            let mut taken = Vec::new();
-            for entry in ready.iter()?.take(max) {
-                let (k, v) = entry?;
-                taken.push((k.value(), v.value().to_string()));
-            }
-            let mut damaged = w.open_table(DAMAGED)?;
-            for (k, id) in taken {
-                ready.remove(k)?;
-                let Some(bytes) = tasks.get(id.as_str())?.map(|g| g.value().to_vec()) else {
-                    continue;
-                };
-                let mut rec: TaskRecord = match decode("task", &bytes) {
-                    Ok(rec) => rec,
-                    Err(e) => {
-                        // Quarantined: listed as damaged, never run, never fatal for others.
-                        tracing::error!(task = %id, error = %e, "task record damaged; quarantined");
-                        damaged.insert(id.as_str(), e.to_string().as_str())?;
-                        continue;
-                    }
-                };
-                if rec.status != QueueStatus::Queued {
-                    continue; // stale entry
-                }
-                rec.status = QueueStatus::Running;
-                let mut lease = lease.clone();
-                // The claim's lease (now + lease_ms) plus the task's remaining active time: one
-                // model or tool call may take all of it.
-                lease.expires_at_ms = lease
-                    .expires_at_ms
-                    .max(now_ms)
-                    .saturating_add(remaining_ms(&rec.budget, &rec.state));
-                rec.runs = rec.runs.saturating_add(1);
-                lease.token = u64::from(rec.runs);
-                rec.lease = Some(lease);
-                rec.updated_at_ms = now_ms;
-                tasks.insert(id.as_str(), encode(&rec)?.as_slice())?;
-                running.insert(
-                    id.as_str(),
-                    rec.lease.as_ref().map_or(now_ms, |l| l.expires_at_ms),
-                )?;
-                out.push(rec);
-            }
-        }
+        let out = claim_in(&w, lease, max, now_ms)?;
         w.commit()?;
         Ok(out)
     }
@@ -758,8 +717,9 @@ impl Store {
                 spans.insert((c.task_id.as_str(), s.id), encode(s)?.as_slice())?;
             }
         }
-        let outcome = CommitOutcome {
+        let mut outcome = CommitOutcome {
             cancel_requested: rec.cancel_requested.clone(),
+            next: None,
         };
         if c.kind == CommitKind::Intent {
             return Ok(outcome);
@@ -814,6 +774,10 @@ impl Store {
             }
         }
         tasks.insert(c.task_id.as_str(), encode(&rec)?.as_slice())?;
+        drop((tasks, running));
+        if let (CommitKind::Final(_), Some(lease)) = (c.kind, &c.claim_next) {
+            outcome.next = claim_in(w, lease, 1, c.now_ms)?.pop();
+        }
         Ok(outcome)
     }
 
@@ -923,6 +887,65 @@ impl Store {
         }
         Ok(out)
     }
+}
+
+/// Takes up to `max` tasks from the ready queue inside `w`, highest priority first, and leases
+/// them, each under a new fencing token. A record that cannot be decoded is quarantined.
+fn claim_in(
+    w: &WriteTransaction,
+    lease: &Lease,
+    max: usize,
+    now_ms: u64,
+) -> Result<Vec<TaskRecord>> {
+    let mut out = Vec::new();
+    {
+        let mut ready = w.open_table(READY)?;
+        let mut tasks = w.open_table(TASKS)?;
+        let mut running = w.open_table(RUNNING)?;
+        let mut taken = Vec::new();
+        for entry in ready.iter()?.take(max) {
+            let (k, v) = entry?;
+            taken.push((k.value(), v.value().to_string()));
+        }
+        let mut damaged = w.open_table(DAMAGED)?;
+        for (k, id) in taken {
+            ready.remove(k)?;
+            let Some(bytes) = tasks.get(id.as_str())?.map(|g| g.value().to_vec()) else {
+                continue;
+            };
+            let mut rec: TaskRecord = match decode("task", &bytes) {
+                Ok(rec) => rec,
+                Err(e) => {
+                    // Quarantined: listed as damaged, never run, never fatal for others.
+                    tracing::error!(task = %id, error = %e, "task record damaged; quarantined");
+                    damaged.insert(id.as_str(), e.to_string().as_str())?;
+                    continue;
+                }
+            };
+            if rec.status != QueueStatus::Queued {
+                continue; // stale entry
+            }
+            rec.status = QueueStatus::Running;
+            let mut lease = lease.clone();
+            // The claim's lease (now + lease_ms) plus the task's remaining active time: one
+            // model or tool call may take all of it.
+            lease.expires_at_ms = lease
+                .expires_at_ms
+                .max(now_ms)
+                .saturating_add(remaining_ms(&rec.budget, &rec.state));
+            rec.runs = rec.runs.saturating_add(1);
+            lease.token = u64::from(rec.runs);
+            rec.lease = Some(lease);
+            rec.updated_at_ms = now_ms;
+            tasks.insert(id.as_str(), encode(&rec)?.as_slice())?;
+            running.insert(
+                id.as_str(),
+                rec.lease.as_ref().map_or(now_ms, |l| l.expires_at_ms),
+            )?;
+            out.push(rec);
+        }
+    }
+    Ok(out)
 }
 
 /// The first field in which a new request differs from the task its key already made.

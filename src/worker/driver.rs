@@ -19,7 +19,7 @@ use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::{CommitFail, Committer, Stats, now_ms};
+use super::{CommitFail, Committer, Stats};
 use crate::http::HttpTools;
 use crate::kernel::{Access, Action, Catalog, Keys, Run, Session, StopReason, ToolReply};
 use crate::model::RecordedReply;
@@ -27,7 +27,28 @@ use crate::store::{CallRecord, Commit, CommitKind, Store, TaskRecord};
 use crate::tools::Tools;
 use crate::tools::durable::{DurableStore, DurableTools};
 
+/// Where a driver stops to let a simulation run other work first, or crash it: before a model
+/// call, before a tool call is sent, after its answer came back, and before each commit. A
+/// hook that returns false crashes the worker there: it abandons the task at once, as a killed
+/// process would, leaving only what it had committed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Point {
+    Model,
+    Send,
+    Sent,
+    Commit,
+}
+
+pub type Hook = Arc<dyn Fn(Point) -> bool + Send + Sync>;
+/// Wall-clock milliseconds since the epoch (simulated in a simulation).
+pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
+
 pub struct Context {
+    pub clock: Clock,
+    /// None in the daemon.
+    pub hook: Option<Hook>,
+    /// This process as a lease owner, for the claim made with a task's final commit.
+    pub identity: super::Identity,
     pub store: Arc<Store>,
     pub tools: Arc<DurableStore>,
     pub committer: Committer,
@@ -38,14 +59,16 @@ pub struct Context {
 }
 
 /// Runs the task until it ends, suspends, is released at shutdown, or its claim is superseded.
-pub fn run_task(ctx: &Context, rec: TaskRecord) {
+/// Returns the next task, claimed for this thread in the transaction of the final commit.
+pub fn run_task(ctx: &Context, rec: TaskRecord) -> Option<TaskRecord> {
     let id = rec.id.clone();
     match drive(ctx, rec) {
-        Ok(Some(stop)) => {
+        Ok(Ended::Stopped(stop, next)) => {
             ctx.stats.tasks_ended.fetch_add(1, Ordering::Relaxed);
             tracing::info!(task = %id, stop = %stop, "task ended");
+            return next.map(|b| *b);
         }
-        Ok(None) => tracing::info!(task = %id, "task released at shutdown"),
+        Ok(Ended::Released) => tracing::info!(task = %id, "task released at shutdown"),
         Err(CommitFail::LeaseLost) => {
             ctx.stats.abandoned.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(task = %id, "claim superseded (lease taken over); abandoning the task here");
@@ -55,6 +78,15 @@ pub fn run_task(ctx: &Context, rec: TaskRecord) {
             tracing::error!(task = %id, error = %e, "commit failed; the task will be recovered when its lease expires");
         }
     }
+    None
+}
+
+/// How a run on this thread ended.
+enum Ended {
+    /// With a stop reason (finished, suspended or held), and the next task if one was claimed.
+    Stopped(StopReason, Option<Box<TaskRecord>>),
+    /// Handed back at shutdown.
+    Released,
 }
 
 /// The approval digest that covers the held call under `key` with `digest`, if the task's
@@ -65,10 +97,20 @@ fn approval_for<'r>(rec: &'r TaskRecord, key: &str, digest: &str) -> Option<&'r 
     (approved == digest && a.get("key").and_then(|k| k.as_str()) == Some(key)).then_some(approved)
 }
 
-fn drive(ctx: &Context, rec: TaskRecord) -> Result<Option<StopReason>, CommitFail> {
+/// Passes `point`, or crashes here if the hook says so.
+fn pass(ctx: &Context, point: Point) -> Result<(), CommitFail> {
+    match &ctx.hook {
+        Some(hook) if !hook(point) => Err(CommitFail::Failed(format!("crashed at {point:?}"))),
+        _ => Ok(()),
+    }
+}
+
+fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
+    let now_ms = || (ctx.clock)();
     let token = rec.lease.as_ref().map_or(0, |l| l.token);
     if ctx.shutdown.load(Ordering::SeqCst) {
         // Claimed but not started: hand it back untouched.
+        pass(ctx, Point::Commit)?;
         ctx.committer.commit(Commit {
             task_id: rec.id.clone(),
             token,
@@ -81,8 +123,9 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Option<StopReason>, CommitFai
             now_ms: now_ms(),
             lease_ms: ctx.lease_ms,
             clear_settle: false,
+            claim_next: None,
         })?;
-        return Ok(None);
+        return Ok(Ended::Released);
     }
     let catalog = rec.catalog.clone().unwrap_or_else(Catalog::demo);
     let mut model = rec.model.build_for(&catalog);
@@ -137,6 +180,13 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Option<StopReason>, CommitFai
                   kind,
                   reply: Option<RecordedReply>,
                   call: Option<CallRecord>| {
+        let now = now_ms();
+        // A thread that ends a task is free: it claims its next task in the same transaction,
+        // unless the daemon is shutting down.
+        let claim_next = (matches!(kind, CommitKind::Final(_))
+            && !ctx.shutdown.load(Ordering::SeqCst))
+        .then(|| ctx.identity.lease(now, ctx.lease_ms));
+        pass(ctx, Point::Commit)?;
         let c = Commit {
             task_id: rec.id.clone(),
             token,
@@ -146,9 +196,10 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Option<StopReason>, CommitFai
             spans: session.trace_mut().take_changed().to_vec(),
             reply,
             call,
-            now_ms: now_ms(),
+            now_ms: now,
             lease_ms: ctx.lease_ms,
             clear_settle,
+            claim_next,
         };
         ctx.committer.commit(c)
     };
@@ -169,6 +220,7 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Option<StopReason>, CommitFai
                 } else {
                     None
                 };
+                pass(ctx, Point::Model)?;
                 let reply = match recorded {
                     Some(recorded) => recorded.to_reply(),
                     None => model.next(&req),
@@ -218,6 +270,7 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Option<StopReason>, CommitFai
                     )?;
                     step_call = Some(call);
                 }
+                pass(ctx, Point::Send)?;
                 let reply = match session.poll() {
                     Action::Tool(req) => {
                         let approval = if req.held {
@@ -230,6 +283,7 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Option<StopReason>, CommitFai
                     _ => unreachable!("the tool request is repeated until it is answered"),
                 };
                 pause(ctx.time_scale, reply.latency_ms);
+                pass(ctx, Point::Sent)?;
                 session.on_tool(reply);
                 if let Some(c) = step_call.as_mut()
                     && c.key == key
@@ -246,7 +300,7 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Option<StopReason>, CommitFai
                         step_reply.take(),
                         step_call.take(),
                     )?;
-                    return Ok(None);
+                    return Ok(Ended::Released);
                 }
                 let outcome = commit(
                     &mut session,
@@ -260,13 +314,13 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Option<StopReason>, CommitFai
                 }
             }
             Action::Finished(stop) => {
-                commit(
+                let outcome = commit(
                     &mut session,
                     CommitKind::Final(stop),
                     step_reply.take(),
                     step_call.take(),
                 )?;
-                return Ok(Some(stop));
+                return Ok(Ended::Stopped(stop, outcome.next.map(Box::new)));
             }
         }
     }

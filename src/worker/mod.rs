@@ -141,17 +141,34 @@ struct CommitRequest {
     reply: Sender<std::result::Result<CommitOutcome, CommitFail>>,
 }
 
-/// Handle that worker threads use to commit through the committer thread.
+/// Handle that worker threads use to commit: through the committer thread (group commit), or
+/// directly in the caller's thread, one transaction per commit (a simulation's workers).
 #[derive(Clone)]
 pub struct Committer {
-    tx: Sender<CommitRequest>,
+    route: Route,
+}
+
+#[derive(Clone)]
+enum Route {
+    Thread(Sender<CommitRequest>),
+    Direct(Arc<Store>),
 }
 
 impl Committer {
+    /// Commits in the calling thread, each commit in its own transaction.
+    pub fn direct(store: Arc<Store>) -> Committer {
+        Committer {
+            route: Route::Direct(store),
+        }
+    }
+
     pub fn commit(&self, commit: Commit) -> std::result::Result<CommitOutcome, CommitFail> {
-        let (tx, rx) = bounded(1);
-        self.tx
-            .send(CommitRequest { commit, reply: tx })
+        let tx = match &self.route {
+            Route::Direct(store) => return commit_alone(store, &commit),
+            Route::Thread(tx) => tx,
+        };
+        let (reply, rx) = bounded(1);
+        tx.send(CommitRequest { commit, reply })
             .map_err(|_| CommitFail::Failed("the committer has stopped".into()))?;
         rx.recv()
             .map_err(|_| CommitFail::Failed("the committer has stopped".into()))?
@@ -192,6 +209,13 @@ fn group_commit(
             )
             .collect(),
         Err(e) => vec![Err(CommitFail::Failed(e))],
+    }
+}
+
+fn commit_alone(store: &Store, c: &Commit) -> std::result::Result<CommitOutcome, CommitFail> {
+    match commit_together(store, std::iter::once(c)) {
+        Ok(mut one) => one.pop().unwrap_or(Err(CommitFail::LeaseLost)),
+        Err(e) => Err(CommitFail::Failed(e)),
     }
 }
 
@@ -260,11 +284,14 @@ pub fn run(
     let mut threads = Vec::with_capacity(workers);
     for i in 0..workers {
         let ctx = driver::Context {
+            identity: me.clone(),
             store: Arc::clone(&store),
             tools: Arc::clone(&tools),
             committer: Committer {
-                tx: commit_tx.clone(),
+                route: Route::Thread(commit_tx.clone()),
             },
+            clock: Arc::new(now_ms),
+            hook: None,
             lease_ms: cfg.lease_ms,
             time_scale: cfg.time_scale,
             shutdown: Arc::clone(&shutdown),
@@ -277,10 +304,18 @@ pub fn run(
             .name(format!("worker-{i}"))
             .spawn(move || {
                 for rec in rx {
-                    let claim = (rec.id.clone(), rec.lease.as_ref().map_or(0, |l| l.token));
-                    driver::run_task(&ctx, rec);
-                    if let Ok(mut set) = live.lock() {
-                        set.remove(&claim);
+                    // A chain of tasks: each final commit may claim the next one for this
+                    // thread. The dispatcher counts the chain as one task in flight.
+                    let mut next = Some(rec);
+                    while let Some(rec) = next.take() {
+                        let claim = (rec.id.clone(), rec.lease.as_ref().map_or(0, |l| l.token));
+                        if let Ok(mut set) = live.lock() {
+                            set.insert(claim.clone());
+                        }
+                        next = driver::run_task(&ctx, rec);
+                        if let Ok(mut set) = live.lock() {
+                            set.remove(&claim);
+                        }
                     }
                     if done.send(()).is_err() {
                         break;
