@@ -1,0 +1,673 @@
+//! A seeded simulation of the durable layer: several workers and operators interleaved by a
+//! seeded scheduler on the real `Store`, the real durable driver and the document's store as
+//! the strict sink, under a simulated clock.
+//!
+//! Each worker is a thread that runs the real driver (`worker::driver::run_task`) and stops at
+//! every point where the driver calls out (model call, tool send, tool answer, commit) until
+//! the scheduler lets it go on, so exactly one thread runs at a time and a seed fixes the whole
+//! schedule. The scheduler also moves the clock (and jumps it past every lease), crashes
+//! workers at those points (the crashed worker's memory is dropped and a new incarnation with
+//! a new identity starts), pauses workers while others take their tasks over and lets them
+//! resume, and runs operators who review a held call and decide on it later (approve with or
+//! without an extension, reject, reconcile from the ledger, cancel), so decisions race with
+//! the workers.
+//!
+//! Invariants, checked after every scheduler step (the logs of the sink, which only grow, after
+//! each phase) and at the end:
+//! - no refund key arrives at the store more than once, plus once per `--not-applied`
+//!   decision for it (arrivals log, not the deduplicating ledger);
+//! - every applied refund above the automatic limit has an approval event for its key;
+//! - a task's committed step, tool calls and active time never go back (a superseded claim
+//!   never commits);
+//! - no committed state exceeds its budget;
+//! - every held write stays listed by `held` until it is settled;
+//! - after a settling phase without faults, every task has ended and nothing is held.
+//!
+//! `cargo test --test simulation` runs 2,000 seeds from a random base it prints;
+//! `TETHER_SIM_SEEDS=N` runs N seeds, `TETHER_SIM_BASE=B` fixes the base, and
+//! `TETHER_SIM_SEED=S` replays one seed.
+
+use serde_json::json;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
+use tether::kernel::Budget;
+use tether::model::ModelProfile;
+use tether::store::ops::{Decision, Extension, Reviewed, Settlement};
+use tether::store::{Error, NewTask, QueueStatus, Store, TaskRecord};
+use tether::tools::durable::DurableStore;
+use tether::worker::driver::{self, Point};
+use tether::worker::{Committer, Identity, Stats};
+
+const SEEDS: u64 = 2_000;
+const LEASE_MS: u64 = 1_000;
+const CHAOS_STEPS: usize = 140;
+const SETTLE_STEPS_MAX: usize = 4_000;
+
+/// splitmix64: small, seedable, the same everywhere.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+enum Msg {
+    /// Stopped before a commit (`true`: the next run may write) or at a call-out point.
+    Parked(bool),
+    Exited,
+}
+
+/// One incarnation of a worker process, parked at a point of the driver or between tasks.
+struct Worker {
+    go: Sender<bool>,
+    thread: std::thread::JoinHandle<()>,
+    paused_for: usize,
+    /// Parked where going on may write to the database.
+    writes_next: bool,
+}
+
+struct Sim {
+    seed: u64,
+    rng: Rng,
+    store: Arc<Store>,
+    tools: Arc<DurableStore>,
+    clock: Arc<AtomicU64>,
+    workers: Vec<Option<Worker>>,
+    parked: Receiver<(usize, Msg)>,
+    parked_tx: Sender<(usize, Msg)>,
+    incarnations: u32,
+    /// Calls reviewed by an operator, decided on later: (task, key, digest).
+    reviews: Vec<(String, String, String)>,
+    /// Highest (step, tool calls, active ms) committed per task.
+    seen: BTreeMap<String, (u32, u32, u64)>,
+    ids: Vec<String>,
+}
+
+fn sim_dir() -> std::path::PathBuf {
+    // tmpfs makes fsync cheap, so thousands of seeds fit in a test run.
+    let shm = Path::new("/dev/shm");
+    let base = if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let p = base.join(format!(
+        "tether-sim-{}-{:?}-{nanos}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    std::fs::create_dir_all(&p).expect("sim dir");
+    p
+}
+
+fn task(rng: &mut Rng, i: usize) -> NewTask {
+    let (model, latency) = match rng.below(4) {
+        0 => ("policy:ord_1004:8000", None),
+        1 => ("policy:ord_1001:3000", Some(40_000)),
+        _ => ("policy:ord_1001:3000", None),
+    };
+    let mut tool_latency_ms = BTreeMap::new();
+    if let Some(ms) = latency {
+        tool_latency_ms.insert("issue_refund".to_string(), ms);
+    }
+    NewTask {
+        user: "cu_ana".into(),
+        goal: "refund the damaged item on order ord_1001".into(),
+        key: Some(format!("sim-{i}")),
+        priority: 0,
+        budget: Budget::default(),
+        model: ModelProfile::parse(model, None).expect("model"),
+        tool_latency_ms,
+        catalog: None,
+        store_scope: format!("s{i}"),
+        approval_wait_ms: 1 << 40,
+    }
+}
+
+impl Sim {
+    fn new(seed: u64, dir: &Path) -> Sim {
+        let mut rng = Rng(seed);
+        let store = Arc::new(Store::open(&dir.join("worker.redb"), true).expect("open"));
+        let tools = Arc::new(DurableStore::open(&dir.join("store.redb")).expect("store"));
+        let n = 2 + rng.below(3) as usize;
+        let tasks: Vec<NewTask> = (0..n).map(|i| task(&mut rng, i)).collect();
+        let ids = store
+            .enqueue(&tasks, 0)
+            .expect("enqueue")
+            .into_iter()
+            .map(|e| e.id)
+            .collect();
+        let (parked_tx, parked) = unbounded();
+        let mut sim = Sim {
+            seed,
+            rng,
+            store,
+            tools,
+            clock: Arc::new(AtomicU64::new(1_000_000)),
+            workers: Vec::new(),
+            parked,
+            parked_tx,
+            incarnations: 0,
+            reviews: Vec::new(),
+            seen: BTreeMap::new(),
+            ids,
+        };
+        let workers = 2 + sim.rng.below(2) as usize;
+        for slot in 0..workers {
+            sim.workers.push(None);
+            sim.spawn(slot);
+        }
+        sim
+    }
+
+    fn now(&self) -> u64 {
+        self.clock.load(Ordering::SeqCst)
+    }
+
+    /// Starts a new incarnation of worker `slot` and waits until it parks.
+    fn spawn(&mut self, slot: usize) {
+        self.incarnations += 1;
+        let me = Identity {
+            host: "sim".into(),
+            pid: self.incarnations,
+            start_ticks: 0,
+        };
+        let (go_tx, go_rx) = bounded::<bool>(1);
+        let parked = self.parked_tx.clone();
+        let crashed = Arc::new(AtomicBool::new(false));
+        let gate = {
+            let crashed = Arc::clone(&crashed);
+            let parked = parked.clone();
+            move |writes: bool| {
+                if crashed.load(Ordering::SeqCst) {
+                    return false;
+                }
+                let _ = parked.send((slot, Msg::Parked(writes)));
+                let go = go_rx.recv().unwrap_or(false);
+                if !go {
+                    crashed.store(true, Ordering::SeqCst);
+                }
+                go
+            }
+        };
+        let gate: Arc<dyn Fn(bool) -> bool + Send + Sync> = Arc::new(gate);
+        let hook_gate = Arc::clone(&gate);
+        let clock = Arc::clone(&self.clock);
+        let ctx = driver::Context {
+            clock: Arc::new(move || clock.load(Ordering::SeqCst)),
+            hook: Some(Arc::new(move |p: Point| hook_gate(p == Point::Commit))),
+            identity: me.clone(),
+            store: Arc::clone(&self.store),
+            tools: Arc::clone(&self.tools),
+            committer: Committer::direct(Arc::clone(&self.store)),
+            lease_ms: LEASE_MS,
+            time_scale: 0.0,
+            shutdown: Arc::new(AtomicBool::new(false)),
+            stats: Arc::new(Stats::default()),
+        };
+        let store = Arc::clone(&self.store);
+        let thread = std::thread::spawn(move || {
+            // The worker's dispatcher: recover expired leases (never its own live claims:
+            // between tasks it has none), claim one task, run it and the tasks its final
+            // commits claim, until it crashes.
+            while gate(true) {
+                let now = (ctx.clock)();
+                let _ = store.recover(now, &|_| false, &|_, _| false);
+                let mut next = match store.claim(&me.lease(now, LEASE_MS), 1, now) {
+                    Ok(mut v) => v.pop(),
+                    Err(e) => panic!("claim failed: {e}"),
+                };
+                while let Some(rec) = next.take() {
+                    next = driver::run_task(&ctx, rec);
+                }
+                if crashed.load(Ordering::SeqCst) {
+                    break;
+                }
+            }
+            let _ = parked.send((slot, Msg::Exited));
+        });
+        self.workers[slot] = Some(Worker {
+            go: go_tx,
+            thread,
+            paused_for: 0,
+            writes_next: true,
+        });
+        self.wait(slot);
+    }
+
+    /// Waits for worker `slot` to park again; false if it exited.
+    fn wait(&mut self, slot: usize) -> bool {
+        let (from, msg) = self
+            .parked
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("seed {}: worker {slot} hung", self.seed));
+        assert_eq!(from, slot, "seed {}: two workers ran at once", self.seed);
+        match msg {
+            Msg::Parked(writes) => {
+                if let Some(w) = self.workers[slot].as_mut() {
+                    w.writes_next = writes;
+                }
+                true
+            }
+            Msg::Exited => false,
+        }
+    }
+
+    /// Lets worker `slot` run to its next point. Returns whether it may have written.
+    fn step(&mut self, slot: usize) -> bool {
+        let Some(w) = &self.workers[slot] else {
+            return false;
+        };
+        let writes = w.writes_next;
+        if w.go.send(true).is_err() || !self.wait(slot) {
+            self.reap(slot);
+            self.spawn(slot);
+        }
+        writes
+    }
+
+    fn reap(&mut self, slot: usize) {
+        if let Some(w) = self.workers[slot].take() {
+            w.thread.join().expect("worker thread panicked");
+        }
+    }
+
+    /// Crashes worker `slot` where it stands and starts a new incarnation.
+    fn crash(&mut self, slot: usize) {
+        let Some(w) = &self.workers[slot] else { return };
+        let _ = w.go.send(false);
+        // It either exits at once or runs to its next point, where it exits.
+        let (from, msg) = self
+            .parked
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("seed {}: crashed worker {slot} hung", self.seed));
+        assert_eq!(from, slot);
+        assert!(
+            matches!(msg, Msg::Exited),
+            "seed {}: crash did not stop it",
+            self.seed
+        );
+        self.reap(slot);
+        self.spawn(slot);
+    }
+
+    fn shutdown(&mut self) {
+        for slot in 0..self.workers.len() {
+            if let Some(w) = &self.workers[slot] {
+                let _ = w.go.send(false);
+                while let Ok((from, msg)) =
+                    self.parked.recv_timeout(std::time::Duration::from_secs(60))
+                {
+                    if from == slot && matches!(msg, Msg::Exited) {
+                        break;
+                    }
+                }
+                self.reap(slot);
+            }
+        }
+    }
+
+    fn decision(&self, by: &str) -> Decision {
+        Decision {
+            by: by.into(),
+            reason: Some("simulation".into()),
+            now_ms: self.now(),
+        }
+    }
+
+    /// An operator looks at a held or suspended call and notes its key and digest.
+    fn review(&mut self) {
+        let id = self.ids[self.rng.below(self.ids.len() as u64) as usize].clone();
+        let Ok(rec) = self.store.task(&id) else {
+            return;
+        };
+        if let Some(p) = &rec.state.pending {
+            let key = self.store.call_key(p, &rec.id, rec.state.step);
+            self.reviews.push((id, key, p.digest()));
+        }
+    }
+
+    /// An operator decides on a call reviewed earlier; the task may have moved on since.
+    fn decide(&mut self) {
+        if self.reviews.is_empty() {
+            return;
+        }
+        let i = self.rng.below(self.reviews.len() as u64) as usize;
+        let (id, key, digest) = self.reviews.swap_remove(i);
+        let reviewed = Reviewed {
+            key: Some(key.clone()),
+            digest: Some(digest),
+        };
+        let Ok(rec) = self.store.task(&id) else {
+            return;
+        };
+        let extend = if self.rng.chance(50) {
+            Extension::parse("tool_calls=1,deadline_ms=10000").expect("extension")
+        } else {
+            Extension::default()
+        };
+        let r = if rec.status == QueueStatus::Suspended {
+            if self.rng.chance(60) {
+                self.store
+                    .approve(&id, &reviewed, &extend, &self.decision("approver"))
+            } else {
+                self.store
+                    .reject(&id, &reviewed, &self.decision("rejecter"))
+            }
+        } else if rec.state.unknown_write().is_some() {
+            // The oracle: the write took effect exactly when the ledger has its key.
+            let applied = self
+                .tools
+                .ledger()
+                .expect("ledger")
+                .iter()
+                .any(|e| e.key == key);
+            let s = if applied {
+                Settlement::Applied(json!({"status": "ok"}))
+            } else {
+                Settlement::NotApplied
+            };
+            self.store
+                .reconcile(&id, &s, &reviewed, &extend, &self.decision("reconciler"))
+        } else {
+            return;
+        };
+        match r {
+            Ok(_) | Err(Error::Conflict(_)) => {}
+            Err(e) => panic!("seed {}: decision on {id} failed: {e}", self.seed),
+        }
+    }
+
+    fn cancel(&mut self) {
+        let id = self.ids[self.rng.below(self.ids.len() as u64) as usize].clone();
+        match self.store.cancel(&id, &self.decision("canceller")) {
+            Ok(_) | Err(Error::Conflict(_)) => {}
+            Err(e) => panic!("seed {}: cancel {id} failed: {e}", self.seed),
+        }
+    }
+
+    fn runnable(&mut self) -> Option<usize> {
+        let ready: Vec<usize> = (0..self.workers.len())
+            .filter(|s| self.workers[*s].as_ref().is_some_and(|w| w.paused_for == 0))
+            .collect();
+        if ready.is_empty() {
+            return None;
+        }
+        Some(ready[self.rng.below(ready.len() as u64) as usize])
+    }
+
+    fn tick_pauses(&mut self) {
+        for w in self.workers.iter_mut().flatten() {
+            w.paused_for = w.paused_for.saturating_sub(1);
+        }
+    }
+
+    fn advance(&self, ms: u64) {
+        self.clock.fetch_add(ms, Ordering::SeqCst);
+    }
+
+    /// One step of the chaos phase; false if it cannot have changed the database.
+    fn chaos(&mut self) -> bool {
+        self.advance(10);
+        self.tick_pauses();
+        let r = self.rng.below(100);
+        let slot = self.rng.below(self.workers.len() as u64) as usize;
+        match r {
+            0..=54 => match self.runnable() {
+                Some(s) => self.step(s),
+                None => false,
+            },
+            55..=64 => {
+                let ms = self.rng.below(3_000);
+                self.advance(ms);
+                false
+            }
+            65..=67 => {
+                self.advance(45_000); // past every lease
+                false
+            }
+            68..=71 => {
+                self.crash(slot);
+                false
+            }
+            72..=75 => {
+                if let Some(w) = self.workers[slot].as_mut() {
+                    w.paused_for = 5 + self.rng.below(40) as usize;
+                }
+                false
+            }
+            76..=87 => {
+                self.review();
+                false
+            }
+            88..=97 => {
+                self.decide();
+                true
+            }
+            _ => {
+                self.cancel();
+                true
+            }
+        }
+    }
+
+    /// One step of the settling phase: no faults; operators settle whatever waits.
+    fn settle(&mut self) {
+        self.advance(50);
+        for w in self.workers.iter_mut().flatten() {
+            w.paused_for = 0;
+        }
+        match self.rng.below(10) {
+            0 => self.advance(45_000),
+            1 => {
+                self.review();
+                self.decide();
+            }
+            _ => {
+                if let Some(s) = self.runnable() {
+                    self.step(s);
+                }
+            }
+        }
+    }
+
+    fn all_ended(&self) -> bool {
+        self.ids.iter().all(|id| {
+            self.store
+                .task(id)
+                .is_ok_and(|r| r.status == QueueStatus::Finished)
+        }) && self.store.held().expect("held").is_empty()
+    }
+
+    /// What can be transient is checked after every step: committed state and held writes.
+    fn check(&mut self) {
+        let seed = self.seed;
+        let tasks: Vec<TaskRecord> = self.store.tasks().expect("tasks");
+        let held: BTreeSet<String> = self
+            .store
+            .held()
+            .expect("held")
+            .into_iter()
+            .map(|(r, _)| r.id)
+            .collect();
+        for r in &tasks {
+            let st = &r.state;
+            let now = (st.step, st.tool_calls, st.elapsed_ms);
+            let before = self.seen.insert(r.id.clone(), now).unwrap_or((0, 0, 0));
+            assert!(
+                now.0 >= before.0 && now.1 >= before.1 && now.2 >= before.2,
+                "seed {seed}: task {} went back from {before:?} to {now:?}",
+                r.id
+            );
+            let b = &r.budget;
+            assert!(
+                st.step <= b.steps_max
+                    && st.tool_calls <= b.tool_calls_max
+                    && st.elapsed_ms <= b.deadline_ms,
+                "seed {seed}: task {} exceeds its budget: {now:?} of {b:?}",
+                r.id
+            );
+            let holds = st.unknown_write().is_some()
+                && matches!(r.status, QueueStatus::Held | QueueStatus::Finished);
+            assert!(
+                !holds || held.contains(&r.id),
+                "seed {seed}: the held write of task {} is not listed",
+                r.id
+            );
+        }
+    }
+
+    /// The sink's logs only grow, so a violation stays visible: checked after each phase.
+    fn check_sink(&self) {
+        let seed = self.seed;
+        let events = self.store.events(None).expect("events");
+        let resends = |key: &str| {
+            events
+                .iter()
+                .filter(|e| e.verb == "reconcile_not_applied" && e.detail["key"] == key)
+                .count()
+        };
+        let mut sent: BTreeMap<String, usize> = BTreeMap::new();
+        for a in self.tools.arrivals().expect("arrivals") {
+            if a.tool == "issue_refund" && a.outcome != "needs_approval" {
+                *sent.entry(a.key).or_default() += 1;
+            }
+        }
+        for (key, n) in &sent {
+            let allowed = 1 + resends(key);
+            assert!(
+                *n <= allowed,
+                "seed {seed}: refund {key} arrived {n} times, {allowed} allowed"
+            );
+        }
+        for e in self.tools.ledger().expect("ledger") {
+            let big = matches!(e.effect, tether::tools::Effect::Refund { amount_cents, .. } if amount_cents > tether::tools::AUTO_LIMIT_CENTS);
+            if big {
+                assert!(
+                    events
+                        .iter()
+                        .any(|v| v.verb == "approve" && v.detail["key"] == e.key.as_str()),
+                    "seed {seed}: refund under {} applied without an approval",
+                    e.key
+                );
+            }
+        }
+    }
+
+    fn run(mut self) {
+        for _ in 0..CHAOS_STEPS {
+            if self.chaos() {
+                self.check();
+            }
+        }
+        self.check_sink();
+        let mut steps = 0;
+        while !self.all_ended() {
+            steps += 1;
+            assert!(
+                steps < SETTLE_STEPS_MAX,
+                "seed {}: tasks did not end after settling: {:?}",
+                self.seed,
+                self.store
+                    .tasks()
+                    .expect("tasks")
+                    .iter()
+                    .map(|r| (r.id.clone(), r.status, r.state.stop))
+                    .collect::<Vec<_>>()
+            );
+            self.settle();
+            self.check();
+        }
+        self.check_sink();
+        if std::env::var("TETHER_SIM_VERBOSE").is_ok() {
+            eprintln!("seed {}: {steps} settling steps", self.seed);
+        }
+        self.shutdown();
+    }
+}
+
+fn run_seed(seed: u64) {
+    let dir = sim_dir();
+    let outcome = std::panic::catch_unwind(|| {
+        let t = std::time::Instant::now();
+        let sim = Sim::new(seed, &dir);
+        if std::env::var("TETHER_SIM_VERBOSE").is_ok() {
+            eprintln!("seed {seed}: set up in {:?}", t.elapsed());
+        }
+        sim.run();
+        if std::env::var("TETHER_SIM_VERBOSE").is_ok() {
+            eprintln!("seed {seed}: done in {:?}", t.elapsed());
+        }
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Err(e) = outcome {
+        eprintln!("simulation failed at seed {seed}: replay with TETHER_SIM_SEED={seed}");
+        std::panic::resume_unwind(e);
+    }
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+#[test]
+fn the_durable_layer_holds_its_invariants_under_every_schedule() {
+    if let Some(seed) = env_u64("TETHER_SIM_SEED") {
+        run_seed(seed);
+        return;
+    }
+    let n = env_u64("TETHER_SIM_SEEDS").unwrap_or(SEEDS);
+    let base = env_u64("TETHER_SIM_BASE").unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            % 1_000_000_000
+    });
+    println!("simulation: {n} seeds from {base} (TETHER_SIM_BASE={base} repeats this run)");
+    let threads = std::thread::available_parallelism().map_or(2, |p| p.get().min(4)) as u64;
+    let next = Arc::new(Mutex::new(0u64));
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let next = Arc::clone(&next);
+            std::thread::spawn(move || {
+                loop {
+                    let i = {
+                        let mut g = next.lock().expect("seed counter");
+                        let i = *g;
+                        *g += 1;
+                        i
+                    };
+                    if i >= n {
+                        break;
+                    }
+                    run_seed(base + i);
+                }
+            })
+        })
+        .collect();
+    let mut failed = false;
+    for h in handles {
+        failed |= h.join().is_err();
+    }
+    assert!(!failed, "a seed failed; its number is printed above");
+}
