@@ -18,6 +18,8 @@ use common::*;
 
 use serde_json::Value;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tether::kernel::Budget;
 use tether::model::ModelProfile;
@@ -618,4 +620,146 @@ fn a_final_commit_claims_the_next_task_under_a_new_token() {
     assert_eq!(store.task("t2").expect("t2").status.as_str(), "running");
     assert_eq!(store.task("t1").expect("t1").status.as_str(), "finished");
     assert_eq!(store.ready_count().expect("ready"), 0);
+}
+
+/// A file backend whose writes, syncs and growth fail while `full` is set, as on a full disk.
+#[derive(Debug)]
+struct FullDisk {
+    inner: redb::backends::FileBackend,
+    full: Arc<AtomicBool>,
+}
+
+impl FullDisk {
+    fn check(&self) -> Result<(), std::io::Error> {
+        if self.full.load(Ordering::SeqCst) {
+            Err(std::io::Error::from_raw_os_error(28)) // ENOSPC
+        } else {
+            Ok(())
+        }
+    }
+}
+
+type B = std::ops::Bound<u64>;
+
+impl redb::StorageBackend for FullDisk {
+    fn len(&self) -> Result<u64, std::io::Error> {
+        self.inner.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
+        self.inner.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
+        self.check()?;
+        self.inner.set_len(len)
+    }
+    fn sync_data(&self) -> Result<(), std::io::Error> {
+        self.check()?;
+        self.inner.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
+        self.check()?;
+        self.inner.write(offset, data)
+    }
+    fn close(&self) -> Result<(), std::io::Error> {
+        self.inner.close()
+    }
+    fn try_lock_range(&self, s: B, e: B) -> Result<bool, redb::BackendError> {
+        self.inner.try_lock_range(s, e)
+    }
+    fn try_lock_shared_range(&self, s: B, e: B) -> Result<bool, redb::BackendError> {
+        self.inner.try_lock_shared_range(s, e)
+    }
+    fn lock_range(&self, s: B, e: B) -> Result<(), redb::BackendError> {
+        self.inner.lock_range(s, e)
+    }
+    fn lock_shared_range(&self, s: B, e: B) -> Result<(), redb::BackendError> {
+        self.inner.lock_shared_range(s, e)
+    }
+    fn unlock_range(&self, s: B, e: B) -> Result<(), redb::BackendError> {
+        self.inner.unlock_range(s, e)
+    }
+    fn query_lock_range(&self, s: B, e: B) -> Result<bool, redb::BackendError> {
+        self.inner.query_lock_range(s, e)
+    }
+}
+
+/// Opens `path` over a [`FullDisk`] backend that fails while `full` is set.
+fn full_disk_opener(path: &Path, full: &Arc<AtomicBool>) -> tether::store::Opener {
+    let (path, full) = (path.to_path_buf(), Arc::clone(full));
+    Arc::new(move || {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|source| Error::Io {
+                path: path.clone(),
+                source,
+            })?;
+        let inner =
+            redb::backends::FileBackend::new(file).map_err(|e| Error::Db(redb::Error::from(e)))?;
+        redb::Database::builder()
+            .set_concurrency_mode(redb::ConcurrencyMode::MultiWriter)
+            .create_with_backend(FullDisk {
+                inner,
+                full: Arc::clone(&full),
+            })
+            .map_err(|e| Error::Db(redb::Error::from(e)))
+    })
+}
+
+/// Defect 12: after a disk error the store's handle refused every later call ("Previous I/O
+/// error") until the process restarted. Now it is opened again, and once the disk has room
+/// the next write goes through; the failed one never took effect twice.
+#[test]
+fn a_store_recovers_from_a_full_disk_without_a_restart() {
+    let dir = TempDir::new("full-disk");
+    let path = dir.file("store.redb");
+    std::fs::File::create(&path).expect("create");
+    let full = Arc::new(AtomicBool::new(false));
+    let opener = full_disk_opener(&path, &full);
+    let store = tether::tools::durable::DurableStore::open_with(&path, opener).expect("open");
+    let refund = |key: &str| {
+        let args = serde_json::json!({"order_id": "ord_1001", "amount_cents": 1000})
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        store.call_once("", "cu_ana", "issue_refund", &args, key, true, None)
+    };
+    assert_eq!(refund("db:t1:s2").expect("first").0["status"], "ok");
+    full.store(true, Ordering::SeqCst);
+    assert!(refund("db:t2:s2").is_err(), "a write on a full disk fails");
+    full.store(false, Ordering::SeqCst);
+    let (third, _) = refund("db:t3:s2").expect("the store works again without a restart");
+    assert_eq!(third["status"], "ok");
+    let keys: Vec<String> = store
+        .ledger()
+        .expect("ledger")
+        .into_iter()
+        .map(|e| e.key)
+        .collect();
+    assert_eq!(keys, ["db:t1:s2", "db:t3:s2"]);
+}
+
+/// Defect 12 for the worker database: a commit that failed on a full disk does not stop the
+/// next commits once the disk has room again; the failed one was not applied.
+#[test]
+fn the_worker_database_recovers_from_a_full_disk_without_a_restart() {
+    let dir = TempDir::new("full-disk-worker");
+    let path = dir.file("worker.redb");
+    std::fs::File::create(&path).expect("create");
+    let full = Arc::new(AtomicBool::new(false));
+    let store = Arc::new(Store::open_with(&path, full_disk_opener(&path, &full)).expect("open"));
+    store
+        .enqueue(&[new_task("cu_ana", "refund", None)], 0)
+        .expect("enqueue");
+    let rec = store.claim(&lease("me", 0), 1, 0).expect("claim").remove(0);
+    let token = rec.lease.as_ref().expect("lease").token;
+    let committer = tether::worker::Committer::direct(Arc::clone(&store));
+    full.store(true, Ordering::SeqCst);
+    assert!(committer.commit(step_commit(&rec, token, 1)).is_err());
+    full.store(false, Ordering::SeqCst);
+    committer
+        .commit(step_commit(&rec, token, 2))
+        .expect("commits work again without a restart");
+    assert_eq!(store.task("t1").expect("t1").state.step, 2);
 }

@@ -278,21 +278,21 @@ pub struct Enqueued {
 /// The file as this handle opened it: for writing (daemons, decisions, enqueue), or read-only
 /// (the read verbs), so a reader never waits for a writer.
 enum Handle {
-    Writer(Database),
+    Writer(Reopening),
     Reader(redb::ReadOnlyDatabase),
 }
 
 impl Handle {
     fn begin_read(&self) -> std::result::Result<ReadTransaction, redb::TransactionError> {
         match self {
-            Handle::Writer(db) => db.begin_read(),
+            Handle::Writer(db) => db.get().begin_read(),
             Handle::Reader(db) => db.begin_read(),
         }
     }
 
     fn begin_write(&self) -> Result<WriteTransaction> {
         match self {
-            Handle::Writer(db) => Ok(db.begin_write()?),
+            Handle::Writer(db) => Ok(db.get().begin_write()?),
             Handle::Reader(_) => Err(Error::Invalid(
                 "this database handle was opened read-only".into(),
             )),
@@ -328,9 +328,15 @@ impl Store {
                 source: std::io::Error::other("it is a directory"),
             });
         }
-        let db = Handle::Writer(open_redb(path, 32 << 20)?);
+        let p = path.to_path_buf();
+        Store::open_with(path, std::sync::Arc::new(move || open_redb(&p, 32 << 20)))
+    }
+
+    /// Opens the database with `open`, which makes a fresh handle each time it is called
+    /// (again after an I/O error); tests pass one over a storage backend that fails on demand.
+    pub fn open_with(path: &Path, open: Opener) -> Result<Store> {
         let mut store = Store {
-            db,
+            db: Handle::Writer(Reopening::new(open)?),
             path: path.to_path_buf(),
             db_id: String::new(),
         };
@@ -413,6 +419,15 @@ impl Store {
         }
         store.db_id = id.map_or_else(String::new, |id| format!("{id:012x}"));
         Ok(store)
+    }
+
+    /// Called with an error a transaction of this store gave: after an I/O error the handle
+    /// is opened again, so the next transaction can succeed once the disk is healthy.
+    pub fn after_error(&self, e: &Error) -> bool {
+        match &self.db {
+            Handle::Writer(db) => db.after(e),
+            Handle::Reader(_) => false,
+        }
     }
 
     /// The database id that prefixes every call key of this database.
@@ -1047,6 +1062,74 @@ fn open_error(path: &Path, e: redb::DatabaseError) -> Error {
         }
         other => Error::Corrupt(format!("{}: {other}", path.display())),
     }
+}
+
+/// Opens a database file: a fresh handle each call.
+pub type Opener = std::sync::Arc<dyn Fn() -> Result<Database> + Send + Sync>;
+
+/// A redb handle that is replaced after an I/O error. redb refuses every later operation of a
+/// handle that saw one ("Previous I/O error"), so a full disk that is freed again would stop
+/// the process for good; opening the file again recovers its last commit and goes on. What
+/// was in flight when the error came is not retried here: its outcome is for the caller.
+pub struct Reopening {
+    current: std::sync::RwLock<std::sync::Arc<Database>>,
+    open: Opener,
+    /// The current handle saw an I/O error: open the file again before its next use.
+    broken: std::sync::atomic::AtomicBool,
+}
+
+impl Reopening {
+    pub fn new(open: Opener) -> Result<Reopening> {
+        let db = open()?;
+        Ok(Reopening {
+            current: std::sync::RwLock::new(std::sync::Arc::new(db)),
+            open,
+            broken: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// The current handle, opened again first if the last one saw an I/O error (while the
+    /// disk still fails, that open fails too and the broken handle keeps reporting it).
+    pub fn get(&self) -> std::sync::Arc<Database> {
+        use std::sync::atomic::Ordering;
+        if self.broken.load(Ordering::SeqCst) {
+            match (self.open)() {
+                Ok(db) => {
+                    let db = std::sync::Arc::new(db);
+                    match self.current.write() {
+                        Ok(mut g) => *g = std::sync::Arc::clone(&db),
+                        Err(poisoned) => *poisoned.into_inner() = std::sync::Arc::clone(&db),
+                    }
+                    self.broken.store(false, Ordering::SeqCst);
+                    tracing::warn!("database handle reopened after an I/O error");
+                    return db;
+                }
+                Err(e) => tracing::error!(error = %e, "reopening the database failed"),
+            }
+        }
+        match self.current.read() {
+            Ok(g) => std::sync::Arc::clone(&g),
+            Err(poisoned) => std::sync::Arc::clone(&poisoned.into_inner()),
+        }
+    }
+
+    /// Called with an error the handle gave: after an I/O error, the next use opens the file
+    /// again. Returns whether the error was one.
+    pub fn after(&self, e: &Error) -> bool {
+        let io = is_io(e);
+        if io {
+            self.broken.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        io
+    }
+}
+
+/// Whether an error came from the storage below (the disk), not from the data.
+pub fn is_io(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Db(redb::Error::Io(_) | redb::Error::PreviousIo) | Error::Io { .. }
+    )
 }
 
 /// Opens a redb file in MultiWriter mode. redb documents that a plain open of an altered file

@@ -12,8 +12,7 @@
 
 use crossbeam_channel::{Receiver, Sender, bounded};
 use redb::{
-    Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
-    WriteTransaction,
+    ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -24,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use super::{Effect, Order, REPLAY_LATENCY_MS, Tools, apply, demo_orders, latency_ms};
 use crate::kernel::{ToolReply, ToolRequest};
 use crate::store::codec::{decode, encode};
-use crate::store::{Error, Result};
+use crate::store::{Error, Opener, Reopening, Result};
 
 const ORDERS: TableDefinition<&str, &[u8]> = TableDefinition::new("orders");
 /// sequence -> ledger entry.
@@ -74,7 +73,8 @@ struct IdempotencyRecord {
 }
 
 pub struct DurableStore {
-    db: Arc<Database>,
+    /// Opened again after an I/O error (a full disk freed again), without a restart.
+    db: Arc<Reopening>,
     pub path: PathBuf,
     /// Write calls go through one thread that groups concurrent calls into one transaction
     /// (started on the first write), as a service handling many clients would.
@@ -103,14 +103,23 @@ impl DurableStore {
     /// Opens the store file, creating it with the document's two orders if it is new.
     pub fn open(path: &Path) -> Result<DurableStore> {
         crate::store::create_private(path)?;
-        let db = crate::store::open_redb(path, 16 << 20)?;
+        let p = path.to_path_buf();
+        DurableStore::open_with(
+            path,
+            Arc::new(move || crate::store::open_redb(&p, 16 << 20)),
+        )
+    }
+
+    /// Opens the store with `open`, which makes a fresh handle each time it is called (again
+    /// after an I/O error); tests pass one over a storage backend that fails on demand.
+    pub fn open_with(path: &Path, open: Opener) -> Result<DurableStore> {
         let s = DurableStore {
-            db: Arc::new(db),
+            db: Arc::new(Reopening::new(open)?),
             path: path.to_path_buf(),
             writer: Mutex::new(None),
         };
         let fresh = {
-            let r = s.db.begin_read()?;
+            let r = s.db.get().begin_read()?;
             match r.open_table(ORDERS) {
                 Ok(_) => false,
                 Err(redb::TableError::TableDoesNotExist(_)) => true,
@@ -118,7 +127,7 @@ impl DurableStore {
             }
         };
         if fresh {
-            let w = s.db.begin_write()?;
+            let w = s.db.get().begin_write()?;
             {
                 let mut orders = w.open_table(ORDERS)?;
                 if orders.is_empty()? {
@@ -138,7 +147,7 @@ impl DurableStore {
 
     /// Adds or replaces orders.
     pub fn put_orders(&self, orders: &[(String, Order)]) -> Result<()> {
-        let w = self.db.begin_write()?;
+        let w = self.db.get().begin_write()?;
         {
             let mut t = w.open_table(ORDERS)?;
             for (id, o) in orders {
@@ -150,7 +159,7 @@ impl DurableStore {
     }
 
     pub fn orders(&self) -> Result<BTreeMap<String, Order>> {
-        let r = self.db.begin_read()?;
+        let r = self.db.get().begin_read()?;
         let t = r.open_table(ORDERS)?;
         let mut out = BTreeMap::new();
         for e in t.iter()? {
@@ -161,7 +170,7 @@ impl DurableStore {
     }
 
     pub fn ledger(&self) -> Result<Vec<LedgerEntry>> {
-        let r = self.db.begin_read()?;
+        let r = self.db.get().begin_read()?;
         let t = r.open_table(LEDGER)?;
         let mut out = Vec::new();
         for e in t.iter()? {
@@ -173,7 +182,7 @@ impl DurableStore {
 
     /// The stored result of a call key, if the write took effect: what a lookup endpoint answers.
     pub fn lookup(&self, key: &str, tool: &str) -> Result<Option<Value>> {
-        let r = self.db.begin_read()?;
+        let r = self.db.get().begin_read()?;
         let t = r.open_table(DONE)?;
         match t.get((key, tool))? {
             Some(g) => Ok(Some(decode::<Stored>("stored result", g.value())?.result)),
@@ -183,7 +192,7 @@ impl DurableStore {
 
     /// Every write request that reached the store, in order.
     pub fn arrivals(&self) -> Result<Vec<Arrival>> {
-        let r = self.db.begin_read()?;
+        let r = self.db.get().begin_read()?;
         let t = match r.open_table(ARRIVALS) {
             Ok(t) => t,
             Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
@@ -200,7 +209,7 @@ impl DurableStore {
     /// Logs a write request that the HTTP front answered without reaching the store's rules
     /// (a stored response, a conflicting payload, a key in flight).
     pub fn arrive(&self, key: &str, tool: &str, digest: &str, outcome: &str) -> Result<()> {
-        let w = self.db.begin_write()?;
+        let w = self.db.get().begin_write()?;
         log_arrival(&w, key, tool, digest, outcome)?;
         w.commit()?;
         Ok(())
@@ -208,7 +217,7 @@ impl DurableStore {
 
     /// The HTTP service's stored response for an idempotency key: (payload digest, response).
     pub fn idempotent_response(&self, key: &str) -> Result<Option<(String, Value)>> {
-        let r = self.db.begin_read()?;
+        let r = self.db.get().begin_read()?;
         let t = match r.open_table(IDEMPOTENCY) {
             Ok(t) => t,
             Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
@@ -224,7 +233,7 @@ impl DurableStore {
     }
 
     pub fn remember_response(&self, key: &str, digest: &str, response: &Value) -> Result<()> {
-        let w = self.db.begin_write()?;
+        let w = self.db.get().begin_write()?;
         w.open_table(IDEMPOTENCY)?.insert(
             key,
             encode(&IdempotencyRecord {
@@ -256,7 +265,7 @@ impl DurableStore {
     ) -> Result<(Value, bool)> {
         if !write {
             let order_id = args.get("order_id").and_then(Value::as_str).unwrap_or("");
-            let r = self.db.begin_read()?;
+            let r = self.db.get().begin_read()?;
             let mut orders = load_order(&r.open_table(ORDERS)?, scope, order_id)?;
             let (res, _) = apply(&mut orders, &|_, _| false, user, name, args);
             return Ok((res, false));
@@ -298,17 +307,23 @@ impl DurableStore {
     }
 }
 
-fn group_writer(db: &Database, rx: &Receiver<WriteReq>) {
+fn group_writer(db: &Reopening, rx: &Receiver<WriteReq>) {
     while let Some(batch) = crate::group::recv_batch(rx, GROUP_MAX) {
-        let results: std::result::Result<Vec<(Value, bool)>, String> = (|| {
-            let w = db.begin_write().map_err(|e| e.to_string())?;
+        let results: Result<Vec<(Value, bool)>> = (|| {
+            let w = db.get().begin_write()?;
             let mut out = Vec::with_capacity(batch.len());
             for req in &batch {
-                out.push(write_in(&w, &req.call).map_err(|e| e.to_string())?);
+                out.push(write_in(&w, &req.call)?);
             }
-            w.commit().map_err(|e| e.to_string())?;
+            w.commit()?;
             Ok(out)
         })();
+        // The calls of a failed batch get the error (their outcome is for the caller to
+        // settle); after a disk error the handle is opened again for the next batch.
+        let results = results.map_err(|e| {
+            db.after(&e);
+            e.to_string()
+        });
         match results {
             Ok(out) => {
                 for (req, r) in batch.into_iter().zip(out) {

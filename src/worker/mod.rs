@@ -225,17 +225,29 @@ fn commit_together<'a>(
     store: &Store,
     commits: impl Iterator<Item = &'a Commit>,
 ) -> std::result::Result<Vec<std::result::Result<CommitOutcome, CommitFail>>, String> {
-    let w = store.begin_write().map_err(|e| e.to_string())?;
-    let mut results = Vec::new();
-    for c in commits {
-        match Store::apply_commit(&w, c) {
-            Ok(o) => results.push(Ok(o)),
-            Err(Error::LeaseLost(_) | Error::NoTask(_)) => results.push(Err(CommitFail::LeaseLost)),
-            Err(e) => return Err(format!("task {}: {e}", c.task_id)),
+    let applied = (|| {
+        let w = store.begin_write().map_err(|e| (None, e))?;
+        let mut results = Vec::new();
+        for c in commits {
+            match Store::apply_commit(&w, c) {
+                Ok(o) => results.push(Ok(o)),
+                Err(Error::LeaseLost(_) | Error::NoTask(_)) => {
+                    results.push(Err(CommitFail::LeaseLost))
+                }
+                Err(e) => return Err((Some(c.task_id.clone()), e)),
+            }
         }
-    }
-    w.commit().map_err(|e| e.to_string())?;
-    Ok(results)
+        w.commit().map_err(|e| (None, Error::from(e)))?;
+        Ok(results)
+    })();
+    applied.map_err(|(task, e): (Option<String>, Error)| {
+        // A disk error leaves the handle unusable: open it again for the next commits.
+        store.after_error(&e);
+        match task {
+            Some(t) => format!("task {t}: {e}"),
+            None => e.to_string(),
+        }
+    })
 }
 
 /// Runs the daemon until `shutdown` is set (or, with `drain`, until nothing is runnable).
