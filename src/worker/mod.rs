@@ -342,7 +342,9 @@ pub fn run(
     drop(done_tx);
 
     let mut in_flight = 0usize;
-    let mut last_recover = now_ms();
+    // In-process intervals run on the monotonic clock; the wall clock (`now_ms`) is only for
+    // expiries that other processes compare.
+    let mut last_recover = std::time::Instant::now();
     let result = loop {
         if shutdown.load(Ordering::SeqCst) {
             break Ok(());
@@ -351,8 +353,8 @@ pub fn run(
             in_flight -= 1;
         }
         let now = now_ms();
-        if now.saturating_sub(last_recover) >= cfg.recover_every_ms {
-            last_recover = now;
+        if last_recover.elapsed() >= Duration::from_millis(cfg.recover_every_ms) {
+            last_recover = std::time::Instant::now();
             match store.recover(now, &owner_is_dead, &is_live) {
                 Ok(ids) if !ids.is_empty() => {
                     tracing::info!(tasks = ?ids, "recovered expired leases")
