@@ -1,0 +1,165 @@
+//! Handles on a redb file: opening it in MultiWriter mode without ever panicking on a damaged
+//! file, a read-only handle for readers, and a writer's handle that is opened again after an
+//! I/O error.
+
+use redb::{Database, ReadTransaction, ReadableDatabase, WriteTransaction};
+use std::path::Path;
+
+use super::{Error, Result};
+
+/// The file as this handle opened it: for writing (daemons, decisions, enqueue), or read-only
+/// (the read verbs), so a reader never waits for a writer.
+pub(super) enum Handle {
+    Writer(Reopening),
+    Reader(redb::ReadOnlyDatabase),
+}
+
+impl Handle {
+    pub(super) fn begin_read(
+        &self,
+    ) -> std::result::Result<ReadTransaction, redb::TransactionError> {
+        match self {
+            Handle::Writer(db) => db.get().begin_read(),
+            Handle::Reader(db) => db.begin_read(),
+        }
+    }
+
+    pub(super) fn begin_write(&self) -> Result<WriteTransaction> {
+        match self {
+            Handle::Writer(db) => Ok(db.get().begin_write()?),
+            Handle::Reader(_) => Err(Error::Invalid(
+                "this database handle was opened read-only".into(),
+            )),
+        }
+    }
+}
+
+pub(super) fn open_error(path: &Path, e: redb::DatabaseError) -> Error {
+    match e {
+        redb::DatabaseError::Storage(redb::StorageError::Io(io))
+            if io.kind() == std::io::ErrorKind::InvalidData =>
+        {
+            Error::Corrupt(format!("{}: {io}", path.display()))
+        }
+        redb::DatabaseError::Storage(redb::StorageError::Io(io)) => Error::Io {
+            path: path.to_path_buf(),
+            source: io,
+        },
+        redb::DatabaseError::UpgradeRequired(v) => Error::NewerVersion {
+            what: format!("database file {}", path.display()),
+            found: v as u64,
+            supported: 0,
+        },
+        redb::DatabaseError::Storage(redb::StorageError::Corrupted(msg)) => {
+            Error::Corrupt(format!("{}: {msg}", path.display()))
+        }
+        other => Error::Corrupt(format!("{}: {other}", path.display())),
+    }
+}
+
+/// Opens a database file: a fresh handle each call.
+pub type Opener = std::sync::Arc<dyn Fn() -> Result<Database> + Send + Sync>;
+
+/// A redb handle that is replaced after an I/O error. redb refuses every later operation of a
+/// handle that saw one ("Previous I/O error"), so a full disk that is freed again would stop
+/// the process for good; opening the file again recovers its last commit and goes on. What
+/// was in flight when the error came is not retried here: its outcome is for the caller.
+pub struct Reopening {
+    current: std::sync::RwLock<std::sync::Arc<Database>>,
+    open: Opener,
+    /// The current handle saw an I/O error: open the file again before its next use.
+    broken: std::sync::atomic::AtomicBool,
+}
+
+impl Reopening {
+    pub fn new(open: Opener) -> Result<Reopening> {
+        let db = open()?;
+        Ok(Reopening {
+            current: std::sync::RwLock::new(std::sync::Arc::new(db)),
+            open,
+            broken: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// The current handle, opened again first if the last one saw an I/O error (while the
+    /// disk still fails, that open fails too and the broken handle keeps reporting it).
+    pub fn get(&self) -> std::sync::Arc<Database> {
+        use std::sync::atomic::Ordering;
+        if self.broken.load(Ordering::SeqCst) {
+            match (self.open)() {
+                Ok(db) => {
+                    let db = std::sync::Arc::new(db);
+                    match self.current.write() {
+                        Ok(mut g) => *g = std::sync::Arc::clone(&db),
+                        Err(poisoned) => *poisoned.into_inner() = std::sync::Arc::clone(&db),
+                    }
+                    self.broken.store(false, Ordering::SeqCst);
+                    tracing::warn!("database handle reopened after an I/O error");
+                    return db;
+                }
+                Err(e) => tracing::error!(error = %e, "reopening the database failed"),
+            }
+        }
+        match self.current.read() {
+            Ok(g) => std::sync::Arc::clone(&g),
+            Err(poisoned) => std::sync::Arc::clone(&poisoned.into_inner()),
+        }
+    }
+
+    /// Called with an error the handle gave: after an I/O error, the next use opens the file
+    /// again. Returns whether the error was one.
+    pub fn after(&self, e: &Error) -> bool {
+        let io = is_io(e);
+        if io {
+            self.broken.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        io
+    }
+}
+
+/// Whether an error came from the storage below (the disk), not from the data.
+pub fn is_io(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Db(redb::Error::Io(_) | redb::Error::PreviousIo) | Error::Io { .. }
+    )
+}
+
+/// Opens a redb file in MultiWriter mode. redb documents that a plain open of an altered file
+/// may panic; a damaged file must give an error, never take the process down.
+pub(crate) fn open_redb(path: &Path, cache_bytes: usize) -> Result<Database> {
+    let p = path.to_path_buf();
+    let opened = std::panic::catch_unwind(move || {
+        Database::builder()
+            .set_concurrency_mode(redb::ConcurrencyMode::MultiWriter)
+            .set_cache_size(cache_bytes)
+            .create(&p)
+    });
+    match opened {
+        Ok(Ok(db)) => Ok(db),
+        Ok(Err(e)) => Err(open_error(path, e)),
+        Err(_) => Err(Error::Corrupt(format!(
+            "{} could not be read as a redb database",
+            path.display()
+        ))),
+    }
+}
+
+/// Creates an empty file readable and writable by its owner only (nothing if it exists).
+pub(crate) fn create_private(path: &Path) -> Result<()> {
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    match opts.open(path) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(Error::Io {
+            path: path.to_path_buf(),
+            source: e,
+        }),
+    }
+}

@@ -1,0 +1,247 @@
+//! Opening the worker database: creation with mode 0600, the schema check, tables added by
+//! later versions, the database id, and the read-only open of the read verbs.
+
+use redb::ReadableTable;
+use std::path::Path;
+
+use super::handle::{Handle, Reopening, open_error, open_redb};
+use super::schema::*;
+use super::{Error, Opener, Result, Store, create_private};
+
+impl Store {
+    /// Opens (and with `create`, creates with mode 0600) the database at `path`.
+    pub fn open(path: &Path, create: bool) -> Result<Store> {
+        if !path.exists() {
+            if !create {
+                return Err(Error::Missing(path.to_path_buf()));
+            }
+            create_private(path)?;
+        } else if path.is_dir() {
+            return Err(Error::Io {
+                path: path.to_path_buf(),
+                source: std::io::Error::other("it is a directory"),
+            });
+        }
+        let p = path.to_path_buf();
+        Store::open_with(path, std::sync::Arc::new(move || open_redb(&p, 32 << 20)))
+    }
+
+    /// Opens the database with `open`, which makes a fresh handle each time it is called
+    /// (again after an I/O error); tests pass one over a storage backend that fails on demand.
+    pub fn open_with(path: &Path, open: Opener) -> Result<Store> {
+        let mut store = Store {
+            db: Handle::Writer(Reopening::new(open)?),
+            path: path.to_path_buf(),
+            db_id: String::new(),
+        };
+        store.init()?;
+        store.db_id = store.load_db_id()?;
+        Ok(store)
+    }
+
+    /// Opens an existing database for reading: read-only when redb allows it, else (a file
+    /// that needs recovery after a crash, or one that reads oddly) as a writer, which recovers
+    /// it or reports the damage with the writer's full checks.
+    pub fn open_for_reading(path: &Path) -> Result<Store> {
+        match Store::open_read_only(path) {
+            Ok(s) => Ok(s),
+            Err(e @ (Error::Missing(_) | Error::NewerVersion { .. })) => Err(e),
+            Err(_) => Store::open(path, false),
+        }
+    }
+
+    /// Opens an existing database read-only, beside any writers: a read verb neither takes the
+    /// writer lock nor waits for a process that holds a write transaction open.
+    pub fn open_read_only(path: &Path) -> Result<Store> {
+        if !path.exists() {
+            return Err(Error::Missing(path.to_path_buf()));
+        }
+        if path.is_dir() {
+            return Err(Error::Io {
+                path: path.to_path_buf(),
+                source: std::io::Error::other("it is a directory"),
+            });
+        }
+        let p = path.to_path_buf();
+        let opened = std::panic::catch_unwind(move || {
+            redb::Builder::new()
+                .set_concurrency_mode(redb::ConcurrencyMode::MultiWriter)
+                .set_cache_size(8 << 20)
+                .open_read_only(&p)
+        });
+        let db = match opened {
+            Ok(Ok(db)) => db,
+            Ok(Err(e)) => return Err(open_error(path, e)),
+            Err(_) => {
+                return Err(Error::Corrupt(format!(
+                    "{} could not be read as a redb database",
+                    path.display()
+                )));
+            }
+        };
+        let mut store = Store {
+            db: Handle::Reader(db),
+            path: path.to_path_buf(),
+            db_id: String::new(),
+        };
+        let (schema, id) = {
+            let r = store.db.begin_read()?;
+            match r.open_table(META) {
+                Ok(t) => (
+                    t.get(META_SCHEMA)?.map(|g| g.value()),
+                    t.get(META_DB_ID)?.map(|g| g.value()),
+                ),
+                Err(redb::TableError::TableDoesNotExist(_)) => (None, None),
+                Err(e) => return Err(e.into()),
+            }
+        };
+        match schema {
+            Some(v) if v > SCHEMA_VERSION => {
+                return Err(Error::NewerVersion {
+                    what: format!("database {}", path.display()),
+                    found: v,
+                    supported: SCHEMA_VERSION,
+                });
+            }
+            Some(_) => {}
+            None => {
+                return Err(Error::Corrupt(format!(
+                    "{} is not a Tether worker database (no schema version)",
+                    path.display()
+                )));
+            }
+        }
+        store.db_id = id.map_or_else(String::new, |id| format!("{id:012x}"));
+        Ok(store)
+    }
+
+    /// Called with an error a transaction of this store gave: after an I/O error the handle
+    /// is opened again, so the next transaction can succeed once the disk is healthy.
+    pub fn after_error(&self, e: &Error) -> bool {
+        match &self.db {
+            Handle::Writer(db) => db.after(e),
+            Handle::Reader(_) => false,
+        }
+    }
+
+    /// The database id that prefixes every call key of this database.
+    pub fn db_id(&self) -> &str {
+        &self.db_id
+    }
+
+    /// Reads the database id, making one if the file has none yet (a file from before ids).
+    fn load_db_id(&self) -> Result<String> {
+        let found = {
+            let r = self.db.begin_read()?;
+            r.open_table(META)?.get(META_DB_ID)?.map(|g| g.value())
+        };
+        let id = match found {
+            Some(id) => id,
+            None => {
+                let w = self.db.begin_write()?;
+                let id = {
+                    let mut meta = w.open_table(META)?;
+                    // Checked again inside the write: another process may have made it.
+                    let existing = meta.get(META_DB_ID)?.map(|g| g.value());
+                    match existing {
+                        Some(id) => id,
+                        None => {
+                            let id = random_u64() & DB_ID_MASK;
+                            meta.insert(META_DB_ID, id)?;
+                            id
+                        }
+                    }
+                };
+                w.commit()?;
+                id
+            }
+        };
+        Ok(format!("{id:012x}"))
+    }
+
+    fn init(&self) -> Result<()> {
+        let found = {
+            let r = self.db.begin_read()?;
+            match r.open_table(META) {
+                Ok(t) => t.get(META_SCHEMA)?.map(|g| g.value()),
+                Err(redb::TableError::TableDoesNotExist(_)) => None,
+                Err(e) => return Err(e.into()),
+            }
+        };
+        match found {
+            Some(v) if v > SCHEMA_VERSION => Err(Error::NewerVersion {
+                what: format!("database {}", self.path.display()),
+                found: v,
+                supported: SCHEMA_VERSION,
+            }),
+            Some(_)
+                if self.has_table(WAITING)?
+                    && self.has_table(HELD)?
+                    && self.has_table(DAMAGED)? =>
+            {
+                Ok(())
+            }
+            _ => {
+                // A new file, or one written before a table was added: create what is missing.
+                let w = self.db.begin_write()?;
+                {
+                    let mut meta = w.open_table(META)?;
+                    if meta.get(META_SCHEMA)?.is_none() {
+                        meta.insert(META_SCHEMA, SCHEMA_VERSION)?;
+                    }
+                    w.open_table(TASKS)?;
+                    w.open_table(READY)?;
+                    w.open_table(RUNNING)?;
+                    w.open_table(ENQUEUE_KEYS)?;
+                    w.open_table(CALL_KEYS)?;
+                    w.open_table(SPANS)?;
+                    w.open_table(REPLIES)?;
+                    w.open_table(EVENTS)?;
+                    w.open_table(NOTES)?;
+                    w.open_table(WAITING)?;
+                    w.open_table(HELD)?;
+                    w.open_table(DAMAGED)?;
+                }
+                w.commit()?;
+                Ok(())
+            }
+        }
+    }
+
+    fn has_table<K: redb::Key + 'static, V: redb::Value + 'static>(
+        &self,
+        t: redb::TableDefinition<K, V>,
+    ) -> Result<bool> {
+        let r = self.db.begin_read()?;
+        match r.open_table(t) {
+            Ok(_) => Ok(true),
+            Err(redb::TableError::TableDoesNotExist(_)) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// Database ids are 48 bits: 12 hex digits in every call key.
+const DB_ID_MASK: u64 = (1 << 48) - 1;
+
+/// 64 random bits from the operating system, or (if it has none to give) from the standard
+/// library's randomly seeded hasher mixed with the time and the process id.
+pub(crate) fn random_u64() -> u64 {
+    use std::io::Read;
+    let mut b = [0u8; 8];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .is_ok()
+    {
+        return u64::from_le_bytes(b);
+    }
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    h.finish()
+}

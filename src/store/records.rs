@@ -1,0 +1,207 @@
+//! The records the worker database stores and the data its transactions take: a task's
+//! queue status, lease and record, a new task, a write's call record, and a worker's commit.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+
+use crate::kernel::{Budget, Span, StopReason, TaskState};
+use crate::model::{ModelProfile, RecordedReply};
+
+/// Where a task is in the queue. `TaskState::status` says how the agent loop stands; this says
+/// what the worker does with the task next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QueueStatus {
+    /// Waiting in the ready queue.
+    Queued,
+    /// Leased by a worker.
+    Running,
+    /// Waiting for an approval (needs_approval).
+    Suspended,
+    /// A write's outcome is unknown: waiting for reconcile.
+    Held,
+    /// Ended with a stop reason; nothing more will run.
+    Finished,
+}
+
+impl QueueStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QueueStatus::Queued => "queued",
+            QueueStatus::Running => "running",
+            QueueStatus::Suspended => "suspended",
+            QueueStatus::Held => "held",
+            QueueStatus::Finished => "finished",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<QueueStatus> {
+        [
+            QueueStatus::Queued,
+            QueueStatus::Running,
+            QueueStatus::Suspended,
+            QueueStatus::Held,
+            QueueStatus::Finished,
+        ]
+        .into_iter()
+        .find(|q| q.as_str() == s)
+    }
+
+    /// The queue status a run's end leads to.
+    pub fn after(stop: StopReason) -> QueueStatus {
+        match stop {
+            StopReason::NeedsApproval => QueueStatus::Suspended,
+            StopReason::UnknownOutcome => QueueStatus::Held,
+            _ => QueueStatus::Finished,
+        }
+    }
+}
+
+/// A worker's claim on a task.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// `host:pid:start` of the worker process.
+    pub owner: String,
+    pub host: String,
+    pub pid: u32,
+    /// Start time of the process in clock ticks since boot, so a reused pid is not taken
+    /// for the original process.
+    pub start_ticks: u64,
+    pub expires_at_ms: u64,
+    /// The fencing token of this claim: the task's claim count when it was taken. Every
+    /// commit carries it and is applied only while it is the task's current token, so a
+    /// superseded claim (a paused process, a stale thread) can never commit.
+    #[serde(default)]
+    pub token: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TaskRecord {
+    pub id: String,
+    pub status: QueueStatus,
+    pub priority: i64,
+    pub key: Option<String>,
+    pub budget: Budget,
+    pub model: ModelProfile,
+    /// Latency overrides of the demo store's tools for this task (simulated milliseconds).
+    #[serde(default)]
+    pub tool_latency_ms: BTreeMap<String, u64>,
+    /// The task's tool catalog (from the config file); `None` for the document's store.
+    #[serde(default)]
+    pub catalog: Option<crate::kernel::Catalog>,
+    /// The demo store tenant this task's orders belong to (empty: the shared book).
+    #[serde(default)]
+    pub store_scope: String,
+    pub state: TaskState,
+    pub next_span_id: u32,
+    pub created_at_ms: u64,
+    pub updated_at_ms: u64,
+    #[serde(default)]
+    pub lease: Option<Lease>,
+    /// How many times a worker claimed it; also the fencing token of the current claim.
+    #[serde(default)]
+    pub runs: u32,
+    /// An operator asked to cancel; the running worker stops at its next step boundary.
+    #[serde(default)]
+    pub cancel_requested: Option<String>,
+    /// An operator's settlement of the held call (rejected, or applied with this result), to be
+    /// folded in as that call's result when the task next runs.
+    #[serde(default)]
+    pub settle: Option<Value>,
+    /// How long a suspended task may wait for an approval (its own limit, separate from the
+    /// active-time deadline).
+    #[serde(default = "default_approval_wait_ms")]
+    pub approval_wait_ms: u64,
+    #[serde(default)]
+    pub suspended_at_ms: Option<u64>,
+    /// The approval this task runs under: digest, who, when.
+    #[serde(default)]
+    pub approval: Option<Value>,
+}
+
+pub const DEFAULT_APPROVAL_WAIT_MS: u64 = 24 * 3600 * 1000;
+
+fn default_approval_wait_ms() -> u64 {
+    DEFAULT_APPROVAL_WAIT_MS
+}
+
+/// A task to enqueue.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewTask {
+    pub user: String,
+    pub goal: String,
+    pub key: Option<String>,
+    pub priority: i64,
+    pub budget: Budget,
+    pub model: ModelProfile,
+    pub tool_latency_ms: BTreeMap<String, u64>,
+    pub catalog: Option<crate::kernel::Catalog>,
+    pub store_scope: String,
+    pub approval_wait_ms: u64,
+}
+
+/// A write's call key record: committed as an intent before the tool is called, then completed
+/// with the result in the same transaction as the step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CallRecord {
+    pub key: String,
+    pub task_id: String,
+    pub step: u32,
+    pub tool: String,
+    pub args: Map<String, Value>,
+    /// The document's digest of tool name and args.
+    pub digest: String,
+    pub intent_at_ms: u64,
+    /// None while the write is in flight (or its outcome was never learned).
+    pub result: Option<Value>,
+    pub result_at_ms: Option<u64>,
+}
+
+/// The data of one commit by a worker; see [`Store::apply_commit`].
+#[derive(Clone, Debug)]
+pub struct Commit {
+    pub task_id: String,
+    /// The fencing token of the claim this commit belongs to.
+    pub token: u64,
+    pub kind: CommitKind,
+    pub state: TaskState,
+    pub next_span_id: u32,
+    pub spans: Vec<Span>,
+    pub reply: Option<RecordedReply>,
+    pub call: Option<CallRecord>,
+    pub now_ms: u64,
+    pub lease_ms: u64,
+    /// The task's settlement was folded into `state`: forget it.
+    pub clear_settle: bool,
+    /// With a final commit: claim the next ready task for the same thread, in the same
+    /// transaction (a thread that finishes a task is free at once, so the claim starts
+    /// running at once, and one transaction serves both).
+    pub claim_next: Option<Lease>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CommitKind {
+    /// A write's intent (and the step's reply), before the tool is called.
+    Intent,
+    /// A step ended; the run goes on. Renews the lease.
+    Step,
+    /// The run ended with this stop reason.
+    Final(StopReason),
+    /// The worker is shutting down: the task goes back to the queue as committed.
+    Release,
+}
+
+/// What a commit learned: an operator may have asked to cancel meanwhile.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CommitOutcome {
+    pub cancel_requested: Option<String>,
+    /// The task claimed with `Commit::claim_next`, if one was ready.
+    pub next: Option<TaskRecord>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Enqueued {
+    pub id: String,
+    pub created: bool,
+}
