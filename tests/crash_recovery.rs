@@ -21,17 +21,6 @@ const TASKS: usize = 60;
 const KILLS: usize = 32;
 const ENQUEUERS: usize = 3;
 
-struct Rng(u64);
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) % n
-    }
-}
-
 #[test]
 fn daemon_killed_at_random_moments_loses_and_repeats_nothing() {
     let seed: u64 = std::env::var("TETHER_SEED")

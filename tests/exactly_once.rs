@@ -25,26 +25,6 @@ use tether::kernel::Budget;
 use tether::model::ModelProfile;
 use tether::store::{Commit, CommitKind, Error, Lease, NewTask, Store};
 
-fn arrivals(d: &Path) -> Vec<Value> {
-    json(d, &["store", "arrivals", "--json"])
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-}
-
-fn ledger(d: &Path) -> Vec<Value> {
-    json(d, &["store", "ledger", "--json"])
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-}
-
-fn suspended_g(d: &Path) {
-    enqueue(d, &["--model", "policy:ord_1004:8000"]);
-    ok(d, &["run", "--drain"]);
-    assert_eq!(json(d, &["show", "t1", "--json"])["status"], "suspended");
-}
-
 fn new_task(user: &str, goal: &str, key: Option<&str>) -> NewTask {
     NewTask {
         user: user.into(),
@@ -295,10 +275,7 @@ fn a_write_must_name_a_plan_step_of_its_tool() {
             .as_str()
             .is_some_and(|k| k.ends_with(":t1:s2"))
     );
-    let refunds: Vec<i64> = ledger(d)
-        .iter()
-        .filter_map(|e| e["effect"]["amount_cents"].as_i64())
-        .collect();
+    let refunds = refund_amounts(&ledger(d));
     assert_eq!(refunds, [400]);
 }
 
@@ -370,13 +347,10 @@ fn two_databases_sharing_one_store_never_collide() {
         let t = json(d, &["--db", db, "show", "t1", "--json"]);
         assert_eq!(t["stop"], "done", "{t}");
     }
-    let ledger = json(d, &["--store", "shared.redb", "store", "ledger", "--json"]);
-    let refunds: Vec<i64> = ledger
-        .as_array()
-        .expect("ledger")
-        .iter()
-        .filter_map(|e| e["effect"]["amount_cents"].as_i64())
-        .collect();
+    let refunds = refund_amounts(&json_list(
+        d,
+        &["--store", "shared.redb", "store", "ledger", "--json"],
+    ));
     assert_eq!(
         refunds,
         [3000, 1000],

@@ -630,13 +630,10 @@ fn an_approval_reaches_an_http_tool() {
     let t = json(d, &["show", "t1", "--json"]);
     assert_eq!(t["stop"], "done", "{t}");
     assert_eq!(t["tool_calls"], 4, "{t}");
-    let ledger = json(d, &["--store", "store.redb", "store", "ledger", "--json"]);
-    let refunds: Vec<i64> = ledger
-        .as_array()
-        .expect("ledger")
-        .iter()
-        .filter_map(|e| e["effect"]["amount_cents"].as_i64())
-        .collect();
+    let refunds = refund_amounts(&json_list(
+        d,
+        &["--store", "store.redb", "store", "ledger", "--json"],
+    ));
     assert_eq!(refunds, [8000]);
     // The service saw the call twice under one key: refused for approval, then applied.
     let arrivals = json(d, &["--store", "store.redb", "store", "arrivals", "--json"]);

@@ -8,19 +8,6 @@ use common::*;
 use serde_json::Value;
 use std::process::Command;
 
-fn suspended_g(d: &std::path::Path) {
-    enqueue(d, &["--model", "policy:ord_1004:8000"]);
-    ok(d, &["run", "--drain"]);
-    assert_eq!(json(d, &["show", "t1", "--json"])["status"], "suspended");
-}
-
-fn ledger(d: &std::path::Path) -> Vec<Value> {
-    json(d, &["store", "ledger", "--json"])
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-}
-
 /// The document's suspend-and-resume program through the CLI.
 #[test]
 fn approve_resumes_g_to_done_with_one_refund() {

@@ -7,33 +7,14 @@
 //! The seed is printed; `TETHER_SEED=<seed> cargo test --test property` replays a failure.
 
 use serde_json::{Value, json};
+mod common;
+use common::Rng;
+
 use tether::kernel::{
     Budget, Catalog, ModelReply, ModelRequest, RawReply, Session, Status, StopReason, TaskState,
 };
 use tether::model::Model;
 use tether::sim::{DemoStore, drive};
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // splitmix64
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len() as u64) as usize]
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
 
 fn random_reply(rng: &mut Rng, earlier: &[(Value, u64)]) -> Value {
     if !earlier.is_empty() && rng.chance(20) {

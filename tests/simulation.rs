@@ -27,6 +27,9 @@
 //! `TETHER_SIM_SEEDS=N` runs N seeds, `TETHER_SIM_BASE=B` fixes the base, and
 //! `TETHER_SIM_SEED=S` replays one seed.
 
+mod common;
+use common::Rng;
+
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -46,27 +49,6 @@ const SEEDS: u64 = 2_000;
 const LEASE_MS: u64 = 1_000;
 const CHAOS_STEPS: usize = 140;
 const SETTLE_STEPS_MAX: usize = 4_000;
-
-/// splitmix64: small, seedable, the same everywhere.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
 
 enum Msg {
     /// Stopped before a commit (`true`: the next run may write) or at a call-out point.

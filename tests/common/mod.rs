@@ -129,3 +129,59 @@ pub fn assert_sent_at_most_once(dir: &Path, store_args: &[&str], seed: u64) -> u
     }
     sent.len()
 }
+
+/// splitmix64: a small seedable generator, the same on every machine, for seeded tests.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A draw in 0..n (0 when n is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len() as u64) as usize]
+    }
+
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// `worker ARGS --json` as an array (empty if it printed none).
+pub fn json_list(dir: &Path, args: &[&str]) -> Vec<serde_json::Value> {
+    json(dir, args).as_array().cloned().unwrap_or_default()
+}
+
+/// The document store's ledger, of the default store file.
+pub fn ledger(dir: &Path) -> Vec<serde_json::Value> {
+    json_list(dir, &["store", "ledger", "--json"])
+}
+
+/// The document store's arrivals log, of the default store file.
+pub fn arrivals(dir: &Path) -> Vec<serde_json::Value> {
+    json_list(dir, &["store", "arrivals", "--json"])
+}
+
+/// The refund amounts in a ledger, in order.
+pub fn refund_amounts(ledger: &[serde_json::Value]) -> Vec<i64> {
+    ledger
+        .iter()
+        .filter_map(|e| e["effect"]["amount_cents"].as_i64())
+        .collect()
+}
+
+/// Scenario G on the default database: t1 suspended, its refund of 8000 waiting for approval.
+pub fn suspended_g(dir: &Path) {
+    enqueue(dir, &["--model", "policy:ord_1004:8000"]);
+    ok(dir, &["run", "--drain"]);
+    assert_eq!(json(dir, &["show", "t1", "--json"])["status"], "suspended");
+}
