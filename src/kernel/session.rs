@@ -336,10 +336,6 @@ impl<'c> Session<'c> {
         &self.state
     }
 
-    pub fn keys(&self) -> &Keys {
-        &self.keys
-    }
-
     pub fn budget(&self) -> &Budget {
         &self.budget
     }

@@ -118,7 +118,7 @@ impl Reopening {
 }
 
 /// Whether an error came from the storage below (the disk), not from the data.
-pub fn is_io(e: &Error) -> bool {
+fn is_io(e: &Error) -> bool {
     matches!(
         e,
         Error::Db(redb::Error::Io(_) | redb::Error::PreviousIo) | Error::Io { .. }

@@ -15,7 +15,7 @@ mod records;
 pub mod schema;
 
 use handle::Handle;
-pub use handle::{Opener, Reopening, is_io};
+pub use handle::{Opener, Reopening};
 pub(crate) use handle::{create_private, open_redb};
 pub use records::*;
 

@@ -117,10 +117,9 @@ impl Store {
 
     /// Called with an error a transaction of this store gave: after an I/O error the handle
     /// is opened again, so the next transaction can succeed once the disk is healthy.
-    pub fn after_error(&self, e: &Error) -> bool {
-        match &self.db {
-            Handle::Writer(db) => db.after(e),
-            Handle::Reader(_) => false,
+    pub fn after_error(&self, e: &Error) {
+        if let Handle::Writer(db) = &self.db {
+            db.after(e);
         }
     }
 

@@ -306,7 +306,12 @@ impl Store {
         extend.apply(&mut rec.budget)?;
         check_can_send(&rec, "the approval")?;
         let digest = call.digest();
-        rec.approval = Some(json!({"key": key, "digest": digest, "by": d.by, "at_ms": d.now_ms}));
+        rec.approval = Some(super::Approval {
+            key,
+            digest,
+            by: d.by.clone(),
+            at_ms: d.now_ms,
+        });
         rec.suspended_at_ms = None;
         let mut detail = call_json(ns, &rec, &call);
         if !extend.0.is_empty() {

@@ -115,9 +115,25 @@ pub struct TaskRecord {
     pub approval_wait_ms: u64,
     #[serde(default)]
     pub suspended_at_ms: Option<u64>,
-    /// The approval this task runs under: digest, who, when.
+    /// The approval this task runs under. It lives here only; the re-sent call carries it.
     #[serde(default)]
-    pub approval: Option<Value>,
+    pub approval: Option<Approval>,
+}
+
+/// An operator's approval of exactly one held call: its call key and digest, who and when.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Approval {
+    pub key: String,
+    pub digest: String,
+    pub by: String,
+    pub at_ms: u64,
+}
+
+impl Approval {
+    /// The approved digest, if this approval covers the call under `key` with `digest`.
+    pub fn covering(&self, key: &str, digest: &str) -> Option<&str> {
+        (self.key == key && self.digest == digest).then_some(self.digest.as_str())
+    }
 }
 
 pub const DEFAULT_APPROVAL_WAIT_MS: u64 = 24 * 3600 * 1000;

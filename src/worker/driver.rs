@@ -89,14 +89,6 @@ enum Ended {
     Released,
 }
 
-/// The approval digest that covers the held call under `key` with `digest`, if the task's
-/// record holds one for exactly that call.
-fn approval_for<'r>(rec: &'r TaskRecord, key: &str, digest: &str) -> Option<&'r str> {
-    let a = rec.approval.as_ref()?;
-    let approved = a.get("digest")?.as_str()?;
-    (approved == digest && a.get("key").and_then(|k| k.as_str()) == Some(key)).then_some(approved)
-}
-
 /// Passes `point`, or crashes here if the hook says so.
 fn pass(ctx: &Context, point: Point) -> Result<(), CommitFail> {
     match &ctx.hook {
@@ -273,11 +265,11 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
                 pass(ctx, Point::Send)?;
                 let reply = match session.poll() {
                     Action::Tool(req) => {
-                        let approval = if req.held {
-                            approval_for(&rec, &key, &digest)
-                        } else {
-                            None
-                        };
+                        let approval = rec
+                            .approval
+                            .as_ref()
+                            .filter(|_| req.held)
+                            .and_then(|a| a.covering(&key, &digest));
                         tools.call(&crate::kernel::ToolRequest { approval, ..req })
                     }
                     _ => unreachable!("the tool request is repeated until it is answered"),

@@ -201,12 +201,7 @@ fn group_commit(
         // tried again alone, so one bad commit fails only itself, never its whole group.
         Err(_) if batch.len() > 1 => batch
             .iter()
-            .map(
-                |r| match commit_together(store, std::iter::once(&r.commit)) {
-                    Ok(mut one) => one.pop().unwrap_or(Err(CommitFail::LeaseLost)),
-                    Err(e) => Err(CommitFail::Failed(e)),
-                },
-            )
+            .map(|r| commit_alone(store, &r.commit))
             .collect(),
         Err(e) => vec![Err(CommitFail::Failed(e))],
     }
