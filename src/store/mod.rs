@@ -9,6 +9,7 @@
 
 pub mod codec;
 mod handle;
+mod memory;
 mod open;
 pub mod ops;
 mod records;
