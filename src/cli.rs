@@ -884,7 +884,10 @@ fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
         v["budget"] = serde_json::to_value(b).unwrap_or(Value::Null);
         v["model"] = serde_json::to_value(&r.model).unwrap_or(Value::Null);
         v["closing_message"] = Value::String(closing);
-        v["calls"] = serde_json::to_value(store.calls(&r.id)?).unwrap_or(Value::Null);
+        v["calls"] = match store.calls(&r.id) {
+            Ok(calls) => serde_json::to_value(calls).unwrap_or(Value::Null),
+            Err(e) => json!({"error": e.to_string()}),
+        };
         if let Some(p) = &r.state.pending {
             v["held"] = json!({"tool": p.name, "args": p.args,
                 "key": store.call_key(p, &r.id, r.state.step), "digest": p.digest()});

@@ -160,6 +160,50 @@ fn a_process_never_recovers_its_own_live_claims() {
     );
 }
 
+/// Scenario G approved, then its approved refund's intent committed by a claim whose process
+/// is gone, and nothing more: the crash left the refund maybe sent, maybe not. Returns the
+/// refund's call key.
+fn approved_call_in_flight(d: &Path) -> String {
+    suspended_g(d);
+    let digest = held_digest(d, "t1");
+    ok(d, &["approve", "t1", "--digest", &digest]);
+    let store = Store::open(&d.join("worker.redb"), false).expect("open");
+    // A process that is gone: a pid that no longer exists on this host.
+    let mut gone = std::process::Command::new("true").spawn().expect("spawn");
+    let pid = gone.id();
+    gone.wait().expect("wait");
+    let identity = tether::worker::Identity::current();
+    let dead = Lease {
+        owner: format!("{}:{pid}:1", identity.host),
+        host: identity.host.clone(),
+        pid,
+        start_ticks: 1,
+        expires_at_ms: 0,
+        token: 0,
+    };
+    let now = tether::worker::now_ms();
+    let rec = store.claim(&dead, 1, now).expect("claim").remove(0);
+    let token = rec.lease.as_ref().expect("lease").token;
+    let call = rec.state.pending.clone().expect("held call");
+    let key = store.call_key(&call, &rec.id, rec.state.step);
+    let intent = tether::store::CallRecord {
+        key: key.clone(),
+        task_id: rec.id.clone(),
+        step: rec.state.step,
+        tool: call.name.clone(),
+        args: call.args.clone(),
+        digest: call.digest(),
+        intent_at_ms: now,
+        result: None,
+        result_at_ms: None,
+    };
+    let mut c = step_commit(&rec, token, rec.state.step);
+    c.kind = CommitKind::Intent;
+    c.call = Some(intent);
+    commit(&store, &c).expect("intent");
+    key
+}
+
 /// Defect 3: a held call (approved) was re-sent after a crash although its intent had no
 /// result and the tool is not idempotent. The crash is made exactly: the approved call's
 /// intent is committed by a claim whose process is gone, and nothing more.
@@ -167,46 +211,7 @@ fn a_process_never_recovers_its_own_live_claims() {
 fn a_resumed_held_call_in_flight_at_a_crash_is_not_sent_again() {
     let dir = TempDir::new("held-crash");
     let d = dir.path();
-    suspended_g(d);
-    let digest = held_digest(d, "t1");
-    ok(d, &["approve", "t1", "--digest", &digest]);
-    {
-        let store = Store::open(&dir.file("worker.redb"), false).expect("open");
-        // A process that is gone: a pid that no longer exists on this host.
-        let mut gone = std::process::Command::new("true").spawn().expect("spawn");
-        let pid = gone.id();
-        gone.wait().expect("wait");
-        let identity = tether::worker::Identity::current();
-        let dead = Lease {
-            owner: format!("{}:{pid}:1", identity.host),
-            host: identity.host.clone(),
-            pid,
-            start_ticks: 1,
-            expires_at_ms: 0,
-            token: 0,
-        };
-        let now = tether::worker::now_ms();
-        let rec = store.claim(&dead, 1, now).expect("claim").remove(0);
-        let token = rec.lease.as_ref().expect("lease").token;
-        let call = rec.state.pending.clone().expect("held call");
-        let key = store.call_key(&call, &rec.id, rec.state.step);
-        let intent = tether::store::CallRecord {
-            key,
-            task_id: rec.id.clone(),
-            step: rec.state.step,
-            tool: call.name.clone(),
-            args: call.args.clone(),
-            digest: call.digest(),
-            intent_at_ms: now,
-            result: None,
-            result_at_ms: None,
-        };
-        let mut c = step_commit(&rec, token, rec.state.step);
-        c.kind = CommitKind::Intent;
-        c.call = Some(intent);
-        commit(&store, &c).expect("intent");
-        // The process dies here, with the approved refund maybe sent, maybe not.
-    }
+    approved_call_in_flight(d);
     let before = arrivals(d).len();
     ok(d, &["run", "--drain"]);
     let t = json(d, &["show", "t1", "--json"]);
@@ -736,4 +741,48 @@ fn the_worker_database_recovers_from_a_full_disk_without_a_restart() {
         .commit(step_commit(&rec, token, 2))
         .expect("commits work again without a restart");
     assert_eq!(store.task("t1").expect("t1").state.step, 2);
+}
+
+/// Defect 3, the read side: a call record that could not be read was taken for "nothing
+/// recorded", and the write was sent again under a fresh intent. A damaged record now holds
+/// the call for reconcile (its outcome is unknown), and reconcile can settle it.
+#[test]
+fn an_unreadable_call_record_holds_the_write_never_resends_it() {
+    let dir = TempDir::new("damaged-call");
+    let d = dir.path();
+    let key = approved_call_in_flight(d);
+    {
+        let store = Store::open(&dir.file("worker.redb"), false).expect("open");
+        let w = store.begin_write().expect("write");
+        w.open_table(tether::store::schema::CALL_KEYS)
+            .expect("call keys")
+            .insert(key.as_str(), &b"\x00 not a record"[..])
+            .expect("insert");
+        w.commit().expect("commit");
+    }
+    let before = arrivals(d).len();
+    ok(d, &["run", "--drain"]);
+    assert_eq!(arrivals(d).len(), before, "the refund was sent again");
+    let t = json(d, &["show", "t1", "--json"]);
+    assert_eq!(t["status"], "held", "{t}");
+    let held = json(d, &["reconcile", "--json"]);
+    assert_eq!(held[0]["key"], key.as_str(), "{held}");
+    ok(
+        d,
+        &[
+            "reconcile",
+            "t1",
+            "--not-applied",
+            "--key",
+            &key,
+            "--by",
+            "op",
+        ],
+    );
+    ok(d, &["run", "--drain"]);
+    assert_eq!(
+        refund_amounts(&ledger(d)),
+        [8000],
+        "sent once after the decision"
+    );
 }

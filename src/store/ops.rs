@@ -370,7 +370,10 @@ impl Store {
             if !matches!(rec.status, QueueStatus::Held | QueueStatus::Finished) {
                 continue;
             }
-            let call = self.call(&self.call_key(c, &rec.id, rec.state.step))?;
+            // A damaged call record is listed without it: the write stays held either way.
+            let call = self
+                .call(&self.call_key(c, &rec.id, rec.state.step))
+                .unwrap_or(None);
             out.push((rec, call));
         }
         Ok(out)
@@ -429,7 +432,19 @@ impl Store {
         let mut calls = w.open_table(CALL_KEYS)?;
         let existing = calls.get(key.as_str())?.map(|g| g.value().to_vec());
         if let Some(bytes) = existing {
-            let mut c: CallRecord = decode("call key", &bytes)?;
+            // A damaged record is replaced by one made from the held call: the operator's
+            // settlement is what is known of it now.
+            let mut c: CallRecord = decode("call key", &bytes).unwrap_or_else(|_| CallRecord {
+                key: key.clone(),
+                task_id: rec.id.clone(),
+                step: rec.state.step,
+                tool: call.name.clone(),
+                args: call.args.clone(),
+                digest: call.digest(),
+                intent_at_ms: d.now_ms,
+                result: None,
+                result_at_ms: None,
+            });
             c.result = Some(recorded.clone());
             c.result_at_ms = Some(d.now_ms);
             calls.insert(key.as_str(), encode(&c)?.as_slice())?;

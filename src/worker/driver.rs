@@ -230,9 +230,21 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
                     req.call.digest(),
                 );
                 if write {
-                    let existing = ctx.store.call(&key).map_err(|e| failed("call key", e))?;
+                    let (existing, damaged) = match ctx.store.call(&key) {
+                        Ok(c) => (c, false),
+                        // A record that cannot be decoded says nothing about what was sent:
+                        // the outcome is unknown, so the call is held, never sent blind.
+                        Err(
+                            e @ (crate::store::Error::Corrupt(_)
+                            | crate::store::Error::NewerVersion { .. }),
+                        ) => {
+                            tracing::error!(task = %rec.id, key = %key, error = %e, "call record damaged; holding the call");
+                            (None, true)
+                        }
+                        Err(e) => return Err(failed("call key", e)),
+                    };
                     let in_flight = existing.as_ref().is_some_and(|c| c.result.is_none());
-                    if in_flight && !idempotent {
+                    if damaged || (in_flight && !idempotent) {
                         // Sent before a crash (a fresh call or a resumed held one), outcome
                         // never learned, and not safe to re-send: hold it for reconcile.
                         step_call = existing;
