@@ -1,0 +1,433 @@
+//! The command line's arguments: every verb, its flags and its `--help` examples.
+
+use super::*;
+
+const AFTER_HELP: &str = "Examples:
+  worker demo                                   # scenarios A-H through the durable path
+  worker enqueue --user cu_ana --goal 'refund the damaged item on order ord_1001' --key job-42
+  worker run --workers 4 --drain                # run until nothing is runnable
+  worker list --status finished --json
+  worker show t1
+  worker trace t1
+
+The database is ./worker.redb unless --db or WORKER_DB says otherwise; the document's store
+(orders, ledger, stored results) is a second file beside it (--store or WORKER_STORE).";
+
+#[derive(Parser, Debug)]
+#[command(name = "worker", version, about = "Tether: a durable, bounded agent worker on redb", after_help = AFTER_HELP)]
+pub struct Cli {
+    /// The worker database (redb, shared by all processes).
+    #[arg(long, global = true, env = "WORKER_DB", default_value = "worker.redb")]
+    pub db: PathBuf,
+    /// The document's store (orders, ledger, stored results); default: <db>.store.redb beside --db.
+    #[arg(long, global = true, env = "WORKER_STORE")]
+    pub store: Option<PathBuf>,
+    /// Config file (TOML) with model profiles and the tool catalog, for `worker enqueue`.
+    #[arg(long, global = true, env = "WORKER_CONFIG")]
+    pub config: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the daemon: claim tasks and run them on a pool of threads.
+    #[command(
+        after_help = "Example:\n  RUST_LOG=info worker run --workers 8        # until SIGINT/SIGTERM\n  worker run --drain                          # until the queue is empty"
+    )]
+    Run(RunArgs),
+    /// Add a task (or a batch from a JSONL file) to the queue; prints the task id.
+    #[command(after_help = ENQUEUE_HELP)]
+    Enqueue(EnqueueArgs),
+    /// List tasks.
+    #[command(
+        after_help = "Example:\n  worker list --status held\n  worker list --stop max_steps --json"
+    )]
+    List(ListArgs),
+    /// Show one task: state, plan, budgets used, closing message.
+    #[command(after_help = "Example:\n  worker show t1 --json")]
+    Show(TaskArgs),
+    /// The task's span table, or its spans as OTLP/JSON for an OpenTelemetry collector.
+    #[command(
+        after_help = "Example:\n  worker trace t1\n  worker trace t1 --otlp t1.otlp.json   # GenAI semantic conventions"
+    )]
+    Trace(TraceArgs),
+    /// The document's post-mortem of a task.
+    #[command(after_help = "Example:\n  worker postmortem t2")]
+    Postmortem(TaskArgs),
+    /// Serve the document's store over HTTP (Stripe-style idempotency keys, fault injection).
+    /// Its file is --store, or --db when given, or worker.store.redb.
+    #[command(
+        name = "demo-store",
+        after_help = "Example:\n  worker demo-store --listen 127.0.0.1:8700 --db store.redb --lose-rate 0.2"
+    )]
+    DemoStore(DemoStoreArgs),
+    /// Enqueue scenarios A-H on a fresh temporary database, run them, print the table.
+    #[command(after_help = "Example:\n  worker demo --workers 4")]
+    Demo(DemoArgs),
+    /// The document's store: orders and ledger.
+    #[command(subcommand)]
+    Store(StoreCommand),
+    /// Approve exactly the held call of a suspended task; the task is requeued.
+    #[command(
+        after_help = "Examples:\n  worker show t7                 # the held call, its key and its digest\n  worker approve t7 --by alice --reason 'damage confirmed' --digest 3f2a9c1d0e\n  worker approve t7 --digest 3f2a9c1d0e --extend tool_calls=1   # when its budget is spent"
+    )]
+    Approve(ApproveArgs),
+    /// Reject the held call of a suspended task: it is never sent; the task goes on.
+    #[command(
+        after_help = "Example:\n  worker reject t7 --by alice --reason 'refund above policy' --digest 3f2a9c1d0e"
+    )]
+    Reject(RejectArgs),
+    /// List held writes (outcome unknown), or settle one: --applied or --not-applied.
+    #[command(
+        after_help = "Examples:\n  worker reconcile                                  # list held writes, with keys and digests\n  worker reconcile t8 --applied --result '{\"status\": \"ok\", \"refunded_cents\": 3000}' --by bob --reason 'seen in the ledger'\n  worker reconcile t8 --not-applied --key 5f0c2a9e11d3:t8:s2 --by bob   # re-sent under the same key\n  worker reconcile t8 --not-applied --digest 54592ae224 --extend deadline_ms=10000"
+    )]
+    Reconcile(ReconcileArgs),
+    /// Cancel a queued, running (at its next step boundary), suspended or held task.
+    #[command(after_help = "Example:\n  worker cancel t3 --reason 'customer withdrew the request'")]
+    Cancel(DecideArgs),
+    /// Re-run a task offline from its recorded replies against a fresh copy of the demo store,
+    /// and compare its final state and effects with the stored ones (exit 1 if they differ).
+    #[command(after_help = "Example:\n  worker replay t1 --json")]
+    Replay(TaskArgs),
+    /// The audit log (who, what, when, why), of one task when given.
+    #[command(after_help = "Example:\n  worker events t7")]
+    Events(EventsArgs),
+    /// Long-term memory: notes from trusted sources, scoped to a user, expiring.
+    #[command(subcommand)]
+    Memory(MemoryCommand),
+}
+
+fn default_by() -> String {
+    std::env::var("USER")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| "operator".into())
+}
+
+#[derive(Args, Debug)]
+pub struct DecideArgs {
+    /// Task id.
+    pub task: String,
+    /// Who decides (default: $USER).
+    /// Who decides (default: $USER); recorded in the audit log.
+    #[arg(long, default_value_t = default_by())]
+    pub by: String,
+    /// Why; recorded in the audit log.
+    /// Why; recorded in the audit log.
+    #[arg(long)]
+    pub reason: Option<String>,
+}
+
+/// The held call a decision is about, as `worker show` prints it. Compared inside the
+/// decision's transaction: a task that moved on to another call refuses the decision.
+#[derive(Args, Debug)]
+pub struct CallArgs {
+    /// The held call's digest of tool and args (from `worker show`).
+    #[arg(long)]
+    pub digest: Option<String>,
+    /// The held call's call key (from `worker show`).
+    #[arg(long)]
+    pub key: Option<String>,
+}
+
+impl CallArgs {
+    pub(super) fn reviewed(&self) -> Reviewed {
+        Reviewed {
+            key: self.key.clone(),
+            digest: self.digest.clone(),
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct ApproveArgs {
+    #[command(flatten)]
+    pub decide: DecideArgs,
+    /// Required: --digest or --key of the held call; refused if the task holds another call.
+    #[command(flatten)]
+    pub call: CallArgs,
+    /// Grant more budget with the approval, e.g. `tool_calls=1,deadline_ms=10000` (each limit
+    /// grows by its amount; recorded in the audit event).
+    #[arg(long)]
+    pub extend: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct RejectArgs {
+    #[command(flatten)]
+    pub decide: DecideArgs,
+    /// When given, refused if the task holds another call.
+    #[command(flatten)]
+    pub call: CallArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct ReconcileArgs {
+    /// Task id; without it, list the held writes.
+    pub task: Option<String>,
+    /// Settle every held write whose tool's lookup gives a definite answer.
+    #[arg(long, conflicts_with_all = ["task", "applied", "not_applied"])]
+    pub auto: bool,
+    /// The write took effect.
+    #[arg(long, requires = "task", conflicts_with = "not_applied")]
+    pub applied: bool,
+    /// The write did not take effect: send it again under the same call key.
+    #[arg(long, requires = "task")]
+    pub not_applied: bool,
+    /// With --applied: the service's result, as JSON (default {"status": "ok"}).
+    #[arg(long, requires = "applied")]
+    pub result: Option<String>,
+    /// When given, refused if the task holds another call.
+    #[command(flatten)]
+    pub call: CallArgs,
+    /// With --not-applied or --applied: grant more budget, e.g. `tool_calls=1` or
+    /// `deadline_ms=10000` (each limit grows by its amount; recorded in the audit event).
+    #[arg(long, requires = "task")]
+    pub extend: Option<String>,
+    /// Who decides (default: $USER); recorded in the audit log.
+    #[arg(long, default_value_t = default_by())]
+    pub by: String,
+    /// Why; recorded in the audit log.
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct EventsArgs {
+    /// Only this task's events.
+    pub task: Option<String>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum MemoryCommand {
+    /// Store a note (trusted sources only: user_message, validated_tool).
+    #[command(
+        after_help = "Example:\n  worker memory add --user cu_ana --source user_message --ttl-days 90 --text 'Prefers refunds to the original card.'"
+    )]
+    Add {
+        /// The user the note belongs to; only that user's tasks will see it.
+        #[arg(long)]
+        user: String,
+        /// The note itself.
+        #[arg(long)]
+        text: String,
+        /// Where it came from: user_message or validated_tool (anything else is refused).
+        #[arg(long)]
+        source: String,
+        /// How long the note lives.
+        #[arg(long, default_value_t = 90)]
+        ttl_days: u64,
+        /// Who decides (default: $USER); recorded in the audit log.
+        #[arg(long, default_value_t = default_by())]
+        by: String,
+    },
+    /// List live notes (all with --all), of one user when given.
+    #[command(after_help = "Example:\n  worker memory list --user cu_ana")]
+    List {
+        /// Only this user's notes.
+        #[arg(long)]
+        user: Option<String>,
+        /// Include expired notes.
+        #[arg(long)]
+        all: bool,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a user's notes, only those from one source when given.
+    #[command(
+        after_help = "Example:\n  worker memory forget --user cu_ana --source validated_tool"
+    )]
+    Forget {
+        /// Whose notes.
+        #[arg(long)]
+        user: String,
+        /// Only the notes from this source.
+        #[arg(long)]
+        source: Option<String>,
+        /// Who decides (default: $USER); recorded in the audit log.
+        #[arg(long, default_value_t = default_by())]
+        by: String,
+    },
+}
+
+const ENQUEUE_HELP: &str = "Models (--model): policy | policy:ORDER:AMOUNT_CENTS[:LATENCY_MS] | same_call | new_ids |
+search_loop (each with optional :LATENCY_MS) | script:FILE.jsonl (one reply per line).
+Budgets (--budget NAME=VALUE): steps_max, tool_calls_max, tokens_max, output_tokens_max,
+deadline_ms, repeat_max, stalls_max, plan_steps_max.
+
+Examples:
+  worker enqueue --user cu_ana --goal 'refund the damaged item on order ord_1001'
+  worker enqueue --user cu_ana --goal 'refund' --model policy:ord_1004:8000 --key job-7
+  worker enqueue --file tasks.jsonl
+A line of tasks.jsonl:
+  {\"user\": \"cu_ana\", \"goal\": \"refund\", \"key\": \"job-7\", \"priority\": 5,
+   \"budget\": {\"steps_max\": 3}, \"model\": \"policy\", \"tool_latency_ms\": {\"issue_refund\": 40000}}";
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Worker threads, each running one task at a time.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub workers: u16,
+    /// Exit when nothing is runnable.
+    #[arg(long)]
+    pub drain: bool,
+    /// Lease length: a task whose worker has not committed for this long is taken over.
+    #[arg(long, default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(1000..))]
+    pub lease_ms: u64,
+    /// Sleep this many real ms per simulated ms of scripted model and tool latency (0: none).
+    #[arg(long, default_value_t = 0.0)]
+    pub time_scale: f64,
+}
+
+#[derive(Args, Debug)]
+pub struct EnqueueArgs {
+    /// The user the task runs as (never taken from the model).
+    #[arg(long, required_unless_present = "file", conflicts_with = "file")]
+    pub user: Option<String>,
+    /// The task's goal.
+    #[arg(long, required_unless_present = "file", conflicts_with = "file")]
+    pub goal: Option<String>,
+    /// Idempotency key: enqueueing the same key again returns the existing task.
+    #[arg(long, conflicts_with = "file")]
+    pub key: Option<String>,
+    /// Higher runs first.
+    #[arg(
+        long,
+        default_value_t = 0,
+        conflicts_with = "file",
+        allow_negative_numbers = true
+    )]
+    pub priority: i64,
+    /// A budget limit, NAME=VALUE; repeatable.
+    #[arg(long = "budget", value_name = "NAME=VALUE", conflicts_with = "file")]
+    pub budgets: Vec<String>,
+    /// The model profile: a built-in one (see below) or a name from the --config file.
+    #[arg(long, default_value = "policy", conflicts_with = "file")]
+    pub model: String,
+    /// Simulated latency of a demo-store tool, TOOL=MS; repeatable.
+    #[arg(long = "tool-latency", value_name = "TOOL=MS", conflicts_with = "file")]
+    pub tool_latency: Vec<String>,
+    /// Demo-store tenant: the task gets its own fresh copy of the document's orders.
+    #[arg(long, default_value = "", conflicts_with = "file")]
+    pub store_scope: String,
+    /// How long the task may wait for an approval before it stops with approval_expired
+    /// (default: 24 hours). Separate from the active-time deadline.
+    #[arg(long, conflicts_with = "file")]
+    pub approval_wait_ms: Option<u64>,
+    /// Enqueue every task of a JSONL file in one transaction (all or nothing).
+    #[arg(long)]
+    pub file: Option<PathBuf>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    /// queued, running, suspended, held or finished.
+    #[arg(long)]
+    pub status: Option<String>,
+    /// A stop reason (done, max_steps, ..., cancelled).
+    #[arg(long)]
+    pub stop: Option<String>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct TaskArgs {
+    /// Task id, as printed by `worker enqueue` (e.g. t1).
+    pub task: String,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct TraceArgs {
+    /// Task id (e.g. t1).
+    pub task: String,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Write the spans as OTLP/JSON to this file (one line, as a collector's file receiver reads).
+    #[arg(long, value_name = "FILE")]
+    pub otlp: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct DemoStoreArgs {
+    /// Address to listen on; port 0 picks a free one (printed on the first line of stdout).
+    #[arg(long, default_value = "127.0.0.1:8700")]
+    pub listen: String,
+    /// Handler threads.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub threads: u16,
+    /// Fault: added latency of every tool call, in ms.
+    #[arg(long, default_value_t = 0)]
+    pub latency_ms: u64,
+    /// Fault: fraction of writes whose response is lost after the write was applied.
+    #[arg(long, default_value_t = 0.0)]
+    pub lose_rate: f64,
+    /// Fault: fraction of calls answered 503 before anything is applied.
+    #[arg(long, default_value_t = 0.0)]
+    pub error_rate: f64,
+    /// Seed of the fault draws.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// Worker threads of the demo's daemon.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub workers: u16,
+    /// Keep the demo's database files in this directory instead of a temporary one.
+    #[arg(long)]
+    pub keep: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum StoreCommand {
+    /// List the store's orders.
+    Orders {
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Add or replace orders: --order ID:CUSTOMER:TOTAL_CENTS, repeatable.
+    #[command(
+        after_help = "Example:\n  worker store add-order --order ord_2001:cu_bo:4200 --order ord_2002:cu_cy:15000"
+    )]
+    AddOrder {
+        /// An order: its id, its customer's user id, its total in cents.
+        #[arg(
+            long = "order",
+            value_name = "ID:CUSTOMER:TOTAL_CENTS",
+            required = true
+        )]
+        orders: Vec<String>,
+    },
+    /// The ledger of effects (refunds and emails), in order.
+    Ledger {
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Every write request that reached the store (applied, replayed, refused, ...), in order:
+    /// where a duplicate send shows even when the stored result hid it.
+    Arrivals {
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}

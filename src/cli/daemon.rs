@@ -1,0 +1,152 @@
+//! `worker run` (the daemon), `worker demo` (scenarios A-H through the durable worker) and
+//! `worker demo-store` (the document's store over HTTP).
+
+use super::*;
+
+pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
+    if !(a.time_scale.is_finite() && (0.0..=10.0).contains(&a.time_scale)) {
+        return Err(CliError::usage(format!(
+            "--time-scale {} must be between 0 and 10",
+            a.time_scale
+        )));
+    }
+    let store = Arc::new(Store::open(&cli.db, true)?);
+    let tools = Arc::new(DurableStore::open(&store_path(cli))?);
+    let shutdown = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&shutdown))
+            .map_err(|e| CliError::op(format!("cannot install the signal handler: {e}")))?;
+    }
+    let cfg = Config {
+        workers: a.workers as usize,
+        drain: a.drain,
+        lease_ms: a.lease_ms,
+        time_scale: a.time_scale,
+        ..Config::default()
+    };
+    tracing::info!(db = %cli.db.display(), workers = cfg.workers, drain = cfg.drain, "worker started");
+    let stats = worker::run(store, tools, &cfg, shutdown)?;
+    tracing::info!(
+        tasks_ended = stats.tasks_ended.load(std::sync::atomic::Ordering::Relaxed),
+        steps = stats.steps.load(std::sync::atomic::Ordering::Relaxed),
+        "worker stopped"
+    );
+    Ok(())
+}
+
+pub(super) fn cmd_demo(a: &DemoArgs) -> CliResult {
+    let (dir, _guard) = match &a.keep {
+        Some(d) => {
+            std::fs::create_dir_all(d)
+                .map_err(|e| CliError::op(format!("cannot create {}: {e}", d.display())))?;
+            (d.clone(), None)
+        }
+        None => {
+            let d = std::env::temp_dir().join(format!(
+                "tether-demo-{}-{}",
+                std::process::id(),
+                now_ms()
+            ));
+            std::fs::create_dir_all(&d)
+                .map_err(|e| CliError::op(format!("cannot create {}: {e}", d.display())))?;
+            (d.clone(), Some(RemoveOnDrop(d)))
+        }
+    };
+    let db = dir.join("worker.redb");
+    let store = Arc::new(Store::open(&db, true)?);
+    let tools = Arc::new(DurableStore::open(&sibling_store(&db))?);
+    let all = scenarios();
+    let tasks: Vec<NewTask> = all
+        .iter()
+        .map(|sc| NewTask {
+            user: crate::sim::DEFAULT_USER.into(),
+            goal: crate::sim::DEFAULT_GOAL.into(),
+            key: Some(format!("demo-{}", &sc.name[..1])),
+            priority: 0,
+            budget: sc.budget,
+            model: sc.model.clone(),
+            tool_latency_ms: sc
+                .tool_latency
+                .iter()
+                .map(|(t, ms)| (t.to_string(), *ms))
+                .collect(),
+            catalog: None,
+            store_scope: sc.name[..1].to_string(),
+            approval_wait_ms: store::DEFAULT_APPROVAL_WAIT_MS,
+        })
+        .collect();
+    let ids = store.enqueue(&tasks, now_ms())?;
+    let cfg = Config {
+        workers: a.workers as usize,
+        drain: true,
+        ..Config::default()
+    };
+    worker::run(
+        Arc::clone(&store),
+        Arc::clone(&tools),
+        &cfg,
+        Arc::new(AtomicBool::new(false)),
+    )?;
+    let ledger = tools.ledger()?;
+    println!("{SCENARIO_HEADER}");
+    for (sc, e) in all.iter().zip(&ids) {
+        let r = store.task(&e.id)?;
+        println!(
+            "{}",
+            scenario_row(
+                sc.name,
+                &r.state,
+                &effects_to_python(&task_effects(&ledger, store.db_id(), &e.id))
+            )
+        );
+    }
+    if a.keep.is_some() {
+        println!(
+            "\ndatabase kept: {} (try: worker --db {} trace t1)",
+            db.display(),
+            db.display()
+        );
+    }
+    Ok(())
+}
+
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub(super) fn cmd_demo_store(cli: &Cli, a: &DemoStoreArgs) -> CliResult {
+    for (name, rate) in [("--lose-rate", a.lose_rate), ("--error-rate", a.error_rate)] {
+        if !(0.0..=1.0).contains(&rate) {
+            return Err(CliError::usage(format!(
+                "{name} {rate} must be between 0 and 1"
+            )));
+        }
+    }
+    let path = match &cli.store {
+        Some(p) => p.clone(),
+        None if cli.db != Path::new("worker.redb") => cli.db.clone(),
+        None => sibling_store(&cli.db),
+    };
+    let tools = DurableStore::open(&path)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&stop))
+            .map_err(|e| CliError::op(format!("cannot install the signal handler: {e}")))?;
+    }
+    let faults = crate::tools::service::Faults {
+        latency_ms: a.latency_ms,
+        lose_rate: a.lose_rate,
+        error_rate: a.error_rate,
+        seed: a.seed,
+    };
+    crate::tools::service::serve(tools, &a.listen, faults, a.threads as usize, stop, |addr| {
+        use std::io::Write;
+        println!("listening on http://{addr}");
+        let _ = std::io::stdout().flush();
+    })
+    .map_err(CliError::op)
+}

@@ -1,0 +1,185 @@
+//! `worker enqueue`: one task from flags or a batch from a JSONL file, all or nothing.
+
+use super::*;
+
+/// One line of an enqueue batch file.
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct TaskLine {
+    user: String,
+    goal: String,
+    #[serde(default)]
+    key: Option<String>,
+    #[serde(default)]
+    priority: i64,
+    #[serde(default)]
+    budget: BTreeMap<String, Value>,
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    tool_latency_ms: BTreeMap<String, u64>,
+    #[serde(default)]
+    store_scope: String,
+    #[serde(default)]
+    approval_wait_ms: Option<u64>,
+}
+
+const GOAL_MAX_CHARS: usize = 4000;
+
+fn check_text(field: &str, v: &str, max: usize) -> Result<(), String> {
+    if v.trim().is_empty() {
+        return Err(format!("--{field} must not be empty"));
+    }
+    if v.chars().count() > max {
+        return Err(format!("--{field} is longer than {max} characters"));
+    }
+    Ok(())
+}
+
+fn parse_model(spec: &str) -> Result<ModelProfile, String> {
+    if let Some(file) = spec.strip_prefix("script:") {
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| format!("--model script:{file}: cannot read it: {e}"))?;
+        return ModelProfile::parse("script", Some(&text))
+            .map_err(|e| format!("--model script:{file}: {e}"));
+    }
+    ModelProfile::parse(spec, None).map_err(|e| format!("--model {spec}: {e}"))
+}
+
+fn parse_pair<'a>(flag: &str, s: &'a str) -> Result<(&'a str, &'a str), String> {
+    s.split_once('=')
+        .filter(|(k, _)| !k.is_empty())
+        .ok_or_else(|| format!("--{flag} {s:?}: expected NAME=VALUE"))
+}
+
+fn new_task(l: TaskLine, cfg: Option<&crate::config::Config>) -> Result<NewTask, String> {
+    check_text("user", &l.user, 200)?;
+    check_text("goal", &l.goal, GOAL_MAX_CHARS)?;
+    if let Some(k) = &l.key {
+        check_text("key", k, 200)?;
+    }
+    let mut budget = Budget::default();
+    for (k, v) in &l.budget {
+        let v = v.as_str().map_or_else(|| v.to_string(), str::to_string);
+        budget.set(k, &v).map_err(|e| format!("--budget: {e}"))?;
+    }
+    for tool in l.tool_latency_ms.keys() {
+        if Catalog::demo().get(tool).is_none() {
+            return Err(format!("--tool-latency: unknown tool {tool:?}"));
+        }
+    }
+    let name = l.model.as_deref().unwrap_or("policy");
+    let model = match cfg.and_then(|c| c.models.get(name)) {
+        Some(profile) => profile.clone(),
+        None => parse_model(name)?,
+    };
+    Ok(NewTask {
+        model,
+        catalog: cfg.and_then(|c| c.catalog.clone()),
+        user: l.user,
+        goal: l.goal,
+        key: l.key,
+        priority: l.priority,
+        budget,
+        tool_latency_ms: l.tool_latency_ms,
+        store_scope: l.store_scope,
+        approval_wait_ms: l
+            .approval_wait_ms
+            .unwrap_or(store::DEFAULT_APPROVAL_WAIT_MS),
+    })
+}
+
+fn load_config(cli: &Cli) -> Result<Option<crate::config::Config>, CliError> {
+    match &cli.config {
+        None => Ok(None),
+        Some(p) => crate::config::load(p).map(Some).map_err(|e| {
+            let code = if e.starts_with("cannot read") { 1 } else { 2 };
+            CliError {
+                message: e,
+                cause: None,
+                hint: Some(
+                    "see `worker enqueue --help` and data/worker.toml for the format".into(),
+                ),
+                code,
+            }
+        }),
+    }
+}
+
+pub(super) fn cmd_enqueue(cli: &Cli, a: &EnqueueArgs) -> CliResult {
+    let cfg = load_config(cli)?;
+    let tasks = match &a.file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| CliError::op(format!("cannot read {}: {e}", path.display())))?;
+            let mut tasks = Vec::new();
+            for (n, line) in text.lines().enumerate() {
+                if line.trim().is_empty() {
+                    continue;
+                }
+                let at = |m: String| CliError::usage(format!("{}:{}: {m}", path.display(), n + 1));
+                let l: TaskLine = serde_json::from_str(line).map_err(|e| at(e.to_string()))?;
+                let t = new_task(l, cfg.as_ref()).map_err(at)?;
+                tasks.push(t);
+            }
+            if tasks.is_empty() {
+                return Err(CliError::usage(format!(
+                    "{}: no tasks in the file",
+                    path.display()
+                )));
+            }
+            tasks
+        }
+        None => {
+            let mut budget = BTreeMap::new();
+            for b in &a.budgets {
+                let (k, v) = parse_pair("budget", b).map_err(CliError::usage)?;
+                budget.insert(k.to_string(), Value::String(v.to_string()));
+            }
+            let mut latency = BTreeMap::new();
+            for t in &a.tool_latency {
+                let (k, v) = parse_pair("tool-latency", t).map_err(CliError::usage)?;
+                let ms = v.parse().map_err(|_| {
+                    CliError::usage(format!(
+                        "--tool-latency {t:?}: {v:?} is not a whole number of ms"
+                    ))
+                })?;
+                latency.insert(k.to_string(), ms);
+            }
+            let t = new_task(
+                TaskLine {
+                    user: a.user.clone().unwrap_or_default(),
+                    goal: a.goal.clone().unwrap_or_default(),
+                    key: a.key.clone(),
+                    priority: a.priority,
+                    budget,
+                    model: Some(a.model.clone()),
+                    tool_latency_ms: latency,
+                    store_scope: a.store_scope.clone(),
+                    approval_wait_ms: a.approval_wait_ms,
+                },
+                cfg.as_ref(),
+            )
+            .map_err(CliError::usage)?;
+            vec![t]
+        }
+    };
+    let store = Store::open(&cli.db, true)?;
+    let out = store.enqueue(&tasks, now_ms())?;
+    if a.json {
+        let v: Vec<Value> = out
+            .iter()
+            .map(|e| json!({"id": e.id, "created": e.created}))
+            .collect();
+        print_json(&Value::Array(v));
+    } else {
+        for e in &out {
+            if e.created {
+                println!("{}", e.id);
+            } else {
+                println!("{} (already enqueued with this key)", e.id);
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,192 @@
+//! The `worker` command line: one function per verb. Read verbs take `--json`. Exit codes: 0 ok,
+//! 1 operational error, 2 usage error; every error says what was wrong and, where it helps, what
+//! to do (`error:` / `caused by:` / `hint:`).
+//!
+//! This file holds the errors, the dispatch and the helpers every verb family shares; the
+//! arguments are in `args`, and each family of verbs has a file: `daemon` (run, demo,
+//! demo-store), `enqueue`, `read` (list, show, trace, postmortem, replay, events), `decide`
+//! (approve, reject, reconcile, cancel) and `stores` (the document's store, memory notes).
+
+mod args;
+mod daemon;
+mod decide;
+mod enqueue;
+mod read;
+mod stores;
+
+pub use args::*;
+use daemon::{cmd_demo, cmd_demo_store, cmd_run};
+use decide::{cmd_approve, cmd_cancel, cmd_reconcile, cmd_reject};
+use enqueue::cmd_enqueue;
+use read::{cmd_events, cmd_list, cmd_postmortem, cmd_replay, cmd_show, cmd_trace};
+use stores::{cmd_memory, cmd_store};
+
+use clap::{Args, Parser, Subcommand};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use crate::kernel::report::{closing_message, postmortem, span_table};
+use crate::kernel::{Budget, Catalog, StopReason};
+use crate::model::ModelProfile;
+use crate::sim::{SCENARIO_HEADER, scenario_row, scenarios};
+use crate::store::ops::{Decision, Extension, Reviewed, Settlement};
+use crate::store::{self, NewTask, QueueStatus, Store, TaskRecord};
+use crate::tools::durable::{DurableStore, LedgerEntry};
+use crate::tools::{Effect, Order, effects_to_python};
+use crate::worker::{self, Config, now_ms};
+
+/// An error for the user: what was wrong, why, and what to do; exit code 1 or 2.
+#[derive(Debug)]
+pub struct CliError {
+    pub message: String,
+    pub cause: Option<String>,
+    pub hint: Option<String>,
+    pub code: i32,
+}
+
+impl CliError {
+    pub fn usage(message: impl Into<String>) -> CliError {
+        CliError {
+            message: message.into(),
+            cause: None,
+            hint: None,
+            code: 2,
+        }
+    }
+
+    pub fn op(message: impl Into<String>) -> CliError {
+        CliError {
+            message: message.into(),
+            cause: None,
+            hint: None,
+            code: 1,
+        }
+    }
+
+    pub fn hint(mut self, hint: impl Into<String>) -> CliError {
+        self.hint = Some(hint.into());
+        self
+    }
+
+    pub fn render(&self) -> String {
+        let mut s = format!("error: {}\n", self.message);
+        if let Some(c) = &self.cause {
+            s.push_str(&format!("caused by: {c}\n"));
+        }
+        if let Some(h) = &self.hint {
+            s.push_str(&format!("hint: {h}\n"));
+        }
+        s
+    }
+}
+
+impl From<store::Error> for CliError {
+    fn from(e: store::Error) -> CliError {
+        let code = match e {
+            store::Error::Invalid(_) => 2,
+            _ => 1,
+        };
+        let hint = match &e {
+            store::Error::Missing(_) => Some(
+                "run `worker enqueue ...` or `worker run` to create it, or pass --db PATH"
+                    .to_string(),
+            ),
+            store::Error::NoTask(_) => Some("`worker list` shows the task ids".to_string()),
+            store::Error::NewerVersion { .. } => {
+                Some("use the Tether release that wrote this file, or a newer one".to_string())
+            }
+            store::Error::Corrupt(_) => Some(
+                "restore the file from a backup; this build will not guess at its contents"
+                    .to_string(),
+            ),
+            _ => None,
+        };
+        CliError {
+            message: e.to_string(),
+            cause: None,
+            hint,
+            code,
+        }
+    }
+}
+
+type CliResult = Result<(), CliError>;
+
+fn store_path(cli: &Cli) -> PathBuf {
+    cli.store.clone().unwrap_or_else(|| sibling_store(&cli.db))
+}
+
+/// `dir/worker.redb` -> `dir/worker.store.redb`.
+pub fn sibling_store(db: &Path) -> PathBuf {
+    let stem = db.file_stem().and_then(|s| s.to_str()).unwrap_or("worker");
+    db.with_file_name(format!("{stem}.store.redb"))
+}
+
+pub fn run(cli: Cli) -> CliResult {
+    match &cli.command {
+        Command::Run(a) => cmd_run(&cli, a),
+        Command::Enqueue(a) => cmd_enqueue(&cli, a),
+        Command::List(a) => cmd_list(&cli, a),
+        Command::Show(a) => cmd_show(&cli, a),
+        Command::Trace(a) => cmd_trace(&cli, a),
+        Command::Postmortem(a) => cmd_postmortem(&cli, a),
+        Command::Demo(a) => cmd_demo(a),
+        Command::DemoStore(a) => cmd_demo_store(&cli, a),
+        Command::Store(c) => cmd_store(&cli, c),
+        Command::Approve(a) => cmd_approve(&cli, a),
+        Command::Reject(a) => cmd_reject(&cli, a),
+        Command::Reconcile(a) => cmd_reconcile(&cli, a),
+        Command::Cancel(a) => cmd_cancel(&cli, a),
+        Command::Replay(a) => cmd_replay(&cli, a),
+        Command::Events(a) => cmd_events(&cli, a),
+        Command::Memory(c) => cmd_memory(&cli, c),
+    }
+}
+
+fn open_existing(cli: &Cli) -> Result<Store, CliError> {
+    Ok(Store::open(&cli.db, false)?)
+}
+
+/// For the read verbs: read-only, so they never wait for a process inside a write.
+fn open_reader(cli: &Cli) -> Result<Store, CliError> {
+    Ok(Store::open_for_reading(&cli.db)?)
+}
+
+fn print_json(v: &Value) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
+    );
+}
+
+fn decision(by: &str, reason: &Option<String>) -> Result<Decision, CliError> {
+    if by.trim().is_empty() {
+        return Err(CliError::usage("--by must not be empty"));
+    }
+    Ok(Decision {
+        by: by.to_string(),
+        reason: reason.clone(),
+        now_ms: now_ms(),
+    })
+}
+
+fn extension(text: &Option<String>) -> Result<Extension, CliError> {
+    match text {
+        Some(t) => Extension::parse(t).map_err(CliError::usage),
+        None => Ok(Extension::default()),
+    }
+}
+
+/// The effects of one task of the database whose id is `db_id` (keys are `db_id:task:step`).
+pub fn task_effects(ledger: &[LedgerEntry], db_id: &str, task_id: &str) -> Vec<Effect> {
+    let prefix = format!("{db_id}:{task_id}:");
+    ledger
+        .iter()
+        .filter(|e| e.key.starts_with(&prefix))
+        .map(|e| e.effect.clone())
+        .collect()
+}

@@ -1,0 +1,268 @@
+//! The read verbs: list, show, trace, postmortem, replay and events; each with `--json`.
+
+use super::*;
+
+fn record_json(r: &TaskRecord) -> Value {
+    json!({
+        "id": r.id,
+        "status": r.status.as_str(),
+        "stop": r.state.stop.map(|s| s.as_str()),
+        "user": r.state.user_id,
+        "goal": r.state.goal,
+        "priority": r.priority,
+        "key": r.key,
+        "steps": r.state.step,
+        "tool_calls": r.state.tool_calls,
+        "tokens": r.state.tokens,
+        "elapsed_s": r.state.elapsed_ms as f64 / 1000.0,
+        "runs": r.runs,
+        "created_at_ms": r.created_at_ms,
+        "updated_at_ms": r.updated_at_ms,
+    })
+}
+
+pub(super) fn cmd_list(cli: &Cli, a: &ListArgs) -> CliResult {
+    // Damaged (quarantined) records are listed with the others, or alone with --status damaged.
+    let only_damaged = a.status.as_deref() == Some("damaged");
+    let status = match &a.status {
+        Some(_) if only_damaged => None,
+        Some(s) => Some(QueueStatus::parse(s).ok_or_else(|| {
+            CliError::usage(format!("--status {s:?} is not a status"))
+                .hint("use queued, running, suspended, held, finished or damaged")
+        })?),
+        None => None,
+    };
+    let stop = match &a.stop {
+        Some(s) => Some(StopReason::parse(s).ok_or_else(|| {
+            CliError::usage(format!("--stop {s:?} is not a stop reason")).hint(
+                "use done, max_steps, max_tool_calls, max_tokens, deadline, repeated_call, no_progress, needs_approval, unknown_outcome or cancelled",
+            )
+        })?),
+        None => None,
+    };
+    let store = open_reader(cli)?;
+    let tasks: Vec<TaskRecord> = store
+        .tasks()?
+        .into_iter()
+        .filter(|r| !only_damaged && status.is_none_or(|s| r.status == s))
+        .filter(|r| stop.is_none_or(|s| r.state.stop == Some(s)))
+        .collect();
+    let damaged = if status.is_none() && stop.is_none() {
+        store.damaged()?
+    } else {
+        Vec::new()
+    };
+    if a.json {
+        let mut v: Vec<Value> = tasks.iter().map(record_json).collect();
+        v.extend(
+            damaged
+                .iter()
+                .map(|(id, why)| json!({"id": id, "status": "damaged", "error": why})),
+        );
+        print_json(&Value::Array(v));
+        return Ok(());
+    }
+    println!(
+        "{:8} {:10} {:16} {:>5} {:>5} {:>6} {:>6}  {:10} goal",
+        "id", "status", "stop", "steps", "tools", "tokens", "secs", "user"
+    );
+    for r in &tasks {
+        let goal: String = r.state.goal.chars().take(48).collect();
+        println!(
+            "{:8} {:10} {:16} {:>5} {:>5} {:>6} {:>6.1}  {:10} {}",
+            r.id,
+            r.status.as_str(),
+            r.state.stop.map_or("-", |s| s.as_str()),
+            r.state.step,
+            r.state.tool_calls,
+            r.state.tokens,
+            r.state.elapsed_ms as f64 / 1000.0,
+            r.state.user_id,
+            goal
+        );
+    }
+    for (id, why) in &damaged {
+        println!("{id:8} damaged    {why}");
+    }
+    Ok(())
+}
+
+pub(super) fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
+    let store = open_reader(cli)?;
+    let r = store.task(&a.task)?;
+    let catalog = r.catalog.clone().unwrap_or_else(Catalog::demo);
+    let closing = closing_message(&r.state, &catalog);
+    let b = &r.budget;
+    if a.json {
+        let mut v = record_json(&r);
+        v["state"] = serde_json::from_str(&r.state.to_json()).unwrap_or(Value::Null);
+        v["budget"] = serde_json::to_value(b).unwrap_or(Value::Null);
+        v["model"] = serde_json::to_value(&r.model).unwrap_or(Value::Null);
+        v["closing_message"] = Value::String(closing);
+        v["calls"] = match store.calls(&r.id) {
+            Ok(calls) => serde_json::to_value(calls).unwrap_or(Value::Null),
+            Err(e) => json!({"error": e.to_string()}),
+        };
+        if let Some(p) = &r.state.pending {
+            v["held"] = json!({"tool": p.name, "args": p.args,
+                "key": store.call_key(p, &r.id, r.state.step), "digest": p.digest()});
+        }
+        print_json(&v);
+        return Ok(());
+    }
+    let st = &r.state;
+    println!(
+        "task      {}  ({}; {} run(s))",
+        r.id,
+        r.status.as_str(),
+        r.runs
+    );
+    println!("user      {}", st.user_id);
+    println!("goal      {}", st.goal);
+    println!("stop      {}", st.stop.map_or("-", |s| s.as_str()));
+    if let Some(ans) = &st.answer {
+        println!("answer    {ans}");
+    }
+    println!("plan");
+    if st.plan.is_empty() {
+        println!("  (none)");
+    }
+    for s in &st.plan {
+        println!(
+            "  {:4} {:18} {:8} after {:?}",
+            s.id,
+            s.tool,
+            s.status.as_str(),
+            s.depends_on
+        );
+    }
+    println!("budget    used / limit");
+    println!("  steps       {:>6} / {}", st.step, b.steps_max);
+    println!("  tool calls  {:>6} / {}", st.tool_calls, b.tool_calls_max);
+    println!("  tokens      {:>6} / {}", st.tokens, b.tokens_max);
+    println!(
+        "  active s    {:>6.1} / {:.1}",
+        st.elapsed_ms as f64 / 1000.0,
+        b.deadline_ms as f64 / 1000.0
+    );
+    println!("  stalls      {:>6} / {}", st.stalls, b.stalls_max);
+    if let Some(p) = &st.pending {
+        println!(
+            "held      {} {} key {} digest {}",
+            p.name,
+            Value::Object(p.args.clone()),
+            store.call_key(p, &st.task_id, st.step),
+            p.digest()
+        );
+    }
+    println!("closing   {closing}");
+    Ok(())
+}
+
+pub(super) fn cmd_trace(cli: &Cli, a: &TraceArgs) -> CliResult {
+    let store = open_reader(cli)?;
+    let rec = store.task(&a.task)?;
+    let spans = store.spans(&a.task)?;
+    if let Some(path) = &a.otlp {
+        let doc = crate::otlp::export(&rec, &spans);
+        std::fs::write(path, format!("{doc}\n"))
+            .map_err(|e| CliError::op(format!("cannot write {}: {e}", path.display())))?;
+        println!("{} spans written to {}", spans.len(), path.display());
+        return Ok(());
+    }
+    if a.json {
+        print_json(&serde_json::to_value(&spans).unwrap_or(Value::Null));
+    } else {
+        print!("{}", span_table(&spans));
+    }
+    Ok(())
+}
+
+pub(super) fn cmd_postmortem(cli: &Cli, a: &TaskArgs) -> CliResult {
+    let store = open_reader(cli)?;
+    let r = store.task(&a.task)?;
+    let pm = postmortem(&r.state, &store.spans(&a.task)?);
+    if a.json {
+        print_json(&serde_json::to_value(&pm).unwrap_or(Value::Null));
+    } else {
+        println!("{}", pm.to_python());
+    }
+    Ok(())
+}
+
+pub(super) fn cmd_replay(cli: &Cli, a: &TaskArgs) -> CliResult {
+    let store = open_reader(cli)?;
+    let rec = store.task(&a.task)?;
+    if matches!(rec.status, QueueStatus::Queued | QueueStatus::Running) {
+        return Err(CliError::op(format!(
+            "task {} is {}; replay a task that has stopped",
+            rec.id,
+            rec.status.as_str()
+        )));
+    }
+    let ledger = DurableStore::open(&store_path(cli))?.ledger()?;
+    let stored = task_effects(&ledger, store.db_id(), &rec.id);
+    let report = crate::replay::replay(
+        &rec,
+        store.replies(&rec.id)?,
+        &store.events(Some(&rec.id))?,
+        &stored,
+    );
+    if a.json {
+        print_json(&json!({
+            "task": rec.id,
+            "same_state": report.same_state,
+            "same_effects": report.same_effects,
+            "stop": report.state.stop.map(|s| s.as_str()),
+            "effects": effects_to_python(&report.effects),
+            "stored_effects": effects_to_python(&stored),
+        }));
+    } else {
+        let yn = |b: bool| if b { "identical" } else { "DIFFERENT" };
+        println!(
+            "replay of {}: stop {}, {} steps",
+            rec.id,
+            report.state.stop.map_or("-", |s| s.as_str()),
+            report.state.step
+        );
+        println!("final state JSON: {}", yn(report.same_state));
+        println!(
+            "effects         : {} {}",
+            yn(report.same_effects),
+            effects_to_python(&report.effects)
+        );
+    }
+    if report.same_state && report.same_effects {
+        Ok(())
+    } else {
+        Err(CliError::op(format!("the replay of task {} differs from the stored run", rec.id))
+            .hint("a run that crashed mid-write, or was settled by reconcile, can differ: its tool results are not recorded"))
+    }
+}
+
+pub(super) fn cmd_events(cli: &Cli, a: &EventsArgs) -> CliResult {
+    let store = open_reader(cli)?;
+    if let Some(t) = &a.task {
+        store.task(t)?;
+    }
+    let events = store.events(a.task.as_deref())?;
+    if a.json {
+        print_json(&serde_json::to_value(&events).unwrap_or(Value::Null));
+        return Ok(());
+    }
+    for e in &events {
+        println!(
+            "{:5} {} {:8} {:22} by {:10} {}  {}",
+            e.seq,
+            e.at_ms,
+            e.task.as_deref().unwrap_or("-"),
+            e.verb,
+            e.by,
+            e.reason
+                .as_deref()
+                .map_or(String::new(), |r| format!("({r})")),
+            e.detail
+        );
+    }
+    Ok(())
+}
