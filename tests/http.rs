@@ -656,3 +656,43 @@ fn an_approval_reaches_an_http_tool() {
         serde_json::from_str(&resp.into_body().read_to_string().expect("body")).expect("json");
     assert_eq!(v["status"], "needs_approval", "{v}");
 }
+
+/// Defect 8 over HTTP: two worker databases, each with its own t1, send their refunds to one
+/// `demo-store`. Their keys carry their database ids, so the service applies both instead of
+/// answering the second with the first's stored result.
+#[test]
+fn two_databases_sharing_one_demo_store_never_collide() {
+    let dir = TempDir::new("http-two-dbs");
+    let d = dir.path();
+    let svc = store_service(d, &[]);
+    let model = mock_model(vec![completion("{}", 1, 1)]);
+    config(d, &svc.url, &model.url);
+    for (db, amount) in [("a.redb", "3000"), ("b.redb", "1000")] {
+        okc(
+            d,
+            &[
+                "--db",
+                db,
+                "enqueue",
+                "--user",
+                "cu_ana",
+                "--goal",
+                "refund",
+                "--model",
+                &format!("policy:ord_1001:{amount}"),
+            ],
+        );
+        okc(d, &["--db", db, "run", "--drain"]);
+        let t = json(d, &["--db", db, "show", "t1", "--json"]);
+        assert_eq!(t["stop"], "done", "{t}");
+    }
+    let refunds = refund_amounts(&json_list(
+        d,
+        &["--store", "store.redb", "store", "ledger", "--json"],
+    ));
+    assert_eq!(
+        refunds,
+        [3000, 1000],
+        "the second database's refund was applied"
+    );
+}
