@@ -295,7 +295,13 @@ pub fn run(
             store: Arc::clone(&store),
             tools: Arc::clone(&tools),
             committer: Committer {
-                route: Route::Thread(commit_tx.clone()),
+                // One thread has no one to share a transaction with: it commits directly and
+                // saves two thread hand-offs per commit.
+                route: if workers == 1 {
+                    Route::Direct(Arc::clone(&store))
+                } else {
+                    Route::Thread(commit_tx.clone())
+                },
             },
             clock: Arc::new(now_ms),
             hook: None,
