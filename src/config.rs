@@ -69,8 +69,7 @@ pub struct Config {
 pub const CATALOG_VERSION: u32 = 1;
 
 pub fn load(path: &Path) -> Result<Config, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let text = read(path)?;
     let file: ConfigFile = toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut models = BTreeMap::new();
     for (name, m) in file.models {
@@ -81,7 +80,7 @@ pub fn load(path: &Path) -> Result<Config, String> {
                 m.kind
             ));
         }
-        if !(m.base_url.starts_with("http://") || m.base_url.starts_with("https://")) {
+        if !is_url(&m.base_url) {
             return Err(format!(
                 "{}: models.{name}.base_url must start with http:// or https://",
                 path.display()
@@ -118,9 +117,34 @@ pub fn load(path: &Path) -> Result<Config, String> {
     Ok(Config { models, catalog })
 }
 
+/// A config or catalog file, at most [`crate::limits::CONFIG_BYTES_MAX`] bytes.
+fn read(path: &Path) -> Result<String, String> {
+    crate::limits::read_file(path, crate::limits::CONFIG_BYTES_MAX).map_err(|e| {
+        if e.starts_with("cannot read") {
+            format!(
+                "cannot read {}: {}",
+                path.display(),
+                e.trim_start_matches("cannot read it: ")
+            )
+        } else {
+            format!("{}: {e}", path.display())
+        }
+    })
+}
+
+/// An http:// or https:// URL with a host.
+fn is_url(u: &str) -> bool {
+    let rest = u
+        .strip_prefix("http://")
+        .or_else(|| u.strip_prefix("https://"));
+    rest.is_some_and(|r| {
+        let host = r.split(['/', '?', '#']).next().unwrap_or("");
+        !host.is_empty() && !host.starts_with(':') && !r.chars().any(char::is_whitespace)
+    })
+}
+
 pub fn load_catalog(path: &Path) -> Result<Catalog, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let text = read(path)?;
     let file: CatalogFile =
         toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
     if file.version > CATALOG_VERSION {
@@ -132,6 +156,19 @@ pub fn load_catalog(path: &Path) -> Result<Catalog, String> {
     }
     let mut seen = std::collections::BTreeSet::new();
     for t in &file.tools {
+        crate::limits::check_name(&t.name, "a tool name")
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        if !t
+            .name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            return Err(format!(
+                "{}: tool {:?}: a name is letters, digits, '_' and '-'",
+                path.display(),
+                t.name
+            ));
+        }
         if !seen.insert(t.name.clone()) {
             return Err(format!(
                 "{}: tool {:?} is declared twice",
@@ -140,9 +177,16 @@ pub fn load_catalog(path: &Path) -> Result<Catalog, String> {
             ));
         }
         match &t.http {
-            Some(h) if !(h.url.starts_with("http://") || h.url.starts_with("https://")) => {
+            Some(h) if !is_url(&h.url) => {
                 return Err(format!(
-                    "{}: tool {:?}: url must start with http:// or https://",
+                    "{}: tool {:?}: url must be an http:// or https:// URL with a host",
+                    path.display(),
+                    t.name
+                ));
+            }
+            Some(h) if h.lookup_url.as_deref().is_some_and(|u| !is_url(u)) => {
+                return Err(format!(
+                    "{}: tool {:?}: lookup_url must be an http:// or https:// URL with a host",
                     path.display(),
                     t.name
                 ));

@@ -5,6 +5,7 @@
 //! Every request is bounded: by the task's remaining active time (the kernel's timeout), by the
 //! tool's own timeout, and by a retry cap with exponential backoff for 429 and 5xx.
 
+use crate::limits;
 use serde_json::{Map, Value, json};
 use std::time::{Duration, Instant};
 
@@ -102,7 +103,10 @@ impl Model for OpenAiModel {
             match r.send(body.to_string()) {
                 Ok(mut resp) => {
                     let status = resp.status().as_u16();
-                    let text = resp.body_mut().read_to_string().unwrap_or_default();
+                    let text = match read_body(&mut resp, limits::REPLY_BYTES_MAX) {
+                        Ok(t) => t,
+                        Err(e) => break Err(ModelError::Failed(format!("HTTP {status}: {e}"))),
+                    };
                     if status == 429 || status >= 500 {
                         let wait = backoff(attempt);
                         if attempt < self.max_retries && start.elapsed() + wait < budget {
@@ -156,6 +160,23 @@ impl Model for OpenAiModel {
     }
 }
 
+/// A response body of at most `max_bytes`, as text.
+fn read_body(
+    resp: &mut ureq::http::Response<ureq::Body>,
+    max_bytes: usize,
+) -> Result<String, String> {
+    resp.body_mut()
+        .with_config()
+        .limit(max_bytes as u64)
+        .read_to_string()
+        .map_err(|e| match e {
+            ureq::Error::BodyExceedsLimit(_) => {
+                format!("the response body is over the limit of {max_bytes} bytes")
+            }
+            e => format!("the response body could not be read: {e}"),
+        })
+}
+
 fn clip(s: &str) -> String {
     s.chars().take(200).collect()
 }
@@ -163,8 +184,8 @@ fn clip(s: &str) -> String {
 /// Parses a Chat Completions response into the reply text and the provider's usage. A refusal
 /// or a completion cut off at max_tokens is an error for the kernel, not a reply.
 pub fn parse_completion(text: &str) -> Result<(RawReply, Option<Usage>), ModelError> {
-    let v: Value = serde_json::from_str(text)
-        .map_err(|e| ModelError::Failed(format!("completion is not JSON: {e}")))?;
+    let v: Value = limits::parse_json_input(text, "the completion", limits::REPLY_BYTES_MAX)
+        .map_err(|e| ModelError::Failed(e.0))?;
     let choice = &v["choices"][0];
     let msg = &choice["message"];
     if let Some(r) = msg["refusal"].as_str().filter(|r| !r.is_empty()) {
@@ -257,10 +278,18 @@ fn call_tool(spec: &ToolSpec, req: &ToolRequest<'_>, write: bool) -> Value {
     match r.send(body.to_string()) {
         Ok(mut resp) => {
             let status = resp.status().as_u16();
-            let text = resp.body_mut().read_to_string().unwrap_or_default();
+            let text = match read_body(&mut resp, limits::TOOL_RESULT_BYTES_MAX) {
+                Ok(t) => t,
+                Err(e) => return outcome_unknown(write, "invalid_result", e),
+            };
             match status {
-                200..=299 => match serde_json::from_str::<Value>(&text) {
+                200..=299 => match limits::parse_json_input(
+                    &text,
+                    "the result",
+                    limits::TOOL_RESULT_BYTES_MAX,
+                ) {
                     Ok(v) if v.get("status").is_some_and(Value::is_string) => v,
+                    Err(e) => outcome_unknown(write, "invalid_result", e.0),
                     _ => outcome_unknown(
                         write,
                         "invalid_result",
@@ -302,13 +331,20 @@ pub fn lookup(url: &str, key: &str) -> Lookup {
     match r.call() {
         Ok(mut resp) => {
             let status = resp.status().as_u16();
-            let text = resp.body_mut().read_to_string().unwrap_or_default();
+            let text = match read_body(&mut resp, limits::TOOL_RESULT_BYTES_MAX) {
+                Ok(t) => t,
+                Err(e) => return Lookup::Unknown(e),
+            };
             if status != 200 {
                 return Lookup::Unknown(format!("HTTP {status}: {}", clip(&text)));
             }
-            let v: Value = match serde_json::from_str(&text) {
+            let v = match limits::parse_json_input(
+                &text,
+                "the answer",
+                limits::TOOL_RESULT_BYTES_MAX,
+            ) {
                 Ok(v) => v,
-                Err(e) => return Lookup::Unknown(format!("not JSON: {e}")),
+                Err(e) => return Lookup::Unknown(e.0),
             };
             match v["applied"].as_bool() {
                 Some(true) if v["result"].get("status").is_some_and(Value::is_string) => {

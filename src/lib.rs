@@ -8,6 +8,7 @@ pub mod config;
 pub mod group;
 pub mod http;
 pub mod kernel;
+pub mod limits;
 pub mod model;
 pub mod otlp;
 pub mod replay;

@@ -696,3 +696,75 @@ fn two_databases_sharing_one_demo_store_never_collide() {
         "the second database's refund was applied"
     );
 }
+
+#[test]
+fn a_deeply_nested_reply_fails_its_step_and_every_task_stays_readable() {
+    // Issue 9, defect 1: a reply nesting 124 levels was stored, and every later decode of
+    // the task (list, events, the next claim) failed with "recursion limit exceeded".
+    let dir = TempDir::new("http-deep");
+    let d = dir.path();
+    let svc = store_service(d, &[]);
+    let deep = format!(
+        r#"{{"type": "tool", "name": "get_order", "plan_step": "s1", "args": {{"order_id": "ord_1001", "x": {}{}}}}}"#,
+        "[".repeat(124),
+        "]".repeat(124)
+    );
+    let model = mock_model(vec![
+        completion(&deep, 100, 10),
+        completion(
+            r#"{"type": "final", "outcome": "cannot_complete", "text": "giving up"}"#,
+            100,
+            10,
+        ),
+    ]);
+    config(d, &svc.url, &model.url);
+    enqueue_mock(d, &[]);
+    okc(
+        d,
+        &[
+            "enqueue", "--user", "cu_bob", "--goal", "refund", "--model", "policy",
+        ],
+    );
+    okc(d, &["run", "--drain", "--workers", "1"]);
+    let t = json(d, &["show", "t1", "--json"]);
+    assert_eq!(t["stop"], "done", "{t:#}");
+    let trace = json(d, &["trace", "t1", "--json"]);
+    let model_statuses: Vec<&str> = trace
+        .as_array()
+        .expect("spans")
+        .iter()
+        .filter(|s| s["kind"] == "model")
+        .filter_map(|s| s["status"].as_str())
+        .collect();
+    assert_eq!(model_statuses, ["ok", "ok"], "{trace}");
+    // The other task ran, and every verb still reads the database.
+    assert_eq!(json(d, &["show", "t2", "--json"])["status"], "finished");
+    json(d, &["list", "--json"]);
+    json(d, &["events", "--json"]);
+    okc(d, &["check"]);
+    let why = t["state"]["last_result"]["detail"].as_str().unwrap_or("");
+    assert!(why.contains("nests"), "the step error names the limit: {t}");
+}
+
+#[test]
+fn a_provider_reporting_u64_max_tokens_stops_the_task_at_its_token_budget() {
+    // Issue 9, defect 5: the token count wrapped and the task ran on to `no_progress`.
+    let dir = TempDir::new("http-tokens");
+    let d = dir.path();
+    let svc = store_service(d, &[]);
+    let model = mock_model(vec![
+        completion(POLICY_REPLIES[0], u64::MAX, u64::MAX),
+        completion(POLICY_REPLIES[1], 100, 10),
+    ]);
+    config(d, &svc.url, &model.url);
+    enqueue_mock(d, &[]);
+    okc(d, &["run", "--drain"]);
+    let t = json(d, &["show", "t1", "--json"]);
+    assert_eq!(t["stop"], "max_tokens", "{t}");
+    assert_eq!(t["state"]["tokens"], u64::MAX, "{t}");
+    assert_eq!(
+        model.seen.lock().expect("lock").len(),
+        1,
+        "no second model call"
+    );
+}

@@ -26,8 +26,55 @@ fn main() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
-    if let Err(e) = run(cli) {
-        eprint!("{}", e.render());
-        std::process::exit(e.code);
+    // No panic reaches the user as a panic: redb panics on some damaged files, and a bug of
+    // ours must still end in an `error:` line. The hook keeps the message for that line
+    // instead of printing a backtrace first.
+    std::panic::set_hook(Box::new(|info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown".into());
+        let at = info
+            .location()
+            .map_or(String::new(), |l| format!("{}:{}", l.file(), l.line()));
+        let thread = std::thread::current();
+        if thread.name() != Some("main") {
+            // A worker thread: the daemon goes on or stops on its own terms; say what happened.
+            tracing::error!(thread = thread.name().unwrap_or("?"), at, "panic: {msg}");
+            return;
+        }
+        if let Ok(mut last) = PANIC.lock() {
+            *last = Some((msg, at));
+        }
+    }));
+    let db = cli.db.clone();
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(cli))) {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            eprint!("{}", e.render());
+            std::process::exit(e.code);
+        }
+        Err(_) => {
+            let (msg, at) = PANIC
+                .lock()
+                .ok()
+                .and_then(|mut p| p.take())
+                .unwrap_or_else(|| ("unknown".into(), String::new()));
+            if at.contains("redb") {
+                eprintln!(
+                    "error: the database is damaged: the storage engine stopped on an inconsistency ({msg})\nhint: `worker check --db {}` reports what is damaged; restore the file from a backup",
+                    db.display()
+                );
+            } else {
+                eprintln!(
+                    "error: internal error: {msg} (at {at})\nhint: please report this with the command that caused it"
+                );
+            }
+            std::process::exit(1);
+        }
     }
 }
+
+static PANIC: std::sync::Mutex<Option<(String, String)>> = std::sync::Mutex::new(None);

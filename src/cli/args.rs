@@ -96,6 +96,62 @@ pub enum Command {
     /// Long-term memory: notes from trusted sources, scoped to a user, expiring.
     #[command(subcommand)]
     Memory(MemoryCommand),
+    /// Verify every record of the database (and of the document's store): checksums, rows,
+    /// blobs, and the storage engine's own integrity check. Exit 1 if anything is damaged.
+    #[command(after_help = "Example:\n  worker check\n  worker check --json")]
+    Check(CheckArgs),
+    /// Delete finished tasks (with their spans, replies, call records, audit events and
+    /// enqueue keys) last updated longer ago than DURATION, in bounded transactions; each
+    /// transaction records a `purge` audit event.
+    #[command(
+        after_help = "Example:\n  worker purge --finished-before 30d --by alice\n  worker purge --finished-before 12h --json\n\nDURATION is a whole number with a unit: s, m, h or d. A purged task's enqueue key\ncan be used again."
+    )]
+    Purge(PurgeArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct PurgeArgs {
+    /// Only tasks finished (last updated) longer ago than this: 30d, 12h, 90m, 45s.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_ms)]
+    pub finished_before: u64,
+    /// Tasks deleted per transaction.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub batch: u64,
+    /// Who purges (default: $USER); recorded in the audit log.
+    #[arg(long, default_value_t = default_by())]
+    pub by: String,
+    /// Why; recorded in the audit log.
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `30d`, `12h`, `90m`, `45s` as milliseconds.
+pub fn parse_duration_ms(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("{s:?}: expected a whole number with a unit, like 30d or 12h"))?;
+    let ms = match unit {
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(format!("{s:?}: the unit must be s, m, h or d")),
+    };
+    n.checked_mul(ms)
+        .ok_or_else(|| format!("{s:?} is too long a duration"))
 }
 
 fn default_by() -> String {
@@ -109,11 +165,9 @@ fn default_by() -> String {
 pub struct DecideArgs {
     /// Task id.
     pub task: String,
-    /// Who decides (default: $USER).
     /// Who decides (default: $USER); recorded in the audit log.
     #[arg(long, default_value_t = default_by())]
     pub by: String,
-    /// Why; recorded in the audit log.
     /// Why; recorded in the audit log.
     #[arg(long)]
     pub reason: Option<String>,
@@ -280,7 +334,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub drain: bool,
     /// Lease length: a task whose worker has not committed for this long is taken over.
-    #[arg(long, default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(1000..))]
+    #[arg(long, default_value_t = 60_000,
+          value_parser = clap::value_parser!(u64).range(1000..=crate::limits::LEASE_MS_MAX as u64))]
     pub lease_ms: u64,
     /// Sleep this many real ms per simulated ms of scripted model and tool latency (0: none).
     #[arg(long, default_value_t = 0.0)]
@@ -298,12 +353,14 @@ pub struct EnqueueArgs {
     /// Idempotency key: enqueueing the same key again returns the existing task.
     #[arg(long, conflicts_with = "file")]
     pub key: Option<String>,
-    /// Higher runs first.
+    /// Higher runs first; from -1000000000 to 1000000000.
     #[arg(
         long,
         default_value_t = 0,
         conflicts_with = "file",
-        allow_negative_numbers = true
+        allow_negative_numbers = true,
+        value_parser = clap::value_parser!(i64)
+            .range(-crate::limits::PRIORITY_MAX..=crate::limits::PRIORITY_MAX)
     )]
     pub priority: i64,
     /// A budget limit, NAME=VALUE; repeatable.

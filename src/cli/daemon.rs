@@ -88,10 +88,10 @@ pub(super) fn cmd_demo(a: &DemoArgs) -> CliResult {
         Arc::new(AtomicBool::new(false)),
     )?;
     let ledger = tools.ledger()?;
-    println!("{SCENARIO_HEADER}");
+    outln!("{SCENARIO_HEADER}");
     for (sc, e) in all.iter().zip(&ids) {
         let r = store.task(&e.id)?;
-        println!(
+        outln!(
             "{}",
             scenario_row(
                 sc.name,
@@ -101,7 +101,7 @@ pub(super) fn cmd_demo(a: &DemoArgs) -> CliResult {
         );
     }
     if a.keep.is_some() {
-        println!(
+        outln!(
             "\ndatabase kept: {} (try: worker --db {} trace t1)",
             db.display(),
             db.display()
@@ -145,7 +145,7 @@ pub(super) fn cmd_demo_store(cli: &Cli, a: &DemoStoreArgs) -> CliResult {
     };
     crate::tools::service::serve(tools, &a.listen, faults, a.threads as usize, stop, |addr| {
         use std::io::Write;
-        println!("listening on http://{addr}");
+        let _ = writeln!(std::io::stdout(), "listening on http://{addr}");
         let _ = std::io::stdout().flush();
     })
     .map_err(CliError::op)

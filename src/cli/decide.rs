@@ -19,7 +19,7 @@ pub(super) fn cmd_approve(cli: &Cli, a: &ApproveArgs) -> CliResult {
     // The approval is written once, here, with its audit event; the re-sent call carries it
     // to the tool service.
     let call = open_existing(cli)?.approve(&a.decide.task, &reviewed, &extend, &d)?;
-    println!(
+    outln!(
         "approved {} {} for task {}; it is queued and runs the call first",
         call.name,
         Value::Object(call.args.clone()),
@@ -31,9 +31,10 @@ pub(super) fn cmd_approve(cli: &Cli, a: &ApproveArgs) -> CliResult {
 pub(super) fn cmd_reject(cli: &Cli, a: &RejectArgs) -> CliResult {
     let d = decision(&a.decide.by, &a.decide.reason)?;
     let call = open_existing(cli)?.reject(&a.decide.task, &a.call.reviewed(), &d)?;
-    println!(
+    outln!(
         "rejected {} for task {}; it is queued and continues without it",
-        call.name, a.decide.task
+        call.name,
+        a.decide.task
     );
     Ok(())
 }
@@ -66,11 +67,11 @@ pub(super) fn cmd_reconcile(cli: &Cli, a: &ReconcileArgs) -> CliResult {
                     })
                 })
                 .collect();
-            print_json(&Value::Array(v));
+            print_json(&Value::Array(v))?;
             return Ok(());
         }
         if held.is_empty() {
-            println!("no held writes");
+            outln!("no held writes");
         }
         for (r, c) in &held {
             let Some(p) = &r.state.pending else { continue };
@@ -84,7 +85,7 @@ pub(super) fn cmd_reconcile(cli: &Cli, a: &ReconcileArgs) -> CliResult {
             } else {
                 ""
             };
-            println!(
+            outln!(
                 "{}  {} {}  key {}  digest {}  since {} ms  {known}{cancelled}",
                 r.id,
                 p.name,
@@ -99,8 +100,12 @@ pub(super) fn cmd_reconcile(cli: &Cli, a: &ReconcileArgs) -> CliResult {
     let settlement = match (a.applied, a.not_applied) {
         (true, _) => {
             let result = match &a.result {
-                Some(text) => serde_json::from_str::<Value>(text)
-                    .map_err(|e| CliError::usage(format!("--result is not JSON: {e}")))?,
+                Some(text) => crate::limits::parse_json_input(
+                    text,
+                    "--result",
+                    crate::limits::OPERATOR_RESULT_BYTES_MAX,
+                )
+                .map_err(|e| CliError::usage(e.0))?,
                 None => json!({"status": "ok"}),
             };
             Settlement::Applied(result)
@@ -120,9 +125,10 @@ pub(super) fn cmd_reconcile(cli: &Cli, a: &ReconcileArgs) -> CliResult {
     } else {
         "not applied; it will be sent again under the same key"
     };
-    println!(
+    outln!(
         "recorded {} for task {} as {what}; the task is queued",
-        call.name, task
+        call.name,
+        task
     );
     Ok(())
 }
@@ -130,11 +136,11 @@ pub(super) fn cmd_reconcile(cli: &Cli, a: &ReconcileArgs) -> CliResult {
 pub(super) fn cmd_cancel(cli: &Cli, a: &DecideArgs) -> CliResult {
     let d = decision(&a.by, &a.reason)?;
     match open_existing(cli)?.cancel(&a.task, &d)? {
-        QueueStatus::Running => println!(
+        QueueStatus::Running => outln!(
             "task {} will stop at its next step boundary (cancelled)",
             a.task
         ),
-        _ => println!("task {} cancelled", a.task),
+        _ => outln!("task {} cancelled", a.task),
     }
     Ok(())
 }
@@ -181,7 +187,7 @@ pub(super) fn reconcile_auto(cli: &Cli, store: &Store, a: &ReconcileArgs) -> Cli
             crate::http::Lookup::NotApplied => Settlement::NotApplied,
             crate::http::Lookup::Unknown(why) => {
                 skipped += 1;
-                println!("{}  {} key {}: left held ({why})", rec.id, call.name, key);
+                outln!("{}  {} key {}: left held ({why})", rec.id, call.name, key);
                 continue;
             }
         };
@@ -202,7 +208,7 @@ pub(super) fn reconcile_auto(cli: &Cli, store: &Store, a: &ReconcileArgs) -> Cli
         match store.reconcile(&rec.id, &settlement, &reviewed, &Extension::default(), &d) {
             Ok(_) => {
                 settled += 1;
-                println!(
+                outln!(
                     "{}  {} key {}: {}",
                     rec.id,
                     call.name,
@@ -216,10 +222,10 @@ pub(super) fn reconcile_auto(cli: &Cli, store: &Store, a: &ReconcileArgs) -> Cli
             }
             Err(e) => {
                 skipped += 1;
-                println!("{}  {} key {}: left held ({e})", rec.id, call.name, key);
+                outln!("{}  {} key {}: left held ({e})", rec.id, call.name, key);
             }
         }
     }
-    println!("{settled} settled, {skipped} left held");
+    outln!("{settled} settled, {skipped} left held");
     Ok(())
 }

@@ -1,6 +1,8 @@
 //! `worker enqueue`: one task from flags or a batch from a JSONL file, all or nothing.
 
 use super::*;
+use crate::limits;
+use std::path::Path;
 
 /// One line of an enqueue batch file.
 #[derive(Deserialize, Debug)]
@@ -24,22 +26,21 @@ struct TaskLine {
     approval_wait_ms: Option<u64>,
 }
 
-const GOAL_MAX_CHARS: usize = 4000;
-
 fn check_text(field: &str, v: &str, max: usize) -> Result<(), String> {
     if v.trim().is_empty() {
         return Err(format!("--{field} must not be empty"));
     }
-    if v.chars().count() > max {
-        return Err(format!("--{field} is longer than {max} characters"));
-    }
-    Ok(())
+    limits::check_text(v, &format!("--{field}"), max).map_err(|e| e.0)
+}
+
+fn check_name(field: &str, v: &str) -> Result<(), String> {
+    limits::check_name(v, &format!("--{field}")).map_err(|e| e.0)
 }
 
 fn parse_model(spec: &str) -> Result<ModelProfile, String> {
     if let Some(file) = spec.strip_prefix("script:") {
-        let text = std::fs::read_to_string(file)
-            .map_err(|e| format!("--model script:{file}: cannot read it: {e}"))?;
+        let text = limits::read_file(Path::new(file), limits::SCRIPT_BYTES_MAX)
+            .map_err(|e| format!("--model script:{file}: {e}"))?;
         return ModelProfile::parse("script", Some(&text))
             .map_err(|e| format!("--model script:{file}: {e}"));
     }
@@ -53,10 +54,23 @@ fn parse_pair<'a>(flag: &str, s: &'a str) -> Result<(&'a str, &'a str), String> 
 }
 
 fn new_task(l: TaskLine, cfg: Option<&crate::config::Config>) -> Result<NewTask, String> {
-    check_text("user", &l.user, 200)?;
-    check_text("goal", &l.goal, GOAL_MAX_CHARS)?;
+    check_name("user", &l.user)?;
+    check_text("goal", &l.goal, limits::GOAL_BYTES_MAX)?;
     if let Some(k) = &l.key {
-        check_text("key", k, 200)?;
+        check_name("key", k)?;
+    }
+    if !l.store_scope.is_empty() {
+        check_name("store-scope", &l.store_scope)?;
+        if l.store_scope.contains('/') {
+            return Err("--store-scope must not contain '/'".into());
+        }
+    }
+    if l.priority.unsigned_abs() > limits::PRIORITY_MAX.unsigned_abs() {
+        return Err(format!(
+            "--priority {} is out of range (-{max} to {max})",
+            l.priority,
+            max = limits::PRIORITY_MAX
+        ));
     }
     let mut budget = Budget::default();
     for (k, v) in &l.budget {
@@ -110,15 +124,37 @@ pub(super) fn cmd_enqueue(cli: &Cli, a: &EnqueueArgs) -> CliResult {
     let cfg = load_config(cli)?;
     let tasks = match &a.file {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
+            let file = std::fs::File::open(path)
                 .map_err(|e| CliError::op(format!("cannot read {}: {e}", path.display())))?;
+            let mut lines = limits::Lines::new(std::io::BufReader::new(file));
             let mut tasks = Vec::new();
-            for (n, line) in text.lines().enumerate() {
+            let mut n = 0;
+            loop {
+                n += 1;
+                let at = |m: String| CliError::usage(format!("{}:{n}: {m}", path.display()));
+                let line = match lines.next_line(limits::BATCH_LINE_BYTES_MAX) {
+                    Ok(Some(line)) => line,
+                    Ok(None) => break,
+                    Err(limits::LineError::Io(e)) => {
+                        return Err(CliError::op(format!("cannot read {}: {e}", path.display())));
+                    }
+                    Err(limits::LineError::Bad(m)) => return Err(at(m)),
+                };
                 if line.trim().is_empty() {
                     continue;
                 }
-                let at = |m: String| CliError::usage(format!("{}:{}: {m}", path.display(), n + 1));
-                let l: TaskLine = serde_json::from_str(line).map_err(|e| at(e.to_string()))?;
+                if tasks.len() == limits::BATCH_TASKS_MAX {
+                    return Err(at(format!(
+                        "more than {} tasks in one batch; split the file",
+                        limits::BATCH_TASKS_MAX
+                    )));
+                }
+                let v = limits::parse_json_input(&line, "the line", limits::BATCH_LINE_BYTES_MAX)
+                    .map_err(|e| at(e.0))?;
+                if !v.is_object() {
+                    return Err(at("a line must be a JSON object (see --help)".into()));
+                }
+                let l: TaskLine = serde_json::from_value(v).map_err(|e| at(e.to_string()))?;
                 let t = new_task(l, cfg.as_ref()).map_err(at)?;
                 tasks.push(t);
             }
@@ -171,13 +207,13 @@ pub(super) fn cmd_enqueue(cli: &Cli, a: &EnqueueArgs) -> CliResult {
             .iter()
             .map(|e| json!({"id": e.id, "created": e.created}))
             .collect();
-        print_json(&Value::Array(v));
+        print_json(&Value::Array(v))?;
     } else {
         for e in &out {
             if e.created {
-                println!("{}", e.id);
+                outln!("{}", e.id);
             } else {
-                println!("{} (already enqueued with this key)", e.id);
+                outln!("{} (already enqueued with this key)", e.id);
             }
         }
     }

@@ -7,6 +7,27 @@
 //! demo-store), `enqueue`, `read` (list, show, trace, postmortem, replay, events), `decide`
 //! (approve, reject, reconcile, cancel) and `stores` (the document's store, memory notes).
 
+/// `println!` for verbs: a closed stdout (`worker list | head -2`) ends the verb quietly
+/// with the status a shell shows for SIGPIPE, instead of a panic.
+macro_rules! outln {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout().lock(), $($t)*) {
+            return Err($crate::cli::CliError::from_stdout(e));
+        }
+    }};
+}
+
+/// `print!` for verbs; see [`outln`].
+macro_rules! out {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = write!(std::io::stdout().lock(), $($t)*) {
+            return Err($crate::cli::CliError::from_stdout(e));
+        }
+    }};
+}
+
 mod args;
 mod daemon;
 mod decide;
@@ -19,7 +40,7 @@ use daemon::{cmd_demo, cmd_demo_store, cmd_run};
 use decide::{cmd_approve, cmd_cancel, cmd_reconcile, cmd_reject};
 use enqueue::cmd_enqueue;
 use read::{cmd_events, cmd_list, cmd_postmortem, cmd_replay, cmd_show, cmd_trace};
-use stores::{cmd_memory, cmd_store};
+use stores::{cmd_check, cmd_memory, cmd_purge, cmd_store};
 
 use clap::{Args, Parser, Subcommand};
 use serde::Deserialize;
@@ -67,12 +88,30 @@ impl CliError {
         }
     }
 
+    /// Writing to stdout failed: a closed pipe ends the command quietly (status 141, as if
+    /// killed by SIGPIPE, which is what `head` expects); any other error is reported.
+    pub fn from_stdout(e: std::io::Error) -> CliError {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            CliError {
+                message: String::new(),
+                cause: None,
+                hint: None,
+                code: 141,
+            }
+        } else {
+            CliError::op(format!("cannot write the output: {e}"))
+        }
+    }
+
     pub fn hint(mut self, hint: impl Into<String>) -> CliError {
         self.hint = Some(hint.into());
         self
     }
 
     pub fn render(&self) -> String {
+        if self.message.is_empty() {
+            return String::new();
+        }
         let mut s = format!("error: {}\n", self.message);
         if let Some(c) = &self.cause {
             s.push_str(&format!("caused by: {c}\n"));
@@ -144,6 +183,8 @@ pub fn run(cli: Cli) -> CliResult {
         Command::Replay(a) => cmd_replay(&cli, a),
         Command::Events(a) => cmd_events(&cli, a),
         Command::Memory(c) => cmd_memory(&cli, c),
+        Command::Check(a) => cmd_check(&cli, a),
+        Command::Purge(a) => cmd_purge(&cli, a),
     }
 }
 
@@ -156,11 +197,12 @@ fn open_reader(cli: &Cli) -> Result<Store, CliError> {
     Ok(Store::open_for_reading(&cli.db)?)
 }
 
-fn print_json(v: &Value) {
-    println!(
+fn print_json(v: &Value) -> CliResult {
+    outln!(
         "{}",
         serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
     );
+    Ok(())
 }
 
 fn decision(by: &str, reason: &Option<String>) -> Result<Decision, CliError> {

@@ -59,16 +59,23 @@ pub(super) fn cmd_list(cli: &Cli, a: &ListArgs) -> CliResult {
                 .iter()
                 .map(|(id, why)| json!({"id": id, "status": "damaged", "error": why})),
         );
-        print_json(&Value::Array(v));
+        print_json(&Value::Array(v))?;
         return Ok(());
     }
-    println!(
+    outln!(
         "{:8} {:10} {:16} {:>5} {:>5} {:>6} {:>6}  {:10} goal",
-        "id", "status", "stop", "steps", "tools", "tokens", "secs", "user"
+        "id",
+        "status",
+        "stop",
+        "steps",
+        "tools",
+        "tokens",
+        "secs",
+        "user"
     );
     for r in &tasks {
         let goal: String = r.state.goal.chars().take(48).collect();
-        println!(
+        outln!(
             "{:8} {:10} {:16} {:>5} {:>5} {:>6} {:>6.1}  {:10} {}",
             r.id,
             r.status.as_str(),
@@ -82,7 +89,7 @@ pub(super) fn cmd_list(cli: &Cli, a: &ListArgs) -> CliResult {
         );
     }
     for (id, why) in &damaged {
-        println!("{id:8} damaged    {why}");
+        outln!("{id:8} damaged    {why}");
     }
     Ok(())
 }
@@ -107,28 +114,28 @@ pub(super) fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
             v["held"] = json!({"tool": p.name, "args": p.args,
                 "key": store.call_key(p, &r.id, r.state.step), "digest": p.digest()});
         }
-        print_json(&v);
+        print_json(&v)?;
         return Ok(());
     }
     let st = &r.state;
-    println!(
+    outln!(
         "task      {}  ({}; {} run(s))",
         r.id,
         r.status.as_str(),
         r.runs
     );
-    println!("user      {}", st.user_id);
-    println!("goal      {}", st.goal);
-    println!("stop      {}", st.stop.map_or("-", |s| s.as_str()));
+    outln!("user      {}", st.user_id);
+    outln!("goal      {}", st.goal);
+    outln!("stop      {}", st.stop.map_or("-", |s| s.as_str()));
     if let Some(ans) = &st.answer {
-        println!("answer    {ans}");
+        outln!("answer    {ans}");
     }
-    println!("plan");
+    outln!("plan");
     if st.plan.is_empty() {
-        println!("  (none)");
+        outln!("  (none)");
     }
     for s in &st.plan {
-        println!(
+        outln!(
             "  {:4} {:18} {:8} after {:?}",
             s.id,
             s.tool,
@@ -136,18 +143,18 @@ pub(super) fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
             s.depends_on
         );
     }
-    println!("budget    used / limit");
-    println!("  steps       {:>6} / {}", st.step, b.steps_max);
-    println!("  tool calls  {:>6} / {}", st.tool_calls, b.tool_calls_max);
-    println!("  tokens      {:>6} / {}", st.tokens, b.tokens_max);
-    println!(
+    outln!("budget    used / limit");
+    outln!("  steps       {:>6} / {}", st.step, b.steps_max);
+    outln!("  tool calls  {:>6} / {}", st.tool_calls, b.tool_calls_max);
+    outln!("  tokens      {:>6} / {}", st.tokens, b.tokens_max);
+    outln!(
         "  active s    {:>6.1} / {:.1}",
         st.elapsed_ms as f64 / 1000.0,
         b.deadline_ms as f64 / 1000.0
     );
-    println!("  stalls      {:>6} / {}", st.stalls, b.stalls_max);
+    outln!("  stalls      {:>6} / {}", st.stalls, b.stalls_max);
     if let Some(p) = &st.pending {
-        println!(
+        outln!(
             "held      {} {} key {} digest {}",
             p.name,
             Value::Object(p.args.clone()),
@@ -155,7 +162,7 @@ pub(super) fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
             p.digest()
         );
     }
-    println!("closing   {closing}");
+    outln!("closing   {closing}");
     Ok(())
 }
 
@@ -167,13 +174,13 @@ pub(super) fn cmd_trace(cli: &Cli, a: &TraceArgs) -> CliResult {
         let doc = crate::otlp::export(&rec, &spans);
         std::fs::write(path, format!("{doc}\n"))
             .map_err(|e| CliError::op(format!("cannot write {}: {e}", path.display())))?;
-        println!("{} spans written to {}", spans.len(), path.display());
+        outln!("{} spans written to {}", spans.len(), path.display());
         return Ok(());
     }
     if a.json {
-        print_json(&serde_json::to_value(&spans).unwrap_or(Value::Null));
+        print_json(&serde_json::to_value(&spans).unwrap_or(Value::Null))?;
     } else {
-        print!("{}", span_table(&spans));
+        out!("{}", span_table(&spans));
     }
     Ok(())
 }
@@ -183,9 +190,9 @@ pub(super) fn cmd_postmortem(cli: &Cli, a: &TaskArgs) -> CliResult {
     let r = store.task(&a.task)?;
     let pm = postmortem(&r.state, &store.spans(&a.task)?);
     if a.json {
-        print_json(&serde_json::to_value(&pm).unwrap_or(Value::Null));
+        print_json(&serde_json::to_value(&pm).unwrap_or(Value::Null))?;
     } else {
-        println!("{}", pm.to_python());
+        outln!("{}", pm.to_python());
     }
     Ok(())
 }
@@ -216,17 +223,17 @@ pub(super) fn cmd_replay(cli: &Cli, a: &TaskArgs) -> CliResult {
             "stop": report.state.stop.map(|s| s.as_str()),
             "effects": effects_to_python(&report.effects),
             "stored_effects": effects_to_python(&stored),
-        }));
+        }))?;
     } else {
         let yn = |b: bool| if b { "identical" } else { "DIFFERENT" };
-        println!(
+        outln!(
             "replay of {}: stop {}, {} steps",
             rec.id,
             report.state.stop.map_or("-", |s| s.as_str()),
             report.state.step
         );
-        println!("final state JSON: {}", yn(report.same_state));
-        println!(
+        outln!("final state JSON: {}", yn(report.same_state));
+        outln!(
             "effects         : {} {}",
             yn(report.same_effects),
             effects_to_python(&report.effects)
@@ -247,11 +254,11 @@ pub(super) fn cmd_events(cli: &Cli, a: &EventsArgs) -> CliResult {
     }
     let events = store.events(a.task.as_deref())?;
     if a.json {
-        print_json(&serde_json::to_value(&events).unwrap_or(Value::Null));
+        print_json(&serde_json::to_value(&events).unwrap_or(Value::Null))?;
         return Ok(());
     }
     for e in &events {
-        println!(
+        outln!(
             "{:5} {} {:8} {:22} by {:10} {}  {}",
             e.seq,
             e.at_ms,

@@ -8,16 +8,23 @@ pub(super) fn cmd_store(cli: &Cli, c: &StoreCommand) -> CliResult {
         StoreCommand::Orders { json } => {
             let orders = open()?.orders()?;
             if *json {
-                print_json(&serde_json::to_value(&orders).unwrap_or(Value::Null));
+                print_json(&serde_json::to_value(&orders).unwrap_or(Value::Null))?;
             } else {
-                println!(
+                outln!(
                     "{:16} {:10} {:>8} {:>8} status",
-                    "order", "customer", "total", "refunded"
+                    "order",
+                    "customer",
+                    "total",
+                    "refunded"
                 );
                 for (id, o) in &orders {
-                    println!(
+                    outln!(
                         "{:16} {:10} {:>8} {:>8} {}",
-                        id, o.customer, o.total, o.refunded, o.status
+                        id,
+                        o.customer,
+                        o.total,
+                        o.refunded,
+                        o.status
                     );
                 }
             }
@@ -52,27 +59,31 @@ pub(super) fn cmd_store(cli: &Cli, c: &StoreCommand) -> CliResult {
                 ));
             }
             open()?.put_orders(&parsed)?;
-            println!("{} order(s) stored", parsed.len());
+            outln!("{} order(s) stored", parsed.len());
         }
         StoreCommand::Ledger { json } => {
             let ledger = open()?.ledger()?;
             if *json {
-                print_json(&serde_json::to_value(&ledger).unwrap_or(Value::Null));
+                print_json(&serde_json::to_value(&ledger).unwrap_or(Value::Null))?;
             } else {
                 for e in &ledger {
-                    println!("{:6} {:24} {}", e.seq, e.key, e.effect.to_python());
+                    outln!("{:6} {:24} {}", e.seq, e.key, e.effect.to_python());
                 }
             }
         }
         StoreCommand::Arrivals { json } => {
             let arrivals = open()?.arrivals()?;
             if *json {
-                print_json(&serde_json::to_value(&arrivals).unwrap_or(Value::Null));
+                print_json(&serde_json::to_value(&arrivals).unwrap_or(Value::Null))?;
             } else {
                 for a in &arrivals {
-                    println!(
+                    outln!(
                         "{:6} {:24} {:18} {} {}",
-                        a.seq, a.key, a.tool, a.digest, a.outcome
+                        a.seq,
+                        a.key,
+                        a.tool,
+                        a.digest,
+                        a.outcome
                     );
                 }
             }
@@ -96,9 +107,10 @@ pub(super) fn cmd_memory(cli: &Cli, c: &MemoryCommand) -> CliResult {
             let d = decision(by, &None)?;
             let store = Store::open(&cli.db, true)?;
             let note = store.add_note(user, text, source, ttl_days.saturating_mul(86_400), &d)?;
-            println!(
+            outln!(
                 "stored for {} until {} (unix seconds)",
-                note.user, note.expires_at_s
+                note.user,
+                note.expires_at_s
             );
         }
         MemoryCommand::List {
@@ -108,12 +120,15 @@ pub(super) fn cmd_memory(cli: &Cli, c: &MemoryCommand) -> CliResult {
         } => {
             let notes = open_reader(cli)?.notes(user.as_deref(), now_ms(), *all)?;
             if *as_json {
-                print_json(&serde_json::to_value(&notes).unwrap_or(Value::Null));
+                print_json(&serde_json::to_value(&notes).unwrap_or(Value::Null))?;
             } else {
                 for n in &notes {
-                    println!(
+                    outln!(
                         "{:10} {:16} expires {:>10}  {}",
-                        n.user, n.source, n.expires_at_s, n.text
+                        n.user,
+                        n.source,
+                        n.expires_at_s,
+                        n.text
                     );
                 }
             }
@@ -121,8 +136,102 @@ pub(super) fn cmd_memory(cli: &Cli, c: &MemoryCommand) -> CliResult {
         MemoryCommand::Forget { user, source, by } => {
             let d = decision(by, &None)?;
             let n = open_existing(cli)?.forget(user, source.as_deref(), &d)?;
-            println!("{n} note(s) deleted");
+            outln!("{n} note(s) deleted");
         }
+    }
+    Ok(())
+}
+
+pub(super) fn cmd_check(cli: &Cli, a: &CheckArgs) -> CliResult {
+    let mut damaged = Vec::new();
+    let mut records = BTreeMap::new();
+    // redb's own integrity check first: it needs the file to itself.
+    if let Err(e) = redb_integrity(&cli.db) {
+        damaged.push(e);
+    }
+    match Store::open(&cli.db, false) {
+        Ok(store) => {
+            let rep = store.check()?;
+            damaged.extend(rep.damaged);
+            for (k, v) in rep.records {
+                records.insert(k.to_string(), v);
+            }
+        }
+        Err(e @ store::Error::Missing(_)) => return Err(e.into()),
+        Err(e) => damaged.push(e.to_string()),
+    }
+    let sp = store_path(cli);
+    if sp.exists() {
+        match DurableStore::open(&sp) {
+            Ok(ds) => match ds.check() {
+                Ok((n, bad)) => {
+                    records.insert("store record".to_string(), n);
+                    damaged.extend(bad);
+                }
+                Err(e) => damaged.push(format!("{}: {e}", sp.display())),
+            },
+            Err(e) => damaged.push(format!("{}: {e}", sp.display())),
+        }
+    }
+    if a.json {
+        print_json(&json!({"ok": damaged.is_empty(), "records": records, "damaged": damaged}))?;
+    } else {
+        let total: u64 = records.values().sum();
+        for d in &damaged {
+            outln!("damaged  {}", crate::limits::printable(d));
+        }
+        if damaged.is_empty() {
+            outln!("ok: {total} records checked, nothing damaged");
+        } else {
+            outln!("{} damaged; {total} records read", damaged.len());
+        }
+    }
+    if damaged.is_empty() {
+        Ok(())
+    } else {
+        Err(
+            CliError::op(format!("{} damaged record(s) or table(s)", damaged.len()))
+                .hint("restore the file from a backup; quarantined tasks are listed and never run"),
+        )
+    }
+}
+
+/// redb's check of its pages and trees, on a handle of our own.
+fn redb_integrity(path: &Path) -> Result<(), String> {
+    if !path.exists() {
+        return Ok(());
+    }
+    let p = path.to_path_buf();
+    let r = std::panic::catch_unwind(move || -> Result<bool, String> {
+        let mut db = redb::Builder::new()
+            .set_concurrency_mode(redb::ConcurrencyMode::MultiWriter)
+            .open(&p)
+            .map_err(|e| e.to_string())?;
+        db.check_integrity().map_err(|e| e.to_string())
+    });
+    match r {
+        Ok(Ok(true)) => Ok(()),
+        Ok(Ok(false)) => Err(format!(
+            "{}: the storage engine found damage in its pages and repaired what it could",
+            path.display()
+        )),
+        Ok(Err(e)) => Err(format!("{}: {e}", path.display())),
+        Err(_) => Err(format!(
+            "{}: the storage engine stopped on an inconsistency in its pages",
+            path.display()
+        )),
+    }
+}
+
+pub(super) fn cmd_purge(cli: &Cli, a: &PurgeArgs) -> CliResult {
+    let store = open_existing(cli)?;
+    let d = decision(&a.by, &a.reason)?;
+    let before = d.now_ms.saturating_sub(a.finished_before);
+    let ids = store.purge(before, a.batch as usize, &d)?;
+    if a.json {
+        print_json(&json!({"purged": ids.len(), "ids": ids}))?;
+    } else {
+        outln!("purged {} finished task(s)", ids.len());
     }
     Ok(())
 }

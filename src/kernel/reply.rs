@@ -4,6 +4,7 @@
 use serde_json::Value;
 
 use super::state::ToolCall;
+use crate::limits;
 
 /// A model's reply as it arrived: parsed JSON (scripted models) or text (HTTP models).
 #[derive(Clone, Debug, PartialEq)]
@@ -52,9 +53,18 @@ pub fn parse_owned(raw: RawReply) -> Result<Reply, String> {
     let v = match raw {
         RawReply::Json(v) => v,
         RawReply::Text(t) => {
+            if t.len() > limits::REPLY_BYTES_MAX {
+                return Err(format!(
+                    "reply is {} bytes, over the limit of {}",
+                    t.len(),
+                    limits::REPLY_BYTES_MAX
+                ));
+            }
             serde_json::from_str::<Value>(&t).map_err(|e| format!("reply is not JSON: {e}"))?
         }
     };
+    // Checked before anything of the reply reaches the state, a call record or a span.
+    limits::check_depth(&v, "reply").map_err(|e| e.0)?;
     let Value::Object(mut obj) = v else {
         return Err("reply must be a JSON object".into());
     };
@@ -132,6 +142,19 @@ mod tests {
         );
         assert!(err(RawReply::Json(json!({"type": "tool", "args": {}}))).contains("`name`"));
         assert!(err(RawReply::Json(json!({"type": "final"}))).contains("`text`"));
+    }
+
+    #[test]
+    fn a_deeply_nested_reply_is_refused_before_it_is_stored() {
+        let deep = format!(
+            r#"{{"type": "tool", "name": "get_order", "args": {{"order_id": "ord_1001", "x": {}{}}}}}"#,
+            "[".repeat(124),
+            "]".repeat(124)
+        );
+        let e = err(RawReply::Text(deep.clone()));
+        assert!(e.contains("reply nests 126 levels"), "{e}");
+        let v: Value = serde_json::from_str(&deep).unwrap();
+        assert!(err(RawReply::Json(v)).contains("over the limit of 32"));
     }
 
     #[test]

@@ -447,7 +447,12 @@ impl<'c> Session<'c> {
             Some(StopReason::MaxToolCalls)
         } else if st.elapsed_ms >= b.deadline_ms {
             Some(StopReason::Deadline)
-        } else if st.tokens + self.expected_input() + b.output_tokens_max as u64 > b.tokens_max {
+        } else if st
+            .tokens
+            .saturating_add(self.expected_input())
+            .saturating_add(u64::from(b.output_tokens_max))
+            > b.tokens_max
+        {
             Some(StopReason::MaxTokens)
         } else {
             None
@@ -477,7 +482,7 @@ impl<'c> Session<'c> {
             Ok(raw) => Some(raw),
             Err(ModelError::Failed(msg)) => {
                 // No reply, so no tokens; the time spent counts and the step counts.
-                self.state.elapsed_ms += reply.latency_ms;
+                self.state.elapsed_ms = self.state.elapsed_ms.saturating_add(reply.latency_ms);
                 let t = self.state.elapsed_ms;
                 self.trace.end(self.model_span, "error", t);
                 self.state.last_result =
@@ -511,8 +516,10 @@ impl<'c> Session<'c> {
         if too_long {
             tout = cap;
         }
-        self.state.elapsed_ms += reply.latency_ms;
-        self.state.tokens += tin + tout;
+        // Saturating: a provider may report any number, and a wrapped count would let a task
+        // run on past its token budget.
+        self.state.elapsed_ms = self.state.elapsed_ms.saturating_add(reply.latency_ms);
+        self.state.tokens = self.state.tokens.saturating_add(tin.saturating_add(tout));
         let t = self.state.elapsed_ms;
         let span = self.trace.get_mut(self.model_span);
         span.tin = Some(tin);
@@ -673,9 +680,9 @@ impl<'c> Session<'c> {
         } else {
             (checked_result(reply.result, write), reply.latency_ms)
         };
-        self.state.elapsed_ms += secs;
+        self.state.elapsed_ms = self.state.elapsed_ms.saturating_add(secs);
         if sent {
-            self.state.tool_calls += 1;
+            self.state.tool_calls = self.state.tool_calls.saturating_add(1);
         }
         let status = result
             .get("status")

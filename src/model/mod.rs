@@ -173,11 +173,33 @@ impl ModelProfile {
 /// A script file: one reply per line. A line that is JSON is that reply; any other non-empty
 /// line is kept as text, so a script can also feed the kernel malformed replies.
 pub fn parse_script(text: &str) -> Result<Vec<Value>, String> {
-    let replies: Vec<Value> = text
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|_| Value::String(l.to_string())))
-        .collect();
+    let mut replies = Vec::new();
+    for (n, l) in text.lines().enumerate() {
+        if l.trim().is_empty() {
+            continue;
+        }
+        if l.len() > crate::limits::REPLY_BYTES_MAX {
+            return Err(format!(
+                "line {}: {} bytes, over the limit of {}",
+                n + 1,
+                l.len(),
+                crate::limits::REPLY_BYTES_MAX
+            ));
+        }
+        let v = match serde_json::from_str::<Value>(l) {
+            Ok(v) => v,
+            Err(e) if e.to_string().contains("recursion limit") => {
+                return Err(format!(
+                    "line {}: nests deeper than {} levels",
+                    n + 1,
+                    crate::limits::JSON_DEPTH_MAX
+                ));
+            }
+            Err(_) => Value::String(l.to_string()),
+        };
+        crate::limits::check_depth(&v, &format!("line {}", n + 1)).map_err(|e| e.0)?;
+        replies.push(v);
+    }
     if replies.is_empty() {
         return Err("the script has no replies (one JSON reply per line)".into());
     }

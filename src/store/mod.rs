@@ -7,17 +7,22 @@
 //! or tool call: callers hand in finished data. The records live in `records`, opening the
 //! file in `open`, and the redb handles (read-only, reopened after an I/O error) in `handle`.
 
+mod check;
 pub mod codec;
 mod handle;
 mod memory;
 mod open;
 pub mod ops;
 mod records;
+pub mod rows;
 pub mod schema;
+mod tasks;
 
+pub use check::CheckReport;
 use handle::Handle;
 pub use handle::{Opener, Reopening};
 pub(crate) use handle::{create_private, open_redb};
+pub(crate) use open::check_not_empty;
 pub use records::*;
 
 use redb::{ReadTransaction, ReadableTable, ReadableTableMetadata, WriteTransaction};
@@ -112,7 +117,7 @@ impl Store {
         let mut out = Vec::with_capacity(tasks.len());
         {
             let mut meta = w.open_table(META)?;
-            let mut tasks_t = w.open_table(TASKS)?;
+            let mut tables = tasks::Tables::open(&w)?;
             let mut ready = w.open_table(READY)?;
             let mut keys = w.open_table(ENQUEUE_KEYS)?;
             let notes = load_notes(&w.open_table(NOTES)?)?;
@@ -124,11 +129,7 @@ impl Store {
                     drop(existing);
                     // A retried enqueue must be the same request; another one under a used key
                     // is a mistake that would otherwise vanish silently.
-                    let bytes = tasks_t
-                        .get(id.as_str())?
-                        .map(|g| g.value().to_vec())
-                        .ok_or_else(|| Error::NoTask(id.clone()))?;
-                    let rec: TaskRecord = decode("task", &bytes)?;
+                    let rec = tables.get(&id)?.ok_or_else(|| Error::NoTask(id.clone()))?;
                     if let Some(field) = differs(&rec, t) {
                         return Err(Error::Conflict(format!(
                             "enqueue key {k:?} was used for task {id} with another {field}; a retry must repeat the same request (use a new key for a new task)"
@@ -165,7 +166,7 @@ impl Store {
                     suspended_at_ms: None,
                     approval: None,
                 };
-                tasks_t.insert(id.as_str(), encode(&rec)?.as_slice())?;
+                tables.insert_new(&rec)?;
                 let seq = next_seq(&mut meta, META_READY_SEQ)?;
                 ready.insert((-t.priority, seq), id.as_str())?;
                 if let Some(k) = &t.key {
@@ -204,8 +205,8 @@ impl Store {
         is_dead: &dyn Fn(&Lease) -> bool,
         live: &dyn Fn(&str, &Lease) -> bool,
     ) -> Result<Vec<String>> {
-        let over = |rec: &TaskRecord| {
-            lease_over(rec, now_ms, is_dead)
+        let over = |rec: &rows::TaskRow| {
+            lease_over(rec.status, rec.lease.as_ref(), now_ms, is_dead)
                 && !rec.lease.as_ref().is_some_and(|l| live(&rec.id, l))
         };
         let candidates: Vec<String> = {
@@ -216,11 +217,9 @@ impl Store {
             for entry in running.iter()? {
                 let (id, _claimed_expiry) = entry?;
                 let id = id.value().to_string();
-                let take = match tasks.get(id.as_str())? {
-                    // A record that cannot be decoded is quarantined below.
-                    Some(g) => decode::<TaskRecord>("task", g.value()).map_or(true, |r| over(&r)),
-                    None => true,
-                };
+                // A record that cannot be decoded is quarantined below.
+                let take =
+                    tasks::read_row(&tasks, &id).map_or(true, |r| r.is_none_or(|r| over(&r)));
                 if take {
                     c.push(id);
                 }
@@ -242,12 +241,12 @@ impl Store {
                 if running.get(id.as_str())?.is_none() {
                     continue;
                 }
-                let Some(bytes) = tasks.get(id.as_str())?.map(|g| g.value().to_vec()) else {
-                    running.remove(id.as_str())?;
-                    continue;
-                };
-                let mut rec: TaskRecord = match decode("task", &bytes) {
-                    Ok(rec) => rec,
+                let mut rec = match tasks::read_row(&tasks, &id) {
+                    Ok(Some(rec)) => rec,
+                    Ok(None) => {
+                        running.remove(id.as_str())?;
+                        continue;
+                    }
                     Err(e) => {
                         tracing::error!(task = %id, error = %e, "task record damaged; quarantined");
                         running.remove(id.as_str())?;
@@ -263,7 +262,7 @@ impl Store {
                 rec.status = QueueStatus::Queued;
                 rec.lease = None;
                 rec.updated_at_ms = now_ms;
-                tasks.insert(id.as_str(), encode(&rec)?.as_slice())?;
+                tasks::save_row(&mut tasks, &rec)?;
                 let seq = next_seq(&mut meta, META_READY_SEQ)?;
                 ready.insert((-rec.priority, seq), id.as_str())?;
                 recovered.push(id);
@@ -277,11 +276,9 @@ impl Store {
     /// and writes nothing if not, so one failed commit never spoils the others of a group.
     pub fn apply_commit(w: &WriteTransaction, c: &Commit) -> Result<CommitOutcome> {
         let mut tasks = w.open_table(TASKS)?;
-        let bytes = tasks
-            .get(c.task_id.as_str())?
-            .map(|g| g.value().to_vec())
-            .ok_or_else(|| Error::NoTask(c.task_id.clone()))?;
-        let mut rec: TaskRecord = decode("task", &bytes)?;
+        // The task row only: a step never reads or rewrites the spec or the shared blobs.
+        let mut rec =
+            tasks::read_row(&tasks, &c.task_id)?.ok_or_else(|| Error::NoTask(c.task_id.clone()))?;
         // Fencing: only the task's current claim may commit. An older claim of the same
         // process (a thread that kept running after its lease was taken over) is refused too.
         let held = rec.status == QueueStatus::Running
@@ -310,7 +307,7 @@ impl Store {
         if c.kind == CommitKind::Intent {
             return Ok(outcome);
         }
-        rec.state = c.state.clone();
+        rec.state = codec::Record::to_row(&c.state);
         rec.next_span_id = c.next_span_id;
         if c.clear_settle {
             rec.settle = None;
@@ -326,7 +323,7 @@ impl Store {
                     l.expires_at_ms = c
                         .now_ms
                         .saturating_add(c.lease_ms)
-                        .saturating_add(remaining_ms(&rec.budget, &c.state));
+                        .saturating_add(remaining_ms(&rec.budget, c.state.elapsed_ms));
                 }
             }
             CommitKind::Final(stop) => {
@@ -359,7 +356,7 @@ impl Store {
                     .insert((-rec.priority, seq), c.task_id.as_str())?;
             }
         }
-        tasks.insert(c.task_id.as_str(), encode(&rec)?.as_slice())?;
+        tasks::save_row(&mut tasks, &rec)?;
         drop((tasks, running));
         if let (CommitKind::Final(_), Some(lease)) = (c.kind, &c.claim_next) {
             outcome.next = claim_in(w, lease, 1, c.now_ms)?.pop();
@@ -369,19 +366,21 @@ impl Store {
 
     pub fn task(&self, id: &str) -> Result<TaskRecord> {
         let r = self.db.begin_read()?;
-        let t = r.open_table(TASKS)?;
-        let g = t.get(id)?.ok_or_else(|| Error::NoTask(id.to_string()))?;
-        decode("task", g.value())
+        let (t, s, b) = read_tables(&r)?;
+        tasks::Reader::new(&t, &s, &b)
+            .get(id)?
+            .ok_or_else(|| Error::NoTask(id.to_string()))
     }
 
     /// Every task whose record decodes, in id order; damaged ones are in [`Store::damaged`].
     pub fn tasks(&self) -> Result<Vec<TaskRecord>> {
         let r = self.db.begin_read()?;
-        let t = r.open_table(TASKS)?;
+        let (t, s, b) = read_tables(&r)?;
+        let mut reader = tasks::Reader::new(&t, &s, &b);
         let mut out = Vec::new();
         for entry in t.iter()? {
-            let (_, v) = entry?;
-            if let Ok(rec) = decode("task", v.value()) {
+            let (k, _) = entry?;
+            if let Ok(Some(rec)) = reader.get(k.value()) {
                 out.push(rec);
             }
         }
@@ -400,10 +399,11 @@ impl Store {
                 out.insert(k.value().to_string(), v.value().to_string());
             }
         }
-        let t = r.open_table(TASKS)?;
+        let (t, s, b) = read_tables(&r)?;
+        let mut reader = tasks::Reader::new(&t, &s, &b);
         for entry in t.iter()? {
-            let (k, v) = entry?;
-            if let Err(e) = decode::<TaskRecord>("task", v.value()) {
+            let (k, _) = entry?;
+            if let Err(e) = reader.get(k.value()) {
                 out.entry(k.value().to_string()).or_insert(e.to_string());
             }
         }
@@ -421,7 +421,7 @@ impl Store {
     }
 
     /// Every record of one task in a table keyed by (task id, number), in number order.
-    fn per_task<T: serde::de::DeserializeOwned>(
+    fn per_task<T: codec::Record + serde::de::DeserializeOwned>(
         &self,
         table: redb::TableDefinition<(&str, u32), &[u8]>,
         what: &str,
@@ -486,7 +486,7 @@ fn claim_in(
     let mut out = Vec::new();
     {
         let mut ready = w.open_table(READY)?;
-        let mut tasks = w.open_table(TASKS)?;
+        let mut tables = tasks::Tables::open(w)?;
         let mut running = w.open_table(RUNNING)?;
         let mut taken = Vec::new();
         for entry in ready.iter()?.take(max) {
@@ -496,11 +496,9 @@ fn claim_in(
         let mut damaged = w.open_table(DAMAGED)?;
         for (k, id) in taken {
             ready.remove(k)?;
-            let Some(bytes) = tasks.get(id.as_str())?.map(|g| g.value().to_vec()) else {
-                continue;
-            };
-            let mut rec: TaskRecord = match decode("task", &bytes) {
-                Ok(rec) => rec,
+            let mut rec = match tables.get(&id) {
+                Ok(Some(rec)) => rec,
+                Ok(None) => continue,
                 Err(e) => {
                     // Quarantined: listed as damaged, never run, never fatal for others.
                     tracing::error!(task = %id, error = %e, "task record damaged; quarantined");
@@ -518,12 +516,12 @@ fn claim_in(
             lease.expires_at_ms = lease
                 .expires_at_ms
                 .max(now_ms)
-                .saturating_add(remaining_ms(&rec.budget, &rec.state));
+                .saturating_add(remaining_ms(&rec.budget, rec.state.elapsed_ms));
             rec.runs = rec.runs.saturating_add(1);
             lease.token = u64::from(rec.runs);
             rec.lease = Some(lease);
             rec.updated_at_ms = now_ms;
-            tasks.insert(id.as_str(), encode(&rec)?.as_slice())?;
+            tables.save(&rec)?;
             running.insert(
                 id.as_str(),
                 rec.lease.as_ref().map_or(now_ms, |l| l.expires_at_ms),
@@ -565,17 +563,29 @@ pub(crate) fn task_order(id: &str) -> (u64, String) {
 /// or tool call can take up to all of it, and the lease must not run out under a worker that
 /// is only waiting. Fencing makes a lease that runs out anyway harmless: the old claim can no
 /// longer commit.
-fn remaining_ms(budget: &Budget, state: &TaskState) -> u64 {
-    budget.deadline_ms.saturating_sub(state.elapsed_ms)
+fn remaining_ms(budget: &Budget, elapsed_ms: u64) -> u64 {
+    budget.deadline_ms.saturating_sub(elapsed_ms)
 }
 
 /// A running task may be taken over when its lease expired or its owner is gone.
-fn lease_over(rec: &TaskRecord, now_ms: u64, is_dead: &dyn Fn(&Lease) -> bool) -> bool {
-    rec.status != QueueStatus::Running
-        || rec
-            .lease
-            .as_ref()
-            .is_none_or(|l| l.expires_at_ms <= now_ms || is_dead(l))
+fn lease_over(
+    status: QueueStatus,
+    lease: Option<&Lease>,
+    now_ms: u64,
+    is_dead: &dyn Fn(&Lease) -> bool,
+) -> bool {
+    status != QueueStatus::Running || lease.is_none_or(|l| l.expires_at_ms <= now_ms || is_dead(l))
+}
+
+type ReadTable = redb::ReadOnlyTable<&'static str, &'static [u8]>;
+
+/// The tables of tasks, open for reading.
+fn read_tables(r: &ReadTransaction) -> Result<(ReadTable, ReadTable, ReadTable)> {
+    Ok((
+        r.open_table(TASKS)?,
+        r.open_table(TASK_SPECS)?,
+        r.open_table(BLOBS)?,
+    ))
 }
 
 fn load_notes(t: &redb::Table<u64, &[u8]>) -> Result<Vec<Note>> {

@@ -21,6 +21,8 @@ impl Store {
                 path: path.to_path_buf(),
                 source: std::io::Error::other("it is a directory"),
             });
+        } else {
+            check_not_empty(path)?;
         }
         let p = path.to_path_buf();
         Store::open_with(path, std::sync::Arc::new(move || open_redb(&p, 32 << 20)))
@@ -62,6 +64,7 @@ impl Store {
                 source: std::io::Error::other("it is a directory"),
             });
         }
+        check_not_empty(path)?;
         let p = path.to_path_buf();
         let opened = std::panic::catch_unwind(move || {
             redb::Builder::new()
@@ -103,7 +106,14 @@ impl Store {
                     supported: SCHEMA_VERSION,
                 });
             }
-            Some(_) => {}
+            Some(SCHEMA_VERSION) => {}
+            Some(_) => {
+                // An older format: opened as a writer by `open_for_reading`, which migrates it.
+                return Err(Error::Conflict(format!(
+                    "{} is in an older format and must be migrated by a writer first",
+                    path.display()
+                )));
+            }
             None => {
                 return Err(Error::Corrupt(format!(
                     "{} is not a Tether worker database (no schema version)",
@@ -173,51 +183,107 @@ impl Store {
                 found: v,
                 supported: SCHEMA_VERSION,
             }),
-            Some(_)
-                if self.has_table(WAITING)?
-                    && self.has_table(HELD)?
-                    && self.has_table(DAMAGED)? =>
-            {
-                Ok(())
-            }
+            Some(SCHEMA_VERSION) if self.has_every_table()? => Ok(()),
             _ => {
-                // A new file, or one written before a table was added: create what is missing.
+                // A new file, or one of version 1: create what is missing and rewrite every
+                // version-1 record, in one transaction, so the file is never half migrated.
                 let w = self.db.begin_write()?;
                 {
                     let mut meta = w.open_table(META)?;
-                    if meta.get(META_SCHEMA)?.is_none() {
-                        meta.insert(META_SCHEMA, SCHEMA_VERSION)?;
-                    }
-                    w.open_table(TASKS)?;
+                    let v1 = meta.get(META_SCHEMA)?.is_some();
+                    meta.insert(META_SCHEMA, SCHEMA_VERSION)?;
                     w.open_table(READY)?;
                     w.open_table(RUNNING)?;
                     w.open_table(ENQUEUE_KEYS)?;
+                    w.open_table(WAITING)?;
+                    w.open_table(HELD)?;
+                    w.open_table(DAMAGED)?;
                     w.open_table(CALL_KEYS)?;
                     w.open_table(SPANS)?;
                     w.open_table(REPLIES)?;
                     w.open_table(EVENTS)?;
                     w.open_table(NOTES)?;
-                    w.open_table(WAITING)?;
-                    w.open_table(HELD)?;
-                    w.open_table(DAMAGED)?;
+                    let mut tables = super::tasks::Tables::open(&w)?;
+                    if v1 {
+                        let n = migrate_v1(&w, &mut tables)?;
+                        tracing::info!(
+                            path = %self.path.display(),
+                            records = n,
+                            "migrated the database from record format 1 (JSON) to 2"
+                        );
+                    }
                 }
                 w.commit()?;
                 Ok(())
             }
         }
     }
+}
 
-    fn has_table<K: redb::Key + 'static, V: redb::Value + 'static>(
-        &self,
-        t: redb::TableDefinition<K, V>,
-    ) -> Result<bool> {
+impl Store {
+    /// Whether every table of this version exists (a table may have been added since the file
+    /// was made, or dropped by hand).
+    fn has_every_table(&self) -> Result<bool> {
+        use redb::TableHandle;
         let r = self.db.begin_read()?;
-        match r.open_table(t) {
-            Ok(_) => Ok(true),
-            Err(redb::TableError::TableDoesNotExist(_)) => Ok(false),
-            Err(e) => Err(e.into()),
+        let names: std::collections::BTreeSet<String> = r
+            .list_tables()
+            .map_err(redb::Error::from)?
+            .map(|t| t.name().to_string())
+            .collect();
+        Ok(ALL_TABLES.iter().all(|t| names.contains(*t)))
+    }
+}
+
+/// Rewrites every record of a version-1 file: a task record becomes its row, its spec and its
+/// blobs; every other record is re-encoded. Returns how many records were rewritten.
+fn migrate_v1(w: &redb::WriteTransaction, tables: &mut super::tasks::Tables<'_>) -> Result<u64> {
+    use super::codec::{decode_legacy, is_legacy, migrate_table};
+    let mut n = 0;
+    let legacy: Vec<(String, Vec<u8>)> = {
+        let mut out = Vec::new();
+        for entry in tables.tasks.iter()? {
+            let (k, v) = entry?;
+            if is_legacy(v.value()) {
+                out.push((k.value().to_string(), v.value().to_vec()));
+            }
+        }
+        out
+    };
+    for (id, bytes) in legacy {
+        match decode_legacy::<super::TaskRecord>(&format!("task {id}"), &bytes) {
+            Ok(rec) => {
+                tables.insert_new(&rec)?;
+                n += 1;
+            }
+            Err(e) => {
+                w.open_table(DAMAGED)?
+                    .insert(id.as_str(), e.to_string().as_str())?;
+            }
         }
     }
+    n += migrate_table::<_, super::CallRecord>(&mut w.open_table(CALL_KEYS)?, "call key")?;
+    n += migrate_table::<_, crate::kernel::Span>(&mut w.open_table(SPANS)?, "span")?;
+    n += migrate_table::<_, crate::model::RecordedReply>(&mut w.open_table(REPLIES)?, "reply")?;
+    n += migrate_table::<_, super::ops::Event>(&mut w.open_table(EVENTS)?, "event")?;
+    n += migrate_table::<_, crate::kernel::memory::Note>(&mut w.open_table(NOTES)?, "note")?;
+    Ok(n)
+}
+
+/// An existing file of 0 bytes is a truncated database, never taken for a new one. A file
+/// another process has just created is empty only until redb writes its header, so an empty
+/// file is looked at again for up to a second before it is called truncated.
+pub(crate) fn check_not_empty(path: &Path) -> Result<()> {
+    for _ in 0..20 {
+        match std::fs::metadata(path) {
+            Ok(m) if m.len() == 0 => std::thread::sleep(std::time::Duration::from_millis(50)),
+            _ => return Ok(()),
+        }
+    }
+    Err(Error::Corrupt(format!(
+        "{} is empty (0 bytes): a truncated database, not a new one",
+        path.display()
+    )))
 }
 
 /// Database ids are 48 bits: 12 hex digits in every call key.

@@ -44,15 +44,11 @@ pub enum Settlement {
 }
 
 fn load(w: &WriteTransaction, id: &str) -> Result<TaskRecord> {
-    let t = w.open_table(TASKS)?;
-    let g = t.get(id)?.ok_or_else(|| Error::NoTask(id.to_string()))?;
-    decode("task", g.value())
+    super::tasks::load(w, id)?.ok_or_else(|| Error::NoTask(id.to_string()))
 }
 
 fn save(w: &WriteTransaction, rec: &TaskRecord) -> Result<()> {
-    w.open_table(TASKS)?
-        .insert(rec.id.as_str(), encode(rec)?.as_slice())?;
-    Ok(())
+    super::tasks::save(w, rec)
 }
 
 /// The task leaves the suspended and held indexes.

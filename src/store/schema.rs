@@ -1,20 +1,27 @@
 //! Every redb table of the worker's database, in one place, and the schema version.
 //!
-//! Values are records encoded by [`super::codec`] (JSON with a version tag), because facts,
-//! arguments, results and spans are dynamic JSON and a serde binary format cannot decode
-//! `serde_json::Value`. Keys are plain redb types so that ranges and order come for free.
+//! Values are rows (see [`super::rows`]) in the checksummed envelope of [`super::codec`]. Keys
+//! are plain redb types so that ranges and order come for free.
 
 use redb::TableDefinition;
 
 /// The schema this build writes and understands. A file with a larger number was written by a
-/// newer Tether and is refused, never guessed at.
-pub const SCHEMA_VERSION: u64 = 1;
+/// newer Tether and is refused, never guessed at. Version 1 stored JSON records, a task as one
+/// record; version 2 stores bincode rows in an envelope, a task as a row, a spec and blobs.
+/// Opening a version-1 file for writing migrates it (see `open`).
+pub const SCHEMA_VERSION: u64 = 2;
 
 /// "schema_version" -> u64; "task_seq" -> next task number; "event_seq", "ready_seq",
 /// "note_seq"; "db_id" -> the database id.
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
-/// task id -> task record (queue status, budget, model profile, state, lease).
+/// task id -> task row: what steps and operators change (queue status, budget, state, lease).
 pub const TASKS: TableDefinition<&str, &[u8]> = TableDefinition::new("tasks");
+/// task id -> spec row: what enqueue fixed (key, model, tool settings, creation time).
+pub const TASK_SPECS: TableDefinition<&str, &[u8]> = TableDefinition::new("task_specs");
+/// digest -> blob: a script's replies or a tool catalog, stored once for all tasks using it.
+pub const BLOBS: TableDefinition<&str, &[u8]> = TableDefinition::new("blobs");
+/// digest -> how many task specs refer to the blob; at zero the blob is deleted.
+pub const BLOB_REFS: TableDefinition<&str, u64> = TableDefinition::new("blob_refs");
 /// (-priority, sequence) -> task id: the ready queue, highest priority first, then FIFO.
 pub const READY: TableDefinition<(i64, u64), &str> = TableDefinition::new("ready");
 /// task id -> lease expiry at claim time: the index of the tasks some worker is running; the
@@ -40,6 +47,26 @@ pub const REPLIES: TableDefinition<(&str, u32), &[u8]> = TableDefinition::new("r
 pub const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
 /// sequence -> long-term memory note.
 pub const NOTES: TableDefinition<u64, &[u8]> = TableDefinition::new("notes");
+
+/// The name of every table: a file missing one gets it at open.
+pub const ALL_TABLES: [&str; 16] = [
+    "meta",
+    "tasks",
+    "task_specs",
+    "blobs",
+    "blob_refs",
+    "ready",
+    "running",
+    "waiting",
+    "held",
+    "damaged",
+    "enqueue_keys",
+    "call_keys",
+    "spans",
+    "replies",
+    "events",
+    "notes",
+];
 
 pub const META_SCHEMA: &str = "schema_version";
 pub const META_TASK_SEQ: &str = "task_seq";

@@ -35,6 +35,11 @@ const ARRIVALS: TableDefinition<u64, &[u8]> = TableDefinition::new("arrivals");
 /// call key -> (payload digest, response) of the HTTP service: Stripe's idempotency record.
 const IDEMPOTENCY: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency");
 
+/// "format" -> the record format of this file (absent: version 1, JSON records).
+const FORMAT: TableDefinition<&str, u64> = TableDefinition::new("format");
+const FORMAT_KEY: &str = "format";
+const STORE_FORMAT: u64 = 2;
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LedgerEntry {
     pub seq: u64,
@@ -102,6 +107,9 @@ const GROUP_MAX: usize = 128;
 impl DurableStore {
     /// Opens the store file, creating it with the document's two orders if it is new.
     pub fn open(path: &Path) -> Result<DurableStore> {
+        if path.exists() {
+            crate::store::check_not_empty(path)?;
+        }
         crate::store::create_private(path)?;
         let p = path.to_path_buf();
         DurableStore::open_with(
@@ -118,29 +126,46 @@ impl DurableStore {
             path: path.to_path_buf(),
             writer: Mutex::new(None),
         };
-        let fresh = {
+        let format = {
             let r = s.db.get().begin_read()?;
-            match r.open_table(ORDERS) {
-                Ok(_) => false,
-                Err(redb::TableError::TableDoesNotExist(_)) => true,
+            match r.open_table(FORMAT) {
+                Ok(t) => t.get(FORMAT_KEY)?.map(|g| g.value()),
+                Err(redb::TableError::TableDoesNotExist(_)) => None,
                 Err(e) => return Err(e.into()),
             }
         };
-        if fresh {
-            let w = s.db.get().begin_write()?;
-            {
-                let mut orders = w.open_table(ORDERS)?;
-                if orders.is_empty()? {
-                    for (id, o) in demo_orders() {
-                        orders.insert(id.as_str(), encode(&o)?.as_slice())?;
-                    }
-                }
-                w.open_table(LEDGER)?;
-                w.open_table(DONE)?;
-                w.open_table(ARRIVALS)?;
-                w.open_table(IDEMPOTENCY)?;
+        match format {
+            Some(v) if v > STORE_FORMAT => {
+                return Err(Error::NewerVersion {
+                    what: format!("store {}", path.display()),
+                    found: v,
+                    supported: STORE_FORMAT,
+                });
             }
-            w.commit()?;
+            Some(_) => {}
+            None => {
+                // A new file, or one written as JSON records: seed or rewrite it, at once.
+                let w = s.db.get().begin_write()?;
+                {
+                    let mut orders = w.open_table(ORDERS)?;
+                    if orders.is_empty()? {
+                        for (id, o) in demo_orders() {
+                            orders.insert(id.as_str(), encode(&o)?.as_slice())?;
+                        }
+                    }
+                    use crate::store::codec::migrate_table;
+                    migrate_table::<_, Order>(&mut orders, "order")?;
+                    migrate_table::<_, LedgerEntry>(&mut w.open_table(LEDGER)?, "ledger entry")?;
+                    migrate_table::<_, Stored>(&mut w.open_table(DONE)?, "stored result")?;
+                    migrate_table::<_, Arrival>(&mut w.open_table(ARRIVALS)?, "arrival")?;
+                    migrate_table::<_, IdempotencyRecord>(
+                        &mut w.open_table(IDEMPOTENCY)?,
+                        "idempotency record",
+                    )?;
+                    w.open_table(FORMAT)?.insert(FORMAT_KEY, STORE_FORMAT)?;
+                }
+                w.commit()?;
+            }
         }
         Ok(s)
     }
@@ -204,6 +229,36 @@ impl DurableStore {
             out.push(decode("arrival", v.value())?);
         }
         Ok(out)
+    }
+
+    /// Decodes every record of the store; returns how many were read and the damaged ones.
+    pub fn check(&self) -> Result<(u64, Vec<String>)> {
+        let r = self.db.get().begin_read()?;
+        let mut n = 0;
+        let mut bad = Vec::new();
+        macro_rules! scan {
+            ($table:expr, $ty:ty, $what:expr) => {
+                match r.open_table($table) {
+                    Ok(t) => {
+                        for e in t.iter()? {
+                            let (k, v) = e?;
+                            n += 1;
+                            if let Err(e) = decode::<$ty>($what, v.value()) {
+                                bad.push(format!("store {} {:?}: {e}", $what, k.value()));
+                            }
+                        }
+                    }
+                    Err(redb::TableError::TableDoesNotExist(_)) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            };
+        }
+        scan!(ORDERS, Order, "order");
+        scan!(LEDGER, LedgerEntry, "ledger entry");
+        scan!(DONE, Stored, "stored result");
+        scan!(ARRIVALS, Arrival, "arrival");
+        scan!(IDEMPOTENCY, IdempotencyRecord, "idempotency record");
+        Ok((n, bad))
     }
 
     /// Logs a write request that the HTTP front answered without reaching the store's rules
@@ -499,5 +554,168 @@ fn scoped(scope: &str, order_id: &str) -> String {
         order_id.to_string()
     } else {
         format!("{scope}/{order_id}")
+    }
+}
+
+/// The rows of the store's records (see [`crate::store::codec`]).
+mod rows {
+    use super::{Arrival, Effect, IdempotencyRecord, LedgerEntry, Order, Stored};
+    use crate::store::codec::{Json, Record};
+    use serde::{Deserialize, Serialize};
+
+    type R<T> = std::result::Result<T, String>;
+
+    #[derive(Serialize, Deserialize)]
+    pub struct OrderRow {
+        customer: String,
+        total: i64,
+        refunded: i64,
+        status: String,
+    }
+
+    impl Record for Order {
+        type Row = OrderRow;
+        fn to_row(&self) -> OrderRow {
+            OrderRow {
+                customer: self.customer.clone(),
+                total: self.total,
+                refunded: self.refunded,
+                status: self.status.clone(),
+            }
+        }
+        fn from_row(r: OrderRow) -> R<Order> {
+            Ok(Order {
+                customer: r.customer,
+                total: r.total,
+                refunded: r.refunded,
+                status: r.status,
+            })
+        }
+    }
+
+    #[derive(Serialize, Deserialize)]
+    pub enum EffectRow {
+        Refund { order: String, amount_cents: i64 },
+        Email { order: String },
+    }
+
+    #[derive(Serialize, Deserialize)]
+    pub struct LedgerRow {
+        seq: u64,
+        scope: String,
+        effect: EffectRow,
+        key: String,
+        user: String,
+    }
+
+    impl Record for LedgerEntry {
+        type Row = LedgerRow;
+        fn to_row(&self) -> LedgerRow {
+            LedgerRow {
+                seq: self.seq,
+                scope: self.scope.clone(),
+                effect: match &self.effect {
+                    Effect::Refund {
+                        order,
+                        amount_cents,
+                    } => EffectRow::Refund {
+                        order: order.clone(),
+                        amount_cents: *amount_cents,
+                    },
+                    Effect::Email { order } => EffectRow::Email {
+                        order: order.clone(),
+                    },
+                },
+                key: self.key.clone(),
+                user: self.user.clone(),
+            }
+        }
+        fn from_row(r: LedgerRow) -> R<LedgerEntry> {
+            Ok(LedgerEntry {
+                seq: r.seq,
+                scope: r.scope,
+                effect: match r.effect {
+                    EffectRow::Refund {
+                        order,
+                        amount_cents,
+                    } => Effect::Refund {
+                        order,
+                        amount_cents,
+                    },
+                    EffectRow::Email { order } => Effect::Email { order },
+                },
+                key: r.key,
+                user: r.user,
+            })
+        }
+    }
+
+    #[derive(Serialize, Deserialize)]
+    pub struct ArrivalRow {
+        seq: u64,
+        key: String,
+        tool: String,
+        digest: String,
+        outcome: String,
+    }
+
+    impl Record for Arrival {
+        type Row = ArrivalRow;
+        fn to_row(&self) -> ArrivalRow {
+            ArrivalRow {
+                seq: self.seq,
+                key: self.key.clone(),
+                tool: self.tool.clone(),
+                digest: self.digest.clone(),
+                outcome: self.outcome.clone(),
+            }
+        }
+        fn from_row(r: ArrivalRow) -> R<Arrival> {
+            Ok(Arrival {
+                seq: r.seq,
+                key: r.key,
+                tool: r.tool,
+                digest: r.digest,
+                outcome: r.outcome,
+            })
+        }
+    }
+
+    #[derive(Serialize, Deserialize)]
+    pub struct StoredRow {
+        digest: String,
+        result: Json,
+    }
+
+    impl Record for Stored {
+        type Row = StoredRow;
+        fn to_row(&self) -> StoredRow {
+            StoredRow {
+                digest: self.digest.clone(),
+                result: Json::of(&self.result),
+            }
+        }
+        fn from_row(r: StoredRow) -> R<Stored> {
+            Ok(Stored {
+                digest: r.digest,
+                result: r.result.value()?,
+            })
+        }
+    }
+
+    impl Record for IdempotencyRecord {
+        type Row = StoredRow;
+        fn to_row(&self) -> StoredRow {
+            StoredRow {
+                digest: self.digest.clone(),
+                result: Json::of(&self.response),
+            }
+        }
+        fn from_row(r: StoredRow) -> R<IdempotencyRecord> {
+            Ok(IdempotencyRecord {
+                digest: r.digest,
+                response: r.result.value()?,
+            })
+        }
     }
 }

@@ -1,0 +1,398 @@
+//! The record format (issue 9): a version-1 database from an earlier release is read back and
+//! migrated; inputs over a limit are refused before anything is stored; a step never rewrites
+//! what does not change; a closed pipe, a truncated file and out-of-range numbers are errors,
+//! never panics.
+
+mod common;
+use common::*;
+
+use redb::{ReadableDatabase, ReadableTable, TableHandle};
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+fn fixture_dir() -> String {
+    format!("{}/tests/fixtures/v1", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn fixture_json(name: &str) -> Value {
+    let p = format!("{}/{name}", fixture_dir());
+    serde_json::from_str(&std::fs::read_to_string(&p).expect("fixture")).expect("fixture JSON")
+}
+
+/// Every value of every table of the worker database, with the table's name.
+fn raw_values(db: &Path) -> Vec<(String, Vec<u8>)> {
+    let db = redb::Database::builder()
+        .set_concurrency_mode(redb::ConcurrencyMode::MultiWriter)
+        .open(db)
+        .expect("open");
+    let r = db.begin_read().expect("read");
+    let mut out = Vec::new();
+    for t in r.list_tables().expect("tables") {
+        let name = t.name().to_string();
+        let bytes_tables = [
+            "tasks",
+            "task_specs",
+            "blobs",
+            "call_keys",
+            "spans",
+            "replies",
+            "events",
+            "notes",
+        ];
+        if !bytes_tables.contains(&name.as_str()) {
+            continue;
+        }
+        macro_rules! dump {
+            ($k:ty) => {{
+                let def: redb::TableDefinition<$k, &[u8]> = redb::TableDefinition::new(&name);
+                let t = r.open_table(def).expect("table");
+                for e in t.iter().expect("iter") {
+                    let (_, v) = e.expect("entry");
+                    out.push((name.clone(), v.value().to_vec()));
+                }
+            }};
+        }
+        match name.as_str() {
+            "spans" | "replies" => dump!((&str, u32)),
+            "events" | "notes" => dump!(u64),
+            _ => dump!(&str),
+        }
+    }
+    out
+}
+
+fn schema_version(db: &Path) -> u64 {
+    let db = redb::Database::builder()
+        .set_concurrency_mode(redb::ConcurrencyMode::MultiWriter)
+        .open(db)
+        .expect("open");
+    let r = db.begin_read().expect("read");
+    r.open_table(tether::store::schema::META)
+        .expect("meta")
+        .get(tether::store::schema::META_SCHEMA)
+        .expect("get")
+        .expect("schema version")
+        .value()
+}
+
+#[test]
+fn a_version_1_database_is_read_back_as_written_and_migrated() {
+    let dir = TempDir::new("v1");
+    let d = dir.path();
+    for f in ["worker.redb", "worker.store.redb"] {
+        std::fs::copy(format!("{}/{f}", fixture_dir()), d.join(f)).expect("copy fixture");
+    }
+    assert_eq!(schema_version(&d.join("worker.redb")), 1);
+    // Every read verb prints what the release that wrote the file printed.
+    assert_eq!(json(d, &["list", "--json"]), fixture_json("list.json"));
+    assert_eq!(json(d, &["show", "t1", "--json"]), fixture_json("t1.json"));
+    assert_eq!(json(d, &["show", "t8", "--json"]), fixture_json("t8.json"));
+    assert_eq!(
+        json(d, &["trace", "t1", "--json"]),
+        fixture_json("trace-t1.json")
+    );
+    assert_eq!(json(d, &["events", "--json"]), fixture_json("events.json"));
+    assert_eq!(
+        json(d, &["memory", "list", "--json"]),
+        fixture_json("notes.json")
+    );
+    for (verb, file) in [
+        ("arrivals", "arrivals.json"),
+        ("ledger", "ledger.json"),
+        ("orders", "orders.json"),
+    ] {
+        assert_eq!(
+            json(d, &["store", verb, "--json"]),
+            fixture_json(file),
+            "{verb}"
+        );
+    }
+    // The file is now of the current version, every record in the envelope, none as JSON.
+    assert_eq!(schema_version(&d.join("worker.redb")), 2);
+    let raw = raw_values(&d.join("worker.redb"));
+    assert!(raw.len() > 40, "{} records", raw.len());
+    for (table, v) in &raw {
+        assert_eq!(
+            v.first(),
+            Some(&0xB7),
+            "a {table} record is not in the envelope"
+        );
+    }
+    assert!(raw.iter().any(|(t, _)| t == "task_specs"));
+    assert!(
+        raw.iter().any(|(t, _)| t == "blobs"),
+        "the script became a blob"
+    );
+    ok(d, &["check"]);
+    // The migrated tasks run on: t7 (approved before the migration) sends its refund once,
+    // t11 (queued) runs, t8 stays held.
+    ok(d, &["run", "--drain", "--workers", "1"]);
+    assert_eq!(json(d, &["show", "t7", "--json"])["stop"], "done");
+    assert_eq!(json(d, &["show", "t11", "--json"])["status"], "finished");
+    assert_eq!(json(d, &["show", "t8", "--json"])["status"], "held");
+    let refunds_t7: Vec<Value> = json(d, &["store", "ledger", "--json"])
+        .as_array()
+        .expect("ledger")
+        .iter()
+        .filter(|e| e["key"].as_str().is_some_and(|k| k.ends_with(":t7:s2")))
+        .cloned()
+        .collect();
+    assert_eq!(refunds_t7.len(), 1, "{refunds_t7:?}");
+    assert_eq!(refunds_t7[0]["effect"]["amount_cents"], 8000);
+}
+
+#[test]
+fn a_newer_record_format_is_refused_by_name() {
+    let dir = TempDir::new("newer");
+    let d = dir.path();
+    enqueue(d, &[]);
+    {
+        let db = redb::Database::builder()
+            .set_concurrency_mode(redb::ConcurrencyMode::MultiWriter)
+            .open(d.join("worker.redb"))
+            .expect("open");
+        let w = db.begin_write().expect("write");
+        {
+            let def: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("tasks");
+            let mut t = w.open_table(def).expect("tasks");
+            let mut v = t.get("t1").expect("get").expect("t1").value().to_vec();
+            v[1] = 3;
+            t.insert("t1", v.as_slice()).expect("insert");
+        }
+        w.commit().expect("commit");
+    }
+    let (code, err) = fails(d, &["show", "t1"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("task t1 record was written by a newer version"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn nested_operator_results_and_batch_lines_are_refused_before_anything_is_stored() {
+    let dir = TempDir::new("deep-input");
+    let d = dir.path();
+    enqueue(d, &["--tool-latency", "issue_refund=40000"]);
+    ok(d, &["run", "--drain"]);
+    assert_eq!(json(d, &["show", "t1", "--json"])["status"], "held");
+    let digest = held_digest(d, "t1");
+    let deep = format!(
+        r#"{{"status": "ok", "x": {}{}}}"#,
+        "[".repeat(125),
+        "]".repeat(125)
+    );
+    let events_before = json(d, &["events", "--json"]);
+    let (code, err) = fails(
+        d,
+        &[
+            "reconcile",
+            "t1",
+            "--applied",
+            "--digest",
+            &digest,
+            "--result",
+            &deep,
+        ],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--result nests 126 levels"), "{err}");
+    assert_eq!(json(d, &["show", "t1", "--json"])["status"], "held");
+    assert_eq!(json(d, &["events", "--json"]), events_before);
+    // A batch line nested too deep, a line that is an array, and a line too long.
+    let cases: [(String, &str); 3] = [
+        (
+            format!(
+                r#"{{"user": "u", "goal": "g", "budget": {{"x": {}{}}}}}"#,
+                "[".repeat(40),
+                "]".repeat(40)
+            ),
+            "nests",
+        ),
+        (
+            r#"["cu_ana", "refund"]"#.to_string(),
+            "must be a JSON object",
+        ),
+        (
+            format!(r#"{{"user": "u", "goal": "{}"}}"#, "g".repeat(70_000)),
+            "over the limit",
+        ),
+    ];
+    for (line, want) in cases {
+        std::fs::write(d.join("batch.jsonl"), format!("{line}\n")).expect("write");
+        let (code, err) = fails(d, &["enqueue", "--file", "batch.jsonl"]);
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains(want), "expected {want:?}: {err}");
+        assert!(err.contains("batch.jsonl:1:"), "{err}");
+    }
+    assert_eq!(
+        json(d, &["list", "--json"]).as_array().expect("list").len(),
+        1
+    );
+    // A script line nested too deep is refused at enqueue.
+    std::fs::write(
+        d.join("deep.jsonl"),
+        format!(
+            r#"{{"type": "final", "text": "x", "y": {}{}}}"#,
+            "[".repeat(40),
+            "]".repeat(40)
+        ),
+    )
+    .expect("write");
+    let (code, err) = fails(
+        d,
+        &[
+            "enqueue",
+            "--user",
+            "u",
+            "--goal",
+            "g",
+            "--model",
+            "script:deep.jsonl",
+        ],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("line 1 nests 41 levels"), "{err}");
+}
+
+#[test]
+fn numbers_out_of_range_are_usage_errors() {
+    let dir = TempDir::new("ranges");
+    let d = dir.path();
+    for args in [
+        &["run", "--lease-ms", "18446744073709551615"][..],
+        &["run", "--lease-ms", "86400001"],
+        &[
+            "enqueue",
+            "--user",
+            "u",
+            "--goal",
+            "g",
+            "--priority",
+            "-9223372036854775808",
+        ],
+        &[
+            "enqueue",
+            "--user",
+            "u",
+            "--goal",
+            "g",
+            "--priority",
+            "1000000001",
+        ],
+    ] {
+        let (code, err) = fails(d, args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.starts_with("error:"), "{err}");
+    }
+    std::fs::write(
+        d.join("b.jsonl"),
+        r#"{"user": "u", "goal": "g", "priority": -9223372036854775808}"#,
+    )
+    .expect("write");
+    let (code, err) = fails(d, &["enqueue", "--file", "b.jsonl"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("out of range"), "{err}");
+    assert!(!d.join("worker.redb").exists());
+}
+
+#[test]
+fn a_closed_pipe_ends_a_verb_quietly() {
+    let dir = TempDir::new("pipe");
+    let d = dir.path();
+    let lines: String = (0..1500)
+        .map(|i| format!("{{\"user\": \"u{i}\", \"goal\": \"goal number {i} of a long batch\"}}\n"))
+        .collect();
+    std::fs::write(d.join("b.jsonl"), lines).expect("write");
+    ok(d, &["enqueue", "--file", "b.jsonl"]);
+    for args in [&["list"][..], &["list", "--json"], &["events"]] {
+        let mut child = Command::new(bin())
+            .args(args)
+            .current_dir(d)
+            .env_remove("WORKER_DB")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        drop(child.stdout.take()); // the reader goes away, as `| head -0` does
+        let out = child.wait_with_output().expect("wait");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(!err.contains("error"), "{args:?}: {err}");
+        // `events` may print nothing (no events), so it may exit 0; the others hit the pipe.
+        if args[0] == "list" {
+            assert_eq!(out.status.code(), Some(141), "{args:?}: {err}");
+        }
+    }
+}
+
+#[test]
+fn a_truncated_database_is_an_error_not_a_new_database() {
+    let dir = TempDir::new("trunc");
+    let d = dir.path();
+    enqueue(d, &[]);
+    std::fs::write(d.join("worker.redb"), b"").expect("truncate");
+    for args in [
+        &["list"][..],
+        &["enqueue", "--user", "u", "--goal", "g"],
+        &["run", "--drain"],
+    ] {
+        let (code, err) = fails(d, args);
+        assert_eq!(code, 1, "{args:?}: {err}");
+        assert!(err.contains("is empty (0 bytes)"), "{args:?}: {err}");
+    }
+    assert_eq!(
+        std::fs::metadata(d.join("worker.redb"))
+            .expect("file")
+            .len(),
+        0
+    );
+}
+
+#[test]
+fn fifty_tasks_sharing_a_2_mb_script_store_it_once() {
+    // Issue 9, defect 7: each step rewrote the whole task record with its script; 50 tasks
+    // sharing a 2 MB script grew the file to 138 MB.
+    let dir = TempDir::new("lean");
+    let d = dir.path();
+    let mut script = String::from(
+        "{\"type\": \"plan\", \"steps\": [{\"id\": \"s1\", \"tool\": \"get_order\", \"depends_on\": []}]}\n\
+         {\"type\": \"tool\", \"name\": \"get_order\", \"args\": {\"order_id\": \"ord_1001\"}, \"plan_step\": \"s1\"}\n\
+         {\"type\": \"final\", \"outcome\": \"completed\", \"text\": \"done\"}\n",
+    );
+    let pad = "p".repeat(1000);
+    while script.len() < 2 << 20 {
+        script.push_str(&format!("{{\"type\": \"final\", \"text\": \"{pad}\"}}\n"));
+    }
+    std::fs::write(d.join("script.jsonl"), &script).expect("write script");
+    let batch: String = (0..50)
+        .map(|i| {
+            format!("{{\"user\": \"u{i}\", \"goal\": \"g\", \"model\": \"script:script.jsonl\"}}\n")
+        })
+        .collect();
+    std::fs::write(d.join("b.jsonl"), batch).expect("write batch");
+    ok(d, &["enqueue", "--file", "b.jsonl"]);
+    ok(d, &["run", "--drain", "--workers", "2"]);
+    let list = json(d, &["list", "--json"]);
+    let stops: Vec<&str> = list
+        .as_array()
+        .expect("list")
+        .iter()
+        .filter_map(|t| t["stop"].as_str())
+        .collect();
+    assert_eq!(stops, vec!["done"; 50]);
+    let size = std::fs::metadata(d.join("worker.redb")).expect("db").len();
+    assert!(size < 10 << 20, "the database is {size} bytes");
+    // Every task still reads its script back whole.
+    let raw = raw_values(&d.join("worker.redb"));
+    let blobs = raw.iter().filter(|(t, _)| t == "blobs").count();
+    assert_eq!(blobs, 1, "one copy of the script");
+    ok(d, &["check"]);
+    // Purging the tasks deletes the script with its last user.
+    ok(d, &["purge", "--finished-before", "0s"]);
+    let raw = raw_values(&d.join("worker.redb"));
+    assert_eq!(raw.iter().filter(|(t, _)| t == "blobs").count(), 0);
+    assert_eq!(raw.iter().filter(|(t, _)| t == "tasks").count(), 0);
+}
