@@ -7,6 +7,7 @@ pub mod cli;
 pub mod config;
 pub mod group;
 pub mod http;
+pub mod httpd;
 pub mod kernel;
 pub mod limits;
 pub mod model;

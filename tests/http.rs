@@ -768,3 +768,107 @@ fn a_provider_reporting_u64_max_tokens_stops_the_task_at_its_token_budget() {
         "no second model call"
     );
 }
+
+/// Sends raw bytes to `addr` (host:port), then reads the answer until the server closes or
+/// `wait` passes; returns the status code (0: no answer) and the whole answer.
+fn raw_http(addr: &str, head: &str, body: &[u8], wait: Duration) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(wait)).expect("timeout");
+    let _ = s.write_all(head.as_bytes());
+    let _ = s.write_all(body);
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, text)
+}
+
+#[test]
+fn demo_store_bounds_bodies_heads_keys_connections_and_read_time() {
+    // Issue 9, defect 4: a huge Content-Length aborted the process, a 100 MB body was read
+    // into memory, eight slow clients blocked every handler, a non-ASCII key closed the
+    // connection unanswered and keys of any length were accepted.
+    let dir = TempDir::new("http-hardened");
+    let d = dir.path();
+    let svc = store_service(d, &["--read-timeout-ms", "600", "--connections", "16"]);
+    let addr = svc.url.trim_start_matches("http://").to_string();
+    let wait = Duration::from_secs(20);
+    let post = |extra: &str, len: usize| {
+        format!(
+            "POST /tools/get_order HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{extra}Content-Length: {len}\r\nConnection: close\r\n\r\n"
+        )
+    };
+    let (st, text) = raw_http(
+        &addr,
+        &post("", 0).replace("Content-Length: 0", "Content-Length: 1000000000000000"),
+        b"{}",
+        wait,
+    );
+    assert_eq!(st, 413, "{text}");
+    let (st, text) = raw_http(&addr, &post("", 100 << 20), &[b' '; 4096], wait);
+    assert_eq!(st, 413, "{text}");
+    let big_head = format!("X-Pad: {}\r\n", "p".repeat(20_000));
+    let (st, text) = raw_http(&addr, &post(&big_head, 2), b"{}", wait);
+    assert_eq!(st, 431, "{text}");
+    let chunked = "POST /tools/get_order HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+    let (st, _) = raw_http(&addr, chunked, b"2\r\n{}\r\n0\r\n\r\n", wait);
+    assert_eq!(st, 411);
+    // Keys: non-ASCII, and longer than 255 bytes, are refused with an answer.
+    let body = br#"{"user_id": "cu_ana", "args": {"order_id": "ord_1001", "amount_cents": 100, "reason": "x"}}"#;
+    let write = |key: &str| {
+        format!(
+            "POST /tools/issue_refund HTTP/1.1\r\nHost: x\r\nIdempotency-Key: {key}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        )
+    };
+    let (st, text) = raw_http(&addr, &write("clé-1"), body, wait);
+    assert_eq!(st, 400, "{text}");
+    assert!(text.contains("printable ASCII"), "{text}");
+    let (st, text) = raw_http(&addr, &write(&"k".repeat(256)), body, wait);
+    assert_eq!(st, 400, "{text}");
+    assert!(text.contains("over the limit of 255"), "{text}");
+    let (st, text) = raw_http(&addr, &write(&"k".repeat(255)), body, wait);
+    assert_eq!(st, 200, "{text}");
+    assert!(!text.contains("Idempotent-Replayed"), "{text}");
+    let (st, text) = raw_http(&addr, &write(&"k".repeat(255)), body, wait);
+    assert_eq!(st, 200, "{text}");
+    assert!(
+        text.contains("Idempotent-Replayed: true"),
+        "a replayed answer says so: {text}"
+    );
+    // Eight slow clients each send part of a body and stop; /health still answers, and each
+    // slow client gets 408 once its read time is up.
+    let slow: Vec<_> = (0..8)
+        .map(|_| {
+            let addr = addr.clone();
+            let head = post("", 50);
+            std::thread::spawn(move || raw_http(&addr, &head, b"{\"us", wait))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let (st, text) = raw_http(
+        &addr,
+        "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        b"",
+        wait,
+    );
+    assert_eq!(st, 200, "{text}");
+    for h in slow {
+        let (st, text) = h.join().expect("slow client");
+        assert_eq!(st, 408, "{text}");
+    }
+    // Only the 255-byte key's write reached the store, once applied and once replayed.
+    let arrivals = json(d, &["--store", "store.redb", "store", "arrivals", "--json"]);
+    let outcomes: Vec<&str> = arrivals
+        .as_array()
+        .expect("arrivals")
+        .iter()
+        .filter_map(|a| a["outcome"].as_str())
+        .collect();
+    assert_eq!(outcomes, ["applied", "replayed"]);
+}

@@ -426,9 +426,12 @@ pub struct DemoStoreArgs {
     /// Address to listen on; port 0 picks a free one (printed on the first line of stdout).
     #[arg(long, default_value = "127.0.0.1:8700")]
     pub listen: String,
-    /// Handler threads.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
-    pub threads: u16,
+    /// Connections served at once (one thread each); the next one is answered 503.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub connections: u16,
+    /// A request must arrive whole within this many ms of its first byte (408 after).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    pub read_timeout_ms: u64,
     /// Fault: added latency of every tool call, in ms.
     #[arg(long, default_value_t = 0)]
     pub latency_ms: u64,

@@ -143,10 +143,18 @@ pub(super) fn cmd_demo_store(cli: &Cli, a: &DemoStoreArgs) -> CliResult {
         error_rate: a.error_rate,
         seed: a.seed,
     };
-    crate::tools::service::serve(tools, &a.listen, faults, a.threads as usize, stop, |addr| {
-        use std::io::Write;
-        let _ = writeln!(std::io::stdout(), "listening on http://{addr}");
-        let _ = std::io::stdout().flush();
-    })
+    crate::tools::service::serve(
+        tools,
+        &a.listen,
+        faults,
+        a.connections as usize,
+        std::time::Duration::from_millis(a.read_timeout_ms),
+        stop,
+        |addr| {
+            use std::io::Write;
+            let _ = writeln!(std::io::stdout(), "listening on http://{addr}");
+            let _ = std::io::stdout().flush();
+        },
+    )
     .map_err(CliError::op)
 }

@@ -11,19 +11,21 @@
 //!   A `needs_approval` answer is never stored as the key's response, so the approved call
 //!   that follows under the same key is decided afresh.
 //! - Every write request is logged in the store's arrivals log, whatever was done with it.
+//! - A replayed answer carries `Idempotent-Replayed: true`. Keys are printable ASCII of at
+//!   most 255 bytes; bodies, heads, connections and read time are bounded by [`crate::httpd`].
 //! - Faults: added latency, lost responses (the write is applied, then the connection gets a
 //!   broken answer), and a rate of 503 answers given before anything is applied.
 
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use std::collections::HashSet;
-use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::durable::DurableStore;
 use crate::http::parse_tool_body;
+use crate::httpd::{Reply, Request};
 
 #[derive(Clone, Debug, Default)]
 pub struct Faults {
@@ -69,126 +71,114 @@ fn payload_digest(name: &str, user: &str, args: &serde_json::Map<String, Value>)
 }
 
 /// Runs the service on `listen` until `stop` is set. Calls `ready` with the bound address.
+/// At most `connections` are served at once; see [`crate::httpd`] for the other limits.
 pub fn serve(
     store: DurableStore,
     listen: &str,
     faults: Faults,
-    threads: usize,
+    connections: usize,
+    read_timeout: Duration,
     stop: Arc<AtomicBool>,
     ready: impl FnOnce(String),
 ) -> Result<(), String> {
-    let server =
-        tiny_http::Server::http(listen).map_err(|e| format!("cannot listen on {listen}: {e}"))?;
-    let addr = server.server_addr().to_string();
-    ready(addr);
-    let server = Arc::new(server);
     let svc = Arc::new(Service {
         store,
         rng: AtomicU64::new(faults.seed),
         faults,
         in_flight: Mutex::new(HashSet::new()),
     });
-    let mut handles = Vec::new();
-    for _ in 0..threads.max(1) {
-        let (server, svc, stop) = (Arc::clone(&server), Arc::clone(&svc), Arc::clone(&stop));
-        handles.push(std::thread::spawn(move || {
-            while !stop.load(Ordering::SeqCst) {
-                match server.recv_timeout(Duration::from_millis(200)) {
-                    Ok(Some(req)) => handle(&svc, req),
-                    Ok(None) => {}
-                    Err(_) => break,
-                }
-            }
-        }));
-    }
-    for h in handles {
-        let _ = h.join();
-    }
-    Ok(())
+    let limits = crate::httpd::Limits {
+        connections_max: connections.max(1),
+        request_timeout: read_timeout,
+        ..Default::default()
+    };
+    crate::httpd::serve(
+        listen,
+        limits,
+        stop,
+        ready,
+        Arc::new(move |req| handle(&svc, req)),
+    )
 }
 
-fn respond(req: tiny_http::Request, status: u16, body: Value) {
-    let header = tiny_http::Header::from_bytes(&b"Content-Type"[..], &b"application/json"[..]);
-    let mut resp = tiny_http::Response::from_string(body.to_string()).with_status_code(status);
-    if let Ok(h) = header {
-        resp = resp.with_header(h);
+fn respond(status: u16, body: Value) -> Reply {
+    Reply::json(status, &body)
+}
+
+/// Stripe refuses idempotency keys over 255 characters; so does this service, and keys that
+/// are not printable ASCII.
+fn check_key(raw: &[u8]) -> Result<String, String> {
+    let limit = crate::limits::NAME_BYTES_MAX;
+    if raw.len() > limit {
+        return Err(format!(
+            "Idempotency-Key is {} bytes, over the limit of {limit}",
+            raw.len()
+        ));
     }
-    let _ = req.respond(resp);
+    if !raw.iter().all(|b| b.is_ascii_graphic()) {
+        return Err("Idempotency-Key must be printable ASCII without spaces".into());
+    }
+    Ok(String::from_utf8_lossy(raw).into_owned())
 }
 
-/// A response that never arrives whole: the client sees a broken connection.
-fn lose(req: tiny_http::Request) {
-    let mut w = req.into_writer();
-    // A status line no client can parse: the answer is lost on the wire, at once.
-    let _ = w.write_all(b"HTTP/1.1 2\r\n\r\n");
-    let _ = w.flush();
-}
-
-fn handle(svc: &Service, mut req: tiny_http::Request) {
-    let url = req.url().to_string();
-    let (path, query) = url.split_once('?').unwrap_or((url.as_str(), ""));
-    let method = req.method().as_str().to_string();
+fn handle(svc: &Service, req: &Request) -> Reply {
+    let path = req.path.as_str();
     if path == "/health" {
-        return respond(req, 200, json!({"ok": true}));
+        return respond(200, json!({"ok": true}));
     }
     if let Some(name) = path.strip_prefix("/lookup/") {
-        let key = query
-            .split('&')
-            .find_map(|kv| kv.strip_prefix("key="))
-            .unwrap_or("");
-        let key = percent_decode(key);
+        let key = req.param("key").unwrap_or_default();
         if key.is_empty() || !TOOLS.contains(&name) {
-            return respond(req, 400, json!({"error": "GET /lookup/TOOL?key=CALL_KEY"}));
+            return respond(400, json!({"error": "GET /lookup/TOOL?key=CALL_KEY"}));
+        }
+        if let Err(e) = check_key(key.as_bytes()) {
+            return respond(400, json!({"error": e}));
         }
         if svc.in_flight.lock().is_ok_and(|f| f.contains(&key)) {
-            return respond(req, 409, json!({"error": "the key is in flight"}));
+            return respond(409, json!({"error": "the key is in flight"}));
         }
         return match svc.store.lookup(&key, name) {
-            Ok(Some(result)) => respond(req, 200, json!({"applied": true, "result": result})),
-            Ok(None) => respond(req, 200, json!({"applied": false})),
-            Err(e) => respond(req, 500, json!({"error": e.to_string()})),
+            Ok(Some(result)) => respond(200, json!({"applied": true, "result": result})),
+            Ok(None) => respond(200, json!({"applied": false})),
+            Err(e) => respond(500, json!({"error": e.to_string()})),
         };
     }
     let Some(name) = path.strip_prefix("/tools/").map(str::to_string) else {
-        return respond(req, 404, json!({"error": "unknown path"}));
+        return respond(404, json!({"error": "unknown path"}));
     };
-    if method != "POST" {
-        return respond(req, 405, json!({"error": "use POST"}));
+    if req.method != "POST" {
+        return respond(405, json!({"error": "use POST"}));
     }
     if !TOOLS.contains(&name.as_str()) {
-        return respond(req, 404, json!({"error": format!("unknown tool {name:?}")}));
+        return respond(404, json!({"error": format!("unknown tool {name:?}")}));
     }
-    let mut body = String::new();
-    if req.as_reader().read_to_string(&mut body).is_err() {
-        return respond(req, 400, json!({"error": "unreadable body"}));
-    }
-    let (user, args) = match parse_tool_body(&body) {
+    let Ok(body) = std::str::from_utf8(&req.body) else {
+        return respond(400, json!({"error": "the body is not UTF-8"}));
+    };
+    let (user, args) = match parse_tool_body(body) {
         Ok(x) => x,
-        Err(e) => return respond(req, 400, json!({"error": e})),
+        Err(e) => return respond(400, json!({"error": e})),
     };
     let write = WRITES.contains(&name.as_str());
-    let key = req
-        .headers()
-        .iter()
-        .find(|h| h.field.equiv("Idempotency-Key"))
-        .map(|h| h.value.as_str().to_string());
+    let key = match req.header("Idempotency-Key").map(check_key) {
+        None => None,
+        Some(Ok(k)) => Some(k),
+        Some(Err(e)) => return respond(400, json!({"error": e})),
+    };
     let Some(key) = key.filter(|k| !k.is_empty()) else {
         if write {
             return respond(
-                req,
                 400,
                 json!({"error": "a write needs an Idempotency-Key header"}),
             );
         }
-        return run(svc, req, &name, &user, &args, "", false);
+        return run(svc, &name, &user, &args, "", false);
     };
     let digest = payload_digest(&name, &user, &args);
     let call_digest = crate::kernel::state::digest(&name, &args);
     let approval = req
-        .headers()
-        .iter()
-        .find(|h| h.field.equiv("Tether-Approval"))
-        .map(|h| h.value.as_str().to_string());
+        .header("Tether-Approval")
+        .map(|v| String::from_utf8_lossy(v).into_owned());
     let arrive = |outcome: &str| {
         if write {
             let _ = svc.store.arrive(&key, &name, &call_digest, outcome);
@@ -196,13 +186,12 @@ fn handle(svc: &Service, mut req: tiny_http::Request) {
     };
     {
         let Ok(mut f) = svc.in_flight.lock() else {
-            return respond(req, 500, json!({"error": "lock poisoned"}));
+            return respond(500, json!({"error": "lock poisoned"}));
         };
         if !f.insert(key.clone()) {
             drop(f);
             arrive("in_flight");
             return respond(
-                req,
                 409,
                 json!({"error": "a request with this key is in flight"}),
             );
@@ -214,11 +203,10 @@ fn handle(svc: &Service, mut req: tiny_http::Request) {
             svc.in_flight.lock().map(|mut f| f.remove(&key)).ok();
             if d == digest {
                 arrive("replayed");
-                return respond(req, 200, resp);
+                return respond(200, resp).with_header("Idempotent-Replayed", "true");
             }
             arrive("conflict");
             return respond(
-                req,
                 422,
                 json!({"error": "this Idempotency-Key was used with a different payload"}),
             );
@@ -226,17 +214,13 @@ fn handle(svc: &Service, mut req: tiny_http::Request) {
         Ok(None) => {}
         Err(e) => {
             svc.in_flight.lock().map(|mut f| f.remove(&key)).ok();
-            return respond(req, 500, json!({"error": e.to_string()}));
+            return respond(500, json!({"error": e.to_string()}));
         }
     }
     if svc.faults.error_rate > 0.0 && svc.draw() < svc.faults.error_rate {
         svc.in_flight.lock().map(|mut f| f.remove(&key)).ok();
         arrive("refused");
-        return respond(
-            req,
-            503,
-            json!({"error": "injected fault: service unavailable"}),
-        );
+        return respond(503, json!({"error": "injected fault: service unavailable"}));
     }
     let result = svc
         .store
@@ -258,58 +242,23 @@ fn handle(svc: &Service, mut req: tiny_http::Request) {
     svc.in_flight.lock().map(|mut f| f.remove(&key)).ok();
     match outcome {
         Ok(_) if write && svc.faults.lose_rate > 0.0 && svc.draw() < svc.faults.lose_rate => {
-            lose(req)
+            Reply::Lose
         }
-        Ok(res) => respond(req, 200, res),
-        Err(e) => respond(req, 500, json!({"error": e})),
+        Ok(res) => respond(200, res),
+        Err(e) => respond(500, json!({"error": e})),
     }
 }
 
 fn run(
     svc: &Service,
-    req: tiny_http::Request,
     name: &str,
     user: &str,
     args: &serde_json::Map<String, Value>,
     key: &str,
     write: bool,
-) {
+) -> Reply {
     match svc.store.call_once("", user, name, args, key, write, None) {
-        Ok((res, _)) => respond(req, 200, res),
-        Err(e) => respond(req, 500, json!({"error": e.to_string()})),
+        Ok((res, _)) => respond(200, res),
+        Err(e) => respond(500, json!({"error": e.to_string()})),
     }
-}
-
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3])
-                    .ok()
-                    .and_then(|h| u8::from_str_radix(h, 16).ok());
-                match hex {
-                    Some(b) => {
-                        out.push(b);
-                        i += 3;
-                    }
-                    None => {
-                        out.push(b'%');
-                        i += 1;
-                    }
-                }
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }

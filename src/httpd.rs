@@ -1,0 +1,394 @@
+//! A small blocking HTTP/1.1 server with a limit on everything: the project's HTTP edge
+//! (`worker demo-store` today; the console and `/metrics` later).
+//!
+//! One thread per connection, at most `connections_max` at once (the next one gets 503 and is
+//! closed); httparse (the parser hyper uses) reads the request head, which may be at most
+//! `head_bytes_max` (431 beyond) with at most 64 headers; a body needs a `Content-Length` of
+//! at most `body_bytes_max` (413 beyond, before a byte of it is read; chunked bodies get 411);
+//! every request must arrive whole within `request_timeout` of its first byte (408 after), so
+//! a client sending a few bytes at a time holds one connection for a bounded time and never a
+//! handler that others wait for. An idle keep-alive connection is closed after
+//! `idle_timeout`.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// The limits of a server.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    pub connections_max: usize,
+    pub head_bytes_max: usize,
+    pub body_bytes_max: usize,
+    pub request_timeout: Duration,
+    pub idle_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            connections_max: 64,
+            head_bytes_max: 16 << 10,
+            body_bytes_max: crate::limits::HTTP_BODY_BYTES_MAX,
+            request_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+const HEADERS_MAX: usize = 64;
+
+/// A request, read whole.
+#[derive(Debug)]
+pub struct Request {
+    pub method: String,
+    /// The path, without the query.
+    pub path: String,
+    pub query: String,
+    pub headers: Vec<(String, Vec<u8>)>,
+    pub body: Vec<u8>,
+}
+
+impl Request {
+    /// The first header of this name (case-insensitive), as bytes.
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_slice())
+    }
+
+    /// A query parameter, percent-decoded.
+    pub fn param(&self, name: &str) -> Option<String> {
+        self.query.split('&').find_map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            (k == name).then(|| percent_decode(v))
+        })
+    }
+}
+
+/// What a handler answers.
+pub enum Reply {
+    Response {
+        status: u16,
+        headers: Vec<(&'static str, String)>,
+        body: Vec<u8>,
+    },
+    /// A broken answer, then the connection closes: the client cannot tell whether the request
+    /// took effect (fault injection).
+    Lose,
+}
+
+impl Reply {
+    pub fn json(status: u16, body: &serde_json::Value) -> Reply {
+        Reply::Response {
+            status,
+            headers: vec![("Content-Type", "application/json".into())],
+            body: body.to_string().into_bytes(),
+        }
+    }
+
+    pub fn with_header(mut self, name: &'static str, value: &str) -> Reply {
+        if let Reply::Response { headers, .. } = &mut self {
+            headers.push((name, value.to_string()));
+        }
+        self
+    }
+}
+
+pub type Handler = dyn Fn(&Request) -> Reply + Send + Sync;
+
+/// Serves on `listen` until `stop` is set; calls `ready` with the bound address first.
+pub fn serve(
+    listen: &str,
+    limits: Limits,
+    stop: Arc<AtomicBool>,
+    ready: impl FnOnce(String),
+    handler: Arc<Handler>,
+) -> Result<(), String> {
+    let listener =
+        TcpListener::bind(listen).map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+    ready(addr.to_string());
+    let open = Arc::new(AtomicUsize::new(0));
+    let limits = Arc::new(limits);
+    while !stop.load(Ordering::SeqCst) {
+        let stream = match listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
+        let _ = stream.set_nonblocking(false);
+        if open.load(Ordering::SeqCst) >= limits.connections_max {
+            let mut s = stream;
+            let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
+            let _ = write_reply(
+                &mut s,
+                Reply::json(503, &serde_json::json!({"error": "too many connections"})),
+                false,
+            );
+            continue;
+        }
+        open.fetch_add(1, Ordering::SeqCst);
+        let (open, limits, handler, stop) = (
+            Arc::clone(&open),
+            Arc::clone(&limits),
+            Arc::clone(&handler),
+            Arc::clone(&stop),
+        );
+        let spawned = std::thread::Builder::new()
+            .name("http-conn".into())
+            .spawn(move || {
+                connection(stream, &limits, &*handler, &stop);
+                open.fetch_sub(1, Ordering::SeqCst);
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start a connection thread");
+        }
+    }
+    Ok(())
+}
+
+/// Why a request could not be read.
+enum ReadError {
+    /// The connection closed or went idle between requests: close quietly.
+    Closed,
+    /// Answer with this status and close.
+    Status(u16, &'static str),
+}
+
+fn connection(mut s: TcpStream, limits: &Limits, handler: &Handler, stop: &AtomicBool) {
+    let _ = s.set_write_timeout(Some(limits.request_timeout));
+    let mut buf: Vec<u8> = Vec::new();
+    loop {
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        match read_request(&mut s, &mut buf, limits) {
+            Ok((req, keep_alive)) => {
+                let reply = handler(&req);
+                if matches!(reply, Reply::Lose) {
+                    let _ = s.write_all(b"HTTP/1.1 2\r\n\r\n");
+                    return;
+                }
+                if write_reply(&mut s, reply, keep_alive).is_err() || !keep_alive {
+                    return;
+                }
+            }
+            Err(ReadError::Closed) => return,
+            Err(ReadError::Status(status, why)) => {
+                let _ = write_reply(
+                    &mut s,
+                    Reply::json(status, &serde_json::json!({"error": why})),
+                    false,
+                );
+                return;
+            }
+        }
+    }
+}
+
+/// Reads one request. `buf` keeps bytes of the next request that arrived with this one.
+fn read_request(
+    s: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    limits: &Limits,
+) -> Result<(Request, bool), ReadError> {
+    // The head: wait up to the idle timeout for a first byte, then the request timeout.
+    let mut deadline: Option<Instant> =
+        (!buf.is_empty()).then(|| Instant::now() + limits.request_timeout);
+    let idle_until = Instant::now() + limits.idle_timeout;
+    let head_len = loop {
+        let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
+        let mut req = httparse::Request::new(&mut headers);
+        match req.parse(buf) {
+            Ok(httparse::Status::Complete(n)) => break n,
+            Ok(httparse::Status::Partial) => {}
+            Err(httparse::Error::TooManyHeaders) => {
+                return Err(ReadError::Status(431, "more than 64 headers"));
+            }
+            Err(_) => return Err(ReadError::Status(400, "not an HTTP/1.1 request")),
+        }
+        if buf.len() > limits.head_bytes_max {
+            return Err(ReadError::Status(431, "the request head is too large"));
+        }
+        let until = deadline.unwrap_or(idle_until);
+        match read_some(s, buf, until) {
+            Ok(0) => return Err(ReadError::Closed),
+            Ok(_) => {
+                deadline.get_or_insert_with(|| Instant::now() + limits.request_timeout);
+            }
+            Err(_) if deadline.is_none() => return Err(ReadError::Closed),
+            Err(_) => return Err(ReadError::Status(408, "the request did not arrive in time")),
+        }
+    };
+    if head_len > limits.head_bytes_max {
+        return Err(ReadError::Status(431, "the request head is too large"));
+    }
+    let deadline = deadline.unwrap_or_else(|| Instant::now() + limits.request_timeout);
+    let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
+    let mut parsed = httparse::Request::new(&mut headers);
+    if parsed.parse(buf).is_err() {
+        return Err(ReadError::Status(400, "not an HTTP/1.1 request"));
+    }
+    let method = parsed.method.unwrap_or("").to_string();
+    let target = parsed.path.unwrap_or("/").to_string();
+    let http10 = parsed.version == Some(0);
+    let headers: Vec<(String, Vec<u8>)> = parsed
+        .headers
+        .iter()
+        .map(|h| (h.name.to_string(), h.value.to_vec()))
+        .collect();
+    let header = |name: &str| {
+        headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_slice())
+    };
+    if header("Transfer-Encoding").is_some() {
+        return Err(ReadError::Status(
+            411,
+            "send the body with a Content-Length",
+        ));
+    }
+    let body_len = match header("Content-Length") {
+        None => 0,
+        Some(v) => std::str::from_utf8(v)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .ok_or(ReadError::Status(400, "Content-Length is not a number"))?,
+    };
+    if body_len > limits.body_bytes_max as u64 {
+        return Err(ReadError::Status(413, "the body is too large"));
+    }
+    let keep_alive = match header("Connection") {
+        Some(v) if v.eq_ignore_ascii_case(b"close") => false,
+        Some(v) if v.eq_ignore_ascii_case(b"keep-alive") => true,
+        _ => !http10,
+    };
+    let total = head_len + body_len as usize;
+    while buf.len() < total {
+        match read_some(s, buf, deadline) {
+            Ok(0) => return Err(ReadError::Closed),
+            Ok(_) => {}
+            Err(_) => return Err(ReadError::Status(408, "the request did not arrive in time")),
+        }
+    }
+    let body = buf[head_len..total].to_vec();
+    buf.drain(..total);
+    let (path, query) = target.split_once('?').unwrap_or((target.as_str(), ""));
+    Ok((
+        Request {
+            method,
+            path: path.to_string(),
+            query: query.to_string(),
+            headers,
+            body,
+        },
+        keep_alive,
+    ))
+}
+
+/// Reads what is there, waiting at most until `until`. `Err` on a timeout or an error.
+fn read_some(s: &mut TcpStream, buf: &mut Vec<u8>, until: Instant) -> std::io::Result<usize> {
+    let left = until.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(std::io::ErrorKind::TimedOut.into());
+    }
+    s.set_read_timeout(Some(left))?;
+    let mut chunk = [0u8; 8192];
+    let n = s.read(&mut chunk)?;
+    buf.extend_from_slice(&chunk[..n]);
+    Ok(n)
+}
+
+fn write_reply(s: &mut TcpStream, reply: Reply, keep_alive: bool) -> std::io::Result<()> {
+    let Reply::Response {
+        status,
+        headers,
+        body,
+    } = reply
+    else {
+        return Ok(());
+    };
+    let mut out = format!("HTTP/1.1 {status} {}\r\n", reason(status));
+    for (n, v) in &headers {
+        out.push_str(&format!("{n}: {v}\r\n"));
+    }
+    out.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    if !keep_alive {
+        out.push_str("Connection: close\r\n");
+    }
+    out.push_str("\r\n");
+    let mut bytes = out.into_bytes();
+    bytes.extend_from_slice(&body);
+    s.write_all(&bytes)?;
+    s.flush()
+}
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        409 => "Conflict",
+        411 => "Length Required",
+        413 => "Content Too Large",
+        422 => "Unprocessable Content",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        503 => "Service Unavailable",
+        _ => "",
+    }
+}
+
+/// `%XX` and `+` decoded; invalid sequences kept as they are.
+pub fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3])
+                    .ok()
+                    .and_then(|h| u8::from_str_radix(h, 16).ok());
+                match hex {
+                    Some(b) => {
+                        out.push(b);
+                        i += 3;
+                    }
+                    None => {
+                        out.push(b'%');
+                        i += 1;
+                    }
+                }
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
