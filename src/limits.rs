@@ -168,12 +168,13 @@ pub fn check_name(s: &str, what: &str) -> Result<(), LimitError> {
 /// that stored text can never move the cursor, recolour or retitle an operator's terminal.
 /// `--json` output does not go through this; JSON escapes them itself.
 pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
-    if !s.chars().any(|c| c.is_control() && c != '\n') {
+    let unsafe_char = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !s.chars().any(unsafe_char) {
         return std::borrow::Cow::Borrowed(s);
     }
     let mut out = String::with_capacity(s.len() + 8);
     for c in s.chars() {
-        if c.is_control() && c != '\n' {
+        if unsafe_char(c) {
             out.extend(c.escape_default());
         } else {
             out.push(c);

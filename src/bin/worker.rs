@@ -8,6 +8,13 @@ fn main() {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
+            use clap::error::ErrorKind;
+            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                // `worker`, `worker store`, `worker memory` alone: the help, then what is wrong.
+                eprint!("{e}");
+                eprintln!("\nerror: a command is required; pick one of the commands above");
+                std::process::exit(2);
+            }
             // clap prints help and version to stdout with code 0, usage errors with code 2.
             let _ = e.print();
             std::process::exit(e.exit_code());

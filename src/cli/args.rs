@@ -230,7 +230,7 @@ pub struct ReconcileArgs {
     #[arg(long, requires = "task")]
     pub not_applied: bool,
     /// With --applied: the service's result, as JSON (default {"status": "ok"}).
-    #[arg(long, requires = "applied")]
+    #[arg(long, requires = "applied", conflicts_with = "not_applied")]
     pub result: Option<String>,
     /// When given, refused if the task holds another call.
     #[command(flatten)]
@@ -464,7 +464,7 @@ pub enum StoreCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Add or replace orders: --order ID:CUSTOMER:TOTAL_CENTS, repeatable.
+    /// Add orders, or change the customer and total of existing ones (their refunds stay): --order ID:CUSTOMER:TOTAL_CENTS, repeatable.
     #[command(
         after_help = "Example:\n  worker store add-order --order ord_2001:cu_bo:4200 --order ord_2002:cu_cy:15000"
     )]

@@ -119,6 +119,13 @@ impl Drop for RemoveOnDrop {
 }
 
 pub(super) fn cmd_demo_store(cli: &Cli, a: &DemoStoreArgs) -> CliResult {
+    use std::net::ToSocketAddrs;
+    if a.listen.to_socket_addrs().is_err() {
+        return Err(CliError::usage(format!(
+            "--listen {:?} is not an address; use HOST:PORT, e.g. 127.0.0.1:8700 (port 0 picks a free one)",
+            a.listen
+        )));
+    }
     for (name, rate) in [("--lose-rate", a.lose_rate), ("--error-rate", a.error_rate)] {
         if !(0.0..=1.0).contains(&rate) {
             return Err(CliError::usage(format!(

@@ -124,8 +124,15 @@ pub(super) fn cmd_enqueue(cli: &Cli, a: &EnqueueArgs) -> CliResult {
     let cfg = load_config(cli)?;
     let tasks = match &a.file {
         Some(path) => {
-            let file = std::fs::File::open(path)
-                .map_err(|e| CliError::op(format!("cannot read {}: {e}", path.display())))?;
+            let file = std::fs::File::open(path).map_err(|e| {
+                let m = format!("cannot read {}: {e}", path.display());
+                // A file that is not there is a wrong argument; anything else is operational.
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    CliError::usage(m)
+                } else {
+                    CliError::op(m)
+                }
+            })?;
             let mut lines = limits::Lines::new(std::io::BufReader::new(file));
             let mut tasks = Vec::new();
             let mut n = 0;

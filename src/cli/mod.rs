@@ -7,12 +7,16 @@
 //! demo-store), `enqueue`, `read` (list, show, trace, postmortem, replay, events), `decide`
 //! (approve, reject, reconcile, cancel) and `stores` (the document's store, memory notes).
 
-/// `println!` for verbs: a closed stdout (`worker list | head -2`) ends the verb quietly
-/// with the status a shell shows for SIGPIPE, instead of a panic.
+/// `println!` for verbs: control characters in the text (stored goals, notes, model text,
+/// operator names) are shown escaped, so nothing printed can drive the terminal; a closed
+/// stdout (`worker list | head -2`) ends the verb quietly with the status a shell shows for
+/// SIGPIPE, instead of a panic. JSON output goes through it unchanged: JSON escapes control
+/// characters itself.
 macro_rules! outln {
     ($($t:tt)*) => {{
         use std::io::Write as _;
-        if let Err(e) = writeln!(std::io::stdout().lock(), $($t)*) {
+        let text = format!($($t)*);
+        if let Err(e) = writeln!(std::io::stdout().lock(), "{}", $crate::limits::printable(&text)) {
             return Err($crate::cli::CliError::from_stdout(e));
         }
     }};
@@ -22,7 +26,8 @@ macro_rules! outln {
 macro_rules! out {
     ($($t:tt)*) => {{
         use std::io::Write as _;
-        if let Err(e) = write!(std::io::stdout().lock(), $($t)*) {
+        let text = format!($($t)*);
+        if let Err(e) = write!(std::io::stdout().lock(), "{}", $crate::limits::printable(&text)) {
             return Err($crate::cli::CliError::from_stdout(e));
         }
     }};
@@ -208,6 +213,12 @@ fn print_json(v: &Value) -> CliResult {
 fn decision(by: &str, reason: &Option<String>) -> Result<Decision, CliError> {
     if by.trim().is_empty() {
         return Err(CliError::usage("--by must not be empty"));
+    }
+    crate::limits::check_text(by, "--by", crate::limits::NAME_BYTES_MAX)
+        .map_err(|e| CliError::usage(e.0))?;
+    if let Some(r) = reason {
+        crate::limits::check_text(r, "--reason", crate::limits::REASON_BYTES_MAX)
+            .map_err(|e| CliError::usage(e.0))?;
     }
     Ok(Decision {
         by: by.to_string(),

@@ -22,7 +22,10 @@ impl Store {
         d: &Decision,
     ) -> Result<Note> {
         let note = memory::admit(user, text, source, d.now_ms / 1000, ttl_s)
-            .map_err(|e| Error::Conflict(e.to_string()))?;
+            .map_err(|e| Error::Invalid(e.to_string()))?;
+        crate::limits::check_text(text, "the note", crate::limits::NOTE_BYTES_MAX)
+            .map_err(|e| Error::Invalid(e.0))?;
+        crate::limits::check_name(user, "--user").map_err(|e| Error::Invalid(e.0))?;
         let w = self.begin_write()?;
         let seq = next_seq(&mut w.open_table(META)?, META_NOTE_SEQ)?;
         w.open_table(NOTES)?
