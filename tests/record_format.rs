@@ -396,3 +396,93 @@ fn fifty_tasks_sharing_a_2_mb_script_store_it_once() {
     assert_eq!(raw.iter().filter(|(t, _)| t == "blobs").count(), 0);
     assert_eq!(raw.iter().filter(|(t, _)| t == "tasks").count(), 0);
 }
+
+#[test]
+fn re_adding_an_order_keeps_its_refunds() {
+    // Issue 9, item 8: `store add-order` on an existing order reset its refunds.
+    let dir = TempDir::new("add-order");
+    let d = dir.path();
+    enqueue(d, &[]);
+    ok(d, &["run", "--drain"]);
+    let refunded =
+        |d: &Path| json(d, &["store", "orders", "--json"])["ord_1001"]["refunded"].clone();
+    assert_eq!(refunded(d), 3000);
+    ok(
+        d,
+        &["store", "add-order", "--order", "ord_1001:cu_ana:4200"],
+    );
+    assert_eq!(refunded(d), 3000);
+    assert_eq!(
+        json(d, &["store", "orders", "--json"])["ord_1001"]["total"],
+        4200
+    );
+    let (code, err) = fails(
+        d,
+        &["store", "add-order", "--order", "ord_1001:cu_ana:1000"],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("below the 3000 already refunded"), "{err}");
+    assert_eq!(refunded(d), 3000);
+}
+
+#[test]
+fn an_order_id_with_a_slash_never_reaches_another_tenants_book() {
+    let dir = TempDir::new("tenant");
+    let d = dir.path();
+    enqueue(d, &["--store-scope", "victim"]);
+    ok(d, &["run", "--drain"]);
+    std::fs::write(
+        d.join("s.jsonl"),
+        "{\"type\": \"tool\", \"name\": \"get_order\", \"args\": {\"order_id\": \"victim/ord_1001\"}}\n\
+         {\"type\": \"final\", \"text\": \"x\"}\n",
+    )
+    .expect("script");
+    ok(
+        d,
+        &[
+            "enqueue",
+            "--user",
+            "cu_ana",
+            "--goal",
+            "g",
+            "--model",
+            "script:s.jsonl",
+        ],
+    );
+    ok(d, &["run", "--drain"]);
+    let t = json(d, &["show", "t2", "--json"]);
+    assert_eq!(t["state"]["last_result"]["code"], "not_found", "{t}");
+    assert_eq!(t["state"]["facts"], serde_json::json!({}), "{t}");
+}
+
+#[test]
+fn terminal_escapes_in_stored_text_are_printed_escaped() {
+    let dir = TempDir::new("escapes");
+    let d = dir.path();
+    std::fs::write(
+        d.join("s.jsonl"),
+        "{\"type\": \"final\", \"text\": \"done\\u001b[2J\\u001b]0;pwned\\u0007\"}\n",
+    )
+    .expect("script");
+    ok(
+        d,
+        &[
+            "enqueue",
+            "--user",
+            "u",
+            "--goal",
+            "g",
+            "--model",
+            "script:s.jsonl",
+        ],
+    );
+    ok(d, &["run", "--drain"]);
+    let human = ok(d, &["show", "t1"]);
+    assert!(
+        !human.contains('\u{1b}') && !human.contains('\u{7}'),
+        "{human:?}"
+    );
+    assert!(human.contains("done\\u{1b}[2J"), "{human}");
+    let v = json(d, &["show", "t1", "--json"]);
+    assert_eq!(v["state"]["answer"], "done\u{1b}[2J\u{1b}]0;pwned\u{7}");
+}
