@@ -156,8 +156,14 @@ fn a_newer_record_format_is_refused_by_name() {
         {
             let def: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("tasks");
             let mut t = w.open_table(def).expect("tasks");
+            // A record of format 3 (same header layout, checksum over version and payload).
             let mut v = t.get("t1").expect("get").expect("t1").value().to_vec();
             v[1] = 3;
+            let mut h = <sha2::Sha256 as sha2::Digest>::new();
+            sha2::Digest::update(&mut h, [3u8]);
+            sha2::Digest::update(&mut h, &v[10..]);
+            let sum = sha2::Digest::finalize(h);
+            v[2..10].copy_from_slice(&sum[..8]);
             t.insert("t1", v.as_slice()).expect("insert");
         }
         w.commit().expect("commit");

@@ -55,15 +55,18 @@ pub(super) fn cmd_reconcile(cli: &Cli, a: &ReconcileArgs) -> CliResult {
                 .iter()
                 .map(|(r, c)| {
                     let p = r.state.pending.as_ref();
+                    let damaged = c.as_ref().err();
+                    let c = c.as_ref().ok().and_then(Option::as_ref);
                     json!({
+                        "call_record_error": damaged,
                         "task": r.id,
                         "tool": p.map(|p| p.name.clone()),
                         "args": p.map(|p| Value::Object(p.args.clone())),
                         "key": p.map(|p| store.call_key(p, &r.id, r.state.step)),
                         "digest": p.map(|p| p.digest()),
                         "status": r.status.as_str(),
-                        "since_ms": c.as_ref().map_or(r.updated_at_ms, |c| c.intent_at_ms),
-                        "known": c.as_ref().and_then(|c| c.result.clone()),
+                        "since_ms": c.map_or(r.updated_at_ms, |c| c.intent_at_ms),
+                        "known": c.and_then(|c| c.result.clone()),
                     })
                 })
                 .collect();
@@ -75,11 +78,18 @@ pub(super) fn cmd_reconcile(cli: &Cli, a: &ReconcileArgs) -> CliResult {
         }
         for (r, c) in &held {
             let Some(p) = &r.state.pending else { continue };
-            let known = match c.as_ref().and_then(|c| c.result.clone()) {
-                Some(v) => format!("last answer {v}"),
-                None => "no answer: the worker stopped while the call was in flight".into(),
+            let known = match c {
+                Err(e) => format!("its call record is unreadable ({e})"),
+                Ok(c) => match c.as_ref().and_then(|c| c.result.clone()) {
+                    Some(v) => format!("last answer {v}"),
+                    None => "no answer: the worker stopped while the call was in flight".into(),
+                },
             };
-            let since = c.as_ref().map_or(r.updated_at_ms, |c| c.intent_at_ms);
+            let since = c
+                .as_ref()
+                .ok()
+                .and_then(Option::as_ref)
+                .map_or(r.updated_at_ms, |c| c.intent_at_ms);
             let cancelled = if r.status == QueueStatus::Finished {
                 "  (task cancelled)"
             } else {

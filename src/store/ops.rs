@@ -346,7 +346,12 @@ impl Store {
     /// Held writes: every task in the held index (stopped with `unknown_outcome`, or cancelled
     /// while its write was held), with its call-key record. A write stays listed until it is
     /// settled.
-    pub fn held(&self) -> Result<Vec<(TaskRecord, Option<CallRecord>)>> {
+    /// The held writes, each with its call record: `Err` names a damaged one (the write stays
+    /// held either way; what it says is not known).
+    #[allow(clippy::type_complexity)]
+    pub fn held(
+        &self,
+    ) -> Result<Vec<(TaskRecord, std::result::Result<Option<CallRecord>, String>)>> {
         let ids: Vec<String> = {
             let r = self.begin_read()?;
             let held = r.open_table(HELD)?;
@@ -366,10 +371,9 @@ impl Store {
             if !matches!(rec.status, QueueStatus::Held | QueueStatus::Finished) {
                 continue;
             }
-            // A damaged call record is listed without it: the write stays held either way.
             let call = self
                 .call(&self.call_key(c, &rec.id, rec.state.step))
-                .unwrap_or(None);
+                .map_err(|e| e.to_string());
             out.push((rec, call));
         }
         Ok(out)
