@@ -159,8 +159,8 @@ impl Store {
         Ok(rep)
     }
 
-    /// Deletes finished tasks last updated before `before_ms`, with their spans, replies,
-    /// call records, audit events and enqueue keys, at most `batch` tasks per transaction, and
+    /// Deletes finished tasks last updated before `before_ms` (but a cancelled task whose write
+    /// is still held), with their spans, replies, call records, audit events and enqueue keys, at most `batch` tasks per transaction, and
     /// records one `purge` event per transaction. Returns the ids deleted.
     pub fn purge(&self, before_ms: u64, batch: usize, d: &Decision) -> Result<Vec<String>> {
         let batch = batch.clamp(1, 10_000);
@@ -170,6 +170,7 @@ impl Store {
                 let r = self.begin_read()?;
                 let t = r.open_table(TASKS)?;
                 let s = r.open_table(TASK_SPECS)?;
+                let held = r.open_table(HELD)?;
                 let mut out = Vec::new();
                 for entry in t.iter()? {
                     let (k, _) = entry?;
@@ -177,7 +178,11 @@ impl Store {
                     let Ok(Some(row)) = tasks::read_row(&t, id) else {
                         continue;
                     };
-                    if row.status == QueueStatus::Finished && row.updated_at_ms < before_ms {
+                    // A cancelled task whose write is still held stays until it is settled.
+                    if row.status == QueueStatus::Finished
+                        && row.updated_at_ms < before_ms
+                        && held.get(id)?.is_none()
+                    {
                         let key = s
                             .get(id)?
                             .and_then(|g| decode_row::<SpecRow>("spec", g.value()).ok())
@@ -201,12 +206,14 @@ impl Store {
                 let mut replies = w.open_table(REPLIES)?;
                 let mut calls = w.open_table(CALL_KEYS)?;
                 let mut keys = w.open_table(ENQUEUE_KEYS)?;
+                let held = w.open_table(HELD)?;
                 for (id, key) in &ids {
                     // Checked again inside the write: an operator may have acted meanwhile.
                     match tasks::read_row(&tables.tasks, id) {
                         Ok(Some(row))
                             if row.status == QueueStatus::Finished
-                                && row.updated_at_ms < before_ms => {}
+                                && row.updated_at_ms < before_ms
+                                && held.get(id.as_str())?.is_none() => {}
                         _ => continue,
                     }
                     tables.delete(id)?;
