@@ -69,8 +69,12 @@ pub struct Config {
 pub const CATALOG_VERSION: u32 = 1;
 
 pub fn load(path: &Path) -> Result<Config, String> {
-    let text = read(path)?;
-    let file: ConfigFile = toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    parse(&read(path)?, path)
+}
+
+/// Parses a config file's text; `path` names it in errors and anchors a relative catalog path.
+pub fn parse(text: &str, path: &Path) -> Result<Config, String> {
+    let file: ConfigFile = toml::from_str(text).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut models = BTreeMap::new();
     for (name, m) in file.models {
         if m.kind != "openai" {
@@ -144,9 +148,12 @@ fn is_url(u: &str) -> bool {
 }
 
 pub fn load_catalog(path: &Path) -> Result<Catalog, String> {
-    let text = read(path)?;
-    let file: CatalogFile =
-        toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    parse_catalog(&read(path)?, path)
+}
+
+/// Parses a catalog file's text; `path` names it in errors.
+pub fn parse_catalog(text: &str, path: &Path) -> Result<Catalog, String> {
+    let file: CatalogFile = toml::from_str(text).map_err(|e| format!("{}: {e}", path.display()))?;
     if file.version > CATALOG_VERSION {
         return Err(format!(
             "{}: catalog version {} is newer than this build reads ({CATALOG_VERSION})",

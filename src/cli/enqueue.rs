@@ -103,6 +103,21 @@ fn new_task(l: TaskLine, cfg: Option<&crate::config::Config>) -> Result<NewTask,
     })
 }
 
+/// One line of a `worker enqueue --file` batch as the task it asks for; `Err` names what is
+/// wrong with it. Nothing is read from disk unless the line names a script file.
+pub fn parse_batch_line(
+    line: &str,
+    cfg: Option<&crate::config::Config>,
+) -> Result<NewTask, String> {
+    let v = limits::parse_json_input(line, "the line", limits::BATCH_LINE_BYTES_MAX)
+        .map_err(|e| e.0)?;
+    if !v.is_object() {
+        return Err("a line must be a JSON object (see --help)".into());
+    }
+    let l: TaskLine = serde_json::from_value(v).map_err(|e| e.to_string())?;
+    new_task(l, cfg)
+}
+
 fn load_config(cli: &Cli) -> Result<Option<crate::config::Config>, CliError> {
     match &cli.config {
         None => Ok(None),
@@ -156,14 +171,7 @@ pub(super) fn cmd_enqueue(cli: &Cli, a: &EnqueueArgs) -> CliResult {
                         limits::BATCH_TASKS_MAX
                     )));
                 }
-                let v = limits::parse_json_input(&line, "the line", limits::BATCH_LINE_BYTES_MAX)
-                    .map_err(|e| at(e.0))?;
-                if !v.is_object() {
-                    return Err(at("a line must be a JSON object (see --help)".into()));
-                }
-                let l: TaskLine = serde_json::from_value(v).map_err(|e| at(e.to_string()))?;
-                let t = new_task(l, cfg.as_ref()).map_err(at)?;
-                tasks.push(t);
+                tasks.push(parse_batch_line(&line, cfg.as_ref()).map_err(at)?);
             }
             if tasks.is_empty() {
                 return Err(CliError::usage(format!(

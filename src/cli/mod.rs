@@ -44,6 +44,7 @@ pub use args::*;
 use daemon::{cmd_demo, cmd_demo_store, cmd_run};
 use decide::{cmd_approve, cmd_cancel, cmd_reconcile, cmd_reject};
 use enqueue::cmd_enqueue;
+pub use enqueue::parse_batch_line;
 use read::{cmd_events, cmd_list, cmd_postmortem, cmd_replay, cmd_show, cmd_trace};
 use stores::{cmd_check, cmd_memory, cmd_purge, cmd_store};
 
