@@ -5,7 +5,10 @@
 //!   workload (1 commit per step) and the document's Policy (refund and email: intents and
 //!   store writes too);
 //! - the same with 64 tasks in flight (64 threads; the committer groups their steps);
-//! - enqueue throughput: one `worker enqueue` process per task, and one batch file.
+//! - enqueue throughput: one `worker enqueue` process per task, and one batch file;
+//! - bytes written per step commit, in the record format and as format 1 (JSON, the whole task
+//!   record rewritten by every step) would have written the same commits: for the Policy, and
+//!   for tasks sharing a 2 MB script.
 //!
 //! Run with `cargo bench --bench durable`. Figures are printed with their ratios.
 
@@ -151,6 +154,23 @@ fn enqueue_rates(single: usize, batch: usize) -> (f64, f64) {
     (single_rate, batch_rate)
 }
 
+/// A script model of about `bytes`: plan, read, final, then padding replies never reached.
+fn big_script(bytes: usize) -> ModelProfile {
+    let mut replies = vec![
+        serde_json::json!({"type": "plan", "steps": [{"id": "s1", "tool": "get_order", "depends_on": []}]}),
+        serde_json::json!({"type": "tool", "name": "get_order", "args": {"order_id": "ord_1001"}, "plan_step": "s1"}),
+        serde_json::json!({"type": "final", "outcome": "completed", "text": "done"}),
+    ];
+    let pad = "p".repeat(1000);
+    while replies.len() * 1000 < bytes {
+        replies.push(serde_json::json!({"type": "final", "text": pad}));
+    }
+    ModelProfile::Script {
+        replies,
+        latency_ms: 100,
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -200,6 +220,29 @@ fn main() {
         "64 in flight, Policy       : {p64:.0} steps/s, {pt64:.0} tasks/s  ({:.1}x one thread; {:.1} commits per transaction)",
         p64 / p1,
         commits as f64 / tx.max(1) as f64
+    );
+    let bytes = |name: &str, model: &ModelProfile, n: usize| {
+        use tether::store::WRITES;
+        WRITES.reset();
+        WRITES.measure_legacy.store(true, Ordering::Relaxed);
+        durable(name, model, n, 1);
+        WRITES.measure_legacy.store(false, Ordering::Relaxed);
+        let commits = WRITES.commits.load(Ordering::Relaxed).max(1) as f64;
+        (
+            WRITES.bytes.load(Ordering::Relaxed) as f64 / commits,
+            WRITES.legacy_bytes.load(Ordering::Relaxed) as f64 / commits,
+        )
+    };
+    let (now, before) = bytes("bytes-policy", &policy, 20);
+    println!(
+        "bytes per step commit, Policy      : {now:.0} B (format 1: {before:.0} B, {:.1}x less)",
+        before / now
+    );
+    let script = big_script(2 << 20);
+    let (now, before) = bytes("bytes-script", &script, 10);
+    println!(
+        "bytes per step commit, 2 MB script : {now:.0} B (format 1: {before:.0} B, {:.0}x less)",
+        before / now
     );
     let (single, batch) = enqueue_rates(50, 2000);
     println!(

@@ -286,18 +286,25 @@ impl Store {
         if !held {
             return Err(Error::LeaseLost(c.task_id.clone()));
         }
+        let mut written = 0usize;
         if let Some(call) = &c.call {
+            let v = encode(call)?;
+            written += v.len();
             w.open_table(CALL_KEYS)?
-                .insert(call.key.as_str(), encode(call)?.as_slice())?;
+                .insert(call.key.as_str(), v.as_slice())?;
         }
         if let Some(reply) = &c.reply {
+            let v = encode(reply)?;
+            written += v.len();
             w.open_table(REPLIES)?
-                .insert((c.task_id.as_str(), reply.step), encode(reply)?.as_slice())?;
+                .insert((c.task_id.as_str(), reply.step), v.as_slice())?;
         }
         if !c.spans.is_empty() {
             let mut spans = w.open_table(SPANS)?;
             for s in &c.spans {
-                spans.insert((c.task_id.as_str(), s.id), encode(s)?.as_slice())?;
+                let v = encode(s)?;
+                written += v.len();
+                spans.insert((c.task_id.as_str(), s.id), v.as_slice())?;
             }
         }
         let mut outcome = CommitOutcome {
@@ -305,6 +312,7 @@ impl Store {
             next: None,
         };
         if c.kind == CommitKind::Intent {
+            WRITES.count(written, || legacy_bytes(w, c, false));
             return Ok(outcome);
         }
         rec.state = codec::Record::to_row(&c.state);
@@ -356,8 +364,11 @@ impl Store {
                     .insert((-rec.priority, seq), c.task_id.as_str())?;
             }
         }
-        tasks::save_row(&mut tasks, &rec)?;
+        let row = codec::encode_row(&rec)?;
+        written += row.len();
+        tasks.insert(c.task_id.as_str(), row.as_slice())?;
         drop((tasks, running));
+        WRITES.count(written, || legacy_bytes(w, c, true));
         if let (CommitKind::Final(_), Some(lease)) = (c.kind, &c.claim_next) {
             outcome.next = claim_in(w, lease, 1, c.now_ms)?.pop();
         }
@@ -473,6 +484,65 @@ impl Store {
         }
         Ok(out)
     }
+}
+
+/// What step commits wrote, for the storage benchmark: bytes of records in this format and,
+/// when `measure_legacy` is set, what format 1 (JSON, the whole task record rewritten by every
+/// step) would have written for the same commits.
+#[derive(Debug, Default)]
+pub struct WriteStats {
+    pub commits: std::sync::atomic::AtomicU64,
+    pub bytes: std::sync::atomic::AtomicU64,
+    pub legacy_bytes: std::sync::atomic::AtomicU64,
+    pub measure_legacy: std::sync::atomic::AtomicBool,
+}
+
+impl WriteStats {
+    fn count(&self, bytes: usize, legacy: impl FnOnce() -> Result<usize>) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.commits.fetch_add(1, Relaxed);
+        self.bytes.fetch_add(bytes as u64, Relaxed);
+        if self.measure_legacy.load(Relaxed)
+            && let Ok(n) = legacy()
+        {
+            self.legacy_bytes.fetch_add(n as u64, Relaxed);
+        }
+    }
+
+    pub fn reset(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.commits.store(0, Relaxed);
+        self.bytes.store(0, Relaxed);
+        self.legacy_bytes.store(0, Relaxed);
+    }
+}
+
+/// Bytes written by the step commits of this process.
+pub static WRITES: WriteStats = WriteStats {
+    commits: std::sync::atomic::AtomicU64::new(0),
+    bytes: std::sync::atomic::AtomicU64::new(0),
+    legacy_bytes: std::sync::atomic::AtomicU64::new(0),
+    measure_legacy: std::sync::atomic::AtomicBool::new(false),
+};
+
+/// What format 1 wrote for commit `c`: each record as JSON with its `"v"` tag, and (but for
+/// an intent) the whole task record.
+fn legacy_bytes(w: &WriteTransaction, c: &Commit, whole_record: bool) -> Result<usize> {
+    let json = |v: serde_json::Result<Vec<u8>>| v.map_or(0, |b| b.len() + 6);
+    let mut n = 0;
+    if let Some(call) = &c.call {
+        n += json(serde_json::to_vec(call));
+    }
+    if let Some(reply) = &c.reply {
+        n += json(serde_json::to_vec(reply));
+    }
+    for s in &c.spans {
+        n += json(serde_json::to_vec(s));
+    }
+    if whole_record && let Some(rec) = tasks::load(w, &c.task_id)? {
+        n += json(serde_json::to_vec(&rec));
+    }
+    Ok(n)
 }
 
 /// Takes up to `max` tasks from the ready queue inside `w`, highest priority first, and leases
