@@ -780,21 +780,7 @@ fn service(d: &Path) -> Service {
 }
 
 fn raw(addr: &str, bytes: &[u8]) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(20)))
-        .expect("timeout");
-    let _ = s.write_all(bytes);
-    let _ = s.shutdown(std::net::Shutdown::Write);
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    let text = String::from_utf8_lossy(&out).into_owned();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (status, text)
+    raw_http(addr, bytes, Duration::from_secs(20), true)
 }
 
 #[test]

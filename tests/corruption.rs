@@ -7,7 +7,6 @@
 mod common;
 use common::*;
 
-use redb::{ReadableDatabase, ReadableTable, TableHandle};
 use serde_json::Value;
 use std::path::Path;
 
@@ -171,36 +170,6 @@ fn every_page_overwritten_in_turn() {
     }
     eprintln!("{pages} pages overwritten; {seen} of them damaged what a verb reads");
     assert!(seen > 0);
-}
-
-/// Every value of the tables that hold records, as stored.
-fn stored_records(db: &Path) -> Vec<(String, Vec<u8>)> {
-    let db = redb::Database::builder()
-        .set_concurrency_mode(redb::ConcurrencyMode::MultiWriter)
-        .open(db)
-        .expect("open");
-    let r = db.begin_read().expect("read");
-    let mut out = Vec::new();
-    for t in r.list_tables().expect("tables") {
-        let name = t.name().to_string();
-        macro_rules! dump {
-            ($k:ty) => {{
-                let def: redb::TableDefinition<$k, &[u8]> = redb::TableDefinition::new(&name);
-                let t = r.open_table(def).expect("table");
-                for e in t.iter().expect("iter") {
-                    let (_, v) = e.expect("entry");
-                    out.push((name.clone(), v.value().to_vec()));
-                }
-            }};
-        }
-        match name.as_str() {
-            "tasks" | "task_specs" | "blobs" | "call_keys" => dump!(&str),
-            "spans" | "replies" => dump!((&str, u32)),
-            "events" | "notes" => dump!(u64),
-            _ => {}
-        }
-    }
-    out
 }
 
 #[test]

@@ -769,23 +769,11 @@ fn a_provider_reporting_u64_max_tokens_stops_the_task_at_its_token_budget() {
     );
 }
 
-/// Sends raw bytes to `addr` (host:port), then reads the answer until the server closes or
-/// `wait` passes; returns the status code (0: no answer) and the whole answer.
-fn raw_http(addr: &str, head: &str, body: &[u8], wait: Duration) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(wait)).expect("timeout");
-    let _ = s.write_all(head.as_bytes());
-    let _ = s.write_all(body);
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    let text = String::from_utf8_lossy(&out).into_owned();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (status, text)
+/// A head and a body sent as they are, the writing side left open (a slow client's).
+fn raw_http_parts(addr: &str, head: &str, body: &[u8], wait: Duration) -> (u16, String) {
+    let mut bytes = head.as_bytes().to_vec();
+    bytes.extend_from_slice(body);
+    raw_http(addr, &bytes, wait, false)
 }
 
 #[test]
@@ -803,20 +791,20 @@ fn demo_store_bounds_bodies_heads_keys_connections_and_read_time() {
             "POST /tools/get_order HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{extra}Content-Length: {len}\r\nConnection: close\r\n\r\n"
         )
     };
-    let (st, text) = raw_http(
+    let (st, text) = raw_http_parts(
         &addr,
         &post("", 0).replace("Content-Length: 0", "Content-Length: 1000000000000000"),
         b"{}",
         wait,
     );
     assert_eq!(st, 413, "{text}");
-    let (st, text) = raw_http(&addr, &post("", 100 << 20), &[b' '; 4096], wait);
+    let (st, text) = raw_http_parts(&addr, &post("", 100 << 20), &[b' '; 4096], wait);
     assert_eq!(st, 413, "{text}");
     let big_head = format!("X-Pad: {}\r\n", "p".repeat(20_000));
-    let (st, text) = raw_http(&addr, &post(&big_head, 2), b"{}", wait);
+    let (st, text) = raw_http_parts(&addr, &post(&big_head, 2), b"{}", wait);
     assert_eq!(st, 431, "{text}");
     let chunked = "POST /tools/get_order HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
-    let (st, _) = raw_http(&addr, chunked, b"2\r\n{}\r\n0\r\n\r\n", wait);
+    let (st, _) = raw_http_parts(&addr, chunked, b"2\r\n{}\r\n0\r\n\r\n", wait);
     assert_eq!(st, 411);
     // Keys: non-ASCII, and longer than 255 bytes, are refused with an answer.
     let body = br#"{"user_id": "cu_ana", "args": {"order_id": "ord_1001", "amount_cents": 100, "reason": "x"}}"#;
@@ -826,16 +814,16 @@ fn demo_store_bounds_bodies_heads_keys_connections_and_read_time() {
             body.len()
         )
     };
-    let (st, text) = raw_http(&addr, &write("clé-1"), body, wait);
+    let (st, text) = raw_http_parts(&addr, &write("clé-1"), body, wait);
     assert_eq!(st, 400, "{text}");
     assert!(text.contains("printable ASCII"), "{text}");
-    let (st, text) = raw_http(&addr, &write(&"k".repeat(256)), body, wait);
+    let (st, text) = raw_http_parts(&addr, &write(&"k".repeat(256)), body, wait);
     assert_eq!(st, 400, "{text}");
     assert!(text.contains("over the limit of 255"), "{text}");
-    let (st, text) = raw_http(&addr, &write(&"k".repeat(255)), body, wait);
+    let (st, text) = raw_http_parts(&addr, &write(&"k".repeat(255)), body, wait);
     assert_eq!(st, 200, "{text}");
     assert!(!text.contains("Idempotent-Replayed"), "{text}");
-    let (st, text) = raw_http(&addr, &write(&"k".repeat(255)), body, wait);
+    let (st, text) = raw_http_parts(&addr, &write(&"k".repeat(255)), body, wait);
     assert_eq!(st, 200, "{text}");
     assert!(
         text.contains("Idempotent-Replayed: true"),
@@ -847,11 +835,11 @@ fn demo_store_bounds_bodies_heads_keys_connections_and_read_time() {
         .map(|_| {
             let addr = addr.clone();
             let head = post("", 50);
-            std::thread::spawn(move || raw_http(&addr, &head, b"{\"us", wait))
+            std::thread::spawn(move || raw_http_parts(&addr, &head, b"{\"us", wait))
         })
         .collect();
     std::thread::sleep(Duration::from_millis(100));
-    let (st, text) = raw_http(
+    let (st, text) = raw_http_parts(
         &addr,
         "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
         b"",

@@ -6,7 +6,7 @@
 mod common;
 use common::*;
 
-use redb::{ReadableDatabase, ReadableTable, TableHandle};
+use redb::{ReadableDatabase, ReadableTable};
 use serde_json::Value;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -18,48 +18,6 @@ fn fixture_dir() -> String {
 fn fixture_json(name: &str) -> Value {
     let p = format!("{}/{name}", fixture_dir());
     serde_json::from_str(&std::fs::read_to_string(&p).expect("fixture")).expect("fixture JSON")
-}
-
-/// Every value of every table of the worker database, with the table's name.
-fn raw_values(db: &Path) -> Vec<(String, Vec<u8>)> {
-    let db = redb::Database::builder()
-        .set_concurrency_mode(redb::ConcurrencyMode::MultiWriter)
-        .open(db)
-        .expect("open");
-    let r = db.begin_read().expect("read");
-    let mut out = Vec::new();
-    for t in r.list_tables().expect("tables") {
-        let name = t.name().to_string();
-        let bytes_tables = [
-            "tasks",
-            "task_specs",
-            "blobs",
-            "call_keys",
-            "spans",
-            "replies",
-            "events",
-            "notes",
-        ];
-        if !bytes_tables.contains(&name.as_str()) {
-            continue;
-        }
-        macro_rules! dump {
-            ($k:ty) => {{
-                let def: redb::TableDefinition<$k, &[u8]> = redb::TableDefinition::new(&name);
-                let t = r.open_table(def).expect("table");
-                for e in t.iter().expect("iter") {
-                    let (_, v) = e.expect("entry");
-                    out.push((name.clone(), v.value().to_vec()));
-                }
-            }};
-        }
-        match name.as_str() {
-            "spans" | "replies" => dump!((&str, u32)),
-            "events" | "notes" => dump!(u64),
-            _ => dump!(&str),
-        }
-    }
-    out
 }
 
 fn schema_version(db: &Path) -> u64 {
@@ -110,7 +68,7 @@ fn a_version_1_database_is_read_back_as_written_and_migrated() {
     }
     // The file is now of the current version, every record in the envelope, none as JSON.
     assert_eq!(schema_version(&d.join("worker.redb")), 2);
-    let raw = raw_values(&d.join("worker.redb"));
+    let raw = stored_records(&d.join("worker.redb"));
     assert!(raw.len() > 40, "{} records", raw.len());
     for (table, v) in &raw {
         assert_eq!(
@@ -392,13 +350,13 @@ fn fifty_tasks_sharing_a_2_mb_script_store_it_once() {
     let size = std::fs::metadata(d.join("worker.redb")).expect("db").len();
     assert!(size < 10 << 20, "the database is {size} bytes");
     // Every task still reads its script back whole.
-    let raw = raw_values(&d.join("worker.redb"));
+    let raw = stored_records(&d.join("worker.redb"));
     let blobs = raw.iter().filter(|(t, _)| t == "blobs").count();
     assert_eq!(blobs, 1, "one copy of the script");
     ok(d, &["check"]);
     // Purging the tasks deletes the script with its last user.
     ok(d, &["purge", "--finished-before", "0s"]);
-    let raw = raw_values(&d.join("worker.redb"));
+    let raw = stored_records(&d.join("worker.redb"));
     assert_eq!(raw.iter().filter(|(t, _)| t == "blobs").count(), 0);
     assert_eq!(raw.iter().filter(|(t, _)| t == "tasks").count(), 0);
 }
@@ -549,7 +507,7 @@ fn purge_deletes_finished_tasks_with_everything_of_theirs_and_audits_it() {
     assert!(verbs.contains(&("t2", "cancel")), "{verbs:?}");
     assert!(verbs.contains(&("-", "purge")), "{verbs:?}");
     assert!(!verbs.iter().any(|(t, _)| *t == "t1"), "{verbs:?}");
-    let raw = raw_values(&d.join("worker.redb"));
+    let raw = stored_records(&d.join("worker.redb"));
     assert!(
         raw.iter().filter(|(t, _)| t == "call_keys").count() >= 1,
         "t2's call stays"

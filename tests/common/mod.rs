@@ -185,3 +185,62 @@ pub fn suspended_g(dir: &Path) {
     ok(dir, &["run", "--drain"]);
     assert_eq!(json(dir, &["show", "t1", "--json"])["status"], "suspended");
 }
+
+/// Sends raw bytes to the server at `addr` (host:port) and reads its answer until it closes or
+/// `wait` passes: (the status, 0 if none; the whole answer). With `half_close` the client shuts
+/// its writing side first, as a client that sent everything does.
+pub fn raw_http(
+    addr: &str,
+    bytes: &[u8],
+    wait: std::time::Duration,
+    half_close: bool,
+) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(wait)).expect("timeout");
+    let _ = s.write_all(bytes);
+    if half_close {
+        let _ = s.shutdown(std::net::Shutdown::Write);
+    }
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, text)
+}
+
+/// Every stored record of the worker database at `db` (the tables whose values are records),
+/// with its table's name.
+pub fn stored_records(db: &Path) -> Vec<(String, Vec<u8>)> {
+    use redb::{ReadableDatabase, ReadableTable, TableHandle};
+    let db = redb::Database::builder()
+        .set_concurrency_mode(redb::ConcurrencyMode::MultiWriter)
+        .open(db)
+        .expect("open");
+    let r = db.begin_read().expect("read");
+    let mut out = Vec::new();
+    for t in r.list_tables().expect("tables") {
+        let name = t.name().to_string();
+        macro_rules! dump {
+            ($k:ty) => {{
+                let def: redb::TableDefinition<$k, &[u8]> = redb::TableDefinition::new(&name);
+                let t = r.open_table(def).expect("table");
+                for e in t.iter().expect("iter") {
+                    let (_, v) = e.expect("entry");
+                    out.push((name.clone(), v.value().to_vec()));
+                }
+            }};
+        }
+        match name.as_str() {
+            "tasks" | "task_specs" | "blobs" | "call_keys" => dump!(&str),
+            "spans" | "replies" => dump!((&str, u32)),
+            "events" | "notes" => dump!(u64),
+            _ => {}
+        }
+    }
+    out
+}
