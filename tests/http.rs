@@ -860,3 +860,43 @@ fn demo_store_bounds_bodies_heads_keys_connections_and_read_time() {
         .collect();
     assert_eq!(outcomes, ["applied", "replayed"]);
 }
+
+#[test]
+fn demo_store_answers_503_beyond_its_connection_limit() {
+    let dir = TempDir::new("http-conns");
+    let d = dir.path();
+    let svc = store_service(d, &["--connections", "2"]);
+    let addr = svc.url.trim_start_matches("http://").to_string();
+    let health = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    let wait = Duration::from_secs(20);
+    // Two clients connect and say nothing: they hold both connections.
+    let idle: Vec<_> = (0..2)
+        .map(|_| std::net::TcpStream::connect(&addr).expect("connect"))
+        .collect();
+    // The server takes them in order; a third gets 503 once both are counted.
+    let mut refused = None;
+    for _ in 0..200 {
+        let (st, text) = raw_http(&addr, health.as_bytes(), wait, true);
+        if st == 503 {
+            refused = Some(text);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let text = refused.expect("a third connection is refused while two are open");
+    assert!(text.contains("too many connections"), "{text}");
+    drop(idle);
+    // Once they close, the service answers again.
+    let mut answered = false;
+    for _ in 0..500 {
+        if raw_http(&addr, health.as_bytes(), wait, true).0 == 200 {
+            answered = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        answered,
+        "the service answers once the idle clients are gone"
+    );
+}
