@@ -249,8 +249,9 @@ fn operational_errors_get_exit_code_1() {
     assert!(err.contains("no task \"t42\""), "{err}");
     let (code, err) = fails(d, &["trace", "nope"]);
     assert_eq!(code, 1, "{err}");
+    // A batch file that is not there is a wrong argument: a usage error (issue 9).
     let (code, err) = fails(d, &["enqueue", "--file", "missing.jsonl"]);
-    assert_eq!(code, 1);
+    assert_eq!(code, 2);
     assert!(err.contains("missing.jsonl"), "{err}");
     let (code, err) = fails(
         d,
