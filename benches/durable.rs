@@ -93,13 +93,8 @@ fn durable(name: &str, model: &ModelProfile, n: usize, workers: usize) -> (f64, 
         ..Config::default()
     };
     let t = Instant::now();
-    let stats = worker::run(
-        Arc::clone(&store),
-        tools,
-        &cfg,
-        Arc::new(AtomicBool::new(false)),
-    )
-    .expect("run");
+    let stats =
+        worker::run(store.clone(), tools, &cfg, Arc::new(AtomicBool::new(false))).expect("run");
     let secs = t.elapsed().as_secs_f64();
     let steps = stats.steps.load(Ordering::Relaxed) as f64;
     let ended = stats.tasks_ended.load(Ordering::Relaxed);

@@ -733,7 +733,7 @@ fn the_worker_database_recovers_from_a_full_disk_without_a_restart() {
         .expect("enqueue");
     let rec = store.claim(&lease("me", 0), 1, 0).expect("claim").remove(0);
     let token = rec.lease.as_ref().expect("lease").token;
-    let committer = tether::worker::Committer::direct(Arc::clone(&store));
+    let committer = tether::worker::Committer::direct(store.clone());
     full.store(true, Ordering::SeqCst);
     assert!(committer.commit(step_commit(&rec, token, 1)).is_err());
     full.store(false, Ordering::SeqCst);

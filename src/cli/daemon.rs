@@ -82,7 +82,7 @@ pub(super) fn cmd_demo(a: &DemoArgs) -> CliResult {
         ..Config::default()
     };
     worker::run(
-        Arc::clone(&store),
+        store.clone(),
         Arc::clone(&tools),
         &cfg,
         Arc::new(AtomicBool::new(false)),

@@ -7,6 +7,7 @@
 //! or tool call: callers hand in finished data. The records live in `records`, opening the
 //! file in `open`, and the redb handles (read-only, reopened after an I/O error) in `handle`.
 
+mod backend;
 mod check;
 pub mod codec;
 mod handle;
@@ -18,6 +19,7 @@ pub mod rows;
 pub mod schema;
 mod tasks;
 
+pub use backend::Backend;
 pub use check::CheckReport;
 use handle::Handle;
 pub use handle::{Opener, Reopening};

@@ -23,7 +23,7 @@ use super::{CommitFail, Committer, Stats};
 use crate::http::HttpTools;
 use crate::kernel::{Access, Action, Catalog, Keys, Run, Session, StopReason, ToolReply};
 use crate::model::RecordedReply;
-use crate::store::{CallRecord, Commit, CommitKind, Store, TaskRecord};
+use crate::store::{Backend, CallRecord, Commit, CommitKind, TaskRecord};
 use crate::tools::Tools;
 use crate::tools::durable::{DurableStore, DurableTools};
 
@@ -49,7 +49,7 @@ pub struct Context {
     pub hook: Option<Hook>,
     /// This process as a lease owner, for the claim made with a task's final commit.
     pub identity: super::Identity,
-    pub store: Arc<Store>,
+    pub store: Arc<dyn Backend>,
     pub tools: Arc<DurableStore>,
     pub committer: Committer,
     pub lease_ms: u64,

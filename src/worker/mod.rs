@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::store::{Commit, CommitOutcome, Error, Lease, Result, Store, TaskRecord};
+use crate::store::{Backend, Commit, CommitOutcome, Error, Lease, Result, TaskRecord};
 use crate::tools::durable::DurableStore;
 
 pub fn now_ms() -> u64 {
@@ -151,12 +151,12 @@ pub struct Committer {
 #[derive(Clone)]
 enum Route {
     Thread(Sender<CommitRequest>),
-    Direct(Arc<Store>),
+    Direct(Arc<dyn Backend>),
 }
 
 impl Committer {
     /// Commits in the calling thread, each commit in its own transaction.
-    pub fn direct(store: Arc<Store>) -> Committer {
+    pub fn direct(store: Arc<dyn Backend>) -> Committer {
         Committer {
             route: Route::Direct(store),
         }
@@ -164,7 +164,7 @@ impl Committer {
 
     pub fn commit(&self, commit: Commit) -> std::result::Result<CommitOutcome, CommitFail> {
         let tx = match &self.route {
-            Route::Direct(store) => return commit_alone(store, &commit),
+            Route::Direct(store) => return commit_alone(store.as_ref(), &commit),
             Route::Thread(tx) => tx,
         };
         let (reply, rx) = bounded(1);
@@ -178,7 +178,7 @@ impl Committer {
 /// Largest number of commits grouped into one transaction.
 const GROUP_MAX: usize = 256;
 
-fn committer_loop(store: &Store, rx: Receiver<CommitRequest>, stats: &Stats) {
+fn committer_loop(store: &dyn Backend, rx: Receiver<CommitRequest>, stats: &Stats) {
     while let Some(batch) = crate::group::recv_batch(&rx, GROUP_MAX) {
         let results = group_commit(store, &batch);
         stats.transactions.fetch_add(1, Ordering::Relaxed);
@@ -192,11 +192,12 @@ fn committer_loop(store: &Store, rx: Receiver<CommitRequest>, stats: &Stats) {
 }
 
 fn group_commit(
-    store: &Store,
+    store: &dyn Backend,
     batch: &[CommitRequest],
 ) -> Vec<std::result::Result<CommitOutcome, CommitFail>> {
-    match commit_together(store, batch.iter().map(|r| &r.commit)) {
-        Ok(results) => results,
+    let commits: Vec<&Commit> = batch.iter().map(|r| &r.commit).collect();
+    match store.commit_batch(&commits) {
+        Ok(results) => results.into_iter().map(refused).collect(),
         // Something failed mid-write, so nothing of that transaction landed. Each commit is
         // tried again alone, so one bad commit fails only itself, never its whole group.
         Err(_) if batch.len() > 1 => batch
@@ -207,47 +208,21 @@ fn group_commit(
     }
 }
 
-fn commit_alone(store: &Store, c: &Commit) -> std::result::Result<CommitOutcome, CommitFail> {
-    match commit_together(store, std::iter::once(c)) {
-        Ok(mut one) => one.pop().unwrap_or(Err(CommitFail::LeaseLost)),
+fn commit_alone(store: &dyn Backend, c: &Commit) -> std::result::Result<CommitOutcome, CommitFail> {
+    match store.commit_batch(&[c]) {
+        Ok(mut one) => refused(one.pop().flatten()),
         Err(e) => Err(CommitFail::Failed(e)),
     }
 }
 
-/// Applies commits in one write transaction. A commit whose claim is superseded is refused on
-/// its own (checked before anything of it is written); any other error aborts the transaction.
-fn commit_together<'a>(
-    store: &Store,
-    commits: impl Iterator<Item = &'a Commit>,
-) -> std::result::Result<Vec<std::result::Result<CommitOutcome, CommitFail>>, String> {
-    let applied = (|| {
-        let w = store.begin_write().map_err(|e| (None, e))?;
-        let mut results = Vec::new();
-        for c in commits {
-            match Store::apply_commit(&w, c) {
-                Ok(o) => results.push(Ok(o)),
-                Err(Error::LeaseLost(_) | Error::NoTask(_)) => {
-                    results.push(Err(CommitFail::LeaseLost))
-                }
-                Err(e) => return Err((Some(c.task_id.clone()), e)),
-            }
-        }
-        w.commit().map_err(|e| (None, Error::from(e)))?;
-        Ok(results)
-    })();
-    applied.map_err(|(task, e): (Option<String>, Error)| {
-        // A disk error leaves the handle unusable: open it again for the next commits.
-        store.after_error(&e);
-        match task {
-            Some(t) => format!("task {t}: {e}"),
-            None => e.to_string(),
-        }
-    })
+/// A commit the backend refused because its claim was superseded.
+fn refused(o: Option<CommitOutcome>) -> std::result::Result<CommitOutcome, CommitFail> {
+    o.ok_or(CommitFail::LeaseLost)
 }
 
 /// Runs the daemon until `shutdown` is set (or, with `drain`, until nothing is runnable).
 pub fn run(
-    store: Arc<Store>,
+    store: Arc<dyn Backend>,
     tools: Arc<DurableStore>,
     cfg: &Config,
     shutdown: Arc<AtomicBool>,
@@ -285,7 +260,7 @@ pub fn run(
         let stats = Arc::clone(&stats);
         std::thread::Builder::new()
             .name("committer".into())
-            .spawn(move || committer_loop(&store, commit_rx, &stats))
+            .spawn(move || committer_loop(store.as_ref(), commit_rx, &stats))
             .map_err(|e| Error::Conflict(format!("cannot start the committer thread: {e}")))?
     };
     let mut threads = Vec::with_capacity(workers);
