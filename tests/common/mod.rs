@@ -4,6 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+pub mod pg;
+
 pub struct TempDir(pub PathBuf);
 
 impl TempDir {

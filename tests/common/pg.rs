@@ -1,0 +1,242 @@
+//! A throwaway PostgreSQL cluster for tests: `initdb` in a temporary directory, a server on a
+//! free loopback port, stopped and deleted when dropped. As root, the server runs as the
+//! `postgres` user (it refuses to run as root).
+//!
+//! In CI (`CI` set) a missing PostgreSQL fails the test; elsewhere it is reported loudly on
+//! stderr and the test is skipped, never passed silently.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub struct PgCluster {
+    bin: PathBuf,
+    dir: PathBuf,
+    pub port: u16,
+    as_postgres: bool,
+}
+
+/// The directory of `initdb`, `pg_ctl` and `postgres`: `TETHER_PG_BIN`, the newest
+/// `/usr/lib/postgresql/*/bin`, or the PATH.
+fn bin_dir() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("TETHER_PG_BIN") {
+        return Some(PathBuf::from(p));
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("bin"))
+        .filter(|b| b.join("initdb").exists())
+        .collect();
+    found.sort();
+    if let Some(b) = found.pop() {
+        return Some(b);
+    }
+    let out = Command::new("sh")
+        .args(["-c", "command -v initdb"])
+        .output()
+        .ok()?;
+    let p = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    Path::new(&p)
+        .parent()
+        .map(Path::to_path_buf)
+        .filter(|_| !p.is_empty())
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+impl PgCluster {
+    /// Starts a cluster, or `None` (said on stderr) where PostgreSQL is not installed outside
+    /// CI.
+    pub fn start(name: &str) -> Option<PgCluster> {
+        let Some(bin) = bin_dir() else {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "PostgreSQL is not installed; .ci/run installs it"
+            );
+            eprintln!(
+                "\n*** SKIPPED {name}: PostgreSQL is not installed (apt-get install postgresql, or set TETHER_PG_BIN) ***\n"
+            );
+            return None;
+        };
+        let as_postgres = is_root();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let dir =
+            std::env::temp_dir().join(format!("tether-pg-{name}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("cluster dir");
+        let c = PgCluster {
+            bin,
+            dir,
+            port: free_port(),
+            as_postgres,
+        };
+        if as_postgres {
+            let ok = Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(&c.dir)
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "chown of the cluster directory to postgres");
+        }
+        let data = c.dir.join("data");
+        c.run(
+            "initdb",
+            &[
+                "-D",
+                &data.to_string_lossy(),
+                "-U",
+                "tether",
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+            ],
+        );
+        c.start_server();
+        Some(c)
+    }
+
+    /// Starts the server (again, after [`PgCluster::stop_immediate`]).
+    pub fn start_server(&self) {
+        let data = self.dir.join("data");
+        let opts = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200",
+            self.port,
+            self.dir.display()
+        );
+        self.run(
+            "pg_ctl",
+            &[
+                "-D",
+                &data.to_string_lossy(),
+                "-o",
+                &opts,
+                "-l",
+                &self.dir.join("log").to_string_lossy(),
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ],
+        );
+    }
+
+    /// Stops the server as a crash would (`pg_ctl stop -m immediate`).
+    pub fn stop_immediate(&self) {
+        let data = self.dir.join("data");
+        self.run(
+            "pg_ctl",
+            &[
+                "-D",
+                &data.to_string_lossy(),
+                "-m",
+                "immediate",
+                "-w",
+                "stop",
+            ],
+        );
+    }
+
+    /// `postgres://tether@127.0.0.1:PORT/postgres`.
+    pub fn url(&self) -> String {
+        format!("postgres://tether@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// Runs `psql -c SQL` against the cluster; returns its output, unaligned, tuples only.
+    pub fn psql(&self, sql: &str) -> String {
+        let out = Command::new(self.bin.join("psql"))
+            .args([
+                "-X",
+                "-A",
+                "-t",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-d",
+                &self.url(),
+                "-c",
+                sql,
+            ])
+            .output()
+            .or_else(|_| {
+                Command::new("psql")
+                    .args([
+                        "-X",
+                        "-A",
+                        "-t",
+                        "-v",
+                        "ON_ERROR_STOP=1",
+                        "-d",
+                        &self.url(),
+                        "-c",
+                        sql,
+                    ])
+                    .output()
+            })
+            .expect("psql");
+        assert!(
+            out.status.success(),
+            "psql {sql:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    fn run(&self, tool: &str, args: &[&str]) {
+        let exe = self.bin.join(tool);
+        let mut cmd = if self.as_postgres {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(&exe);
+            c
+        } else {
+            Command::new(&exe)
+        };
+        let out = cmd.args(args).current_dir(&self.dir).output().expect(tool);
+        assert!(
+            out.status.success(),
+            "{tool} {args:?}: {}{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(self.dir.join("log")).unwrap_or_default()
+        );
+    }
+}
+
+impl Drop for PgCluster {
+    fn drop(&mut self) {
+        let data = self.dir.join("data");
+        let exe = self.bin.join("pg_ctl");
+        let mut cmd = if self.as_postgres {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(&exe);
+            c
+        } else {
+            Command::new(&exe)
+        };
+        let _ = cmd
+            .args([
+                "-D",
+                &data.to_string_lossy(),
+                "-m",
+                "immediate",
+                "-w",
+                "stop",
+            ])
+            .output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
