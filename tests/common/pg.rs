@@ -196,16 +196,22 @@ impl PgCluster {
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
 
-    fn run(&self, tool: &str, args: &[&str]) {
+    /// `tool` of the cluster's binaries, run as the `postgres` user when the tests are root.
+    fn command(&self, tool: &str) -> Command {
         let exe = self.bin.join(tool);
-        let mut cmd = if self.as_postgres {
+        let mut c = if self.as_postgres {
             let mut c = Command::new("runuser");
             c.args(["-u", "postgres", "--"]).arg(&exe);
             c
         } else {
             Command::new(&exe)
         };
-        let out = cmd.args(args).current_dir(&self.dir).output().expect(tool);
+        c.current_dir(&self.dir);
+        c
+    }
+
+    fn run(&self, tool: &str, args: &[&str]) {
+        let out = self.command(tool).args(args).output().expect(tool);
         assert!(
             out.status.success(),
             "{tool} {args:?}: {}{}\n{}",
@@ -219,15 +225,8 @@ impl PgCluster {
 impl Drop for PgCluster {
     fn drop(&mut self) {
         let data = self.dir.join("data");
-        let exe = self.bin.join("pg_ctl");
-        let mut cmd = if self.as_postgres {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(&exe);
-            c
-        } else {
-            Command::new(&exe)
-        };
-        let _ = cmd
+        let _ = self
+            .command("pg_ctl")
             .args([
                 "-D",
                 &data.to_string_lossy(),
