@@ -226,8 +226,9 @@ fn numbers_out_of_range_are_usage_errors() {
     let dir = TempDir::new("ranges");
     let d = dir.path();
     for args in [
-        &["run", "--lease-ms", "18446744073709551615"][..],
-        &["run", "--lease-ms", "86400001"],
+        // With --drain, so that a build accepting the flag ends instead of running on.
+        &["run", "--drain", "--lease-ms", "18446744073709551615"][..],
+        &["run", "--drain", "--lease-ms", "86400001"],
         &[
             "enqueue",
             "--user",
