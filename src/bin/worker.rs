@@ -72,7 +72,7 @@ fn main() {
             if at.contains("redb") {
                 eprintln!(
                     "error: the database is damaged: the storage engine stopped on an inconsistency ({msg})\nhint: `worker check --db {}` reports what is damaged; restore the file from a backup",
-                    db.display()
+                    db
                 );
             } else {
                 eprintln!(

@@ -11,17 +11,21 @@ const AFTER_HELP: &str = "Examples:
   worker trace t1
 
 The database is ./worker.redb unless --db or WORKER_DB says otherwise; the document's store
-(orders, ledger, stored results) is a second file beside it (--store or WORKER_STORE).";
+(orders, ledger, stored results) is a second file beside it (--store or WORKER_STORE).
+With --db postgres://user@host/db (several hosts share one queue) the store is a schema of
+the same database, and every verb works the same way.";
 
 #[derive(Parser, Debug)]
-#[command(name = "worker", version, about = "Tether: a durable, bounded agent worker on redb", after_help = AFTER_HELP)]
+#[command(name = "worker", version, about = "Tether: a durable, bounded agent worker on redb or PostgreSQL", after_help = AFTER_HELP)]
 pub struct Cli {
-    /// The worker database (redb, shared by all processes).
+    /// The worker database: a redb file shared by the processes of one host, or
+    /// postgres://user@host:port/db[?schema=NAME] shared by daemons on several hosts.
     #[arg(long, global = true, env = "WORKER_DB", default_value = "worker.redb")]
-    pub db: PathBuf,
-    /// The document's store (orders, ledger, stored results); default: <db>.store.redb beside --db.
+    pub db: String,
+    /// The document's store (orders, ledger, stored results); default: <db>.store.redb beside
+    /// a file --db, or the same PostgreSQL database.
     #[arg(long, global = true, env = "WORKER_STORE")]
-    pub store: Option<PathBuf>,
+    pub store: Option<String>,
     /// Config file (TOML) with model profiles and the tool catalog, for `worker enqueue`.
     #[arg(long, global = true, env = "WORKER_CONFIG")]
     pub config: Option<PathBuf>,
@@ -340,6 +344,14 @@ pub struct RunArgs {
     /// Sleep this many real ms per simulated ms of scripted model and tool latency (0: none).
     #[arg(long, default_value_t = 0.0)]
     pub time_scale: f64,
+    /// With PostgreSQL: how long this daemon's heartbeat vouches for its claims; a daemon
+    /// silent for longer (killed, or cut off) has its tasks taken over by the others.
+    #[arg(long, default_value_t = 30_000,
+          value_parser = clap::value_parser!(u64).range(1000..=crate::limits::LEASE_MS_MAX as u64))]
+    pub heartbeat_ttl_ms: u64,
+    /// How often to look for tasks whose lease expired or whose daemon is gone.
+    #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    pub recover_every_ms: u64,
 }
 
 #[derive(Args, Debug)]

@@ -10,8 +10,9 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
             a.time_scale
         )));
     }
-    let store = Arc::new(Store::open(&cli.db, true)?);
-    let tools = Arc::new(DurableStore::open(&store_path(cli))?);
+    // A pool connection for each worker thread, the committer and the dispatcher.
+    let store = open_created(cli, a.workers as usize + 2)?;
+    let tools = Arc::new(open_tools(cli)?);
     let shutdown = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, Arc::clone(&shutdown))
@@ -22,9 +23,11 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
         drain: a.drain,
         lease_ms: a.lease_ms,
         time_scale: a.time_scale,
+        heartbeat_ttl_ms: a.heartbeat_ttl_ms,
+        recover_every_ms: a.recover_every_ms,
         ..Config::default()
     };
-    tracing::info!(db = %cli.db.display(), workers = cfg.workers, drain = cfg.drain, "worker started");
+    tracing::info!(db = %store.describe(), workers = cfg.workers, drain = cfg.drain, "worker started");
     let stats = worker::run(store, tools, &cfg, shutdown)?;
     tracing::info!(
         tasks_ended = stats.tasks_ended.load(std::sync::atomic::Ordering::Relaxed),
@@ -34,7 +37,10 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
     Ok(())
 }
 
-pub(super) fn cmd_demo(a: &DemoArgs) -> CliResult {
+pub(super) fn cmd_demo(cli: &Cli, a: &DemoArgs) -> CliResult {
+    if store::pg::is_url(&cli.db) {
+        return demo_pg(cli, a);
+    }
     let (dir, _guard) = match &a.keep {
         Some(d) => {
             std::fs::create_dir_all(d)
@@ -53,8 +59,43 @@ pub(super) fn cmd_demo(a: &DemoArgs) -> CliResult {
         }
     };
     let db = dir.join("worker.redb");
-    let store = Arc::new(Store::open(&db, true)?);
+    let store: Db = Arc::new(Store::open(&db, true)?);
     let tools = Arc::new(DurableStore::open(&sibling_store(&db))?);
+    run_demo(store, tools, a)?;
+    if a.keep.is_some() {
+        outln!(
+            "\ndatabase kept: {} (try: worker --db {} trace t1)",
+            db.display(),
+            db.display()
+        );
+    }
+    Ok(())
+}
+
+/// The demo through PostgreSQL, in schemas of its own (`demo_<pid>_<ms>` and its store),
+/// dropped afterwards unless `--keep` is given.
+fn demo_pg(cli: &Cli, a: &DemoArgs) -> CliResult {
+    let schema = format!("demo_{}_{}", std::process::id(), now_ms());
+    let sep = if cli.db.contains('?') { '&' } else { '?' };
+    let url = format!("{}{sep}schema={schema}", cli.db);
+    let pg = Arc::new(store::pg::PgStore::open(
+        &url,
+        true,
+        a.workers as usize + 2,
+        store::pg::CLI_RETRY,
+    )?);
+    let tools = Arc::new(DurableStore::open_target(&url)?);
+    let ran = run_demo(pg.clone(), tools, a);
+    if a.keep.is_some() {
+        outln!("\nschemas kept: {schema} and {schema}_store (try: worker --db '{url}' trace t1)");
+    } else {
+        pg.drop_schemas()?;
+    }
+    ran
+}
+
+/// Enqueues scenarios A-H, runs them to the end and prints the document's table.
+fn run_demo(store: Db, tools: Arc<DurableStore>, a: &DemoArgs) -> CliResult {
     let all = scenarios();
     let tasks: Vec<NewTask> = all
         .iter()
@@ -100,13 +141,6 @@ pub(super) fn cmd_demo(a: &DemoArgs) -> CliResult {
             )
         );
     }
-    if a.keep.is_some() {
-        outln!(
-            "\ndatabase kept: {} (try: worker --db {} trace t1)",
-            db.display(),
-            db.display()
-        );
-    }
     Ok(())
 }
 
@@ -135,10 +169,10 @@ pub(super) fn cmd_demo_store(cli: &Cli, a: &DemoStoreArgs) -> CliResult {
     }
     let path = match &cli.store {
         Some(p) => p.clone(),
-        None if cli.db != Path::new("worker.redb") => cli.db.clone(),
-        None => sibling_store(&cli.db),
+        None if cli.db != "worker.redb" => cli.db.clone(),
+        None => sibling_store(Path::new(&cli.db)).display().to_string(),
     };
-    let tools = DurableStore::open(&path)?;
+    let tools = DurableStore::open_target(&path)?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, Arc::clone(&stop))

@@ -46,7 +46,7 @@ pub(super) fn cmd_reconcile(cli: &Cli, a: &ReconcileArgs) -> CliResult {
         open_existing(cli)?
     };
     if a.auto {
-        return reconcile_auto(cli, &store, a);
+        return reconcile_auto(cli, store.as_ref(), a);
     }
     let Some(task) = &a.task else {
         let held = store.held()?;
@@ -156,7 +156,7 @@ pub(super) fn cmd_cancel(cli: &Cli, a: &DecideArgs) -> CliResult {
 }
 
 /// Settles held writes from each tool's lookup, only on a definite answer.
-pub(super) fn reconcile_auto(cli: &Cli, store: &Store, a: &ReconcileArgs) -> CliResult {
+pub(super) fn reconcile_auto(cli: &Cli, store: &dyn Backend, a: &ReconcileArgs) -> CliResult {
     let mut demo: Option<DurableStore> = None;
     let (mut settled, mut skipped) = (0, 0);
     for (rec, _) in store.held()? {
@@ -178,7 +178,7 @@ pub(super) fn reconcile_auto(cli: &Cli, store: &Store, a: &ReconcileArgs) -> Cli
             },
             None if rec.catalog.is_none() => {
                 if demo.is_none() {
-                    demo = Some(DurableStore::open(&store_path(cli))?);
+                    demo = Some(open_tools(cli)?);
                 }
                 match demo.as_ref().map(|d| d.lookup(&key, &call.name)) {
                     Some(Ok(Some(result))) => crate::http::Lookup::Applied(result),

@@ -215,7 +215,7 @@ pub(super) fn cmd_enqueue(cli: &Cli, a: &EnqueueArgs) -> CliResult {
             vec![t]
         }
     };
-    let store = Store::open(&cli.db, true)?;
+    let store = open_created(cli, 1)?;
     let out = store.enqueue(&tasks, now_ms())?;
     if a.json {
         let v: Vec<Value> = out

@@ -61,7 +61,7 @@ use crate::kernel::{Budget, Catalog, StopReason};
 use crate::model::ModelProfile;
 use crate::sim::{SCENARIO_HEADER, scenario_row, scenarios};
 use crate::store::ops::{Decision, Extension, Reviewed, Settlement};
-use crate::store::{self, NewTask, QueueStatus, Store, TaskRecord};
+use crate::store::{self, Access, Backend, NewTask, QueueStatus, Store, TaskRecord};
 use crate::tools::durable::{DurableStore, LedgerEntry};
 use crate::tools::{Effect, Order, effects_to_python};
 use crate::worker::{self, Config, now_ms};
@@ -141,6 +141,9 @@ impl From<store::Error> for CliError {
                     .to_string(),
             ),
             store::Error::NoTask(_) => Some("`worker list` shows the task ids".to_string()),
+            store::Error::Unavailable(_) => Some(
+                "check that the server is up and that --db (or WORKER_DB) names it".to_string(),
+            ),
             store::Error::NewerVersion { .. } => {
                 Some("use the Tether release that wrote this file, or a newer one".to_string())
             }
@@ -161,8 +164,20 @@ impl From<store::Error> for CliError {
 
 type CliResult = Result<(), CliError>;
 
-fn store_path(cli: &Cli) -> PathBuf {
-    cli.store.clone().unwrap_or_else(|| sibling_store(&cli.db))
+/// Where the document's store is: `--store`, else beside a file `--db` or in the same
+/// PostgreSQL database.
+fn store_target(cli: &Cli) -> String {
+    cli.store.clone().unwrap_or_else(|| {
+        if store::pg::is_url(&cli.db) {
+            cli.db.clone()
+        } else {
+            sibling_store(Path::new(&cli.db)).display().to_string()
+        }
+    })
+}
+
+fn open_tools(cli: &Cli) -> Result<DurableStore, CliError> {
+    Ok(DurableStore::open_target(&store_target(cli))?)
 }
 
 /// `dir/worker.redb` -> `dir/worker.store.redb`.
@@ -179,7 +194,7 @@ pub fn run(cli: Cli) -> CliResult {
         Command::Show(a) => cmd_show(&cli, a),
         Command::Trace(a) => cmd_trace(&cli, a),
         Command::Postmortem(a) => cmd_postmortem(&cli, a),
-        Command::Demo(a) => cmd_demo(a),
+        Command::Demo(a) => cmd_demo(&cli, a),
         Command::DemoStore(a) => cmd_demo_store(&cli, a),
         Command::Store(c) => cmd_store(&cli, c),
         Command::Approve(a) => cmd_approve(&cli, a),
@@ -194,13 +209,20 @@ pub fn run(cli: Cli) -> CliResult {
     }
 }
 
-fn open_existing(cli: &Cli) -> Result<Store, CliError> {
-    Ok(Store::open(&cli.db, false)?)
+type Db = Arc<dyn Backend>;
+
+fn open_existing(cli: &Cli) -> Result<Db, CliError> {
+    Ok(store::open_backend(&cli.db, Access::Write, 2)?)
 }
 
-/// For the read verbs: read-only, so they never wait for a process inside a write.
-fn open_reader(cli: &Cli) -> Result<Store, CliError> {
-    Ok(Store::open_for_reading(&cli.db)?)
+/// For the read verbs: a redb file read-only, so they never wait for a process inside a write.
+fn open_reader(cli: &Cli) -> Result<Db, CliError> {
+    Ok(store::open_backend(&cli.db, Access::Read, 2)?)
+}
+
+/// For enqueue and the daemon: the file is created, the migrations applied.
+fn open_created(cli: &Cli, connections: usize) -> Result<Db, CliError> {
+    Ok(store::open_backend(&cli.db, Access::Create, connections)?)
 }
 
 fn print_json(v: &Value) -> CliResult {

@@ -207,7 +207,7 @@ pub(super) fn cmd_replay(cli: &Cli, a: &TaskArgs) -> CliResult {
             rec.status.as_str()
         )));
     }
-    let ledger = DurableStore::open(&store_path(cli))?.ledger()?;
+    let ledger = open_tools(cli)?.ledger()?;
     let stored = task_effects(&ledger, store.db_id(), &rec.id);
     let report = crate::replay::replay(
         &rec,

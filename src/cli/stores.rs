@@ -3,7 +3,7 @@
 use super::*;
 
 pub(super) fn cmd_store(cli: &Cli, c: &StoreCommand) -> CliResult {
-    let open = || DurableStore::open(&store_path(cli));
+    let open = || open_tools(cli);
     match c {
         StoreCommand::Orders { json } => {
             let orders = open()?.orders()?;
@@ -105,7 +105,7 @@ pub(super) fn cmd_memory(cli: &Cli, c: &MemoryCommand) -> CliResult {
                 return Err(CliError::usage("--user must not be empty"));
             }
             let d = decision(by, &None)?;
-            let store = Store::open(&cli.db, true)?;
+            let store = open_created(cli, 1)?;
             let note = store.add_note(user, text, source, ttl_days.saturating_mul(86_400), &d)?;
             outln!(
                 "stored for {} until {} (unix seconds)",
@@ -146,10 +146,11 @@ pub(super) fn cmd_check(cli: &Cli, a: &CheckArgs) -> CliResult {
     let mut damaged = Vec::new();
     let mut records = BTreeMap::new();
     // redb's own integrity check first: it needs the file to itself.
-    if let Err(e) = redb_integrity(&cli.db) {
+    let file = !store::pg::is_url(&cli.db);
+    if file && let Err(e) = redb_integrity(Path::new(&cli.db)) {
         damaged.push(e);
     }
-    match Store::open(&cli.db, false) {
+    match store::open_backend(&cli.db, Access::Write, 2) {
         Ok(store) => {
             let rep = store.check()?;
             damaged.extend(rep.damaged);
@@ -160,17 +161,17 @@ pub(super) fn cmd_check(cli: &Cli, a: &CheckArgs) -> CliResult {
         Err(e @ store::Error::Missing(_)) => return Err(e.into()),
         Err(e) => damaged.push(e.to_string()),
     }
-    let sp = store_path(cli);
-    if sp.exists() {
-        match DurableStore::open(&sp) {
+    let sp = store_target(cli);
+    if store::pg::is_url(&sp) || Path::new(&sp).exists() {
+        match DurableStore::open_target(&sp) {
             Ok(ds) => match ds.check() {
                 Ok((n, bad)) => {
                     records.insert("store record".to_string(), n);
                     damaged.extend(bad);
                 }
-                Err(e) => damaged.push(format!("{}: {e}", sp.display())),
+                Err(e) => damaged.push(format!("{}: {e}", ds.path.display())),
             },
-            Err(e) => damaged.push(format!("{}: {e}", sp.display())),
+            Err(e) => damaged.push(format!("{sp}: {e}")),
         }
     }
     if a.json {

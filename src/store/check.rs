@@ -239,7 +239,7 @@ impl Store {
                 })?;
             }
             if !done.is_empty() {
-                super::ops::event(
+                super::embedded::event(
                     &w,
                     None,
                     "purge",

@@ -6,7 +6,8 @@ use redb::ReadableTable;
 use serde_json::json;
 
 use super::codec::{decode, encode};
-use super::ops::{Decision, event};
+use super::embedded::event;
+use super::ops::Decision;
 use super::schema::*;
 use super::{Error, Result, Store, next_seq};
 use crate::kernel::memory::{self, Note};

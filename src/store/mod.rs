@@ -10,10 +10,12 @@
 mod backend;
 mod check;
 pub mod codec;
+mod embedded;
 mod handle;
 mod memory;
 mod open;
 pub mod ops;
+pub mod pg;
 mod records;
 pub mod rows;
 pub mod schema;
@@ -22,12 +24,12 @@ mod writes;
 use writes::legacy_bytes;
 pub use writes::{WRITES, WriteStats};
 
-pub use backend::Backend;
+pub use backend::{Access, Backend, HeldWrites, open_backend};
 pub use check::CheckReport;
 use handle::Handle;
 pub use handle::{Opener, Reopening};
 pub(crate) use handle::{create_private, open_redb};
-pub(crate) use open::check_not_empty;
+pub(crate) use open::{check_not_empty, random_u64};
 pub use records::*;
 
 use redb::{ReadTransaction, ReadableTable, ReadableTableMetadata, WriteTransaction};
@@ -71,6 +73,12 @@ pub enum Error {
     Conflict(String),
     #[error("the lease on task {0} is no longer held by this worker")]
     LeaseLost(String),
+    /// The database cannot be reached (after retrying): nothing is known to have changed.
+    #[error("the database is unavailable: {0}")]
+    Unavailable(String),
+    /// PostgreSQL refused a statement (SQLSTATE and message).
+    #[error("PostgreSQL error {0}")]
+    Postgres(String),
 }
 
 macro_rules! from_redb {
@@ -144,33 +152,7 @@ impl Store {
                     continue;
                 }
                 let id = format!("t{}", next_seq(&mut meta, META_TASK_SEQ)?);
-                let mut state = TaskState::new(&id, &t.user, &t.goal);
-                state.remembered = select(&notes, &t.user, &t.goal, now_ms / 1000, 3)
-                    .into_iter()
-                    .map(|n| n.text.clone())
-                    .collect();
-                let rec = TaskRecord {
-                    id: id.clone(),
-                    status: QueueStatus::Queued,
-                    priority: t.priority,
-                    key: t.key.clone(),
-                    budget: t.budget,
-                    model: t.model.clone(),
-                    tool_latency_ms: t.tool_latency_ms.clone(),
-                    store_scope: t.store_scope.clone(),
-                    catalog: t.catalog.clone(),
-                    state,
-                    next_span_id: 0,
-                    created_at_ms: now_ms,
-                    updated_at_ms: now_ms,
-                    lease: None,
-                    runs: 0,
-                    cancel_requested: None,
-                    settle: None,
-                    approval_wait_ms: t.approval_wait_ms,
-                    suspended_at_ms: None,
-                    approval: None,
-                };
+                let rec = new_record(&id, t, &notes, now_ms);
                 tables.insert_new(&rec)?;
                 let seq = next_seq(&mut meta, META_READY_SEQ)?;
                 ready.insert((-t.priority, seq), id.as_str())?;
@@ -548,8 +530,39 @@ fn claim_in(
     Ok(out)
 }
 
+/// A new task's record, queued, with the notes of its user that its goal recalls.
+pub(crate) fn new_record(id: &str, t: &NewTask, notes: &[Note], now_ms: u64) -> TaskRecord {
+    let mut state = TaskState::new(id, &t.user, &t.goal);
+    state.remembered = select(notes, &t.user, &t.goal, now_ms / 1000, 3)
+        .into_iter()
+        .map(|n| n.text.clone())
+        .collect();
+    TaskRecord {
+        id: id.to_string(),
+        status: QueueStatus::Queued,
+        priority: t.priority,
+        key: t.key.clone(),
+        budget: t.budget,
+        model: t.model.clone(),
+        tool_latency_ms: t.tool_latency_ms.clone(),
+        store_scope: t.store_scope.clone(),
+        catalog: t.catalog.clone(),
+        state,
+        next_span_id: 0,
+        created_at_ms: now_ms,
+        updated_at_ms: now_ms,
+        lease: None,
+        runs: 0,
+        cancel_requested: None,
+        settle: None,
+        approval_wait_ms: t.approval_wait_ms,
+        suspended_at_ms: None,
+        approval: None,
+    }
+}
+
 /// The first field in which a new request differs from the task its key already made.
-fn differs(rec: &TaskRecord, t: &NewTask) -> Option<&'static str> {
+pub(crate) fn differs(rec: &TaskRecord, t: &NewTask) -> Option<&'static str> {
     if rec.state.user_id != t.user {
         Some("user")
     } else if rec.state.goal != t.goal {
@@ -579,7 +592,7 @@ pub(crate) fn task_order(id: &str) -> (u64, String) {
 /// or tool call can take up to all of it, and the lease must not run out under a worker that
 /// is only waiting. Fencing makes a lease that runs out anyway harmless: the old claim can no
 /// longer commit.
-fn remaining_ms(budget: &Budget, elapsed_ms: u64) -> u64 {
+pub(crate) fn remaining_ms(budget: &Budget, elapsed_ms: u64) -> u64 {
     budget.deadline_ms.saturating_sub(elapsed_ms)
 }
 

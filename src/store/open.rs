@@ -134,6 +134,11 @@ impl Store {
     }
 
     /// The database id that prefixes every call key of this database.
+    /// The file this store reads and writes.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     pub fn db_id(&self) -> &str {
         &self.db_id
     }

@@ -2,16 +2,15 @@
 //! decision and records an audit event (who, what, when, why) together: approve, reject,
 //! reconcile, cancel, and the expiry of approval waits. Memory notes are in `memory`.
 //!
-//! Two operators deciding the same task are serialized by redb's single writer: the second
-//! finds the status already changed and gets a `Conflict` naming what happened.
+//! The decisions are written once, against [`DecisionTx`], a transaction of either backend:
+//! redb's single writer or a PostgreSQL transaction that reads the task `FOR UPDATE`. Two
+//! operators deciding the same task are serialized either way: the second finds the status
+//! already changed and gets a `Conflict` naming what happened.
 
-use redb::{ReadableTable, WriteTransaction};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::codec::{decode, encode};
-use super::schema::*;
-use super::{CallRecord, Error, QueueStatus, Result, Store, TaskRecord, next_seq};
+use super::{CallRecord, Error, QueueStatus, Result, TaskRecord};
 use crate::kernel::{Budget, Status, StopReason, ToolCall};
 
 /// One line of the audit log.
@@ -41,61 +40,6 @@ pub enum Settlement {
     Applied(Value),
     /// The write did not take effect: the step runs again under the same call key.
     NotApplied,
-}
-
-fn load(w: &WriteTransaction, id: &str) -> Result<TaskRecord> {
-    super::tasks::load(w, id)?.ok_or_else(|| Error::NoTask(id.to_string()))
-}
-
-fn save(w: &WriteTransaction, rec: &TaskRecord) -> Result<()> {
-    super::tasks::save(w, rec)
-}
-
-/// The task leaves the suspended and held indexes.
-fn unindex(w: &WriteTransaction, id: &str) -> Result<()> {
-    w.open_table(WAITING)?.remove(id)?;
-    w.open_table(HELD)?.remove(id)?;
-    Ok(())
-}
-
-fn requeue(w: &WriteTransaction, rec: &mut TaskRecord, now_ms: u64) -> Result<()> {
-    unindex(w, &rec.id)?;
-    rec.status = QueueStatus::Queued;
-    rec.updated_at_ms = now_ms;
-    let seq = next_seq(&mut w.open_table(META)?, META_READY_SEQ)?;
-    w.open_table(READY)?
-        .insert((-rec.priority, seq), rec.id.as_str())?;
-    save(w, rec)
-}
-
-fn finish(w: &WriteTransaction, rec: &mut TaskRecord, stop: StopReason, now_ms: u64) -> Result<()> {
-    unindex(w, &rec.id)?;
-    rec.state.stop = Some(stop);
-    rec.state.status = Status::Stopped;
-    rec.status = QueueStatus::Finished;
-    rec.updated_at_ms = now_ms;
-    save(w, rec)
-}
-
-pub(super) fn event(
-    w: &WriteTransaction,
-    task: Option<&str>,
-    verb: &str,
-    d: &Decision,
-    detail: Value,
-) -> Result<u64> {
-    let seq = next_seq(&mut w.open_table(META)?, META_EVENT_SEQ)?;
-    let ev = Event {
-        seq,
-        at_ms: d.now_ms,
-        task: task.map(str::to_string),
-        verb: verb.to_string(),
-        by: d.by.clone(),
-        reason: d.reason.clone(),
-        detail,
-    };
-    w.open_table(EVENTS)?.insert(seq, encode(&ev)?.as_slice())?;
-    Ok(seq)
 }
 
 fn not_in(rec: &TaskRecord, wanted: &str) -> Error {
@@ -260,310 +204,282 @@ fn check_can_send(rec: &TaskRecord, verb: &str) -> Result<()> {
     }
 }
 
-impl Store {
-    /// Approves exactly the held call of a suspended task and requeues it; the held call then
-    /// runs under its original key, carrying the approval to the tool. The approval lives
-    /// here only, with its audit event, in one transaction. `reviewed` must name the held call
-    /// (its key or digest, from `worker show`); `extend` grants more budget first.
-    pub fn approve(
-        &self,
-        id: &str,
-        reviewed: &Reviewed,
-        extend: &Extension,
-        d: &Decision,
-    ) -> Result<ToolCall> {
-        if reviewed.is_empty() {
-            return Err(Error::Invalid(format!(
-                "an approval must name the call it approves: pass --digest or --key as `worker show {id}` prints them"
-            )));
-        }
-        let ns = self.db_id();
-        let w = self.begin_write()?;
-        let mut rec = load(&w, id)?;
-        if approval_expired(&rec, d.now_ms) {
-            let call = held_call(&rec)?;
-            let detail = call_json(ns, &rec, &call);
-            finish(&w, &mut rec, StopReason::ApprovalExpired, d.now_ms)?;
-            event(&w, Some(id), "expire", &system(d.now_ms), detail)?;
-            w.commit()?;
-            return Err(Error::Conflict(format!(
-                "the approval wait of task {id} ran out ({} ms); the task stopped with approval_expired",
-                rec.approval_wait_ms
-            )));
-        }
-        if rec.status != QueueStatus::Suspended || rec.state.stop != Some(StopReason::NeedsApproval)
-        {
-            return Err(not_in(&rec, "waiting for approval"));
-        }
+/// One transaction of a backend, as an operator decision sees it. Each backend implements
+/// it over its own transaction; the decisions below are written once, against it, so both
+/// backends check and apply every decision the same way.
+pub trait DecisionTx {
+    /// The id that prefixes this database's call keys.
+    fn db_id(&self) -> &str;
+    /// The task `id`, read for update (a concurrent decision on it waits or is refused).
+    fn load(&mut self, id: &str) -> Result<TaskRecord>;
+    /// Writes the task. What it is indexed under follows from the record: queued tasks (new
+    /// in the queue when `was` is not queued) in the ready queue, suspended ones by when their
+    /// wait runs out, and a write with an unknown outcome (held, or cancelled while held) in
+    /// the held list until it is settled.
+    fn save(&mut self, rec: &TaskRecord, was: QueueStatus) -> Result<()>;
+    /// Appends an audit event; returns its sequence number.
+    fn event(&mut self, task: Option<&str>, verb: &str, d: &Decision, detail: Value)
+    -> Result<u64>;
+    /// The call record under `key`: `Some(Err)` when it exists but cannot be read.
+    fn call(&mut self, key: &str) -> Result<Option<std::result::Result<CallRecord, String>>>;
+    fn put_call(&mut self, c: &CallRecord) -> Result<()>;
+}
+
+/// A decision's result: `Err` of the inner result is an answer the transaction still commits
+/// (an approval wait found expired is recorded, then refused).
+pub type Decided<T> = Result<std::result::Result<T, Error>>;
+
+fn requeue(tx: &mut dyn DecisionTx, rec: &mut TaskRecord, now_ms: u64) -> Result<()> {
+    let was = rec.status;
+    rec.status = QueueStatus::Queued;
+    rec.updated_at_ms = now_ms;
+    tx.save(rec, was)
+}
+
+fn finish(
+    tx: &mut dyn DecisionTx,
+    rec: &mut TaskRecord,
+    stop: StopReason,
+    now_ms: u64,
+) -> Result<()> {
+    let was = rec.status;
+    rec.state.stop = Some(stop);
+    rec.state.status = Status::Stopped;
+    rec.status = QueueStatus::Finished;
+    rec.updated_at_ms = now_ms;
+    tx.save(rec, was)
+}
+
+/// Whether the task's write is listed by `held` (and so by `worker reconcile`): held, or
+/// cancelled while held, until it is settled.
+pub fn is_held(rec: &TaskRecord) -> bool {
+    matches!(rec.status, QueueStatus::Held | QueueStatus::Finished)
+        && rec.state.unknown_write().is_some()
+}
+
+/// Approves exactly the held call of a suspended task and requeues it; the held call then
+/// runs under its original key, carrying the approval to the tool. The approval lives in the
+/// task only, with its audit event, in one transaction. `reviewed` must name the held call
+/// (its key or digest, from `worker show`); `extend` grants more budget first.
+pub fn approve(
+    tx: &mut dyn DecisionTx,
+    id: &str,
+    reviewed: &Reviewed,
+    extend: &Extension,
+    d: &Decision,
+) -> Decided<ToolCall> {
+    if reviewed.is_empty() {
+        return Err(Error::Invalid(format!(
+            "an approval must name the call it approves: pass --digest or --key as `worker show {id}` prints them"
+        )));
+    }
+    let ns = tx.db_id().to_string();
+    let mut rec = tx.load(id)?;
+    if approval_expired(&rec, d.now_ms) {
         let call = held_call(&rec)?;
-        let key = call.key_in(ns, &rec.id, rec.state.step);
-        reviewed.check(id, &call, &key)?;
+        let detail = call_json(&ns, &rec, &call);
+        finish(tx, &mut rec, StopReason::ApprovalExpired, d.now_ms)?;
+        tx.event(Some(id), "expire", &system(d.now_ms), detail)?;
+        return Ok(Err(Error::Conflict(format!(
+            "the approval wait of task {id} ran out ({} ms); the task stopped with approval_expired",
+            rec.approval_wait_ms
+        ))));
+    }
+    if rec.status != QueueStatus::Suspended || rec.state.stop != Some(StopReason::NeedsApproval) {
+        return Err(not_in(&rec, "waiting for approval"));
+    }
+    let call = held_call(&rec)?;
+    let key = call.key_in(&ns, &rec.id, rec.state.step);
+    reviewed.check(id, &call, &key)?;
+    extend.apply(&mut rec.budget)?;
+    check_can_send(&rec, "the approval")?;
+    let digest = call.digest();
+    rec.approval = Some(super::Approval {
+        key,
+        digest,
+        by: d.by.clone(),
+        at_ms: d.now_ms,
+    });
+    rec.suspended_at_ms = None;
+    let mut detail = call_json(&ns, &rec, &call);
+    if !extend.0.is_empty() {
+        detail["extend"] = extend.to_json();
+    }
+    requeue(tx, &mut rec, d.now_ms)?;
+    tx.event(Some(id), "approve", d, detail)?;
+    Ok(Ok(call))
+}
+
+/// Rejects the held call: it is never sent; the task continues with a `rejected` result for
+/// that step, under its budget. `reviewed`, when given, must name the held call.
+pub fn reject(
+    tx: &mut dyn DecisionTx,
+    id: &str,
+    reviewed: &Reviewed,
+    d: &Decision,
+) -> Decided<ToolCall> {
+    let ns = tx.db_id().to_string();
+    let mut rec = tx.load(id)?;
+    if rec.status != QueueStatus::Suspended || rec.state.stop != Some(StopReason::NeedsApproval) {
+        return Err(not_in(&rec, "waiting for approval"));
+    }
+    let call = held_call(&rec)?;
+    reviewed.check(id, &call, &call.key_in(&ns, &rec.id, rec.state.step))?;
+    let result = json!({"status": "rejected", "code": "rejected",
+        "detail": d.reason.clone().unwrap_or_else(|| "rejected by an operator".into())});
+    rec.settle = Some(result.clone());
+    rec.approval = None;
+    rec.suspended_at_ms = None;
+    let mut detail = call_json(&ns, &rec, &call);
+    detail["result"] = result;
+    requeue(tx, &mut rec, d.now_ms)?;
+    tx.event(Some(id), "reject", d, detail)?;
+    Ok(Ok(call))
+}
+
+/// Settles a held write. Applied: the result is folded in as the call's result. Not applied:
+/// the call is sent again under the same call key (refused when the budget would stop it
+/// before it goes out, unless `extend` grants more). A task cancelled while its write was held
+/// is not requeued: the settlement is recorded and it leaves the held list.
+pub fn reconcile(
+    tx: &mut dyn DecisionTx,
+    id: &str,
+    s: &Settlement,
+    reviewed: &Reviewed,
+    extend: &Extension,
+    d: &Decision,
+) -> Decided<ToolCall> {
+    let ns = tx.db_id().to_string();
+    let mut rec = tx.load(id)?;
+    let cancelled = rec.status == QueueStatus::Finished && rec.state.unknown_write().is_some();
+    if rec.status != QueueStatus::Held && !cancelled {
+        return Err(not_in(&rec, "held for reconcile"));
+    }
+    let call = held_call(&rec)?;
+    let key = call.key_in(&ns, &rec.id, rec.state.step);
+    reviewed.check(id, &call, &key)?;
+    let mut detail = call_json(&ns, &rec, &call);
+    let (verb, recorded) = match s {
+        Settlement::Applied(result) => {
+            if !result.get("status").is_some_and(Value::is_string) {
+                return Err(Error::Invalid(
+                    "--result must be a JSON object with a string \"status\", e.g. {\"status\": \"ok\"}".into(),
+                ));
+            }
+            ("reconcile_applied", result.clone())
+        }
+        Settlement::NotApplied => (
+            "reconcile_not_applied",
+            json!({"status": "not_applied", "by": d.by}),
+        ),
+    };
+    if !cancelled {
         extend.apply(&mut rec.budget)?;
-        check_can_send(&rec, "the approval")?;
-        let digest = call.digest();
-        rec.approval = Some(super::Approval {
-            key,
-            digest,
-            by: d.by.clone(),
-            at_ms: d.now_ms,
+        if *s == Settlement::NotApplied {
+            check_can_send(&rec, "--not-applied")?;
+        }
+        if let Settlement::Applied(result) = s {
+            rec.settle = Some(result.clone());
+        }
+    }
+    detail["result"] = recorded.clone();
+    if !extend.0.is_empty() && !cancelled {
+        detail["extend"] = extend.to_json();
+    }
+    if let Some(existing) = tx.call(&key)? {
+        // A damaged record is replaced by one made from the held call: the operator's
+        // settlement is what is known of it now.
+        let mut c = existing.unwrap_or_else(|_| CallRecord {
+            key: key.clone(),
+            task_id: rec.id.clone(),
+            step: rec.state.step,
+            tool: call.name.clone(),
+            args: call.args.clone(),
+            digest: call.digest(),
+            intent_at_ms: d.now_ms,
+            result: None,
+            result_at_ms: None,
         });
-        rec.suspended_at_ms = None;
-        let mut detail = call_json(ns, &rec, &call);
-        if !extend.0.is_empty() {
-            detail["extend"] = extend.to_json();
-        }
-        requeue(&w, &mut rec, d.now_ms)?;
-        event(&w, Some(id), "approve", d, detail)?;
-        w.commit()?;
-        Ok(call)
+        c.result = Some(recorded.clone());
+        c.result_at_ms = Some(d.now_ms);
+        tx.put_call(&c)?;
     }
-
-    /// Rejects the held call: it is never sent; the task continues with a `rejected` result
-    /// for that step, under its budget. `reviewed`, when given, must name the held call.
-    pub fn reject(&self, id: &str, reviewed: &Reviewed, d: &Decision) -> Result<ToolCall> {
-        let ns = self.db_id();
-        let w = self.begin_write()?;
-        let mut rec = load(&w, id)?;
-        if rec.status != QueueStatus::Suspended || rec.state.stop != Some(StopReason::NeedsApproval)
+    if cancelled {
+        // The task stays cancelled; the write is settled and leaves the held list.
+        let applied_ok = matches!(s, Settlement::Applied(r) if r["status"] == "ok");
+        if applied_ok
+            && let Some(p) = call.plan_step.as_deref()
+            && let Some(step) = rec.state.plan.iter_mut().find(|st| st.id == p)
         {
-            return Err(not_in(&rec, "waiting for approval"));
+            step.status = crate::kernel::StepStatus::Done;
         }
-        let call = held_call(&rec)?;
-        reviewed.check(id, &call, &call.key_in(ns, &rec.id, rec.state.step))?;
-        let result = json!({"status": "rejected", "code": "rejected",
-            "detail": d.reason.clone().unwrap_or_else(|| "rejected by an operator".into())});
-        rec.settle = Some(result.clone());
-        rec.approval = None;
-        rec.suspended_at_ms = None;
-        let mut detail = call_json(ns, &rec, &call);
-        detail["result"] = result;
-        requeue(&w, &mut rec, d.now_ms)?;
-        event(&w, Some(id), "reject", d, detail)?;
-        w.commit()?;
-        Ok(call)
+        rec.state.pending = None;
+        rec.state.cancelled_from = None;
+        rec.state.last_result = Some(recorded);
+        rec.updated_at_ms = d.now_ms;
+        tx.save(&rec, rec.status)?;
+    } else {
+        requeue(tx, &mut rec, d.now_ms)?;
     }
+    tx.event(Some(id), verb, d, detail)?;
+    Ok(Ok(call))
+}
 
-    /// Held writes: every task in the held index (stopped with `unknown_outcome`, or cancelled
-    /// while its write was held), with its call-key record. A write stays listed until it is
-    /// settled.
-    /// The held writes, each with its call record: `Err` names a damaged one (the write stays
-    /// held either way; what it says is not known).
-    #[allow(clippy::type_complexity)]
-    pub fn held(
-        &self,
-    ) -> Result<Vec<(TaskRecord, std::result::Result<Option<CallRecord>, String>)>> {
-        let ids: Vec<String> = {
-            let r = self.begin_read()?;
-            let held = r.open_table(HELD)?;
-            let mut ids = Vec::new();
-            for e in held.iter()? {
-                ids.push(e?.0.value().to_string());
-            }
-            ids.sort_by_key(|id| super::task_order(id));
-            ids
-        };
-        let mut out = Vec::new();
-        for id in ids {
-            let rec = self.task(&id)?;
-            let Some(c) = rec.state.unknown_write() else {
-                continue;
-            };
-            if !matches!(rec.status, QueueStatus::Held | QueueStatus::Finished) {
-                continue;
-            }
-            let call = self
-                .call(&self.call_key(c, &rec.id, rec.state.step))
-                .map_err(|e| e.to_string());
-            out.push((rec, call));
+/// Cancels a task: at once when it is queued, suspended or held; at the running worker's next
+/// step boundary when it is running. A held write stays listed by `held` (and so by `worker
+/// reconcile`) until it is settled: cancelling does not make its outcome known.
+pub fn cancel(tx: &mut dyn DecisionTx, id: &str, d: &Decision) -> Decided<QueueStatus> {
+    let mut rec = tx.load(id)?;
+    let was = rec.status;
+    match rec.status {
+        QueueStatus::Finished => {
+            return Err(Error::Conflict(format!(
+                "task {id} already finished ({}); there is nothing to cancel",
+                rec.state.stop.map_or("-", |s| s.as_str())
+            )));
         }
-        Ok(out)
-    }
-
-    /// Settles a held write. Applied: the result is folded in as the call's result. Not
-    /// applied: the call is sent again under the same call key (refused when the budget would
-    /// stop it before it goes out, unless `extend` grants more). A task cancelled while its
-    /// write was held is not requeued: the settlement is recorded and it leaves the held list.
-    pub fn reconcile(
-        &self,
-        id: &str,
-        s: &Settlement,
-        reviewed: &Reviewed,
-        extend: &Extension,
-        d: &Decision,
-    ) -> Result<ToolCall> {
-        let ns = self.db_id();
-        let w = self.begin_write()?;
-        let mut rec = load(&w, id)?;
-        let cancelled = rec.status == QueueStatus::Finished && rec.state.unknown_write().is_some();
-        if rec.status != QueueStatus::Held && !cancelled {
-            return Err(not_in(&rec, "held for reconcile"));
-        }
-        let call = held_call(&rec)?;
-        let key = call.key_in(ns, &rec.id, rec.state.step);
-        reviewed.check(id, &call, &key)?;
-        let mut detail = call_json(ns, &rec, &call);
-        let (verb, recorded) = match s {
-            Settlement::Applied(result) => {
-                if !result.get("status").is_some_and(Value::is_string) {
-                    return Err(Error::Invalid(
-                        "--result must be a JSON object with a string \"status\", e.g. {\"status\": \"ok\"}".into(),
-                    ));
-                }
-                ("reconcile_applied", result.clone())
-            }
-            Settlement::NotApplied => (
-                "reconcile_not_applied",
-                json!({"status": "not_applied", "by": d.by}),
-            ),
-        };
-        if !cancelled {
-            extend.apply(&mut rec.budget)?;
-            if *s == Settlement::NotApplied {
-                check_can_send(&rec, "--not-applied")?;
-            }
-            if let Settlement::Applied(result) = s {
-                rec.settle = Some(result.clone());
-            }
-        }
-        detail["result"] = recorded.clone();
-        if !extend.0.is_empty() && !cancelled {
-            detail["extend"] = extend.to_json();
-        }
-        let mut calls = w.open_table(CALL_KEYS)?;
-        let existing = calls.get(key.as_str())?.map(|g| g.value().to_vec());
-        if let Some(bytes) = existing {
-            // A damaged record is replaced by one made from the held call: the operator's
-            // settlement is what is known of it now.
-            let mut c: CallRecord = decode("call key", &bytes).unwrap_or_else(|_| CallRecord {
-                key: key.clone(),
-                task_id: rec.id.clone(),
-                step: rec.state.step,
-                tool: call.name.clone(),
-                args: call.args.clone(),
-                digest: call.digest(),
-                intent_at_ms: d.now_ms,
-                result: None,
-                result_at_ms: None,
-            });
-            c.result = Some(recorded.clone());
-            c.result_at_ms = Some(d.now_ms);
-            calls.insert(key.as_str(), encode(&c)?.as_slice())?;
-        }
-        drop(calls);
-        if cancelled {
-            // The task stays cancelled; the write is settled and leaves the held list.
-            let applied_ok = matches!(s, Settlement::Applied(r) if r["status"] == "ok");
-            if applied_ok
-                && let Some(p) = call.plan_step.as_deref()
-                && let Some(step) = rec.state.plan.iter_mut().find(|st| st.id == p)
-            {
-                step.status = crate::kernel::StepStatus::Done;
-            }
-            rec.state.pending = None;
-            rec.state.cancelled_from = None;
-            rec.state.last_result = Some(recorded);
-            rec.updated_at_ms = d.now_ms;
-            unindex(&w, &rec.id)?;
-            save(&w, &rec)?;
-        } else {
-            requeue(&w, &mut rec, d.now_ms)?;
-        }
-        event(&w, Some(id), verb, d, detail)?;
-        w.commit()?;
-        Ok(call)
-    }
-
-    /// Cancels a task: at once when it is queued, suspended or held; at the running worker's
-    /// next step boundary when it is running. A held write stays listed by `held` (and so by
-    /// `worker reconcile`) until it is settled: cancelling does not make its outcome known.
-    pub fn cancel(&self, id: &str, d: &Decision) -> Result<QueueStatus> {
-        let w = self.begin_write()?;
-        let mut rec = load(&w, id)?;
-        let was = rec.status;
-        match rec.status {
-            QueueStatus::Finished => {
+        QueueStatus::Running => {
+            if rec.cancel_requested.is_some() {
                 return Err(Error::Conflict(format!(
-                    "task {id} already finished ({}); there is nothing to cancel",
-                    rec.state.stop.map_or("-", |s| s.as_str())
+                    "cancelling task {id} was already requested"
                 )));
             }
-            QueueStatus::Running => {
-                if rec.cancel_requested.is_some() {
-                    return Err(Error::Conflict(format!(
-                        "cancelling task {id} was already requested"
-                    )));
-                }
-                rec.cancel_requested = Some(d.reason.clone().unwrap_or_default());
-                save(&w, &rec)?;
-            }
-            QueueStatus::Held => {
-                rec.state.cancelled_from = rec.state.stop;
-                w.open_table(WAITING)?.remove(id)?;
-                rec.state.stop = Some(StopReason::Cancelled);
-                rec.state.status = Status::Stopped;
-                rec.status = QueueStatus::Finished;
-                rec.updated_at_ms = d.now_ms;
-                save(&w, &rec)?; // stays in the held index until reconciled
-            }
-            QueueStatus::Queued | QueueStatus::Suspended => {
-                // A queued task's entry in the ready queue is dropped when it is next seen.
-                finish(&w, &mut rec, StopReason::Cancelled, d.now_ms)?;
-            }
+            rec.cancel_requested = Some(d.reason.clone().unwrap_or_default());
+            tx.save(&rec, was)?;
         }
-        event(&w, Some(id), "cancel", d, json!({"was": was.as_str()}))?;
-        w.commit()?;
-        Ok(was)
+        QueueStatus::Held => {
+            rec.state.cancelled_from = rec.state.stop;
+            // Stays in the held list until reconciled (see `is_held`).
+            finish(tx, &mut rec, StopReason::Cancelled, d.now_ms)?;
+        }
+        QueueStatus::Queued | QueueStatus::Suspended => {
+            // A queued task's entry in the ready queue is dropped when it is next seen.
+            finish(tx, &mut rec, StopReason::Cancelled, d.now_ms)?;
+        }
     }
+    tx.event(Some(id), "cancel", d, json!({"was": was.as_str()}))?;
+    Ok(Ok(was))
+}
 
-    /// Ends every suspended task whose approval wait ran out, with `approval_expired`.
-    pub fn expire_approvals(&self, now_ms: u64) -> Result<Vec<String>> {
-        let due: Vec<String> = {
-            let r = self.begin_read()?;
-            let waiting = r.open_table(WAITING)?;
-            let mut due = Vec::new();
-            for e in waiting.iter()? {
-                let (id, until) = e?;
-                if until.value() <= now_ms {
-                    due.push(id.value().to_string());
-                }
-            }
-            due
+/// Ends each of the suspended tasks `due` whose approval wait ran out (checked again here),
+/// with `approval_expired` and its audit event. Returns the ids ended.
+pub fn expire(tx: &mut dyn DecisionTx, due: &[String], now_ms: u64) -> Result<Vec<String>> {
+    let ns = tx.db_id().to_string();
+    let mut done = Vec::new();
+    for id in due {
+        let mut rec = tx.load(id)?;
+        if !approval_expired(&rec, now_ms) {
+            continue;
+        }
+        let detail = match &rec.state.pending {
+            Some(c) => call_json(&ns, &rec, c),
+            None => Value::Null,
         };
-        if due.is_empty() {
-            return Ok(due);
-        }
-        let w = self.begin_write()?;
-        let mut done = Vec::new();
-        for id in due {
-            let mut rec = load(&w, &id)?;
-            if !approval_expired(&rec, now_ms) {
-                continue;
-            }
-            let detail = match &rec.state.pending {
-                Some(c) => call_json(self.db_id(), &rec, c),
-                None => Value::Null,
-            };
-            finish(&w, &mut rec, StopReason::ApprovalExpired, now_ms)?;
-            event(&w, Some(&id), "expire", &system(now_ms), detail)?;
-            done.push(id);
-        }
-        w.commit()?;
-        Ok(done)
+        finish(tx, &mut rec, StopReason::ApprovalExpired, now_ms)?;
+        tx.event(Some(id), "expire", &system(now_ms), detail)?;
+        done.push(id.clone());
     }
-
-    pub fn events(&self, task: Option<&str>) -> Result<Vec<Event>> {
-        let r = self.begin_read()?;
-        let t = r.open_table(EVENTS)?;
-        let mut out = Vec::new();
-        for e in t.iter()? {
-            let (_, v) = e?;
-            let ev: Event = decode("event", v.value())?;
-            if task.is_none_or(|id| ev.task.as_deref() == Some(id)) {
-                out.push(ev);
-            }
-        }
-        Ok(out)
-    }
+    Ok(done)
 }
 
 fn system(now_ms: u64) -> Decision {

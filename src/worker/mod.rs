@@ -38,6 +38,10 @@ pub struct Config {
     /// How long the dispatcher waits when the queue is empty.
     pub poll_ms: u64,
     pub recover_every_ms: u64,
+    /// On a database shared by hosts: how long this daemon's heartbeat vouches for its
+    /// claims. A daemon silent for longer (killed, or cut off from the database) has its
+    /// claims taken over; fencing refuses whatever it commits afterwards.
+    pub heartbeat_ttl_ms: u64,
     /// Real time slept per simulated millisecond of model and tool latency (0: none). Lets
     /// scripted models take real time, e.g. for crash tests that kill a daemon mid-step.
     pub time_scale: f64,
@@ -51,6 +55,7 @@ impl Default for Config {
             lease_ms: 60_000,
             poll_ms: 50,
             recover_every_ms: 5_000,
+            heartbeat_ttl_ms: 30_000,
             time_scale: 0.0,
         }
     }
@@ -66,26 +71,34 @@ pub struct Stats {
     pub abandoned: AtomicU64,
 }
 
-/// This process as a lease owner.
+/// This process as a lease owner: host, pid and start time (which tell a dead process on
+/// this host from a live one), and a random instance id made at start, which keeps two
+/// processes apart even when hosts or containers share a name and pid numbers.
 #[derive(Clone, Debug)]
 pub struct Identity {
     pub host: String,
     pub pid: u32,
     pub start_ticks: u64,
+    pub instance: u64,
 }
 
 impl Identity {
     pub fn current() -> Identity {
+        static INSTANCE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
         let pid = std::process::id();
         Identity {
             host: hostname(),
             pid,
             start_ticks: start_ticks(pid).unwrap_or(0),
+            instance: *INSTANCE.get_or_init(crate::store::random_u64),
         }
     }
 
     pub fn owner(&self) -> String {
-        format!("{}:{}:{}", self.host, self.pid, self.start_ticks)
+        format!(
+            "{}:{}:{}:{:016x}",
+            self.host, self.pid, self.start_ticks, self.instance
+        )
     }
 
     pub fn lease(&self, now_ms: u64, lease_ms: u64) -> Lease {
@@ -230,6 +243,18 @@ pub fn run(
     let workers = cfg.workers.max(1);
     let me = Identity::current();
     let stats = Arc::new(Stats::default());
+    // A file on one host judges owners by their process; a shared database by heartbeats.
+    let never = |_: &Lease| false;
+    let is_dead: &dyn Fn(&Lease) -> bool = if store.local_owners() {
+        &owner_is_dead
+    } else {
+        &never
+    };
+    let beat = || {
+        let now = now_ms();
+        store.heartbeat(&me.owner(), now, now.saturating_add(cfg.heartbeat_ttl_ms))
+    };
+    beat()?;
     let expired = store.expire_approvals(now_ms())?;
     if !expired.is_empty() {
         tracing::info!(tasks = ?expired, "approval waits ran out");
@@ -244,7 +269,7 @@ pub fn run(
                 .lock()
                 .is_ok_and(|set| set.contains(&(id.to_string(), l.token)))
     };
-    let recovered = store.recover(now_ms(), &owner_is_dead, &is_live)?;
+    let recovered = store.recover(now_ms(), is_dead, &is_live)?;
     if !recovered.is_empty() {
         tracing::info!(count = recovered.len(), tasks = ?recovered, "recovered tasks whose lease expired or whose worker is gone");
     }
@@ -317,6 +342,16 @@ pub fn run(
     drop(task_rx);
     drop(done_tx);
 
+    // Wake-ups when a task becomes ready (PostgreSQL's NOTIFY); polling is then the fallback.
+    let wake = store.wakeups();
+    let poll = Duration::from_millis(if wake.is_some() {
+        cfg.poll_ms.max(1000)
+    } else {
+        cfg.poll_ms
+    });
+    let wake = wake.unwrap_or_else(crossbeam_channel::never);
+    let beat_every = Duration::from_millis((cfg.heartbeat_ttl_ms / 3).max(100));
+    let mut last_beat = std::time::Instant::now();
     let mut in_flight = 0usize;
     // In-process intervals run on the monotonic clock; the wall clock (`now_ms`) is only for
     // expiries that other processes compare.
@@ -329,9 +364,15 @@ pub fn run(
             in_flight -= 1;
         }
         let now = now_ms();
+        if last_beat.elapsed() >= beat_every {
+            last_beat = std::time::Instant::now();
+            if let Err(e) = beat() {
+                tracing::warn!(error = %e, "heartbeat failed");
+            }
+        }
         if last_recover.elapsed() >= Duration::from_millis(cfg.recover_every_ms) {
             last_recover = std::time::Instant::now();
-            match store.recover(now, &owner_is_dead, &is_live) {
+            match store.recover(now, is_dead, &is_live) {
                 Ok(ids) if !ids.is_empty() => {
                     tracing::info!(tasks = ?ids, "recovered expired leases")
                 }
@@ -350,6 +391,12 @@ pub fn run(
         let claimed = if free > 0 {
             match store.claim(&me.lease(now, cfg.lease_ms), free, now) {
                 Ok(c) => c,
+                Err(e @ Error::Unavailable(_)) => {
+                    // The database is away: keep what runs, and try again after a pause.
+                    tracing::warn!(error = %e, "cannot claim tasks; trying again");
+                    std::thread::sleep(poll);
+                    continue;
+                }
                 Err(e) => break Err(e),
             }
         } else {
@@ -369,18 +416,22 @@ pub fn run(
         if got == 0 {
             if cfg.drain && in_flight == 0 {
                 // Nothing of ours in flight and nothing queued: also take over dead workers' tasks.
-                match store.recover(now_ms(), &owner_is_dead, &is_live) {
-                    Ok(ids) if ids.is_empty() => match store.ready_count() {
-                        Ok(0) => break Ok(()),
-                        Ok(_) => continue,
-                        Err(e) => break Err(e),
-                    },
+                match store
+                    .recover(now_ms(), is_dead, &is_live)
+                    .and_then(|ids| Ok((ids.is_empty(), store.ready_count()?)))
+                {
+                    Ok((true, 0)) => break Ok(()),
                     Ok(_) => continue,
+                    Err(e @ Error::Unavailable(_)) => {
+                        tracing::warn!(error = %e, "cannot check for work; trying again");
+                    }
                     Err(e) => break Err(e),
                 }
             }
-            if let Ok(()) = done_rx.recv_timeout(Duration::from_millis(cfg.poll_ms)) {
-                in_flight -= 1;
+            crossbeam_channel::select! {
+                recv(done_rx) -> r => if r.is_ok() { in_flight -= 1 },
+                recv(wake) -> _ => {}
+                default(poll) => {}
             }
         }
     };
@@ -389,5 +440,8 @@ pub fn run(
         let _ = t.join();
     }
     let _ = committer.join();
+    if let Err(e) = store.sign_off(&me.owner()) {
+        tracing::warn!(error = %e, "could not remove this daemon's heartbeat");
+    }
     result.map(|()| stats)
 }

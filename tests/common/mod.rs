@@ -8,7 +8,30 @@ pub mod pg;
 
 pub struct TempDir(pub PathBuf);
 
+/// The backends a conformance test runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Redb,
+    Postgres,
+}
+
+/// The file in a test directory that names its database when it is not the default file.
+const DB_FILE: &str = ".worker-db";
+
 impl TempDir {
+    /// A test directory whose `worker` runs use `backend`: the default redb file in it, or a
+    /// schema of its own on the shared throwaway PostgreSQL cluster. `None` when PostgreSQL
+    /// is not installed outside CI (reported as skipped).
+    pub fn on(name: &str, backend: Backend) -> Option<TempDir> {
+        let dir = TempDir::new(name);
+        if backend == Backend::Postgres {
+            let pg = pg::shared()?;
+            let url = format!("{}?schema={}", pg.url(), pg::schema(name));
+            std::fs::write(dir.0.join(DB_FILE), url).expect("write the database URL");
+        }
+        Some(dir)
+    }
+
     pub fn new(name: &str) -> TempDir {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -37,16 +60,28 @@ pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_worker")
 }
 
-/// Runs `worker ARGS` in `dir` with its default database there.
-pub fn worker(dir: &Path, args: &[&str]) -> Output {
-    Command::new(bin())
-        .args(args)
-        .current_dir(dir)
+/// The database URL of a test directory made by [`TempDir::on`] for PostgreSQL.
+pub fn db_url(dir: &Path) -> Option<String> {
+    std::fs::read_to_string(dir.join(DB_FILE)).ok()
+}
+
+/// `worker` in `dir`, on its database: the default file there, or the directory's
+/// PostgreSQL schema (through `WORKER_DB`).
+pub fn command(dir: &Path) -> Command {
+    let mut c = Command::new(bin());
+    c.current_dir(dir)
         .env_remove("WORKER_DB")
         .env_remove("WORKER_STORE")
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run worker")
+        .env_remove("RUST_LOG");
+    if let Some(url) = db_url(dir) {
+        c.env("WORKER_DB", url);
+    }
+    c
+}
+
+/// Runs `worker ARGS` in `dir` on its database.
+pub fn worker(dir: &Path, args: &[&str]) -> Output {
+    command(dir).args(args).output().expect("run worker")
 }
 
 pub fn ok(dir: &Path, args: &[&str]) -> String {
@@ -245,4 +280,35 @@ pub fn stored_records(db: &Path) -> Vec<(String, Vec<u8>)> {
         }
     }
     out
+}
+
+/// Defines each test twice, once per backend: `NAME::redb` and `NAME::postgres`, with the
+/// same body run against a directory made by [`TempDir::on`].
+#[macro_export]
+macro_rules! conformance {
+    ($(#[doc = $doc:literal])* fn $name:ident($d:ident) $body:block $($rest:tt)*) => {
+        $(#[doc = $doc])*
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+            fn body($d: &std::path::Path) $body
+            #[test]
+            fn redb() {
+                let dir = $crate::common::TempDir::on(stringify!($name), $crate::common::Backend::Redb)
+                    .expect("a directory");
+                body(dir.path());
+            }
+            #[test]
+            fn postgres() {
+                let Some(dir) =
+                    $crate::common::TempDir::on(stringify!($name), $crate::common::Backend::Postgres)
+                else {
+                    return;
+                };
+                body(dir.path());
+            }
+        }
+        $crate::conformance! { $($rest)* }
+    };
+    () => {};
 }

@@ -239,3 +239,52 @@ impl Drop for PgCluster {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// One cluster for every test of a test binary, each test in a schema of its own. The
+/// process does not drop statics, so a watchdog stops the server and deletes its directory
+/// once the test process is gone (however it ended).
+pub fn shared() -> Option<&'static PgCluster> {
+    static SHARED: std::sync::OnceLock<Option<PgCluster>> = std::sync::OnceLock::new();
+    SHARED
+        .get_or_init(|| {
+            let c = PgCluster::start("shared")?;
+            let data = c.dir.join("data");
+            let stop = format!(
+                "{} {} -D {} -m immediate -w stop",
+                if c.as_postgres { "runuser -u postgres --" } else { "" },
+                c.bin.join("pg_ctl").display(),
+                data.display()
+            );
+            let script = format!(
+                "while kill -0 {pid} 2>/dev/null; do sleep 1; done; {stop} >/dev/null 2>&1; rm -rf {dir}",
+                pid = std::process::id(),
+                dir = c.dir.display()
+            );
+            let _ = Command::new("setsid")
+                .args(["sh", "-c", &script])
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn();
+            Some(c)
+        })
+        .as_ref()
+}
+
+/// A fresh schema name for one test.
+pub fn schema(name: &str) -> String {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let clean: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
+        .take(24)
+        .collect();
+    format!("t_{clean}_{n}")
+}

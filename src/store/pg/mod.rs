@@ -1,0 +1,556 @@
+//! The PostgreSQL backend: several daemons on several hosts share one queue in one database.
+//!
+//! Claims take ready tasks with `SELECT ... FOR UPDATE SKIP LOCKED` by priority and sequence;
+//! every commit's `UPDATE` carries the claim's fencing token in its `WHERE`; a step commit is
+//! one statement (the task row, its call record, reply and spans in data-modifying CTEs, which
+//! write only if the fenced `UPDATE` matched); an enqueue or a requeue sends `NOTIFY`, which an
+//! idle daemon `LISTEN`s for. Lease owners prove they are alive with heartbeats.
+//!
+//! A lost COMMIT acknowledgment is an unknown outcome, not a failure: every write transaction
+//! inserts a random commit marker, and after a connection drops during a commit the backend
+//! reconnects and looks the marker up before it answers, so a commit that landed is reported
+//! as landed and one that did not is run again. Files: `pool` (connections, timeouts,
+//! reconnection), `schema` (migrations), `rows` (a task as a row), `queue` (enqueue, claim,
+//! commits, recovery), `reads` (decisions, reads, notes, purge, check).
+
+mod pool;
+mod queue;
+mod reads;
+pub mod rows;
+pub mod schema;
+
+use crossbeam_channel::{Receiver, bounded};
+use postgres::Transaction;
+use postgres::fallible_iterator::FallibleIterator;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub use pool::{Conn, Pooled};
+use pool::{Pool, Settings, db_error, is_connection_error};
+
+use super::{Error, Result};
+
+/// A Tether database in PostgreSQL: the worker schema (`tether` unless the URL's `schema`
+/// parameter names another) and the document's store schema beside it (`<schema>_store`).
+pub struct PgStore {
+    pool: Pool,
+    schema: String,
+    store_schema: String,
+    db_id: String,
+    /// The NOTIFY channel of this schema's ready queue.
+    channel: String,
+    wake: Mutex<Option<Receiver<()>>>,
+    /// Tells the LISTEN thread to end when the store is dropped.
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for PgStore {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Whether `db` names a PostgreSQL database (`postgres://...` or `postgresql://...`).
+pub fn is_url(db: &str) -> bool {
+    db.starts_with("postgres://") || db.starts_with("postgresql://")
+}
+
+/// How long a daemon keeps reconnecting inside one operation before it reports the database
+/// unavailable (it then logs and tries again at its next turn); a CLI verb gives up sooner.
+pub const DAEMON_RETRY: Duration = Duration::from_secs(30);
+pub const CLI_RETRY: Duration = Duration::from_secs(5);
+
+/// The connection settings and schema of a URL: `schema=NAME` is Tether's own parameter;
+/// the rest is libpq's URL syntax. Connect and statement timeouts are set unless given.
+pub fn parse_url(url: &str, retry_for: Duration, max: usize) -> Result<(Settings, String)> {
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut schema = "tether".to_string();
+    let mut rest = Vec::new();
+    for part in query.split('&').filter(|p| !p.is_empty()) {
+        match part.split_once('=') {
+            Some(("schema", v)) => schema = v.to_string(),
+            _ => rest.push(part),
+        }
+    }
+    let valid = !schema.is_empty()
+        && schema.len() <= 40
+        && schema.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+        && schema
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if !valid {
+        return Err(Error::Invalid(format!(
+            "schema {schema:?} in the database URL: use lower-case letters, digits and '_' (at most 40)"
+        )));
+    }
+    let cleaned = if rest.is_empty() {
+        base.to_string()
+    } else {
+        format!("{base}?{}", rest.join("&"))
+    };
+    let mut config = postgres::Config::from_str(&cleaned)
+        .map_err(|e| Error::Invalid(format!("the database URL is not valid: {e}")))?;
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(Duration::from_secs(5));
+    }
+    if config.get_options().is_none() {
+        config.options("-c statement_timeout=30000 -c lock_timeout=10000");
+    }
+    if config.get_application_name().is_none() {
+        config.application_name("tether");
+    }
+    // A cut connection is noticed within seconds, whether a request is outstanding or idle.
+    config
+        .tcp_user_timeout(Duration::from_secs(10))
+        .keepalives(true)
+        .keepalives_idle(Duration::from_secs(5))
+        .keepalives_interval(Duration::from_secs(2))
+        .keepalives_retries(3);
+    let display = display_of(&config);
+    Ok((
+        Settings {
+            config,
+            display,
+            max: max.max(1),
+            retry_for,
+        },
+        schema,
+    ))
+}
+
+/// `user@host:port/db`, never the password.
+fn display_of(c: &postgres::Config) -> String {
+    let host = c
+        .get_hosts()
+        .first()
+        .map(|h| match h {
+            postgres::config::Host::Tcp(s) => s.clone(),
+            postgres::config::Host::Unix(p) => p.display().to_string(),
+        })
+        .unwrap_or_else(|| "localhost".into());
+    let port = c.get_ports().first().copied().unwrap_or(5432);
+    format!(
+        "{}@{host}:{port}/{}",
+        c.get_user().unwrap_or("?"),
+        c.get_dbname().unwrap_or("?")
+    )
+}
+
+impl PgStore {
+    /// Connects, and with `create` applies the migrations (under an advisory lock); without
+    /// it, a database without Tether's schema is an error. `connections` sizes the pool.
+    pub fn open(
+        url: &str,
+        create: bool,
+        connections: usize,
+        retry_for: Duration,
+    ) -> Result<PgStore> {
+        let (settings, schema) = parse_url(url, retry_for, connections)?;
+        let store_schema = format!("{schema}_store");
+        let pool = Pool::new(settings);
+        let db_id = {
+            let mut c = pool.get()?;
+            let found = schema::version(&mut c.client, &schema)?;
+            if found > schema::SCHEMA_VERSION {
+                return Err(Error::NewerVersion {
+                    what: format!("the PostgreSQL schema {schema}"),
+                    found: found as u64,
+                    supported: schema::SCHEMA_VERSION as u64,
+                });
+            }
+            if found == 0 && !create {
+                return Err(Error::Invalid(format!(
+                    "PostgreSQL at {} has no Tether schema {schema:?} yet; `worker migrate --db URL` (or `worker run`, or `worker enqueue`) creates it",
+                    pool.settings.display
+                )));
+            }
+            if create || found < schema::SCHEMA_VERSION {
+                schema::migrate(&mut c.client, &schema, &store_schema)?
+            } else {
+                c.client
+                    .query_one(
+                        &format!("SELECT value FROM {schema}.meta WHERE key = 'db_id'"),
+                        &[],
+                    )
+                    .map_err(db_error)?
+                    .get(0)
+            }
+        };
+        Ok(PgStore {
+            channel: format!("{schema}_ready"),
+            pool,
+            schema,
+            store_schema,
+            db_id,
+            wake: Mutex::new(None),
+            stop: Arc::default(),
+        })
+    }
+
+    pub fn db_id(&self) -> &str {
+        &self.db_id
+    }
+
+    /// Drops this database's schemas, the worker's and the store's, with everything in them.
+    pub fn drop_schemas(&self) -> Result<()> {
+        let sql = self.sql("DROP SCHEMA IF EXISTS {s} CASCADE; DROP SCHEMA IF EXISTS {t} CASCADE");
+        self.read(|c| c.client.batch_execute(&sql))
+    }
+
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    /// Where the server is (no password), for messages.
+    pub fn display(&self) -> &str {
+        &self.pool.settings.display
+    }
+
+    /// The SQL of a template (`{s}`: the worker schema, `{t}`: the store schema).
+    pub(crate) fn sql(&self, template: &str) -> String {
+        schema::sql(template, &self.schema, &self.store_schema)
+    }
+
+    pub(crate) fn conn(&self) -> Result<Pooled<'_>> {
+        self.pool.get()
+    }
+
+    /// Runs a read, reconnecting (with backoff) while the connection is lost.
+    pub(crate) fn read<T>(
+        &self,
+        mut f: impl FnMut(&mut Conn) -> std::result::Result<T, postgres::Error>,
+    ) -> Result<T> {
+        let started = Instant::now();
+        let mut attempt = 0;
+        loop {
+            let mut c = self.pool.get()?;
+            match f(&mut c) {
+                Ok(v) => return Ok(v),
+                Err(e) if is_connection_error(&e) => {
+                    c.broken = true;
+                    drop(c);
+                    attempt += 1;
+                    if !self.pool.backoff(started, attempt) {
+                        return Err(db_error(e));
+                    }
+                }
+                Err(e) => return Err(db_error(e)),
+            }
+        }
+    }
+
+    /// Runs `f` in one transaction and commits it with a marker, so that a lost COMMIT
+    /// acknowledgment is resolved by reading the marker back: landed, the result stands; not
+    /// landed, `f` runs again. A connection lost before COMMIT is retried the same way.
+    pub(crate) fn write<T>(
+        &self,
+        mut f: impl FnMut(&mut Transaction<'_>) -> Result<T>,
+    ) -> Result<T> {
+        let started = Instant::now();
+        let mut attempt = 0;
+        let marker_sql = self.sql("INSERT INTO {s}.commits (id, at_ms) VALUES ($1, $2)");
+        loop {
+            let marker = random_i64();
+            let mut c = self.pool.get()?;
+            let tried = self.attempt(&mut c, marker, &marker_sql, &mut f);
+            if !matches!(tried, Ok(Attempt::Done(_)) | Err(_)) {
+                c.broken = true;
+            }
+            drop(c);
+            match tried? {
+                Attempt::Done(v) => return Ok(v),
+                Attempt::Retry(e) => {
+                    tracing::warn!(server = %self.display(), error = %e, "the connection was lost before COMMIT; running the transaction again");
+                }
+                Attempt::Unknown(v, e) => {
+                    tracing::warn!(server = %self.display(), error = %e, "the connection was lost during COMMIT; reading back whether it landed");
+                    if self.landed(marker)? {
+                        tracing::info!("the commit had landed");
+                        return Ok(v);
+                    }
+                    tracing::info!("the commit had not landed; running it again");
+                }
+            }
+            attempt += 1;
+            if !self.pool.backoff(started, attempt) {
+                return Err(Error::Unavailable(format!(
+                    "PostgreSQL at {} stayed unreachable",
+                    self.display()
+                )));
+            }
+        }
+    }
+
+    /// One try of [`PgStore::write`] on connection `c`.
+    fn attempt<T>(
+        &self,
+        c: &mut Conn,
+        marker: i64,
+        marker_sql: &str,
+        f: &mut impl FnMut(&mut Transaction<'_>) -> Result<T>,
+    ) -> Result<Attempt<T>> {
+        let mut tx = match c.client.transaction() {
+            Ok(tx) => tx,
+            Err(e) if is_connection_error(&e) => return Ok(Attempt::Retry(e.to_string())),
+            Err(e) => return Err(db_error(e)),
+        };
+        let v = match f(&mut tx) {
+            Ok(v) => v,
+            Err(Error::Unavailable(m)) => return Ok(Attempt::Retry(m)),
+            Err(e) => return Err(e),
+        };
+        match tx.execute(marker_sql, &[&marker, &now_i64()]) {
+            Ok(_) => {}
+            Err(e) if is_connection_error(&e) => return Ok(Attempt::Retry(e.to_string())),
+            Err(e) => return Err(db_error(e)),
+        }
+        match tx.commit() {
+            Ok(()) => Ok(Attempt::Done(v)),
+            Err(e) if is_connection_error(&e) => Ok(Attempt::Unknown(v, e.to_string())),
+            Err(e) => Err(db_error(e)),
+        }
+    }
+
+    /// Whether the transaction that inserted commit marker `marker` landed.
+    pub(crate) fn landed(&self, marker: i64) -> Result<bool> {
+        let sql = self.sql("SELECT 1 FROM {s}.commits WHERE id = $1");
+        self.read(|c| Ok(!c.client.query(&sql, &[&marker])?.is_empty()))
+    }
+
+    /// Tells idle daemons that a task may be ready (delivered when the transaction commits).
+    pub(crate) fn notify(&self, tx: &mut Transaction<'_>) -> Result<()> {
+        tx.execute("SELECT pg_notify($1, '')", &[&self.channel])
+            .map_err(db_error)?;
+        Ok(())
+    }
+
+    /// The receiving end of the wake-ups: a thread with its own connection `LISTEN`s on the
+    /// ready channel and reconnects (with backoff, logged) when the connection is lost; after
+    /// a reconnection it sends a wake-up too, since notifications may have been missed.
+    fn listen(&self) -> Option<Receiver<()>> {
+        let mut guard = self.wake.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(rx) = guard.as_ref() {
+            return Some(rx.clone());
+        }
+        let (tx, rx) = bounded::<()>(1);
+        let settings = self.pool.settings.clone();
+        let channel = self.channel.clone();
+        let stop = Arc::clone(&self.stop);
+        let spawned = std::thread::Builder::new()
+            .name("pg-listen".into())
+            .spawn(move || {
+                let mut delay = Duration::from_millis(100);
+                loop {
+                    let session = settings
+                        .config
+                        .connect(postgres::NoTls)
+                        .and_then(|mut c| c.batch_execute(&format!("LISTEN {channel}")).map(|()| c));
+                    let mut c = match session {
+                        Ok(c) => c,
+                        Err(e) => {
+                            if stop.load(Ordering::Relaxed) {
+                                return;
+                            }
+                            tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "cannot LISTEN for ready tasks; polling meanwhile");
+                            std::thread::sleep(delay);
+                            delay = (delay * 2).min(Duration::from_secs(5));
+                            continue;
+                        }
+                    };
+                    delay = Duration::from_millis(100);
+                    let _ = tx.try_send(());
+                    loop {
+                        let next = c
+                            .notifications()
+                            .timeout_iter(Duration::from_secs(5))
+                            .next();
+                        match next {
+                            Ok(Some(_)) => {
+                                let _ = tx.try_send(());
+                            }
+                            Ok(None) => {
+                                if stop.load(Ordering::Relaxed) {
+                                    return;
+                                }
+                                // Quiet: a round trip proves the session is still there.
+                                if c.simple_query("SELECT 1").is_err() {
+                                    tracing::warn!("the LISTEN connection was lost; reconnecting");
+                                    break;
+                                }
+                            }
+                            Err(e) => {
+                                tracing::warn!(error = %e, "the LISTEN connection was lost; reconnecting");
+                                break;
+                            }
+                        }
+                    }
+                }
+            });
+        if spawned.is_err() {
+            return None;
+        }
+        *guard = Some(rx.clone());
+        Some(rx)
+    }
+}
+
+/// How one try of a write transaction ended.
+enum Attempt<T> {
+    Done(T),
+    /// The connection was lost before COMMIT was sent: nothing landed.
+    Retry(String),
+    /// The connection was lost during COMMIT: the result stands if the marker is found.
+    Unknown(T, String),
+}
+
+pub(crate) fn now_i64() -> i64 {
+    rows::i64_of(crate::worker::now_ms())
+}
+
+pub(crate) fn random_i64() -> i64 {
+    (super::random_u64() >> 1) as i64
+}
+
+impl super::Backend for PgStore {
+    fn db_id(&self) -> &str {
+        &self.db_id
+    }
+
+    fn describe(&self) -> String {
+        format!("PostgreSQL at {} (schema {})", self.display(), self.schema)
+    }
+
+    fn local_owners(&self) -> bool {
+        false
+    }
+
+    fn heartbeat(&self, owner: &str, now_ms: u64, until_ms: u64) -> Result<()> {
+        PgStore::heartbeat(self, owner, now_ms, until_ms)
+    }
+
+    fn sign_off(&self, owner: &str) -> Result<()> {
+        PgStore::sign_off(self, owner)
+    }
+
+    fn wakeups(&self) -> Option<Receiver<()>> {
+        self.listen()
+    }
+
+    fn enqueue(&self, tasks: &[super::NewTask], now_ms: u64) -> Result<Vec<super::Enqueued>> {
+        PgStore::enqueue(self, tasks, now_ms)
+    }
+
+    fn claim(
+        &self,
+        lease: &super::Lease,
+        max: usize,
+        now_ms: u64,
+    ) -> Result<Vec<super::TaskRecord>> {
+        PgStore::claim(self, lease, max, now_ms)
+    }
+
+    fn ready_count(&self) -> Result<u64> {
+        PgStore::ready_count(self)
+    }
+
+    fn recover(
+        &self,
+        now_ms: u64,
+        is_dead: &dyn Fn(&super::Lease) -> bool,
+        live: &dyn Fn(&str, &super::Lease) -> bool,
+    ) -> Result<Vec<String>> {
+        PgStore::recover(self, now_ms, is_dead, live)
+    }
+
+    fn commit_batch(
+        &self,
+        commits: &[&super::Commit],
+    ) -> std::result::Result<Vec<Option<super::CommitOutcome>>, String> {
+        PgStore::commit_batch(self, commits)
+    }
+
+    fn decide(
+        &self,
+        f: &mut dyn FnMut(&mut dyn super::ops::DecisionTx) -> Result<()>,
+    ) -> Result<()> {
+        PgStore::decide(self, f)
+    }
+
+    fn call(&self, key: &str) -> Result<Option<super::CallRecord>> {
+        PgStore::call(self, key)
+    }
+
+    fn reply(&self, task_id: &str, step: u32) -> Result<Option<crate::model::RecordedReply>> {
+        PgStore::reply(self, task_id, step)
+    }
+
+    fn task(&self, id: &str) -> Result<super::TaskRecord> {
+        PgStore::task(self, id)
+    }
+
+    fn tasks(&self) -> Result<Vec<super::TaskRecord>> {
+        PgStore::tasks(self)
+    }
+
+    fn damaged(&self) -> Result<Vec<(String, String)>> {
+        PgStore::damaged(self)
+    }
+
+    fn spans(&self, task_id: &str) -> Result<Vec<crate::kernel::Span>> {
+        PgStore::spans(self, task_id)
+    }
+
+    fn replies(&self, task_id: &str) -> Result<Vec<crate::model::RecordedReply>> {
+        PgStore::replies(self, task_id)
+    }
+
+    fn calls(&self, task_id: &str) -> Result<Vec<super::CallRecord>> {
+        PgStore::calls(self, task_id)
+    }
+
+    fn events(&self, task: Option<&str>) -> Result<Vec<super::ops::Event>> {
+        PgStore::events(self, task)
+    }
+
+    fn held_ids(&self) -> Result<Vec<String>> {
+        PgStore::held_ids(self)
+    }
+
+    fn due_approvals(&self, now_ms: u64) -> Result<Vec<String>> {
+        PgStore::due_approvals(self, now_ms)
+    }
+
+    fn add_note(
+        &self,
+        user: &str,
+        text: &str,
+        source: &str,
+        ttl_s: u64,
+        d: &super::ops::Decision,
+    ) -> Result<crate::kernel::memory::Note> {
+        PgStore::add_note(self, user, text, source, ttl_s, d)
+    }
+
+    fn notes(
+        &self,
+        user: Option<&str>,
+        now_ms: u64,
+        all: bool,
+    ) -> Result<Vec<crate::kernel::memory::Note>> {
+        PgStore::notes(self, user, now_ms, all)
+    }
+
+    fn forget(&self, user: &str, source: Option<&str>, d: &super::ops::Decision) -> Result<usize> {
+        PgStore::forget(self, user, source, d)
+    }
+
+    fn check(&self) -> Result<super::CheckReport> {
+        PgStore::check(self)
+    }
+
+    fn purge(&self, before_ms: u64, batch: usize, d: &super::ops::Decision) -> Result<Vec<String>> {
+        PgStore::purge(self, before_ms, batch, d)
+    }
+}

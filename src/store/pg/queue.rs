@@ -1,0 +1,627 @@
+//! The queue on PostgreSQL: enqueue, claims with `FOR UPDATE SKIP LOCKED`, step commits fenced
+//! in their `UPDATE`, recovery of expired leases and of owners whose heartbeat ran out.
+
+use postgres::types::{Json, ToSql};
+use postgres::{Row, Transaction};
+use serde_json::Value;
+use std::time::Instant;
+
+use super::pool::{db_error, is_connection_error};
+use super::rows::{TASK_COLUMNS, from_row, i64_of, lease_of, ms_col, spec_of};
+use super::{PgStore, random_i64};
+use crate::kernel::memory::Note;
+use crate::store::{
+    Commit, CommitKind, CommitOutcome, Enqueued, Error, Lease, NewTask, QueueStatus, Result,
+    TaskRecord, differs, new_record,
+};
+
+type Param<'a> = &'a (dyn ToSql + Sync);
+
+/// Takes up to `$1` ready tasks under the lease `$2`/`$3` (owner), expiring at `$4` (at the
+/// earliest `$5`, now) plus each task's remaining active time; `$6` marks the claim.
+const CLAIM_SQL: &str = "WITH c AS (SELECT id FROM {s}.tasks WHERE status = 'queued' \
+    ORDER BY priority DESC, ready_seq LIMIT $1::bigint FOR UPDATE SKIP LOCKED) \
+    UPDATE {s}.tasks t SET status = 'running', token = t.token + 1, lease = $2::jsonb, \
+    lease_owner = $3::text, \
+    lease_expires_ms = GREATEST($4::bigint, $5::bigint) + GREATEST(t.deadline_ms - t.elapsed_ms, 0), \
+    updated_at_ms = $5::bigint, claim_commit = $6::bigint, ready_seq = NULL \
+    FROM c WHERE t.id = c.id RETURNING ";
+
+/// The common part of a step commit: the fenced update (its `SET` per kind), then the commit
+/// marker, the call record, the reply and the spans, each written only if the update matched.
+const COMMIT_SQL: &str = "WITH u AS (UPDATE {s}.tasks SET {set} \
+        WHERE id = $1::text AND status = 'running' AND token = $2::bigint RETURNING cancel_requested), \
+    m AS (INSERT INTO {s}.commits (id, at_ms) SELECT $3::bigint, $4::bigint FROM u), \
+    c AS (INSERT INTO {s}.calls (key, task_id, step, tool, args, digest, intent_at_ms, result, result_at_ms) \
+        SELECT $5::text, $1, $6::int, $7::text, $8::json, $9::text, $10::bigint, $11::json, $12::bigint \
+        FROM u WHERE $5::text IS NOT NULL ON CONFLICT (key) DO UPDATE SET task_id = EXCLUDED.task_id, \
+        step = EXCLUDED.step, tool = EXCLUDED.tool, args = EXCLUDED.args, digest = EXCLUDED.digest, \
+        intent_at_ms = EXCLUDED.intent_at_ms, result = EXCLUDED.result, result_at_ms = EXCLUDED.result_at_ms), \
+    r AS (INSERT INTO {s}.replies (task_id, step, reply) SELECT $1, $13::int, $14::json FROM u \
+        WHERE $14::json IS NOT NULL ON CONFLICT (task_id, step) DO UPDATE SET reply = EXCLUDED.reply), \
+    sp AS (INSERT INTO {s}.spans (task_id, id, span) SELECT $1, (x->>'id')::int, x \
+        FROM u, json_array_elements($15::json) x ON CONFLICT (task_id, id) DO UPDATE SET span = EXCLUDED.span) \
+    SELECT cancel_requested FROM u";
+
+/// What a step writes into the task row (`$16..`): state, span counter, settlement, elapsed.
+const STEP_SET: &str = "state = $16::json, next_span_id = $17::int, \
+    settle = CASE WHEN $18::bool THEN NULL ELSE settle END, elapsed_ms = $19::bigint, updated_at_ms = $4::bigint";
+
+fn commit_sql(kind: CommitKind) -> String {
+    let set = match kind {
+        CommitKind::Intent => "token = token".to_string(),
+        CommitKind::Step => format!(
+            "{STEP_SET}, lease_expires_ms = $4::bigint + $20::bigint + GREATEST(deadline_ms - $19::bigint, 0)"
+        ),
+        CommitKind::Final(_) => format!(
+            "{STEP_SET}, status = $20::text, \
+             suspended_at_ms = CASE WHEN $21::bool THEN $4::bigint ELSE NULL END, \
+             wait_until_ms = CASE WHEN $21::bool THEN $4::bigint + LEAST(approval_wait_ms, {max}) ELSE NULL END, \
+             held_at_ms = CASE WHEN $22::bool THEN $4::bigint ELSE NULL END, \
+             lease = NULL, lease_owner = NULL, lease_expires_ms = NULL",
+            max = super::rows::MS_MAX
+        ),
+        CommitKind::Release => format!(
+            "{STEP_SET}, status = 'queued', ready_seq = nextval('{{s}}.ready_seq'), \
+             lease = NULL, lease_owner = NULL, lease_expires_ms = NULL"
+        ),
+    };
+    COMMIT_SQL.replace("{set}", &set)
+}
+
+/// The owned parameters of one commit.
+struct CommitParams {
+    marker: i64,
+    now: i64,
+    key: Option<String>,
+    step: Option<i32>,
+    tool: Option<String>,
+    args: Option<Json<Value>>,
+    digest: Option<String>,
+    intent_at: Option<i64>,
+    result: Option<Json<Value>>,
+    result_at: Option<i64>,
+    reply_step: Option<i32>,
+    reply: Option<Json<Value>>,
+    spans: Json<Value>,
+    state: Json<Value>,
+    next_span_id: i32,
+    clear_settle: bool,
+    elapsed: i64,
+    lease_ms: i64,
+    status: String,
+    suspends: bool,
+    holds: bool,
+    token: i64,
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> Result<Value> {
+    serde_json::to_value(v).map_err(|e| Error::Invalid(format!("cannot encode a commit: {e}")))
+}
+
+impl CommitParams {
+    fn of(c: &Commit, marker: i64) -> Result<CommitParams> {
+        let call = c.call.as_ref();
+        let stop = match c.kind {
+            CommitKind::Final(s) => Some(s),
+            _ => None,
+        };
+        Ok(CommitParams {
+            marker,
+            now: i64_of(c.now_ms),
+            key: call.map(|k| k.key.clone()),
+            step: call.map(|k| k.step as i32),
+            tool: call.map(|k| k.tool.clone()),
+            args: call.map(|k| Json(Value::Object(k.args.clone()))),
+            digest: call.map(|k| k.digest.clone()),
+            intent_at: call.map(|k| i64_of(k.intent_at_ms)),
+            result: call.and_then(|k| k.result.clone()).map(Json),
+            result_at: call.and_then(|k| k.result_at_ms).map(i64_of),
+            reply_step: c.reply.as_ref().map(|r| r.step as i32),
+            reply: match &c.reply {
+                Some(r) => Some(Json(to_json(r)?)),
+                None => None,
+            },
+            spans: Json(to_json(&c.spans)?),
+            state: Json(to_json(&c.state)?),
+            next_span_id: i32::try_from(c.next_span_id).unwrap_or(i32::MAX),
+            clear_settle: c.clear_settle,
+            elapsed: ms_col(c.state.elapsed_ms),
+            lease_ms: ms_col(c.lease_ms),
+            status: stop
+                .map_or("", |s| QueueStatus::after(s).as_str())
+                .to_string(),
+            suspends: stop == Some(crate::kernel::StopReason::NeedsApproval),
+            holds: stop == Some(crate::kernel::StopReason::UnknownOutcome),
+            token: i64_of(c.token),
+        })
+    }
+
+    fn params<'a>(&'a self, c: &'a Commit) -> Vec<Param<'a>> {
+        let mut p: Vec<Param<'a>> = vec![
+            &c.task_id,
+            &self.token,
+            &self.marker,
+            &self.now,
+            &self.key,
+            &self.step,
+            &self.tool,
+            &self.args,
+            &self.digest,
+            &self.intent_at,
+            &self.result,
+            &self.result_at,
+            &self.reply_step,
+            &self.reply,
+            &self.spans,
+        ];
+        match c.kind {
+            CommitKind::Intent => {}
+            CommitKind::Step => p.extend([
+                &self.state as Param,
+                &self.next_span_id,
+                &self.clear_settle,
+                &self.elapsed,
+                &self.lease_ms,
+            ]),
+            CommitKind::Final(_) => p.extend([
+                &self.state as Param,
+                &self.next_span_id,
+                &self.clear_settle,
+                &self.elapsed,
+                &self.status,
+                &self.suspends,
+                &self.holds,
+            ]),
+            CommitKind::Release => p.extend([
+                &self.state as Param,
+                &self.next_span_id,
+                &self.clear_settle,
+                &self.elapsed,
+            ]),
+        }
+        p
+    }
+}
+
+/// Rows of claimed tasks as records; a row that cannot be read is quarantined (status
+/// `damaged`, with why), never returned.
+fn decode_claimed(s: &PgStore, rows: &[Row], tx: &mut dyn FnMut(&str, &str)) -> Vec<TaskRecord> {
+    let mut out = Vec::new();
+    for r in rows {
+        match from_row(r) {
+            Ok(rec) => out.push(rec),
+            Err(e) => {
+                let id: String = r.get(0);
+                tracing::error!(task = %id, error = %e, db = %s.display(), "task record damaged; quarantined");
+                tx(&id, &e.to_string());
+            }
+        }
+    }
+    out
+}
+
+impl PgStore {
+    pub fn enqueue(&self, tasks: &[NewTask], now_ms: u64) -> Result<Vec<Enqueued>> {
+        let by_key = self.sql(&format!(
+            "SELECT {TASK_COLUMNS} FROM {{s}}.tasks WHERE enqueue_key = $1"
+        ));
+        let insert = self.sql(
+            "INSERT INTO {s}.tasks (id, num, status, priority, ready_seq, enqueue_key, user_id, \
+             approval_wait_ms, created_at_ms, updated_at_ms, budget, spec, state, deadline_ms) \
+             VALUES ($1, $2, 'queued', $3, nextval('{s}.ready_seq'), $4, $5, $6, $7, $7, $8, $9, $10, $11)",
+        );
+        let notes_sql =
+            self.sql("SELECT user_id, text, source, created_at_s, expires_at_s FROM {s}.notes");
+        let seq = self.sql("SELECT nextval('{s}.task_seq')");
+        // Two enqueuers racing on one key: the second's insert fails on the unique key, and
+        // its transaction runs again, finding the first's task.
+        let mut tries = 0;
+        loop {
+            let r = self.write(|tx| {
+                let notes: Vec<Note> = tx
+                    .query(&notes_sql, &[])
+                    .map_err(db_error)?
+                    .iter()
+                    .map(|r| Note {
+                        user: r.get(0),
+                        text: r.get(1),
+                        source: r.get(2),
+                        created_at_s: super::rows::u64_of(r.get(3)),
+                        expires_at_s: super::rows::u64_of(r.get(4)),
+                    })
+                    .collect();
+                let mut out = Vec::with_capacity(tasks.len());
+                for t in tasks {
+                    if let Some(k) = &t.key
+                        && let Some(row) = tx.query_opt(&by_key, &[k]).map_err(db_error)?
+                    {
+                        let rec = from_row(&row)?;
+                        if let Some(field) = differs(&rec, t) {
+                            return Err(Error::Conflict(format!(
+                                "enqueue key {k:?} was used for task {} with another {field}; a retry must repeat the same request (use a new key for a new task)",
+                                rec.id
+                            )));
+                        }
+                        out.push(Enqueued { id: rec.id, created: false });
+                        continue;
+                    }
+                    let num: i64 = tx.query_one(&seq, &[]).map_err(db_error)?.get(0);
+                    let id = format!("t{num}");
+                    let rec = new_record(&id, t, &notes, now_ms);
+                    tx.execute(
+                        &insert,
+                        &[
+                            &id,
+                            &num,
+                            &rec.priority,
+                            &rec.key,
+                            &rec.state.user_id,
+                            &i64_of(rec.approval_wait_ms),
+                            &i64_of(now_ms),
+                            &Json(to_json(&rec.budget)?),
+                            &Json(spec_of(&rec)?),
+                            &Json(to_json(&rec.state)?),
+                            &ms_col(rec.budget.deadline_ms),
+                        ],
+                    )
+                    .map_err(db_error)?;
+                    out.push(Enqueued { id, created: true });
+                }
+                self.notify(tx)?;
+                Ok(out)
+            });
+            match r {
+                Err(Error::Postgres(m)) if m.starts_with("23505") && tries < 3 => tries += 1,
+                r => return r,
+            }
+        }
+    }
+
+    pub fn claim(&self, lease: &Lease, max: usize, now_ms: u64) -> Result<Vec<TaskRecord>> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        let marker = random_i64();
+        let sql = self.sql(&format!("{CLAIM_SQL}{}", returning("t.")));
+        let lease_json = Json(lease_of(&Some(lease.clone())).unwrap_or(Value::Null));
+        let limit = i64::try_from(max).unwrap_or(i64::MAX);
+        let (expires, now) = (i64_of(lease.expires_at_ms), i64_of(now_ms));
+        let mut c = self.conn()?;
+        let rows = match c.prepared(&sql).and_then(|st| {
+            c.client.query(
+                &st,
+                &[&limit, &lease_json, &lease.owner, &expires, &now, &marker],
+            )
+        }) {
+            Ok(rows) => rows,
+            Err(e) if is_connection_error(&e) => {
+                // The claim may have landed: take what it claimed, found by its marker.
+                c.broken = true;
+                drop(c);
+                tracing::warn!(error = %e, "the connection was lost during a claim; reading back what it claimed");
+                let by_marker = self.sql(&format!(
+                    "SELECT {TASK_COLUMNS} FROM {{s}}.tasks WHERE claim_commit = $1 AND status = 'running'"
+                ));
+                self.read(|c| c.client.query(&by_marker, &[&marker]))?
+            }
+            Err(e) => return Err(db_error(e)),
+        };
+        let quarantine =
+            self.sql("UPDATE {s}.tasks SET status = 'damaged', damaged = $2 WHERE id = $1");
+        Ok(decode_claimed(self, &rows, &mut |id, why| {
+            let _ = self.read(|c| c.client.execute(&quarantine, &[&id, &why]));
+        }))
+    }
+
+    pub fn ready_count(&self) -> Result<u64> {
+        let sql = self.sql("SELECT count(*) FROM {s}.tasks WHERE status = 'queued'");
+        let n: i64 = self.read(|c| Ok(c.client.query_one(&sql, &[])?.get(0)))?;
+        Ok(super::rows::u64_of(n))
+    }
+
+    pub fn recover(
+        &self,
+        now_ms: u64,
+        is_dead: &dyn Fn(&Lease) -> bool,
+        live: &dyn Fn(&str, &Lease) -> bool,
+    ) -> Result<Vec<String>> {
+        let now = i64_of(now_ms);
+        let candidates = self.sql(&format!(
+            "SELECT {TASK_COLUMNS}, NOT EXISTS (SELECT 1 FROM {{s}}.workers w \
+             WHERE w.owner = t.lease_owner AND w.expires_at_ms > $1) FROM {{s}}.tasks t \
+             WHERE status = 'running'"
+        ));
+        let rows = self.read(|c| c.client.query(&candidates, &[&now]))?;
+        let mut take: Vec<(String, i64)> = Vec::new();
+        for r in &rows {
+            let id: String = r.get(0);
+            let token: i64 = r.get(4);
+            let owner_gone: bool = r.get(18);
+            let Ok(rec) = from_row(r) else {
+                take.push((id, token));
+                continue;
+            };
+            let Some(l) = rec.lease.as_ref() else {
+                take.push((id, token));
+                continue;
+            };
+            let over = l.expires_at_ms <= now_ms || owner_gone || is_dead(l);
+            if over && !live(&id, l) {
+                take.push((id, token));
+            }
+        }
+        let requeue = self.sql(
+            "UPDATE {s}.tasks SET status = 'queued', ready_seq = nextval('{s}.ready_seq'), \
+             lease = NULL, lease_owner = NULL, lease_expires_ms = NULL, updated_at_ms = $3 \
+             WHERE id = $1 AND status = 'running' AND token = $2",
+        );
+        let tidy_commits = self.sql("DELETE FROM {s}.commits WHERE at_ms < $1");
+        let tidy_workers = self.sql("DELETE FROM {s}.workers WHERE expires_at_ms < $1");
+        let hour_ago = now.saturating_sub(3_600_000);
+        let day_ago = now.saturating_sub(86_400_000);
+        if take.is_empty() {
+            let _ = self.read(|c| {
+                c.client.execute(&tidy_commits, &[&hour_ago])?;
+                c.client.execute(&tidy_workers, &[&day_ago])
+            });
+            return Ok(Vec::new());
+        }
+        self.write(|tx| {
+            let mut done = Vec::new();
+            for (id, token) in &take {
+                if tx.execute(&requeue, &[id, token, &now]).map_err(db_error)? == 1 {
+                    done.push(id.clone());
+                }
+            }
+            if !done.is_empty() {
+                self.notify(tx)?;
+            }
+            Ok(done)
+        })
+    }
+
+    pub fn heartbeat(&self, owner: &str, now_ms: u64, until_ms: u64) -> Result<()> {
+        let sql = self.sql(
+            "INSERT INTO {s}.workers (owner, beat_at_ms, expires_at_ms) VALUES ($1, $2, $3) \
+             ON CONFLICT (owner) DO UPDATE SET beat_at_ms = $2, expires_at_ms = $3",
+        );
+        let (now, until) = (i64_of(now_ms), i64_of(until_ms));
+        self.read(|c| c.client.execute(&sql, &[&owner, &now, &until]))?;
+        Ok(())
+    }
+
+    pub fn sign_off(&self, owner: &str) -> Result<()> {
+        let sql = self.sql("DELETE FROM {s}.workers WHERE owner = $1");
+        self.read(|c| c.client.execute(&sql, &[&owner]))?;
+        Ok(())
+    }
+
+    /// Applies `commits`: a single commit as one statement; several, or a final commit that
+    /// claims the next task, in one transaction. A lost acknowledgment is resolved by the
+    /// commit markers before answering.
+    pub fn commit_batch(
+        &self,
+        commits: &[&Commit],
+    ) -> std::result::Result<Vec<Option<CommitOutcome>>, String> {
+        let started = Instant::now();
+        let mut attempt = 0;
+        loop {
+            let params: Vec<CommitParams> = commits
+                .iter()
+                .map(|c| CommitParams::of(c, random_i64()))
+                .collect::<Result<_>>()
+                .map_err(|e| e.to_string())?;
+            let mut c = self.conn().map_err(|e| e.to_string())?;
+            let single = commits.len() == 1 && commits[0].claim_next.is_none();
+            let tried = if single {
+                self.commit_one(&mut c, commits[0], &params[0])
+                    .map(|o| vec![o])
+            } else {
+                self.commit_many(&mut c, commits, &params)
+            };
+            match tried {
+                Ok(out) => return Ok(out),
+                Err(Tried::Failed(e)) => return Err(e.to_string()),
+                Err(Tried::Lost(e, sent)) => {
+                    c.broken = true;
+                    drop(c);
+                    if sent {
+                        tracing::warn!(db = %self.display(), error = %e, "the connection was lost during a commit; reading back whether it landed");
+                        match self.read_back(commits, &params) {
+                            Ok(Some(out)) => {
+                                tracing::info!("the commit had landed");
+                                return Ok(out);
+                            }
+                            Ok(None) => {
+                                tracing::info!("the commit had not landed; committing again")
+                            }
+                            Err(e) => return Err(e.to_string()),
+                        }
+                    }
+                    attempt += 1;
+                    if !self.pool.backoff(started, attempt) {
+                        return Err(format!(
+                            "PostgreSQL at {} stayed unreachable: {e}",
+                            self.display()
+                        ));
+                    }
+                }
+            }
+        }
+    }
+
+    fn commit_one(
+        &self,
+        c: &mut super::Conn,
+        commit: &Commit,
+        p: &CommitParams,
+    ) -> std::result::Result<Option<CommitOutcome>, Tried> {
+        let sql = self.sql(&commit_sql(commit.kind));
+        let st = c.prepared(&sql).map_err(|e| Tried::of(e, false))?;
+        let rows = c
+            .client
+            .query(&st, &p.params(commit))
+            .map_err(|e| Tried::of(e, true))?;
+        if commit.kind == CommitKind::Release && !rows.is_empty() {
+            let _ = c
+                .client
+                .execute("SELECT pg_notify($1, '')", &[&self.channel]);
+        }
+        Ok(rows.first().map(|r| CommitOutcome {
+            cancel_requested: r.get(0),
+            next: None,
+        }))
+    }
+
+    fn commit_many(
+        &self,
+        c: &mut super::Conn,
+        commits: &[&Commit],
+        params: &[CommitParams],
+    ) -> std::result::Result<Vec<Option<CommitOutcome>>, Tried> {
+        let claim = self.sql(&format!("{CLAIM_SQL}{}", returning("t.")));
+        let mut statements = Vec::new();
+        for cm in commits {
+            statements.push(
+                c.prepared(&self.sql(&commit_sql(cm.kind)))
+                    .map_err(|e| Tried::of(e, false))?,
+            );
+        }
+        let claim_st = c.prepared(&claim).map_err(|e| Tried::of(e, false))?;
+        let mut tx = c.client.transaction().map_err(|e| Tried::of(e, false))?;
+        let mut out = Vec::with_capacity(commits.len());
+        let mut notify = false;
+        for ((cm, p), st) in commits.iter().zip(params).zip(&statements) {
+            let rows = tx
+                .query(st, &p.params(cm))
+                .map_err(|e| Tried::of(e, false))?;
+            let Some(r) = rows.first() else {
+                out.push(None);
+                continue;
+            };
+            notify |= cm.kind == CommitKind::Release;
+            let mut o = CommitOutcome {
+                cancel_requested: r.get(0),
+                next: None,
+            };
+            if let (CommitKind::Final(_), Some(lease)) = (cm.kind, &cm.claim_next) {
+                let lease_json = Json(lease_of(&Some(lease.clone())).unwrap_or(Value::Null));
+                let rows = tx
+                    .query(
+                        &claim_st,
+                        &[
+                            &1i64,
+                            &lease_json,
+                            &lease.owner,
+                            &i64_of(lease.expires_at_ms),
+                            &p.now,
+                            &p.marker,
+                        ],
+                    )
+                    .map_err(|e| Tried::of(e, false))?;
+                o.next = self.first_claimed(&mut tx, &rows)?;
+            }
+            out.push(Some(o));
+        }
+        if notify {
+            self.notify(&mut tx).map_err(Tried::Failed)?;
+        }
+        tx.commit().map_err(|e| Tried::of(e, true))?;
+        Ok(out)
+    }
+
+    fn first_claimed(
+        &self,
+        tx: &mut Transaction<'_>,
+        rows: &[Row],
+    ) -> std::result::Result<Option<TaskRecord>, Tried> {
+        let quarantine =
+            self.sql("UPDATE {s}.tasks SET status = 'damaged', damaged = $2 WHERE id = $1");
+        let mut failed = None;
+        let got = decode_claimed(self, rows, &mut |id, why| {
+            if let Err(e) = tx.execute(&quarantine, &[&id, &why]) {
+                failed = Some(e);
+            }
+        });
+        if let Some(e) = failed {
+            return Err(Tried::of(e, false));
+        }
+        Ok(got.into_iter().next())
+    }
+
+    /// After a lost acknowledgment: each commit landed if its marker is there (a refused one
+    /// never wrote a marker, and refusing it again gives the same answer). `None`: nothing of
+    /// the batch landed (when no commit's marker is found, it is simply committed again).
+    fn read_back(
+        &self,
+        commits: &[&Commit],
+        params: &[CommitParams],
+    ) -> Result<Option<Vec<Option<CommitOutcome>>>> {
+        let markers: Vec<i64> = params.iter().map(|p| p.marker).collect();
+        let found_sql = self.sql("SELECT id FROM {s}.commits WHERE id = ANY($1)");
+        let found: Vec<i64> = self.read(|c| {
+            Ok(c.client
+                .query(&found_sql, &[&markers])?
+                .iter()
+                .map(|r| r.get(0))
+                .collect())
+        })?;
+        if found.is_empty() {
+            return Ok(None);
+        }
+        let cancel_sql = self.sql("SELECT cancel_requested FROM {s}.tasks WHERE id = $1");
+        let next_sql = self.sql(&format!(
+            "SELECT {TASK_COLUMNS} FROM {{s}}.tasks WHERE claim_commit = $1 AND status = 'running'"
+        ));
+        let mut out = Vec::with_capacity(commits.len());
+        for (cm, p) in commits.iter().zip(params) {
+            if !found.contains(&p.marker) {
+                out.push(None);
+                continue;
+            }
+            let cancel: Option<String> = self.read(|c| {
+                Ok(c.client
+                    .query_opt(&cancel_sql, &[&cm.task_id])?
+                    .and_then(|r| r.get(0)))
+            })?;
+            let next = if cm.claim_next.is_some() {
+                let rows = self.read(|c| c.client.query(&next_sql, &[&p.marker]))?;
+                rows.first().map(from_row).transpose()?
+            } else {
+                None
+            };
+            out.push(Some(CommitOutcome {
+                cancel_requested: cancel,
+                next,
+            }));
+        }
+        Ok(Some(out))
+    }
+}
+
+/// How a commit attempt failed: the server answered (nothing landed), or the connection was
+/// lost, before the commit was sent (nothing landed) or after (unknown).
+enum Tried {
+    Failed(Error),
+    Lost(postgres::Error, bool),
+}
+
+impl Tried {
+    fn of(e: postgres::Error, sent: bool) -> Tried {
+        if is_connection_error(&e) {
+            Tried::Lost(e, sent)
+        } else {
+            Tried::Failed(db_error(e))
+        }
+    }
+}
+
+/// `RETURNING` the task columns, qualified with `prefix`.
+fn returning(prefix: &str) -> String {
+    TASK_COLUMNS
+        .split(", ")
+        .map(|c| format!("{prefix}{}", c.trim()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}

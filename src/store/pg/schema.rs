@@ -1,0 +1,199 @@
+//! The PostgreSQL schema and its versioned migrations, applied at start under an advisory lock
+//! (several daemons starting at once apply each migration once) and refused when the database
+//! was migrated by a newer Tether.
+//!
+//! Queue fields are typed columns that the claim, recovery and operator queries filter on;
+//! dynamic values are `jsonb` (budget, spec, lease, approval) or `json` where they hold text a
+//! model or a tool returned (state, spans, replies, call args and results, event details):
+//! `jsonb` cannot store the NUL character (`\u0000`) that such text may contain, `json` keeps
+//! it as written. `{s}` stands for the worker schema, `{t}` for the document's store schema.
+
+use postgres::Client;
+
+use super::pool::db_error;
+use crate::store::{Error, Result};
+
+/// Each migration, in order; migration `i` brings the schema to version `i + 1`.
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE {s}.meta (key text PRIMARY KEY, value text NOT NULL);
+CREATE SEQUENCE {s}.task_seq;
+CREATE SEQUENCE {s}.ready_seq;
+CREATE TABLE {s}.tasks (
+    id text PRIMARY KEY,
+    num bigint NOT NULL,
+    status text NOT NULL CHECK (status IN ('queued','running','suspended','held','finished','damaged')),
+    priority bigint NOT NULL,
+    ready_seq bigint,
+    enqueue_key text UNIQUE,
+    user_id text NOT NULL,
+    token bigint NOT NULL DEFAULT 0,
+    lease jsonb,
+    lease_owner text,
+    lease_expires_ms bigint,
+    wait_until_ms bigint,
+    held_at_ms bigint,
+    suspended_at_ms bigint,
+    approval_wait_ms bigint NOT NULL,
+    cancel_requested text,
+    created_at_ms bigint NOT NULL,
+    updated_at_ms bigint NOT NULL,
+    next_span_id integer NOT NULL DEFAULT 0,
+    deadline_ms bigint NOT NULL,
+    elapsed_ms bigint NOT NULL DEFAULT 0,
+    claim_commit bigint,
+    budget jsonb NOT NULL,
+    spec jsonb NOT NULL,
+    state json NOT NULL,
+    settle json,
+    approval jsonb,
+    damaged text
+);
+CREATE INDEX tasks_ready ON {s}.tasks (priority DESC, ready_seq) WHERE status = 'queued';
+CREATE INDEX tasks_running ON {s}.tasks (lease_expires_ms) WHERE status = 'running';
+CREATE INDEX tasks_waiting ON {s}.tasks (wait_until_ms) WHERE wait_until_ms IS NOT NULL;
+CREATE INDEX tasks_held ON {s}.tasks (num) WHERE held_at_ms IS NOT NULL;
+CREATE INDEX tasks_claim_commit ON {s}.tasks (claim_commit) WHERE claim_commit IS NOT NULL;
+CREATE TABLE {s}.calls (
+    key text PRIMARY KEY,
+    task_id text NOT NULL,
+    step integer NOT NULL,
+    tool text NOT NULL,
+    args json NOT NULL,
+    digest text NOT NULL,
+    intent_at_ms bigint NOT NULL,
+    result json,
+    result_at_ms bigint
+);
+CREATE INDEX calls_task ON {s}.calls (task_id);
+CREATE TABLE {s}.spans (task_id text NOT NULL, id integer NOT NULL, span json NOT NULL, PRIMARY KEY (task_id, id));
+CREATE TABLE {s}.replies (task_id text NOT NULL, step integer NOT NULL, reply json NOT NULL, PRIMARY KEY (task_id, step));
+CREATE TABLE {s}.events (
+    seq bigserial PRIMARY KEY,
+    at_ms bigint NOT NULL,
+    task_id text,
+    verb text NOT NULL,
+    by_name text NOT NULL,
+    reason text,
+    detail json NOT NULL
+);
+CREATE INDEX events_task ON {s}.events (task_id);
+CREATE TABLE {s}.notes (
+    seq bigserial PRIMARY KEY,
+    user_id text NOT NULL,
+    text text NOT NULL,
+    source text NOT NULL,
+    created_at_s bigint NOT NULL,
+    expires_at_s bigint NOT NULL
+);
+CREATE TABLE {s}.workers (
+    owner text PRIMARY KEY,
+    beat_at_ms bigint NOT NULL,
+    expires_at_ms bigint NOT NULL
+);
+CREATE TABLE {s}.commits (id bigint PRIMARY KEY, at_ms bigint NOT NULL);
+CREATE INDEX commits_at ON {s}.commits (at_ms);
+CREATE TABLE {t}.orders (id text PRIMARY KEY, body jsonb NOT NULL);
+CREATE TABLE {t}.ledger (seq bigserial PRIMARY KEY, scope text NOT NULL, effect jsonb NOT NULL, key text NOT NULL, user_id text NOT NULL);
+CREATE TABLE {t}.done (key text NOT NULL, tool text NOT NULL, digest text NOT NULL, result json NOT NULL, PRIMARY KEY (key, tool));
+CREATE TABLE {t}.arrivals (seq bigserial PRIMARY KEY, key text NOT NULL, tool text NOT NULL, digest text NOT NULL, outcome text NOT NULL);
+CREATE TABLE {t}.idempotency (key text PRIMARY KEY, digest text NOT NULL, response json NOT NULL);
+"#];
+
+/// The schema version this build writes and understands.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// The SQL of a template for the worker schema `s` and the store schema `t`.
+pub fn sql(template: &str, s: &str, t: &str) -> String {
+    template.replace("{s}", s).replace("{t}", t)
+}
+
+/// Brings the database to [`SCHEMA_VERSION`], under an advisory lock so that daemons starting
+/// together apply each migration once; refuses a database migrated by a newer Tether. Returns
+/// the database id (made at random on the first migration).
+pub fn migrate(c: &mut Client, s: &str, t: &str) -> Result<String> {
+    let lock_key = advisory_key(s);
+    let mut tx = c.transaction().map_err(db_error)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&lock_key])
+        .map_err(db_error)?;
+    tx.batch_execute(&sql(
+        "CREATE SCHEMA IF NOT EXISTS {s}; CREATE SCHEMA IF NOT EXISTS {t};
+         CREATE TABLE IF NOT EXISTS {s}.migrations (version bigint PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now());",
+        s,
+        t,
+    ))
+    .map_err(db_error)?;
+    let found: i64 = tx
+        .query_one(
+            &sql("SELECT coalesce(max(version), 0) FROM {s}.migrations", s, t),
+            &[],
+        )
+        .map_err(db_error)?
+        .get(0);
+    if found > SCHEMA_VERSION {
+        return Err(Error::NewerVersion {
+            what: format!("the PostgreSQL schema {s}"),
+            found: found as u64,
+            supported: SCHEMA_VERSION as u64,
+        });
+    }
+    for (i, m) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+        let version = i as i64 + 1;
+        tx.batch_execute(&sql(m, s, t)).map_err(db_error)?;
+        tx.execute(
+            &sql("INSERT INTO {s}.migrations (version) VALUES ($1)", s, t),
+            &[&version],
+        )
+        .map_err(db_error)?;
+        tracing::info!(schema = s, version, "applied a PostgreSQL migration");
+    }
+    let id = format!("{:012x}", crate::store::random_u64() & 0xffff_ffff_ffff);
+    tx.execute(
+        &sql(
+            "INSERT INTO {s}.meta (key, value) VALUES ('db_id', $1) ON CONFLICT (key) DO NOTHING",
+            s,
+            t,
+        ),
+        &[&id],
+    )
+    .map_err(db_error)?;
+    let db_id: String = tx
+        .query_one(
+            &sql("SELECT value FROM {s}.meta WHERE key = 'db_id'", s, t),
+            &[],
+        )
+        .map_err(db_error)?
+        .get(0);
+    tx.commit().map_err(db_error)?;
+    Ok(db_id)
+}
+
+/// The schema version of an existing database, without changing anything (0: none yet).
+pub fn version(c: &mut Client, s: &str) -> Result<i64> {
+    let exists: bool = c
+        .query_one(
+            "SELECT to_regclass($1) IS NOT NULL",
+            &[&format!("{s}.migrations")],
+        )
+        .map_err(db_error)?
+        .get(0);
+    if !exists {
+        return Ok(0);
+    }
+    Ok(c.query_one(
+        &sql(
+            "SELECT coalesce(max(version), 0) FROM {s}.migrations",
+            s,
+            "",
+        ),
+        &[],
+    )
+    .map_err(db_error)?
+    .get(0))
+}
+
+/// The advisory lock key of a schema's migrations.
+fn advisory_key(schema: &str) -> i64 {
+    use sha2::{Digest, Sha256};
+    let h = Sha256::digest(format!("tether-migrate:{schema}").as_bytes());
+    i64::from_be_bytes(h[..8].try_into().unwrap_or([0; 8]))
+}
