@@ -5,10 +5,19 @@
 mod common;
 use common::*;
 
-#[test]
-fn demo_prints_the_documents_table_through_the_durable_path() {
-    let dir = TempDir::new("demo");
-    assert_eq!(ok(dir.path(), &["demo"]), fixture("scenarios"));
+conformance! {
+    /// `worker demo` on a file, or through PostgreSQL in schemas of its own that it drops.
+    fn demo_prints_the_documents_table_through_the_durable_path(d) {
+        assert_eq!(ok(d, &["demo"]), fixture("scenarios"));
+        if let Some(url) = db_url(d) {
+            let out = std::process::Command::new("psql")
+                .args(["-X", "-A", "-t", "-d", url.split('?').next().unwrap_or(&url), "-c",
+                    "SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'demo_%'"])
+                .output()
+                .expect("psql");
+            assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "0", "the demo's schemas are dropped");
+        }
+    }
 }
 
 #[test]
@@ -40,111 +49,107 @@ fn enqueue_run_show_trace() {
     }
 }
 
-#[test]
-fn enqueue_with_the_same_key_creates_one_task() {
-    let dir = TempDir::new("key");
-    let d = dir.path();
-    let a = json(
-        d,
-        &[
-            "enqueue", "--user", "u", "--goal", "g", "--key", "job-1", "--json",
-        ],
-    );
-    let b = json(
-        d,
-        &[
-            "enqueue", "--user", "u", "--goal", "g", "--key", "job-1", "--json",
-        ],
-    );
-    assert_eq!(a[0]["id"], b[0]["id"]);
-    assert_eq!(a[0]["created"], true);
-    assert_eq!(b[0]["created"], false);
-    let list = json(d, &["list", "--json"]);
-    assert_eq!(list.as_array().map(Vec::len), Some(1));
+conformance! {
+    fn enqueue_with_the_same_key_creates_one_task(d) {
+        let a = json(
+            d,
+            &[
+                "enqueue", "--user", "u", "--goal", "g", "--key", "job-1", "--json",
+            ],
+        );
+        let b = json(
+            d,
+            &[
+                "enqueue", "--user", "u", "--goal", "g", "--key", "job-1", "--json",
+            ],
+        );
+        assert_eq!(a[0]["id"], b[0]["id"]);
+        assert_eq!(a[0]["created"], true);
+        assert_eq!(b[0]["created"], false);
+        let list = json(d, &["list", "--json"]);
+        assert_eq!(list.as_array().map(Vec::len), Some(1));
+    }
 }
 
-#[test]
-fn scenario_g_suspends_with_its_call_held_and_nothing_refunded() {
-    let dir = TempDir::new("g");
-    let d = dir.path();
-    enqueue(d, &["--model", "policy:ord_1004:8000"]);
-    ok(d, &["run", "--drain"]);
-    let show = json(d, &["show", "t1", "--json"]);
-    assert_eq!(show["status"], "suspended");
-    assert_eq!(show["stop"], "needs_approval");
-    assert_eq!(show["state"]["pending"]["name"], "issue_refund");
-    assert_eq!(show["state"]["pending"]["args"]["amount_cents"], 8000);
-    assert_eq!(show["tokens"], 393);
-    assert_eq!(
-        json(d, &["store", "ledger", "--json"]),
-        serde_json::json!([])
-    );
-    let listed = json(d, &["list", "--status", "suspended", "--json"]);
-    assert_eq!(listed.as_array().map(Vec::len), Some(1));
-    // A second drain does not run a suspended task again.
-    ok(d, &["run", "--drain"]);
-    assert_eq!(json(d, &["show", "t1", "--json"])["steps"], 3);
+conformance! {
+    fn scenario_g_suspends_with_its_call_held_and_nothing_refunded(d) {
+        enqueue(d, &["--model", "policy:ord_1004:8000"]);
+        ok(d, &["run", "--drain"]);
+        let show = json(d, &["show", "t1", "--json"]);
+        assert_eq!(show["status"], "suspended");
+        assert_eq!(show["stop"], "needs_approval");
+        assert_eq!(show["state"]["pending"]["name"], "issue_refund");
+        assert_eq!(show["state"]["pending"]["args"]["amount_cents"], 8000);
+        assert_eq!(show["tokens"], 393);
+        assert_eq!(
+            json(d, &["store", "ledger", "--json"]),
+            serde_json::json!([])
+        );
+        let listed = json(d, &["list", "--status", "suspended", "--json"]);
+        assert_eq!(listed.as_array().map(Vec::len), Some(1));
+        // A second drain does not run a suspended task again.
+        ok(d, &["run", "--drain"]);
+        assert_eq!(json(d, &["show", "t1", "--json"])["steps"], 3);
+    }
 }
 
-#[test]
-fn batch_enqueue_is_all_or_nothing_and_names_the_line() {
-    let dir = TempDir::new("batch");
-    let d = dir.path();
-    let good = r#"{"user": "cu_ana", "goal": "refund", "key": "a"}
-{"user": "cu_ana", "goal": "refund", "budget": {"steps_max": 3}, "model": "policy:ord_1004:8000", "priority": 5}
-"#;
-    std::fs::write(dir.file("good.jsonl"), good).expect("write");
-    let out = json(d, &["enqueue", "--file", "good.jsonl", "--json"]);
-    assert_eq!(out.as_array().map(Vec::len), Some(2));
-    let bad = "{\"user\": \"u\", \"goal\": \"g\"}\n{\"user\": \"u\", \"goal\": \"g\", \"budget\": {\"steps\": 3}}\n";
-    std::fs::write(dir.file("bad.jsonl"), bad).expect("write");
-    let (code, err) = fails(d, &["enqueue", "--file", "bad.jsonl"]);
-    assert_eq!(code, 2);
-    assert!(
-        err.contains("bad.jsonl:2") && err.contains("unknown budget \"steps\""),
-        "{err}"
-    );
-    let unknown_field = "{\"user\": \"u\", \"goal\": \"g\", \"colour\": 1}\n";
-    std::fs::write(dir.file("bad2.jsonl"), unknown_field).expect("write");
-    let (code, err) = fails(d, &["enqueue", "--file", "bad2.jsonl"]);
-    assert_eq!(code, 2);
-    assert!(err.contains("colour"), "{err}");
-    assert_eq!(
-        json(d, &["list", "--json"]).as_array().map(Vec::len),
-        Some(2),
-        "nothing of a bad batch lands"
-    );
-    // Priority 5 runs first.
-    let list = json(d, &["list", "--status", "queued", "--json"]);
-    assert_eq!(list[1]["priority"], 5);
+conformance! {
+    fn batch_enqueue_is_all_or_nothing_and_names_the_line(d) {
+        let good = r#"{"user": "cu_ana", "goal": "refund", "key": "a"}
+    {"user": "cu_ana", "goal": "refund", "budget": {"steps_max": 3}, "model": "policy:ord_1004:8000", "priority": 5}
+    "#;
+        std::fs::write(d.join("good.jsonl"), good).expect("write");
+        let out = json(d, &["enqueue", "--file", "good.jsonl", "--json"]);
+        assert_eq!(out.as_array().map(Vec::len), Some(2));
+        let bad = "{\"user\": \"u\", \"goal\": \"g\"}\n{\"user\": \"u\", \"goal\": \"g\", \"budget\": {\"steps\": 3}}\n";
+        std::fs::write(d.join("bad.jsonl"), bad).expect("write");
+        let (code, err) = fails(d, &["enqueue", "--file", "bad.jsonl"]);
+        assert_eq!(code, 2);
+        assert!(
+            err.contains("bad.jsonl:2") && err.contains("unknown budget \"steps\""),
+            "{err}"
+        );
+        let unknown_field = "{\"user\": \"u\", \"goal\": \"g\", \"colour\": 1}\n";
+        std::fs::write(d.join("bad2.jsonl"), unknown_field).expect("write");
+        let (code, err) = fails(d, &["enqueue", "--file", "bad2.jsonl"]);
+        assert_eq!(code, 2);
+        assert!(err.contains("colour"), "{err}");
+        assert_eq!(
+            json(d, &["list", "--json"]).as_array().map(Vec::len),
+            Some(2),
+            "nothing of a bad batch lands"
+        );
+        // Priority 5 runs first.
+        let list = json(d, &["list", "--status", "queued", "--json"]);
+        assert_eq!(list[1]["priority"], 5);
+    }
 }
 
-#[test]
-fn json_output_parses_for_every_read_verb() {
-    let dir = TempDir::new("json");
-    let d = dir.path();
-    enqueue(d, &["--model", "same_call"]);
-    ok(d, &["run", "--drain"]);
-    assert_eq!(json(d, &["list", "--json"])[0]["stop"], "repeated_call");
-    assert_eq!(
-        json(d, &["show", "t1", "--json"])["closing_message"]
-            .as_str()
-            .map(|s| s.contains("same call")),
-        Some(true)
-    );
-    assert_eq!(
-        json(d, &["trace", "t1", "--json"]).as_array().map(Vec::len),
-        Some(9)
-    );
-    assert_eq!(
-        json(d, &["postmortem", "t1", "--json"])["first_error"][1],
-        "not_found"
-    );
-    assert!(
-        json(d, &["store", "orders", "--json"])
-            .get("ord_1001")
-            .is_some()
-    );
+conformance! {
+    fn json_output_parses_for_every_read_verb(d) {
+        enqueue(d, &["--model", "same_call"]);
+        ok(d, &["run", "--drain"]);
+        assert_eq!(json(d, &["list", "--json"])[0]["stop"], "repeated_call");
+        assert_eq!(
+            json(d, &["show", "t1", "--json"])["closing_message"]
+                .as_str()
+                .map(|s| s.contains("same call")),
+            Some(true)
+        );
+        assert_eq!(
+            json(d, &["trace", "t1", "--json"]).as_array().map(Vec::len),
+            Some(9)
+        );
+        assert_eq!(
+            json(d, &["postmortem", "t1", "--json"])["first_error"][1],
+            "not_found"
+        );
+        assert!(
+            json(d, &["store", "orders", "--json"])
+                .get("ord_1001")
+                .is_some()
+        );
+    }
 }
 
 #[test]
@@ -233,40 +238,39 @@ fn bad_input_gets_exit_code_2_and_names_the_problem() {
     assert!(!dir.file("worker.redb").exists());
 }
 
-#[test]
-fn operational_errors_get_exit_code_1() {
-    let dir = TempDir::new("op");
-    let d = dir.path();
-    let (code, err) = fails(d, &["list"]);
-    assert_eq!(code, 1);
-    assert!(
-        err.contains("no database at") && err.contains("hint:"),
-        "{err}"
-    );
-    ok(d, &["enqueue", "--user", "u", "--goal", "g"]);
-    let (code, err) = fails(d, &["show", "t42"]);
-    assert_eq!(code, 1);
-    assert!(err.contains("no task \"t42\""), "{err}");
-    let (code, err) = fails(d, &["trace", "nope"]);
-    assert_eq!(code, 1, "{err}");
-    // A batch file that is not there is a wrong argument: a usage error (issue 9).
-    let (code, err) = fails(d, &["enqueue", "--file", "missing.jsonl"]);
-    assert_eq!(code, 2);
-    assert!(err.contains("missing.jsonl"), "{err}");
-    let (code, err) = fails(
-        d,
-        &[
-            "enqueue",
-            "--user",
-            "u",
-            "--goal",
-            "g",
-            "--model",
-            "script:none.jsonl",
-        ],
-    );
-    assert_eq!(code, 2);
-    assert!(err.contains("none.jsonl"), "{err}");
+conformance! {
+    fn operational_errors_get_exit_code_1(d) {
+        let (code, err) = fails(d, &["list"]);
+        assert_eq!(code, 1);
+        assert!(
+            err.contains("no database at") && err.contains("hint:"),
+            "{err}"
+        );
+        ok(d, &["enqueue", "--user", "u", "--goal", "g"]);
+        let (code, err) = fails(d, &["show", "t42"]);
+        assert_eq!(code, 1);
+        assert!(err.contains("no task \"t42\""), "{err}");
+        let (code, err) = fails(d, &["trace", "nope"]);
+        assert_eq!(code, 1, "{err}");
+        // A batch file that is not there is a wrong argument: a usage error (issue 9).
+        let (code, err) = fails(d, &["enqueue", "--file", "missing.jsonl"]);
+        assert_eq!(code, 2);
+        assert!(err.contains("missing.jsonl"), "{err}");
+        let (code, err) = fails(
+            d,
+            &[
+                "enqueue",
+                "--user",
+                "u",
+                "--goal",
+                "g",
+                "--model",
+                "script:none.jsonl",
+            ],
+        );
+        assert_eq!(code, 2);
+        assert!(err.contains("none.jsonl"), "{err}");
+    }
 }
 
 #[test]

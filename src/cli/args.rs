@@ -111,6 +111,12 @@ pub enum Command {
         after_help = "Example:\n  worker purge --finished-before 30d --by alice\n  worker purge --finished-before 12h --json\n\nDURATION is a whole number with a unit: s, m, h or d. A purged task's enqueue key\ncan be used again."
     )]
     Purge(PurgeArgs),
+    /// Create the database, or bring it to this release's schema (PostgreSQL: the versioned
+    /// migrations, under an advisory lock; `run` and `enqueue` do the same on their own).
+    #[command(
+        after_help = "Example:\n  worker migrate --db postgres://tether@db.internal/jobs\n  worker migrate --db postgres://tether@db.internal/jobs?schema=team_a"
+    )]
+    Migrate,
 }
 
 #[derive(Args, Debug)]

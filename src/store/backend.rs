@@ -66,6 +66,9 @@ pub trait Backend: Send + Sync {
     /// How many tasks wait in the ready queue.
     fn ready_count(&self) -> Result<u64>;
 
+    /// How many tasks some worker is running.
+    fn running_count(&self) -> Result<u64>;
+
     /// Puts back in the queue every running task whose lease expired or whose owner
     /// `is_dead` (or, on a shared backend, whose owner's heartbeat ran out), except the claims
     /// `live` names. Returns the ids recovered.

@@ -128,6 +128,11 @@ impl Backend for Store {
         Store::ready_count(self)
     }
 
+    fn running_count(&self) -> Result<u64> {
+        use redb::ReadableTableMetadata;
+        Ok(self.begin_read()?.open_table(RUNNING)?.len()?)
+    }
+
     fn recover(
         &self,
         now_ms: u64,

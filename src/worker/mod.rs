@@ -416,11 +416,22 @@ pub fn run(
         if got == 0 {
             if cfg.drain && in_flight == 0 {
                 // Nothing of ours in flight and nothing queued: also take over dead workers' tasks.
+                // On a shared database a running task of another daemon may be one whose
+                // daemon died: its heartbeat runs out and it is recovered, so a drain waits
+                // for the running tasks too. A file judges dead owners at once.
+                let waits = |store: &dyn Backend| -> Result<u64> {
+                    let ready = store.ready_count()?;
+                    if ready > 0 || store.local_owners() {
+                        return Ok(ready);
+                    }
+                    store.running_count()
+                };
                 match store
                     .recover(now_ms(), is_dead, &is_live)
-                    .and_then(|ids| Ok((ids.is_empty(), store.ready_count()?)))
+                    .and_then(|ids| Ok((ids.is_empty(), waits(store.as_ref())?)))
                 {
                     Ok((true, 0)) => break Ok(()),
+                    Ok((true, _)) => {}
                     Ok(_) => continue,
                     Err(e @ Error::Unavailable(_)) => {
                         tracing::warn!(error = %e, "cannot check for work; trying again");

@@ -161,10 +161,11 @@ impl PgStore {
                 });
             }
             if found == 0 && !create {
-                return Err(Error::Invalid(format!(
-                    "PostgreSQL at {} has no Tether schema {schema:?} yet; `worker migrate --db URL` (or `worker run`, or `worker enqueue`) creates it",
+                // As for a file that does not exist yet: `enqueue` or `run` creates it.
+                return Err(Error::Missing(std::path::PathBuf::from(format!(
+                    "postgres://{} (schema {schema})",
                     pool.settings.display
-                )));
+                ))));
             }
             if create || found < schema::SCHEMA_VERSION {
                 schema::migrate(&mut c.client, &schema, &store_schema)?
@@ -453,6 +454,12 @@ impl super::Backend for PgStore {
 
     fn ready_count(&self) -> Result<u64> {
         PgStore::ready_count(self)
+    }
+
+    fn running_count(&self) -> Result<u64> {
+        let sql = self.sql("SELECT count(*) FROM {s}.tasks WHERE status = 'running'");
+        let n: i64 = self.read(|c| Ok(c.client.query_one(&sql, &[])?.get(0)))?;
+        Ok(rows::u64_of(n))
     }
 
     fn recover(
