@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 pub mod pg;
+pub mod proxy;
 
 pub struct TempDir(pub PathBuf);
 
@@ -30,6 +31,13 @@ impl TempDir {
             std::fs::write(dir.0.join(DB_FILE), url).expect("write the database URL");
         }
         Some(dir)
+    }
+
+    /// A test directory whose `worker` runs use the database `url`.
+    pub fn with_db(name: &str, url: &str) -> TempDir {
+        let dir = TempDir::new(name);
+        std::fs::write(dir.0.join(DB_FILE), url).expect("write the database URL");
+        dir
     }
 
     pub fn new(name: &str) -> TempDir {
