@@ -1,0 +1,179 @@
+//! Benchmark of the PostgreSQL backend, all measured in one run against the same throwaway
+//! server (started here: `initdb` in a temporary directory, a free port, the test harness's
+//! settings, `fsync=off`, so the figures are round trips and server work, not a disk):
+//! - the raw rate of single-row `UPDATE` commits (autocommit, a prepared statement);
+//! - durable steps/s with one worker thread (one task at a time, read-only tasks: one commit
+//!   per step) and its ratio to the raw rate;
+//! - the same with 64 tasks in flight (64 threads, their commits grouped);
+//! - enqueue-to-start latency with an idle daemon, woken by `NOTIFY` (its poll fallback is
+//!   one second).
+//!
+//! Run with `cargo bench --bench postgres`. Figures are printed with their ratios.
+
+#[path = "../tests/common/pg.rs"]
+#[allow(dead_code)]
+mod pg;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use tether::kernel::Budget;
+use tether::model::ModelProfile;
+use tether::store::pg::PgStore;
+use tether::store::{Backend, NewTask, QueueStatus};
+use tether::tools::durable::DurableStore;
+use tether::worker::{self, Config};
+
+fn raw_commit_rate(url: &str, n: usize) -> f64 {
+    let mut c = postgres::Client::connect(url, postgres::NoTls).expect("connect");
+    c.batch_execute(
+        "DROP TABLE IF EXISTS bench_raw; CREATE TABLE bench_raw (id int PRIMARY KEY, v bigint NOT NULL);
+         INSERT INTO bench_raw VALUES (1, 0)",
+    )
+    .expect("table");
+    let st = c
+        .prepare("UPDATE bench_raw SET v = $1 WHERE id = 1")
+        .expect("prepare");
+    let t = Instant::now();
+    for i in 0..n as i64 {
+        c.execute(&st, &[&i]).expect("update");
+    }
+    n as f64 / t.elapsed().as_secs_f64()
+}
+
+fn tasks(model: &ModelProfile, n: usize) -> Vec<NewTask> {
+    (0..n)
+        .map(|i| NewTask {
+            user: "cu_ana".into(),
+            goal: "refund the damaged item on order ord_1001".into(),
+            key: None,
+            priority: 0,
+            budget: Budget::default(),
+            model: model.clone(),
+            tool_latency_ms: Default::default(),
+            store_scope: format!("b{i}"),
+            catalog: None,
+            approval_wait_ms: tether::store::DEFAULT_APPROVAL_WAIT_MS,
+        })
+        .collect()
+}
+
+/// Runs `n` tasks with `workers` threads until drained, in a schema of its own; returns
+/// (steps/s, commits per transaction).
+fn durable(base: &str, name: &str, model: &ModelProfile, n: usize, workers: usize) -> (f64, f64) {
+    let url = format!("{base}?schema={name}");
+    let store =
+        Arc::new(PgStore::open(&url, true, workers + 2, Duration::from_secs(10)).expect("db"));
+    let tools = Arc::new(DurableStore::open_target(&url).expect("store"));
+    store
+        .enqueue(&tasks(model, n), worker::now_ms())
+        .expect("enqueue");
+    let cfg = Config {
+        workers,
+        drain: true,
+        ..Config::default()
+    };
+    let t = Instant::now();
+    let stats =
+        worker::run(store.clone(), tools, &cfg, Arc::new(AtomicBool::new(false))).expect("run");
+    let secs = t.elapsed().as_secs_f64();
+    assert_eq!(
+        stats.tasks_ended.load(Ordering::Relaxed) as usize,
+        n,
+        "every task ran to its end"
+    );
+    let steps = stats.steps.load(Ordering::Relaxed) as f64;
+    let tx = stats.transactions.load(Ordering::Relaxed).max(1) as f64;
+    let commits = stats.commits.load(Ordering::Relaxed) as f64;
+    (steps / secs, commits / tx)
+}
+
+/// Enqueue-to-start latency with an idle daemon: each of `n` tasks is enqueued after a pause
+/// longer than nothing-to-do, and the time until a worker claimed it is measured.
+fn wake_latency(base: &str, n: usize) -> Vec<f64> {
+    let url = format!("{base}?schema=bench_wake");
+    let store = Arc::new(PgStore::open(&url, true, 4, Duration::from_secs(10)).expect("db"));
+    let tools = Arc::new(DurableStore::open_target(&url).expect("store"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let daemon = {
+        let (store, stop) = (store.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let cfg = Config {
+                workers: 1,
+                ..Config::default()
+            };
+            worker::run(store, tools, &cfg, stop).expect("daemon")
+        })
+    };
+    let reads = ModelProfile::NewIds { latency_ms: 1500 };
+    let mut out = Vec::new();
+    std::thread::sleep(Duration::from_millis(1500));
+    for _ in 0..n {
+        std::thread::sleep(Duration::from_millis(300));
+        let t = Instant::now();
+        let id = store
+            .enqueue(&tasks(&reads, 1), worker::now_ms())
+            .expect("enqueue")[0]
+            .id
+            .clone();
+        loop {
+            if store.task(&id).expect("task").status != QueueStatus::Queued {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "the task never started"
+            );
+        }
+        out.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    stop.store(true, Ordering::SeqCst);
+    daemon.join().expect("daemon thread");
+    out
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let cluster = pg::PgCluster::start("bench").expect("PostgreSQL is needed for this bench");
+    let base = cluster.url();
+    let reads = ModelProfile::NewIds { latency_ms: 1500 };
+    // Alternating rounds: the raw rate and the one-thread rate see the same load.
+    let (mut raws, mut ones, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..5 {
+        let raw = raw_commit_rate(&base, 2000);
+        let (one, _) = durable(&base, &format!("bench_one_{round}"), &reads, 60, 1);
+        raws.push(raw);
+        ones.push(one);
+        ratios.push(one / raw);
+    }
+    let (raw, one) = (median(raws), median(ones));
+    println!(
+        "raw single-row UPDATE commits (PostgreSQL, autocommit): {raw:.0} commits/s (median of 5 rounds)"
+    );
+    println!(
+        "1 thread,  read-only tasks : {one:.0} steps/s ({:.2}x the raw commit rate, median of 5 alternating rounds: {}; target 0.5x)",
+        median(ratios.clone()),
+        ratios
+            .iter()
+            .map(|r| format!("{r:.2}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let (many, per_tx) = durable(&base, "bench_many", &reads, 640, 64);
+    println!(
+        "64 in flight, read-only    : {many:.0} steps/s ({:.1}x one thread; target 5x; {per_tx:.1} commits per transaction)",
+        many / one
+    );
+    let lat = wake_latency(&base, 20);
+    let max = lat.iter().copied().fold(0.0, f64::max);
+    println!(
+        "enqueue to start, idle daemon: median {:.1} ms, max {max:.1} ms over {} tasks (woken by NOTIFY; target under 10 ms; the poll fallback is 1000 ms)",
+        median(lat.clone()),
+        lat.len()
+    );
+}
