@@ -23,182 +23,179 @@ fn signal(pid: u32, sig: &str) {
     assert!(st.success());
 }
 
-#[test]
-fn sigterm_and_sigint_commit_release_and_exit_zero() {
-    for sig in ["-TERM", "-INT"] {
-        let dir = TempDir::new("sigterm");
-        let d = dir.path();
-        enqueue_many(d, 12, "policy");
-        // Slow steps (1.5 s of model latency = 30 ms), so tasks are mid-run at the signal.
-        let child = Command::new(bin())
-            .args(["run", "--workers", "3", "--time-scale", "0.02"])
-            .current_dir(d)
-            .env_remove("WORKER_DB")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start daemon");
-        std::thread::sleep(Duration::from_millis(250));
-        signal(child.id(), sig);
-        let out = child.wait_with_output().expect("daemon exits");
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{sig}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let tasks = json(d, &["list", "--json"]);
-        let tasks = tasks.as_array().expect("array");
-        assert!(
-            tasks.iter().all(|t| t["status"] != "running"),
-            "{sig}: a lease was left behind: {tasks:?}"
-        );
-        assert!(
-            tasks.iter().any(|t| t["status"] == "queued"),
-            "{sig}: the signal came after all work was done"
-        );
-        // Released tasks continue from their committed state and finish with one effect each.
-        ok(d, &["run", "--drain"]);
-        let tasks = json(d, &["list", "--json"]);
-        assert!(
-            tasks
-                .as_array()
-                .expect("array")
-                .iter()
-                .all(|t| t["stop"] == "done"),
-            "{tasks}"
-        );
-        let ledger = json(d, &["store", "ledger", "--json"]);
-        assert_eq!(
-            ledger.as_array().map(Vec::len),
-            Some(24),
-            "one refund and one email per task"
-        );
-    }
-}
-
-#[test]
-fn two_daemons_never_run_the_same_task() {
-    let dir = TempDir::new("two");
-    let d = dir.path();
-    enqueue_many(d, 40, "policy");
-    let start = || {
-        Command::new(bin())
-            .args(["run", "--workers", "4", "--drain", "--time-scale", "0.002"])
-            .current_dir(d)
-            .env_remove("WORKER_DB")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start daemon")
-    };
-    let (mut a, mut b) = (start(), start());
-    assert!(a.wait().expect("a").success());
-    assert!(b.wait().expect("b").success());
-    let tasks = json(d, &["list", "--json"]);
-    for t in tasks.as_array().expect("array") {
-        assert_eq!(t["runs"], 1, "claimed more than once: {t}");
-        assert_eq!(t["stop"], "done", "{t}");
-    }
-    let ledger = json(d, &["store", "ledger", "--json"]);
-    assert_eq!(ledger.as_array().map(Vec::len), Some(80));
-}
-
-#[test]
-fn a_task_driven_by_a_jsonl_script() {
-    let dir = TempDir::new("script");
-    let d = dir.path();
-    let script = r#"{"type": "plan", "steps": [{"id": "s1", "tool": "get_order"}]}
-this line is not JSON
-{"type": "tool", "name": "get_order", "args": {"order_id": "ord_1001"}, "plan_step": "s1"}
-{"type": "final", "outcome": "completed", "text": "read it"}
-"#;
-    std::fs::write(dir.file("replies.jsonl"), script).expect("write");
-    ok(
-        d,
-        &[
-            "enqueue",
-            "--user",
-            "cu_ana",
-            "--goal",
-            "read my order",
-            "--model",
-            "script:replies.jsonl",
-        ],
-    );
-    ok(d, &["run", "--drain"]);
-    let show = json(d, &["show", "t1", "--json"]);
-    assert_eq!(show["stop"], "done");
-    assert_eq!(show["steps"], 4);
-    assert_eq!(show["state"]["answer"], "read it");
-    assert_eq!(show["state"]["facts"]["ord_1001.total_cents"], 4200);
-}
-
-/// Issue 8, defect 2: a daemon paused (SIGSTOP) past its lease while another daemon takes the
-/// task over. When it resumes, its commits carry a superseded fencing token and are refused:
-/// the task's committed state never goes back, and no write is sent twice.
-#[test]
-fn a_daemon_paused_past_its_lease_never_commits_again() {
-    let dir = TempDir::new("sigstop");
-    let d = dir.path();
-    // ~3 s of active time at 100 ms per model call; a 4 s deadline keeps the lease short
-    // (lease 1 s + the 4 s of active time left).
-    enqueue(
-        d,
-        &[
-            "--model",
-            "policy:ord_1001:3000:100",
-            "--budget",
-            "deadline_ms=4000",
-        ],
-    );
-    let a = Command::new(bin())
-        .args([
-            "run",
-            "--workers",
-            "1",
-            "--lease-ms",
-            "1000",
-            "--time-scale",
-            "1",
-        ])
-        .current_dir(d)
-        .env_remove("WORKER_DB")
-        .env_remove("WORKER_STORE")
-        .env("RUST_LOG", "info")
+/// A signal: the daemon commits the step in progress, releases its leases and exits 0.
+fn signal_releases(d: &std::path::Path, sig: &str) {
+    enqueue_many(d, 12, "policy");
+    // Slow steps (1.5 s of model latency = 30 ms), so tasks are mid-run at the signal.
+    let child = command(d)
+        .args(["run", "--workers", "3", "--time-scale", "0.02"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("daemon a");
-    let mut started = false;
-    for _ in 0..500 {
-        if json(d, &["show", "t1", "--json"])["steps"].as_u64() >= Some(1) {
-            started = true;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    assert!(started, "daemon a never started t1");
-    signal(a.id(), "-STOP");
-    let paused_at = json(d, &["show", "t1", "--json"]);
-    // Past the lease: 1 s + 4 s of active time, with room for a loaded machine.
-    std::thread::sleep(Duration::from_millis(6500));
-    ok(d, &["run", "--drain", "--workers", "1"]);
-    let after_b = json(d, &["show", "t1", "--json"]);
-    assert_eq!(after_b["runs"], 2, "daemon b took the task over: {after_b}");
-    assert!(after_b["steps"].as_u64() >= paused_at["steps"].as_u64());
-    signal(a.id(), "-CONT");
-    // Daemon a goes on with its stale copy until its next commit, which must be refused.
-    std::thread::sleep(Duration::from_millis(2500));
-    signal(a.id(), "-TERM");
-    let out = a.wait_with_output().expect("daemon a exits");
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert!(log.contains("claim superseded"), "{log}");
-    let finally = json(d, &["show", "t1", "--json"]);
+        .expect("start daemon");
+    std::thread::sleep(Duration::from_millis(250));
+    signal(child.id(), sig);
+    let out = child.wait_with_output().expect("daemon exits");
     assert_eq!(
-        finally["state"], after_b["state"],
-        "a stale commit was applied"
+        out.status.code(),
+        Some(0),
+        "{sig}: {}",
+        String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(finally["updated_at_ms"], after_b["updated_at_ms"]);
-    assert_sent_at_most_once(d, &[], 0);
+    let tasks = json(d, &["list", "--json"]);
+    let tasks = tasks.as_array().expect("array");
+    assert!(
+        tasks.iter().all(|t| t["status"] != "running"),
+        "{sig}: a lease was left behind: {tasks:?}"
+    );
+    assert!(
+        tasks.iter().any(|t| t["status"] == "queued"),
+        "{sig}: the signal came after all work was done"
+    );
+    // Released tasks continue from their committed state and finish with one effect each.
+    ok(d, &["run", "--drain"]);
+    let tasks = json(d, &["list", "--json"]);
+    assert!(
+        tasks
+            .as_array()
+            .expect("array")
+            .iter()
+            .all(|t| t["stop"] == "done"),
+        "{tasks}"
+    );
+    let ledger = json(d, &["store", "ledger", "--json"]);
+    assert_eq!(
+        ledger.as_array().map(Vec::len),
+        Some(24),
+        "one refund and one email per task"
+    );
+}
+
+conformance! {
+    fn sigterm_commits_releases_and_exits_zero(d) {
+        signal_releases(d, "-TERM");
+    }
+
+    fn sigint_commits_releases_and_exits_zero(d) {
+        signal_releases(d, "-INT");
+    }
+}
+
+conformance! {
+    fn two_daemons_never_run_the_same_task(d) {
+        enqueue_many(d, 40, "policy");
+        let start = || {
+            command(d)
+                .args(["run", "--workers", "4", "--drain", "--time-scale", "0.002"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start daemon")
+        };
+        let (mut a, mut b) = (start(), start());
+        assert!(a.wait().expect("a").success());
+        assert!(b.wait().expect("b").success());
+        let tasks = json(d, &["list", "--json"]);
+        for t in tasks.as_array().expect("array") {
+            assert_eq!(t["runs"], 1, "claimed more than once: {t}");
+            assert_eq!(t["stop"], "done", "{t}");
+        }
+        let ledger = json(d, &["store", "ledger", "--json"]);
+        assert_eq!(ledger.as_array().map(Vec::len), Some(80));
+    }
+}
+
+conformance! {
+    fn a_task_driven_by_a_jsonl_script(d) {
+        let script = r#"{"type": "plan", "steps": [{"id": "s1", "tool": "get_order"}]}
+    this line is not JSON
+    {"type": "tool", "name": "get_order", "args": {"order_id": "ord_1001"}, "plan_step": "s1"}
+    {"type": "final", "outcome": "completed", "text": "read it"}
+    "#;
+        std::fs::write(d.join("replies.jsonl"), script).expect("write");
+        ok(
+            d,
+            &[
+                "enqueue",
+                "--user",
+                "cu_ana",
+                "--goal",
+                "read my order",
+                "--model",
+                "script:replies.jsonl",
+            ],
+        );
+        ok(d, &["run", "--drain"]);
+        let show = json(d, &["show", "t1", "--json"]);
+        assert_eq!(show["stop"], "done");
+        assert_eq!(show["steps"], 4);
+        assert_eq!(show["state"]["answer"], "read it");
+        assert_eq!(show["state"]["facts"]["ord_1001.total_cents"], 4200);
+    }
+}
+
+conformance! {
+    /// Issue 8, defect 2: a daemon paused (SIGSTOP) past its lease while another daemon takes the
+    /// task over. When it resumes, its commits carry a superseded fencing token and are refused:
+    /// the task's committed state never goes back, and no write is sent twice.
+    fn a_daemon_paused_past_its_lease_never_commits_again(d) {
+        // ~3 s of active time at 100 ms per model call; a 4 s deadline keeps the lease short
+        // (lease 1 s + the 4 s of active time left).
+        enqueue(
+            d,
+            &[
+                "--model",
+                "policy:ord_1001:3000:100",
+                "--budget",
+                "deadline_ms=4000",
+            ],
+        );
+        let a = command(d)
+            .args([
+                "run",
+                "--workers",
+                "1",
+                "--lease-ms",
+                "1000",
+                "--time-scale",
+                "1",
+            ])
+            .env_remove("WORKER_STORE")
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("daemon a");
+        let mut started = false;
+        for _ in 0..500 {
+            if json(d, &["show", "t1", "--json"])["steps"].as_u64() >= Some(1) {
+                started = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(started, "daemon a never started t1");
+        signal(a.id(), "-STOP");
+        let paused_at = json(d, &["show", "t1", "--json"]);
+        // Past the lease: 1 s + 4 s of active time, with room for a loaded machine.
+        std::thread::sleep(Duration::from_millis(6500));
+        ok(d, &["run", "--drain", "--workers", "1"]);
+        let after_b = json(d, &["show", "t1", "--json"]);
+        assert_eq!(after_b["runs"], 2, "daemon b took the task over: {after_b}");
+        assert!(after_b["steps"].as_u64() >= paused_at["steps"].as_u64());
+        signal(a.id(), "-CONT");
+        // Daemon a goes on with its stale copy until its next commit, which must be refused.
+        std::thread::sleep(Duration::from_millis(2500));
+        signal(a.id(), "-TERM");
+        let out = a.wait_with_output().expect("daemon a exits");
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(log.contains("claim superseded"), "{log}");
+        let finally = json(d, &["show", "t1", "--json"]);
+        assert_eq!(
+            finally["state"], after_b["state"],
+            "a stale commit was applied"
+        );
+        assert_eq!(finally["updated_at_ms"], after_b["updated_at_ms"]);
+        assert_sent_at_most_once(d, &[], 0);
+    }
 }

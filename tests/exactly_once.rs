@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tether::kernel::Budget;
 use tether::model::ModelProfile;
-use tether::store::{Commit, CommitKind, Error, Lease, NewTask, Store};
+use tether::store::{Backend, Commit, CommitKind, Error, Lease, NewTask, Store};
 
 fn new_task(user: &str, goal: &str, key: Option<&str>) -> NewTask {
     NewTask {
@@ -70,94 +70,109 @@ fn step_commit(rec: &tether::store::TaskRecord, token: u64, steps: u32) -> Commi
     }
 }
 
-fn commit(store: &Store, c: &Commit) -> Result<(), Error> {
-    let w = store.begin_write()?;
-    Store::apply_commit(&w, c)?;
-    w.commit().map_err(|e| Error::Db(e.into()))?;
-    Ok(())
+/// One commit in its own transaction; a superseded claim is `LeaseLost`.
+fn commit(store: &dyn Backend, c: &Commit) -> Result<(), Error> {
+    match store.commit_batch(&[c]) {
+        Ok(mut v) => v
+            .pop()
+            .flatten()
+            .map(|_| ())
+            .ok_or_else(|| Error::LeaseLost(c.task_id.clone())),
+        Err(e) => Err(Error::Invalid(e)),
+    }
 }
 
-/// Defect 1: a reject wins, an approve comes after it and fails. Before, the approve had
-/// already written an approval into the tool store, and the model's identical re-proposal
-/// was applied. Now nothing outside the worker database knows of approvals.
-#[test]
-fn a_rejected_refund_is_never_applied() {
-    let dir = TempDir::new("reject-wins");
-    let d = dir.path();
-    suspended_g(d);
-    let digest = held_digest(d, "t1");
-    ok(d, &["reject", "t1", "--digest", &digest, "--reason", "no"]);
-    let (code, err) = fails(d, &["approve", "t1", "--digest", &digest]);
-    assert_eq!(code, 1, "{err}");
-    assert!(err.contains("not waiting for approval"), "{err}");
-    // The policy proposes the same refund again (same key, same digest, within repeat_max).
-    ok(d, &["run", "--drain"]);
-    assert!(ledger(d).is_empty(), "a rejected refund was applied");
-    let outcomes: Vec<Value> = arrivals(d).iter().map(|a| a["outcome"].clone()).collect();
-    assert!(!outcomes.is_empty());
-    assert!(
-        outcomes.iter().all(|o| o == "needs_approval"),
-        "{outcomes:?}"
-    );
+/// The test directory's database as a backend: a file in it, or its PostgreSQL schema.
+fn backend(d: &Path) -> Arc<dyn Backend> {
+    match db_url(d) {
+        Some(url) => Arc::new(
+            tether::store::pg::PgStore::open(&url, true, 4, std::time::Duration::from_secs(5))
+                .expect("open"),
+        ),
+        None => Arc::new(Store::open(&d.join("w.redb"), true).expect("open")),
+    }
 }
 
-/// Defect 2: the stale claim's commits were accepted because the lease named the process,
-/// not the claim. With fencing, the older token of the same owner is refused.
-#[test]
-fn a_superseded_claim_never_commits() {
-    let dir = TempDir::new("fencing");
-    let store = Store::open(&dir.file("w.redb"), true).expect("open");
-    store
-        .enqueue(&[new_task("cu_ana", "refund", None)], 0)
-        .expect("enqueue");
-    let first = store.claim(&lease("me", 0), 1, 0).expect("claim").remove(0);
-    let t1 = first.lease.as_ref().expect("lease").token;
-    commit(&store, &step_commit(&first, t1, 3)).expect("the live claim commits");
-    // The lease runs out; the same process recovers and claims the task again.
-    let far = 10_000_000;
-    let none_live = |_: &str, _: &Lease| false;
-    let recovered = store
-        .recover(far, &|_: &Lease| false, &none_live)
-        .expect("recover");
-    assert_eq!(recovered, ["t1"]);
-    let second = store
-        .claim(&lease("me", far), 1, far)
-        .expect("claim")
-        .remove(0);
-    let t2 = second.lease.as_ref().expect("lease").token;
-    assert!(t2 > t1, "fencing tokens grow: {t1} then {t2}");
-    // The stale copy tries to commit an older state: refused, nothing written.
-    let stale = commit(&store, &step_commit(&first, t1, 1));
-    assert!(matches!(stale, Err(Error::LeaseLost(_))), "{stale:?}");
-    assert_eq!(store.task("t1").expect("task").state.step, 3);
-    commit(&store, &step_commit(&second, t2, 4)).expect("the current claim commits");
-    assert_eq!(store.task("t1").expect("task").state.step, 4);
+conformance! {
+    /// Defect 1: a reject wins, an approve comes after it and fails. Before, the approve had
+    /// already written an approval into the tool store, and the model's identical re-proposal
+    /// was applied. Now nothing outside the worker database knows of approvals.
+    fn a_rejected_refund_is_never_applied(d) {
+        suspended_g(d);
+        let digest = held_digest(d, "t1");
+        ok(d, &["reject", "t1", "--digest", &digest, "--reason", "no"]);
+        let (code, err) = fails(d, &["approve", "t1", "--digest", &digest]);
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains("not waiting for approval"), "{err}");
+        // The policy proposes the same refund again (same key, same digest, within repeat_max).
+        ok(d, &["run", "--drain"]);
+        assert!(ledger(d).is_empty(), "a rejected refund was applied");
+        let outcomes: Vec<Value> = arrivals(d).iter().map(|a| a["outcome"].clone()).collect();
+        assert!(!outcomes.is_empty());
+        assert!(
+            outcomes.iter().all(|o| o == "needs_approval"),
+            "{outcomes:?}"
+        );
+    }
 }
 
-/// Defect 2, the daemon's side: its own recovery skipped nothing, so it requeued the tasks its
-/// own threads were running. A live claim is never recovered by its own process.
-#[test]
-fn a_process_never_recovers_its_own_live_claims() {
-    let dir = TempDir::new("own-claims");
-    let store = Store::open(&dir.file("w.redb"), true).expect("open");
-    store
-        .enqueue(
-            &[new_task("cu_ana", "a", None), new_task("cu_ana", "b", None)],
-            0,
-        )
-        .expect("enqueue");
-    let claimed = store.claim(&lease("me", 0), 2, 0).expect("claim");
-    let live_id = claimed[0].id.clone();
-    let live_token = claimed[0].lease.as_ref().expect("lease").token;
-    let live = |id: &str, l: &Lease| id == live_id && l.token == live_token;
-    let recovered = store
-        .recover(10_000_000, &|_: &Lease| false, &live)
-        .expect("recover");
-    assert_eq!(
-        recovered,
-        [claimed[1].id.clone()],
-        "only the claim nobody runs"
-    );
+conformance! {
+    /// Defect 2: the stale claim's commits were accepted because the lease named the process,
+    /// not the claim. With fencing, the older token of the same owner is refused.
+    fn a_superseded_claim_never_commits(d) {
+        let store = backend(d);
+        store
+            .enqueue(&[new_task("cu_ana", "refund", None)], 0)
+            .expect("enqueue");
+        let first = store.claim(&lease("me", 0), 1, 0).expect("claim").remove(0);
+        let t1 = first.lease.as_ref().expect("lease").token;
+        commit(store.as_ref(), &step_commit(&first, t1, 3)).expect("the live claim commits");
+        // The lease runs out; the same process recovers and claims the task again.
+        let far = 10_000_000;
+        let none_live = |_: &str, _: &Lease| false;
+        let recovered = store
+            .recover(far, &|_: &Lease| false, &none_live)
+            .expect("recover");
+        assert_eq!(recovered, ["t1"]);
+        let second = store
+            .claim(&lease("me", far), 1, far)
+            .expect("claim")
+            .remove(0);
+        let t2 = second.lease.as_ref().expect("lease").token;
+        assert!(t2 > t1, "fencing tokens grow: {t1} then {t2}");
+        // The stale copy tries to commit an older state: refused, nothing written.
+        let stale = commit(store.as_ref(), &step_commit(&first, t1, 1));
+        assert!(matches!(stale, Err(Error::LeaseLost(_))), "{stale:?}");
+        assert_eq!(store.task("t1").expect("task").state.step, 3);
+        commit(store.as_ref(), &step_commit(&second, t2, 4)).expect("the current claim commits");
+        assert_eq!(store.task("t1").expect("task").state.step, 4);
+    }
+}
+
+conformance! {
+    /// Defect 2, the daemon's side: its own recovery skipped nothing, so it requeued the tasks its
+    /// own threads were running. A live claim is never recovered by its own process.
+    fn a_process_never_recovers_its_own_live_claims(d) {
+        let store = backend(d);
+        store
+            .enqueue(
+                &[new_task("cu_ana", "a", None), new_task("cu_ana", "b", None)],
+                0,
+            )
+            .expect("enqueue");
+        let claimed = store.claim(&lease("me", 0), 2, 0).expect("claim");
+        let live_id = claimed[0].id.clone();
+        let live_token = claimed[0].lease.as_ref().expect("lease").token;
+        let live = |id: &str, l: &Lease| id == live_id && l.token == live_token;
+        let recovered = store
+            .recover(10_000_000, &|_: &Lease| false, &live)
+            .expect("recover");
+        assert_eq!(
+            recovered,
+            [claimed[1].id.clone()],
+            "only the claim nobody runs"
+        );
+    }
 }
 
 /// Scenario G approved, then its approved refund's intent committed by a claim whose process
@@ -225,63 +240,61 @@ fn a_resumed_held_call_in_flight_at_a_crash_is_not_sent_again() {
     );
 }
 
-/// Defect 6: decisions must name the call the operator reviewed.
-#[test]
-fn decisions_are_bound_to_the_reviewed_call() {
-    let dir = TempDir::new("bound");
-    let d = dir.path();
-    suspended_g(d);
-    let (code, err) = fails(d, &["approve", "t1"]);
-    assert_eq!(code, 2, "{err}");
-    assert!(err.contains("--digest or --key"), "{err}");
-    let (code, err) = fails(d, &["approve", "t1", "--key", "nope:t1:s2"]);
-    assert_eq!(code, 1, "{err}");
-    assert!(err.contains("does not match the held call"), "{err}");
-    let (code, err) = fails(d, &["reject", "t1", "--digest", "0000000000"]);
-    assert_eq!(code, 1, "{err}");
-    assert!(err.contains("does not match the held call"), "{err}");
-    assert_eq!(json(d, &["show", "t1", "--json"])["status"], "suspended");
-    let key = json(d, &["show", "t1", "--json"])["held"]["key"]
-        .as_str()
-        .expect("key")
-        .to_string();
-    ok(d, &["approve", "t1", "--key", &key]);
-    assert_eq!(
-        json(d, &["events", "t1", "--json"])[0]["detail"]["key"],
-        key
-    );
+conformance! {
+    /// Defect 6: decisions must name the call the operator reviewed.
+    fn decisions_are_bound_to_the_reviewed_call(d) {
+        suspended_g(d);
+        let (code, err) = fails(d, &["approve", "t1"]);
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains("--digest or --key"), "{err}");
+        let (code, err) = fails(d, &["approve", "t1", "--key", "nope:t1:s2"]);
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains("does not match the held call"), "{err}");
+        let (code, err) = fails(d, &["reject", "t1", "--digest", "0000000000"]);
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains("does not match the held call"), "{err}");
+        assert_eq!(json(d, &["show", "t1", "--json"])["status"], "suspended");
+        let key = json(d, &["show", "t1", "--json"])["held"]["key"]
+            .as_str()
+            .expect("key")
+            .to_string();
+        ok(d, &["approve", "t1", "--key", &key]);
+        assert_eq!(
+            json(d, &["events", "t1", "--json"])[0]["detail"]["key"],
+            key
+        );
+    }
 }
 
-/// Defect 7: the model chose the key. A write naming no plan step, a step that is not in the
-/// plan, or a step of another tool is an error of the reply, and nothing is sent.
-#[test]
-fn a_write_must_name_a_plan_step_of_its_tool() {
-    let dir = TempDir::new("keys-owned");
-    let d = dir.path();
-    let script = r#"{"type": "plan", "steps": [{"id": "s1", "tool": "get_order"}, {"id": "s2", "tool": "issue_refund", "depends_on": ["s1"]}]}
-{"type": "tool", "name": "issue_refund", "args": {"order_id": "ord_1001", "amount_cents": 100}}
-{"type": "tool", "name": "issue_refund", "args": {"order_id": "ord_1001", "amount_cents": 200}, "plan_step": "s9"}
-{"type": "tool", "name": "issue_refund", "args": {"order_id": "ord_1001", "amount_cents": 300}, "plan_step": "s1"}
-{"type": "tool", "name": "issue_refund", "args": {"order_id": "ord_1001", "amount_cents": 400}, "plan_step": "s2"}
-{"type": "final", "outcome": "cannot_complete", "text": "stop"}
-"#;
-    std::fs::write(dir.file("replies.jsonl"), script).expect("write");
-    let budget = ["--budget", "stalls_max=10"];
-    let mut args = vec!["--model", "script:replies.jsonl"];
-    args.extend_from_slice(&budget);
-    enqueue(d, &args);
-    ok(d, &["run", "--drain"]);
-    let t = json(d, &["show", "t1", "--json"]);
-    assert_eq!(t["tool_calls"], 1, "{t}");
-    let sent = arrivals(d);
-    assert_eq!(sent.len(), 1, "{sent:?}");
-    assert!(
-        sent[0]["key"]
-            .as_str()
-            .is_some_and(|k| k.ends_with(":t1:s2"))
-    );
-    let refunds = refund_amounts(&ledger(d));
-    assert_eq!(refunds, [400]);
+conformance! {
+    /// Defect 7: the model chose the key. A write naming no plan step, a step that is not in the
+    /// plan, or a step of another tool is an error of the reply, and nothing is sent.
+    fn a_write_must_name_a_plan_step_of_its_tool(d) {
+        let script = r#"{"type": "plan", "steps": [{"id": "s1", "tool": "get_order"}, {"id": "s2", "tool": "issue_refund", "depends_on": ["s1"]}]}
+    {"type": "tool", "name": "issue_refund", "args": {"order_id": "ord_1001", "amount_cents": 100}}
+    {"type": "tool", "name": "issue_refund", "args": {"order_id": "ord_1001", "amount_cents": 200}, "plan_step": "s9"}
+    {"type": "tool", "name": "issue_refund", "args": {"order_id": "ord_1001", "amount_cents": 300}, "plan_step": "s1"}
+    {"type": "tool", "name": "issue_refund", "args": {"order_id": "ord_1001", "amount_cents": 400}, "plan_step": "s2"}
+    {"type": "final", "outcome": "cannot_complete", "text": "stop"}
+    "#;
+        std::fs::write(d.join("replies.jsonl"), script).expect("write");
+        let budget = ["--budget", "stalls_max=10"];
+        let mut args = vec!["--model", "script:replies.jsonl"];
+        args.extend_from_slice(&budget);
+        enqueue(d, &args);
+        ok(d, &["run", "--drain"]);
+        let t = json(d, &["show", "t1", "--json"]);
+        assert_eq!(t["tool_calls"], 1, "{t}");
+        let sent = arrivals(d);
+        assert_eq!(sent.len(), 1, "{sent:?}");
+        assert!(
+            sent[0]["key"]
+                .as_str()
+                .is_some_and(|k| k.ends_with(":t1:s2"))
+        );
+        let refunds = refund_amounts(&ledger(d));
+        assert_eq!(refunds, [400]);
+    }
 }
 
 /// Defect 7, the service's side: a key reused with other arguments is a conflict, never the
@@ -363,81 +376,79 @@ fn two_databases_sharing_one_store_never_collide() {
     );
 }
 
-/// Defect 9: cancelling a held task made its write disappear from reconcile while the
-/// refund may have been applied.
-#[test]
-fn a_cancelled_held_write_stays_listed_until_settled() {
-    let dir = TempDir::new("cancel-held");
-    let d = dir.path();
-    enqueue(d, &["--tool-latency", "issue_refund=40000"]);
-    ok(d, &["run", "--drain"]);
-    assert_eq!(json(d, &["show", "t1", "--json"])["status"], "held");
-    ok(d, &["cancel", "t1", "--reason", "customer withdrew"]);
-    let t = json(d, &["show", "t1", "--json"]);
-    assert_eq!(t["stop"], "cancelled");
-    let closing = t["closing_message"].as_str().unwrap_or("");
-    assert!(
-        closing.contains("not known whether issue_refund") && !closing.contains("was not issued"),
-        "{closing}"
-    );
-    let held = json(d, &["reconcile", "--json"]);
-    assert_eq!(held.as_array().map(Vec::len), Some(1), "{held}");
-    assert_eq!(held[0]["task"], "t1");
-    // The refund did apply (the store applies a write whose answer came too late).
-    assert_eq!(ledger(d).len(), 1);
-    ok(
-        d,
-        &[
-            "reconcile",
-            "t1",
-            "--applied",
-            "--result",
-            r#"{"status": "ok", "refunded_cents": 3000}"#,
-        ],
-    );
-    assert_eq!(json(d, &["reconcile", "--json"]), serde_json::json!([]));
-    let t = json(d, &["show", "t1", "--json"]);
-    assert_eq!(t["stop"], "cancelled");
-    assert_eq!(t["status"], "finished");
-    let closing = t["closing_message"].as_str().unwrap_or("");
-    assert!(closing.contains("the refund was issued"), "{closing}");
-    ok(d, &["run", "--drain"]);
-    assert_eq!(
-        ledger(d).len(),
-        1,
-        "a settled cancelled task never runs again"
-    );
+conformance! {
+    /// Defect 9: cancelling a held task made its write disappear from reconcile while the
+    /// refund may have been applied.
+    fn a_cancelled_held_write_stays_listed_until_settled(d) {
+        enqueue(d, &["--tool-latency", "issue_refund=40000"]);
+        ok(d, &["run", "--drain"]);
+        assert_eq!(json(d, &["show", "t1", "--json"])["status"], "held");
+        ok(d, &["cancel", "t1", "--reason", "customer withdrew"]);
+        let t = json(d, &["show", "t1", "--json"]);
+        assert_eq!(t["stop"], "cancelled");
+        let closing = t["closing_message"].as_str().unwrap_or("");
+        assert!(
+            closing.contains("not known whether issue_refund") && !closing.contains("was not issued"),
+            "{closing}"
+        );
+        let held = json(d, &["reconcile", "--json"]);
+        assert_eq!(held.as_array().map(Vec::len), Some(1), "{held}");
+        assert_eq!(held[0]["task"], "t1");
+        // The refund did apply (the store applies a write whose answer came too late).
+        assert_eq!(ledger(d).len(), 1);
+        ok(
+            d,
+            &[
+                "reconcile",
+                "t1",
+                "--applied",
+                "--result",
+                r#"{"status": "ok", "refunded_cents": 3000}"#,
+            ],
+        );
+        assert_eq!(json(d, &["reconcile", "--json"]), serde_json::json!([]));
+        let t = json(d, &["show", "t1", "--json"]);
+        assert_eq!(t["stop"], "cancelled");
+        assert_eq!(t["status"], "finished");
+        let closing = t["closing_message"].as_str().unwrap_or("");
+        assert!(closing.contains("the refund was issued"), "{closing}");
+        ok(d, &["run", "--drain"]);
+        assert_eq!(
+            ledger(d).len(),
+            1,
+            "a settled cancelled task never runs again"
+        );
+    }
 }
 
-/// Defect 14: the same enqueue key with another request was answered with the old task.
-#[test]
-fn an_enqueue_key_reused_for_another_request_is_refused() {
-    let dir = TempDir::new("key-reuse");
-    let d = dir.path();
-    enqueue(d, &["--key", "job-1"]);
-    assert!(enqueue(d, &["--key", "job-1"]).contains("t1"), "a retry");
-    let (code, err) = fails(
-        d,
-        &[
-            "enqueue", "--user", "cu_bo", "--goal", GOAL, "--key", "job-1",
-        ],
-    );
-    assert_eq!(code, 1, "{err}");
-    assert!(
-        err.contains("job-1") && err.contains("another user"),
-        "{err}"
-    );
-    let (_, err) = fails(
-        d,
-        &[
-            "enqueue", "--user", "cu_ana", "--goal", "other", "--key", "job-1",
-        ],
-    );
-    assert!(err.contains("another goal"), "{err}");
-    assert_eq!(
-        json(d, &["list", "--json"]).as_array().map(Vec::len),
-        Some(1)
-    );
+conformance! {
+    /// Defect 14: the same enqueue key with another request was answered with the old task.
+    fn an_enqueue_key_reused_for_another_request_is_refused(d) {
+        enqueue(d, &["--key", "job-1"]);
+        assert!(enqueue(d, &["--key", "job-1"]).contains("t1"), "a retry");
+        let (code, err) = fails(
+            d,
+            &[
+                "enqueue", "--user", "cu_bo", "--goal", GOAL, "--key", "job-1",
+            ],
+        );
+        assert_eq!(code, 1, "{err}");
+        assert!(
+            err.contains("job-1") && err.contains("another user"),
+            "{err}"
+        );
+        let (_, err) = fails(
+            d,
+            &[
+                "enqueue", "--user", "cu_ana", "--goal", "other", "--key", "job-1",
+            ],
+        );
+        assert!(err.contains("another goal"), "{err}");
+        assert_eq!(
+            json(d, &["list", "--json"]).as_array().map(Vec::len),
+            Some(1)
+        );
+    }
 }
 
 /// Defect 11: one undecodable task record stopped `claim` and `recover` for every task and
@@ -511,94 +522,86 @@ fn readers_do_not_wait_for_a_writer() {
     assert_eq!(v[0]["id"], "t1");
 }
 
-/// Defect 1 under the race that produced it: an approve and a reject of the same call start
-/// together, for many tasks. Whatever wins, a refund is applied exactly when the audit log
-/// holds the approval: never an effect without its audit event.
-#[test]
-fn racing_approve_and_reject_never_apply_without_an_approval_event() {
-    let dir = TempDir::new("race-approve");
-    let d = dir.path();
-    let n = 12;
-    let lines: Vec<String> = (0..n)
-        .map(|i| format!(r#"{{"user": "cu_ana", "goal": "{GOAL}", "model": "policy:ord_1004:8000", "store_scope": "r{i}"}}"#))
-        .collect();
-    std::fs::write(dir.file("tasks.jsonl"), lines.join("\n")).expect("write");
-    ok(d, &["enqueue", "--file", "tasks.jsonl"]);
-    ok(d, &["run", "--drain"]);
-    let mut procs = Vec::new();
-    for i in 1..=n {
-        let id = format!("t{i}");
-        let digest = held_digest(d, &id);
-        for verb in ["reject", "approve"] {
-            procs.push(
-                std::process::Command::new(bin())
-                    .args([verb, &id, "--digest", &digest, "--by", verb])
-                    .current_dir(d)
-                    .env_remove("WORKER_DB")
-                    .env_remove("WORKER_STORE")
-                    .stdout(std::process::Stdio::null())
-                    .stderr(std::process::Stdio::null())
-                    .spawn()
-                    .expect("spawn"),
+conformance! {
+    /// Defect 1 under the race that produced it: an approve and a reject of the same call start
+    /// together, for many tasks. Whatever wins, a refund is applied exactly when the audit log
+    /// holds the approval: never an effect without its audit event.
+    fn racing_approve_and_reject_never_apply_without_an_approval_event(d) {
+        let n = 12;
+        let lines: Vec<String> = (0..n)
+            .map(|i| format!(r#"{{"user": "cu_ana", "goal": "{GOAL}", "model": "policy:ord_1004:8000", "store_scope": "r{i}"}}"#))
+            .collect();
+        std::fs::write(d.join("tasks.jsonl"), lines.join("\n")).expect("write");
+        ok(d, &["enqueue", "--file", "tasks.jsonl"]);
+        ok(d, &["run", "--drain"]);
+        let mut procs = Vec::new();
+        for i in 1..=n {
+            let id = format!("t{i}");
+            let digest = held_digest(d, &id);
+            for verb in ["reject", "approve"] {
+                procs.push(
+                    command(d)
+                        .args([verb, &id, "--digest", &digest, "--by", verb])
+                        .stdout(std::process::Stdio::null())
+                        .stderr(std::process::Stdio::null())
+                        .spawn()
+                        .expect("spawn"),
+                );
+            }
+        }
+        for mut p in procs {
+            p.wait().expect("wait");
+        }
+        ok(d, &["run", "--drain"]);
+        let ledger = ledger(d);
+        for i in 1..=n {
+            let id = format!("t{i}");
+            let approved = json(d, &["events", &id, "--json"])
+                .as_array()
+                .expect("events")
+                .iter()
+                .any(|e| e["verb"] == "approve");
+            let refunded = ledger
+                .iter()
+                .filter(|e| e["scope"] == format!("r{}", i - 1) && e["effect"]["kind"] == "refund")
+                .count();
+            assert_eq!(
+                refunded,
+                usize::from(approved),
+                "task {id}: {refunded} refund(s), approval event: {approved}"
             );
         }
     }
-    for mut p in procs {
-        p.wait().expect("wait");
-    }
-    ok(d, &["run", "--drain"]);
-    let ledger = ledger(d);
-    for i in 1..=n {
-        let id = format!("t{i}");
-        let approved = json(d, &["events", &id, "--json"])
-            .as_array()
-            .expect("events")
-            .iter()
-            .any(|e| e["verb"] == "approve");
-        let refunded = ledger
-            .iter()
-            .filter(|e| e["scope"] == format!("r{}", i - 1) && e["effect"]["kind"] == "refund")
-            .count();
-        assert_eq!(
-            refunded,
-            usize::from(approved),
-            "task {id}: {refunded} refund(s), approval event: {approved}"
-        );
-    }
 }
 
-/// A thread that ends a task claims its next one in the same transaction as the final commit:
-/// the claim gets its own fencing token, and only a final commit claims.
-#[test]
-fn a_final_commit_claims_the_next_task_under_a_new_token() {
-    let dir = TempDir::new("claim-next");
-    let store = Store::open(&dir.file("w.redb"), true).expect("open");
-    store
-        .enqueue(
-            &[new_task("cu_ana", "a", None), new_task("cu_ana", "b", None)],
-            0,
-        )
-        .expect("enqueue");
-    let first = store.claim(&lease("me", 0), 1, 0).expect("claim").remove(0);
-    let token = first.lease.as_ref().expect("lease").token;
-    let mut step = step_commit(&first, token, 1);
-    step.claim_next = Some(lease("me", 0));
-    let w = store.begin_write().expect("write");
-    let out = Store::apply_commit(&w, &step).expect("step");
-    w.commit().expect("commit");
-    assert!(out.next.is_none(), "a step commit claims nothing");
-    let mut fin = step_commit(&first, token, 2);
-    fin.kind = CommitKind::Final(tether::kernel::StopReason::Done);
-    fin.claim_next = Some(lease("me", 0));
-    let w = store.begin_write().expect("write");
-    let out = Store::apply_commit(&w, &fin).expect("final");
-    w.commit().expect("commit");
-    let next = out.next.expect("the next task was claimed");
-    assert_eq!(next.id, "t2");
-    assert_eq!(next.lease.as_ref().map(|l| l.token), Some(1));
-    assert_eq!(store.task("t2").expect("t2").status.as_str(), "running");
-    assert_eq!(store.task("t1").expect("t1").status.as_str(), "finished");
-    assert_eq!(store.ready_count().expect("ready"), 0);
+conformance! {
+    /// A thread that ends a task claims its next one in the same transaction as the final commit:
+    /// the claim gets its own fencing token, and only a final commit claims.
+    fn a_final_commit_claims_the_next_task_under_a_new_token(d) {
+        let store = backend(d);
+        store
+            .enqueue(
+                &[new_task("cu_ana", "a", None), new_task("cu_ana", "b", None)],
+                0,
+            )
+            .expect("enqueue");
+        let first = store.claim(&lease("me", 0), 1, 0).expect("claim").remove(0);
+        let token = first.lease.as_ref().expect("lease").token;
+        let mut step = step_commit(&first, token, 1);
+        step.claim_next = Some(lease("me", 0));
+        let out = store.commit_batch(&[&step]).expect("step").remove(0).expect("accepted");
+        assert!(out.next.is_none(), "a step commit claims nothing");
+        let mut fin = step_commit(&first, token, 2);
+        fin.kind = CommitKind::Final(tether::kernel::StopReason::Done);
+        fin.claim_next = Some(lease("me", 0));
+        let out = store.commit_batch(&[&fin]).expect("final").remove(0).expect("accepted");
+        let next = out.next.expect("the next task was claimed");
+        assert_eq!(next.id, "t2");
+        assert_eq!(next.lease.as_ref().map(|l| l.token), Some(1));
+        assert_eq!(store.task("t2").expect("t2").status.as_str(), "running");
+        assert_eq!(store.task("t1").expect("t1").status.as_str(), "finished");
+        assert_eq!(store.ready_count().expect("ready"), 0);
+    }
 }
 
 /// A file backend whose writes, syncs and growth fail while `full` is set, as on a full disk.
