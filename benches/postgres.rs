@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use tether::kernel::Budget;
 use tether::model::ModelProfile;
 use tether::store::pg::PgStore;
-use tether::store::{Backend, NewTask, QueueStatus};
+use tether::store::{NewTask, QueueStatus};
 use tether::tools::durable::DurableStore;
 use tether::worker::{self, Config};
 
