@@ -12,7 +12,10 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
     }
     // A pool connection for each worker thread, the committer and the dispatcher.
     let store = open_created(cli, a.workers as usize + 2)?;
-    let tools = Arc::new(open_tools(cli)?);
+    let tools = Arc::new(DurableStore::open_sized(
+        &store_target(cli),
+        a.workers as usize + 1,
+    )?);
     let shutdown = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, Arc::clone(&shutdown))
@@ -84,7 +87,7 @@ fn demo_pg(cli: &Cli, a: &DemoArgs) -> CliResult {
         a.workers as usize + 2,
         store::pg::CLI_RETRY,
     )?);
-    let tools = Arc::new(DurableStore::open_target(&url)?);
+    let tools = Arc::new(DurableStore::open_sized(&url, a.workers as usize + 1)?);
     let ran = run_demo(pg.clone(), tools, a);
     if a.keep.is_some() {
         outln!("\nschemas kept: {schema} and {schema}_store (try: worker --db '{url}' trace t1)");

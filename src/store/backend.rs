@@ -37,6 +37,13 @@ pub trait Backend: Send + Sync {
         true
     }
 
+    /// Whether concurrent commits gain from sharing one transaction (a single-writer file:
+    /// one fsync for many steps). A server with a connection per thread commits in parallel
+    /// instead, and groups the flushes itself.
+    fn groups_commits(&self) -> bool {
+        true
+    }
+
     /// Records that the daemon `owner` is alive until `until_ms`; a backend shared by hosts
     /// takes over the claims of an owner whose heartbeat ran out.
     fn heartbeat(&self, _owner: &str, _now_ms: u64, _until_ms: u64) -> Result<()> {

@@ -203,13 +203,15 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
                 ctx.stats.steps.fetch_add(1, Ordering::Relaxed);
                 let step = req.step;
                 // A reply recorded for this step means a run before a crash got this far. Only
-                // the first step of a run can be such a step: later ones are this run's own.
-                let recorded = if first_model_call {
+                // the first step of a run can be such a step (later ones are this run's own),
+                // and only if an earlier claim ran the task (`runs` counts the claims).
+                let recorded = if first_model_call && rec.runs > 1 {
                     first_model_call = false;
                     ctx.store
                         .reply(&rec.id, step)
                         .map_err(|e| failed("recorded reply", e))?
                 } else {
+                    first_model_call = false;
                     None
                 };
                 pass(ctx, Point::Model)?;

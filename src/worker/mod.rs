@@ -295,9 +295,10 @@ pub fn run(
             store: Arc::clone(&store),
             tools: Arc::clone(&tools),
             committer: Committer {
-                // One thread has no one to share a transaction with: it commits directly and
-                // saves two thread hand-offs per commit.
-                route: if workers == 1 {
+                // One thread has no one to share a transaction with, and a server with a
+                // connection per thread commits in parallel: such threads commit directly,
+                // saving two thread hand-offs per commit.
+                route: if workers == 1 || !store.groups_commits() {
                     Route::Direct(Arc::clone(&store))
                 } else {
                     Route::Thread(commit_tx.clone())

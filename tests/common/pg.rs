@@ -11,6 +11,8 @@ use std::process::Command;
 pub struct PgCluster {
     bin: PathBuf,
     dir: PathBuf,
+    /// Whether commits are flushed to disk (`fsync`): off for tests, on for the bench.
+    durable: bool,
     pub port: u16,
     as_postgres: bool,
 }
@@ -61,6 +63,15 @@ impl PgCluster {
     /// Starts a cluster, or `None` (said on stderr) where PostgreSQL is not installed outside
     /// CI.
     pub fn start(name: &str) -> Option<PgCluster> {
+        PgCluster::start_as(name, false)
+    }
+
+    /// A cluster that flushes every commit to disk, as a production server does.
+    pub fn start_durable(name: &str) -> Option<PgCluster> {
+        PgCluster::start_as(name, true)
+    }
+
+    fn start_as(name: &str, durable: bool) -> Option<PgCluster> {
         let Some(bin) = bin_dir() else {
             assert!(
                 std::env::var_os("CI").is_none(),
@@ -81,6 +92,7 @@ impl PgCluster {
         let c = PgCluster {
             bin,
             dir,
+            durable,
             port: free_port(),
             as_postgres,
         };
@@ -115,9 +127,10 @@ impl PgCluster {
     pub fn start_server(&self) {
         let data = self.dir.join("data");
         let opts = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200",
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync={} -c max_connections=200",
             self.port,
-            self.dir.display()
+            self.dir.display(),
+            if self.durable { "on" } else { "off" }
         );
         self.run(
             "pg_ctl",

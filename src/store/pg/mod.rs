@@ -44,6 +44,9 @@ pub struct PgStore {
     wake: Mutex<Option<Receiver<()>>>,
     /// Tells the LISTEN thread to end when the store is dropped.
     stop: Arc<AtomicBool>,
+    /// The step-commit statements by kind (intent, step, final, release, and a final commit
+    /// that claims the next task), made once.
+    commit_sql: [String; 5],
 }
 
 impl Drop for PgStore {
@@ -179,7 +182,9 @@ impl PgStore {
                     .get(0)
             }
         };
+        let commit_sql = queue::commit_statements(&schema, &store_schema);
         Ok(PgStore {
+            commit_sql,
             channel: format!("{schema}_ready"),
             pool,
             schema,
@@ -240,6 +245,19 @@ impl PgStore {
                 Err(e) => return Err(db_error(e)),
             }
         }
+    }
+
+    /// Runs one query with a statement prepared once per connection, reconnecting while the
+    /// connection is lost.
+    pub(crate) fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<postgres::Row>> {
+        self.read(|c| {
+            let st = c.prepared(sql)?;
+            c.client.query(&st, params)
+        })
     }
 
     /// Runs `f` in one transaction and commits it with a marker, so that a lost COMMIT
@@ -424,6 +442,10 @@ impl super::Backend for PgStore {
     }
 
     fn local_owners(&self) -> bool {
+        false
+    }
+
+    fn groups_commits(&self) -> bool {
         false
     }
 

@@ -7,7 +7,7 @@ use serde_json::Value;
 use std::time::Instant;
 
 use super::pool::{db_error, is_connection_error};
-use super::rows::{TASK_COLUMNS, from_row, i64_of, lease_of, ms_col, spec_of};
+use super::rows::{TASK_COLUMNS, from_row, from_row_at, i64_of, lease_of, ms_col, spec_of};
 use super::{PgStore, random_i64};
 use crate::kernel::memory::Note;
 use crate::store::{
@@ -27,11 +27,11 @@ const CLAIM_SQL: &str = "WITH c AS (SELECT id FROM {s}.tasks WHERE status = 'que
     updated_at_ms = $5::bigint, claim_commit = $6::bigint, ready_seq = NULL \
     FROM c WHERE t.id = c.id RETURNING ";
 
-/// The common part of a step commit: the fenced update (its `SET` per kind), then the commit
-/// marker, the call record, the reply and the spans, each written only if the update matched.
-const COMMIT_SQL: &str = "WITH u AS (UPDATE {s}.tasks SET {set} \
+/// The common part of a step commit: the fenced update (its `SET` per kind, and the commit's
+/// marker in `last_commit`), then the call record, the reply and the spans, each written only
+/// if the update matched.
+const COMMIT_SQL: &str = "WITH u AS (UPDATE {s}.tasks SET last_commit = $3::bigint, {set} \
         WHERE id = $1::text AND status = 'running' AND token = $2::bigint RETURNING cancel_requested), \
-    m AS (INSERT INTO {s}.commits (id, at_ms) SELECT $3::bigint, $4::bigint FROM u), \
     c AS (INSERT INTO {s}.calls (key, task_id, step, tool, args, digest, intent_at_ms, result, result_at_ms) \
         SELECT $5::text, $1, $6::int, $7::text, $8::json, $9::text, $10::bigint, $11::json, $12::bigint \
         FROM u WHERE $5::text IS NOT NULL ON CONFLICT (key) DO UPDATE SET task_id = EXCLUDED.task_id, \
@@ -47,9 +47,55 @@ const COMMIT_SQL: &str = "WITH u AS (UPDATE {s}.tasks SET {set} \
 const STEP_SET: &str = "state = $16::json, next_span_id = $17::int, \
     settle = CASE WHEN $18::bool THEN NULL ELSE settle END, elapsed_ms = $19::bigint, updated_at_ms = $4::bigint";
 
+/// The statement of each kind of commit, in [`kind_index`] order, and last the final commit
+/// that also claims the thread's next task.
+pub(super) fn commit_statements(s: &str, t: &str) -> [String; 5] {
+    use crate::kernel::StopReason::Done;
+    let final_sql = commit_sql(CommitKind::Final(Done));
+    let claiming = final_sql.replace(
+        "EXCLUDED.span) SELECT cancel_requested FROM u",
+        &format!("EXCLUDED.span), {}", final_and_claim()),
+    );
+    debug_assert_ne!(claiming, final_sql);
+    [
+        commit_sql(CommitKind::Intent),
+        commit_sql(CommitKind::Step),
+        final_sql,
+        commit_sql(CommitKind::Release),
+        claiming,
+    ]
+    .map(|q| super::schema::sql(&q, s, t))
+}
+
+/// The end of a final commit that claims the thread's next task in the same statement (one
+/// round trip, one flush): a queued task is taken only if the final commit was accepted, under
+/// the lease `$23`/`$24` expiring at `$25`, marked with the commit's marker `$3`.
+fn final_and_claim() -> String {
+    format!(
+        "nx AS (SELECT id FROM {{s}}.tasks WHERE status = 'queued' AND EXISTS (SELECT 1 FROM u) \
+         ORDER BY priority DESC, ready_seq LIMIT 1 FOR UPDATE SKIP LOCKED), \
+         cl AS (UPDATE {{s}}.tasks t SET status = 'running', token = t.token + 1, lease = $23::jsonb, \
+         lease_owner = $24::text, \
+         lease_expires_ms = GREATEST($25::bigint, $4::bigint) + GREATEST(t.deadline_ms - t.elapsed_ms, 0), \
+         updated_at_ms = $4::bigint, claim_commit = $3::bigint, ready_seq = NULL \
+         FROM nx WHERE t.id = nx.id RETURNING {}) \
+         SELECT u.cancel_requested, cl.* FROM u LEFT JOIN cl ON true",
+        returning("t.")
+    )
+}
+
+fn kind_index(kind: CommitKind) -> usize {
+    match kind {
+        CommitKind::Intent => 0,
+        CommitKind::Step => 1,
+        CommitKind::Final(_) => 2,
+        CommitKind::Release => 3,
+    }
+}
+
 fn commit_sql(kind: CommitKind) -> String {
     let set = match kind {
-        CommitKind::Intent => "token = token".to_string(),
+        CommitKind::Intent => "updated_at_ms = GREATEST(updated_at_ms, $4::bigint)".to_string(),
         CommitKind::Step => format!(
             "{STEP_SET}, lease_expires_ms = $4::bigint + $20::bigint + GREATEST(deadline_ms - $19::bigint, 0)"
         ),
@@ -69,22 +115,22 @@ fn commit_sql(kind: CommitKind) -> String {
     COMMIT_SQL.replace("{set}", &set)
 }
 
-/// The owned parameters of one commit.
-struct CommitParams {
+/// The parameters of one commit, its JSON values serialized straight from the commit.
+struct CommitParams<'c> {
     marker: i64,
     now: i64,
     key: Option<String>,
     step: Option<i32>,
     tool: Option<String>,
-    args: Option<Json<Value>>,
+    args: Option<Json<&'c serde_json::Map<String, Value>>>,
     digest: Option<String>,
     intent_at: Option<i64>,
-    result: Option<Json<Value>>,
+    result: Option<Json<&'c Value>>,
     result_at: Option<i64>,
     reply_step: Option<i32>,
-    reply: Option<Json<Value>>,
-    spans: Json<Value>,
-    state: Json<Value>,
+    reply: Option<Json<&'c crate::model::RecordedReply>>,
+    spans: Json<&'c [crate::kernel::Span]>,
+    state: Json<&'c crate::kernel::TaskState>,
     next_span_id: i32,
     clear_settle: bool,
     elapsed: i64,
@@ -99,8 +145,8 @@ fn to_json<T: serde::Serialize>(v: &T) -> Result<Value> {
     serde_json::to_value(v).map_err(|e| Error::Invalid(format!("cannot encode a commit: {e}")))
 }
 
-impl CommitParams {
-    fn of(c: &Commit, marker: i64) -> Result<CommitParams> {
+impl<'c> CommitParams<'c> {
+    fn of(c: &'c Commit, marker: i64) -> Result<CommitParams<'c>> {
         let call = c.call.as_ref();
         let stop = match c.kind {
             CommitKind::Final(s) => Some(s),
@@ -112,18 +158,15 @@ impl CommitParams {
             key: call.map(|k| k.key.clone()),
             step: call.map(|k| k.step as i32),
             tool: call.map(|k| k.tool.clone()),
-            args: call.map(|k| Json(Value::Object(k.args.clone()))),
+            args: call.map(|k| Json(&k.args)),
             digest: call.map(|k| k.digest.clone()),
             intent_at: call.map(|k| i64_of(k.intent_at_ms)),
-            result: call.and_then(|k| k.result.clone()).map(Json),
+            result: call.and_then(|k| k.result.as_ref()).map(Json),
             result_at: call.and_then(|k| k.result_at_ms).map(i64_of),
             reply_step: c.reply.as_ref().map(|r| r.step as i32),
-            reply: match &c.reply {
-                Some(r) => Some(Json(to_json(r)?)),
-                None => None,
-            },
-            spans: Json(to_json(&c.spans)?),
-            state: Json(to_json(&c.state)?),
+            reply: c.reply.as_ref().map(Json),
+            spans: Json(c.spans.as_slice()),
+            state: Json(&c.state),
             next_span_id: i32::try_from(c.next_span_id).unwrap_or(i32::MAX),
             clear_settle: c.clear_settle,
             elapsed: ms_col(c.state.elapsed_ms),
@@ -413,8 +456,7 @@ impl PgStore {
                 .collect::<Result<_>>()
                 .map_err(|e| e.to_string())?;
             let mut c = self.conn().map_err(|e| e.to_string())?;
-            let single = commits.len() == 1 && commits[0].claim_next.is_none();
-            let tried = if single {
+            let tried = if commits.len() == 1 {
                 self.commit_one(&mut c, commits[0], &params[0])
                     .map(|o| vec![o])
             } else {
@@ -457,20 +499,55 @@ impl PgStore {
         commit: &Commit,
         p: &CommitParams,
     ) -> std::result::Result<Option<CommitOutcome>, Tried> {
-        let sql = self.sql(&commit_sql(commit.kind));
-        let st = c.prepared(&sql).map_err(|e| Tried::of(e, false))?;
+        let claiming = match (commit.kind, &commit.claim_next) {
+            (CommitKind::Final(_), Some(lease)) => Some(lease),
+            _ => None,
+        };
+        let sql = match claiming {
+            Some(_) => &self.commit_sql[4],
+            None => &self.commit_sql[kind_index(commit.kind)],
+        };
+        let st = c.prepared(sql).map_err(|e| Tried::of(e, false))?;
+        let mut params = p.params(commit);
+        let claim = claiming.map(|l| {
+            (
+                Json(lease_of(&Some(l.clone())).unwrap_or(Value::Null)),
+                l.owner.clone(),
+                i64_of(l.expires_at_ms),
+            )
+        });
+        if let Some((lease, owner, expires)) = &claim {
+            params.extend([lease as Param, owner, expires]);
+        }
         let rows = c
             .client
-            .query(&st, &p.params(commit))
+            .query(&st, &params)
             .map_err(|e| Tried::of(e, true))?;
         if commit.kind == CommitKind::Release && !rows.is_empty() {
             let _ = c
                 .client
                 .execute("SELECT pg_notify($1, '')", &[&self.channel]);
         }
-        Ok(rows.first().map(|r| CommitOutcome {
+        let Some(r) = rows.first() else {
+            return Ok(None);
+        };
+        let next = match claiming {
+            Some(_) if r.get::<_, Option<String>>(1).is_some() => match from_row_at(r, 1) {
+                Ok(rec) => Some(rec),
+                Err(e) => {
+                    let id: String = r.get(1);
+                    tracing::error!(task = %id, error = %e, "task record damaged; quarantined");
+                    let q = self
+                        .sql("UPDATE {s}.tasks SET status = 'damaged', damaged = $2 WHERE id = $1");
+                    let _ = c.client.execute(&q, &[&id, &e.to_string()]);
+                    None
+                }
+            },
+            _ => None,
+        };
+        Ok(Some(CommitOutcome {
             cancel_requested: r.get(0),
-            next: None,
+            next,
         }))
     }
 
@@ -484,7 +561,7 @@ impl PgStore {
         let mut statements = Vec::new();
         for cm in commits {
             statements.push(
-                c.prepared(&self.sql(&commit_sql(cm.kind)))
+                c.prepared(&self.commit_sql[kind_index(cm.kind)])
                     .map_err(|e| Tried::of(e, false))?,
             );
         }
@@ -550,51 +627,41 @@ impl PgStore {
         Ok(got.into_iter().next())
     }
 
-    /// After a lost acknowledgment: each commit landed if its marker is there (a refused one
-    /// never wrote a marker, and refusing it again gives the same answer). `None`: nothing of
-    /// the batch landed (when no commit's marker is found, it is simply committed again).
+    /// After a lost acknowledgment: a commit landed if its task's row carries its marker (a
+    /// refused commit never wrote one, and refusing it again gives the same answer). `None`:
+    /// nothing of the batch landed, so it is simply committed again.
     fn read_back(
         &self,
         commits: &[&Commit],
         params: &[CommitParams],
     ) -> Result<Option<Vec<Option<CommitOutcome>>>> {
-        let markers: Vec<i64> = params.iter().map(|p| p.marker).collect();
-        let found_sql = self.sql("SELECT id FROM {s}.commits WHERE id = ANY($1)");
-        let found: Vec<i64> = self.read(|c| {
-            Ok(c.client
-                .query(&found_sql, &[&markers])?
-                .iter()
-                .map(|r| r.get(0))
-                .collect())
-        })?;
-        if found.is_empty() {
-            return Ok(None);
-        }
-        let cancel_sql = self.sql("SELECT cancel_requested FROM {s}.tasks WHERE id = $1");
+        let row_sql = self.sql("SELECT last_commit, cancel_requested FROM {s}.tasks WHERE id = $1");
         let next_sql = self.sql(&format!(
             "SELECT {TASK_COLUMNS} FROM {{s}}.tasks WHERE claim_commit = $1 AND status = 'running'"
         ));
         let mut out = Vec::with_capacity(commits.len());
         for (cm, p) in commits.iter().zip(params) {
-            if !found.contains(&p.marker) {
+            let row = self.query(&row_sql, &[&cm.task_id])?;
+            let landed = row
+                .first()
+                .is_some_and(|r| r.get::<_, Option<i64>>(0) == Some(p.marker));
+            if !landed {
                 out.push(None);
                 continue;
             }
-            let cancel: Option<String> = self.read(|c| {
-                Ok(c.client
-                    .query_opt(&cancel_sql, &[&cm.task_id])?
-                    .and_then(|r| r.get(0)))
-            })?;
             let next = if cm.claim_next.is_some() {
-                let rows = self.read(|c| c.client.query(&next_sql, &[&p.marker]))?;
+                let rows = self.query(&next_sql, &[&p.marker])?;
                 rows.first().map(from_row).transpose()?
             } else {
                 None
             };
             out.push(Some(CommitOutcome {
-                cancel_requested: cancel,
+                cancel_requested: row.first().and_then(|r| r.get(1)),
                 next,
             }));
+        }
+        if out.iter().all(Option::is_none) {
+            return Ok(None);
         }
         Ok(Some(out))
     }

@@ -228,8 +228,9 @@ impl PgStore {
     pub fn reply(&self, task_id: &str, step: u32) -> Result<Option<RecordedReply>> {
         let sql = self.sql("SELECT reply FROM {s}.replies WHERE task_id = $1 AND step = $2");
         let step = step as i32;
-        let row = self.read(|c| c.client.query_opt(&sql, &[&task_id, &step]))?;
-        row.map(|r| json_value(r.get::<_, Json<Value>>(0).0, "a recorded reply"))
+        let rows = self.query(&sql, &[&task_id, &step])?;
+        rows.first()
+            .map(|r| json_value(r.get::<_, Json<Value>>(0).0, "a recorded reply"))
             .transpose()
     }
 

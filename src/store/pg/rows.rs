@@ -57,12 +57,17 @@ fn parse<T: serde::de::DeserializeOwned>(v: Value, what: &str, id: &str) -> Resu
 
 /// The task of a row selected with [`TASK_COLUMNS`].
 pub fn from_row(r: &Row) -> Result<TaskRecord> {
-    let id: String = r.get(0);
-    let status: String = r.get(1);
+    from_row_at(r, 0)
+}
+
+/// The task of a row whose [`TASK_COLUMNS`] start at column `o`.
+pub fn from_row_at(r: &Row, o: usize) -> Result<TaskRecord> {
+    let id: String = r.get(o);
+    let status: String = r.get(1 + o);
     let status = QueueStatus::parse(&status)
         .ok_or_else(|| Error::Corrupt(format!("task {id}: unknown status {status:?}")))?;
-    let spec: Spec = parse(r.get::<_, Json<Value>>(14).0, "spec", &id)?;
-    let lease = match r.get::<_, Option<Json<Value>>>(5) {
+    let spec: Spec = parse(r.get::<_, Json<Value>>(14 + o).0, "spec", &id)?;
+    let lease = match r.get::<_, Option<Json<Value>>>(5 + o) {
         Some(Json(v)) => {
             let l: LeaseCol = parse(v, "lease", &id)?;
             Some(Lease {
@@ -70,31 +75,31 @@ pub fn from_row(r: &Row) -> Result<TaskRecord> {
                 host: l.host,
                 pid: l.pid,
                 start_ticks: l.start_ticks,
-                expires_at_ms: r.get::<_, Option<i64>>(6).map_or(0, u64_of),
-                token: u64_of(r.get(4)),
+                expires_at_ms: r.get::<_, Option<i64>>(6 + o).map_or(0, u64_of),
+                token: u64_of(r.get(4 + o)),
             })
         }
         None => None,
     };
     Ok(TaskRecord {
         status,
-        priority: r.get(2),
-        key: r.get(3),
+        priority: r.get(2 + o),
+        key: r.get(3 + o),
         lease,
-        suspended_at_ms: r.get::<_, Option<i64>>(7).map(u64_of),
-        approval_wait_ms: u64_of(r.get(8)),
-        cancel_requested: r.get(9),
-        created_at_ms: u64_of(r.get(10)),
-        updated_at_ms: u64_of(r.get(11)),
-        next_span_id: u32::try_from(r.get::<_, i32>(12)).unwrap_or(0),
-        budget: parse(r.get::<_, Json<Value>>(13).0, "budget", &id)?,
-        state: parse(r.get::<_, Json<Value>>(15).0, "state", &id)?,
-        settle: r.get::<_, Option<Json<Value>>>(16).map(|j| j.0),
-        approval: match r.get::<_, Option<Json<Value>>>(17) {
+        suspended_at_ms: r.get::<_, Option<i64>>(7 + o).map(u64_of),
+        approval_wait_ms: u64_of(r.get(8 + o)),
+        cancel_requested: r.get(9 + o),
+        created_at_ms: u64_of(r.get(10 + o)),
+        updated_at_ms: u64_of(r.get(11 + o)),
+        next_span_id: u32::try_from(r.get::<_, i32>(12 + o)).unwrap_or(0),
+        budget: parse(r.get::<_, Json<Value>>(13 + o).0, "budget", &id)?,
+        state: parse(r.get::<_, Json<Value>>(15 + o).0, "state", &id)?,
+        settle: r.get::<_, Option<Json<Value>>>(16 + o).map(|j| j.0),
+        approval: match r.get::<_, Option<Json<Value>>>(17 + o) {
             Some(Json(v)) => Some(parse(v, "approval", &id)?),
             None => None,
         },
-        runs: u32::try_from(r.get::<_, i64>(4)).unwrap_or(u32::MAX),
+        runs: u32::try_from(r.get::<_, i64>(4 + o)).unwrap_or(u32::MAX),
         model: spec.model,
         tool_latency_ms: spec.tool_latency_ms,
         catalog: spec.catalog,

@@ -6,7 +6,10 @@
 //! dynamic values are `jsonb` (budget, spec, lease, approval) or `json` where they hold text a
 //! model or a tool returned (state, spans, replies, call args and results, event details):
 //! `jsonb` cannot store the NUL character (`\u0000`) that such text may contain, `json` keeps
-//! it as written. `{s}` stands for the worker schema, `{t}` for the document's store schema.
+//! it as written. No index covers a column a step changes (state, lease expiry, elapsed time,
+//! commit marker), and pages keep room (`fillfactor`), so a step's `UPDATE` can stay on its page
+//! (a HOT update) without touching an index. `{s}` stands for the worker schema, `{t}` for the
+//! document's store schema.
 
 use postgres::Client;
 
@@ -41,15 +44,16 @@ CREATE TABLE {s}.tasks (
     deadline_ms bigint NOT NULL,
     elapsed_ms bigint NOT NULL DEFAULT 0,
     claim_commit bigint,
+    last_commit bigint,
     budget jsonb NOT NULL,
     spec jsonb NOT NULL,
     state json NOT NULL,
     settle json,
     approval jsonb,
     damaged text
-);
+) WITH (fillfactor = 70);
 CREATE INDEX tasks_ready ON {s}.tasks (priority DESC, ready_seq) WHERE status = 'queued';
-CREATE INDEX tasks_running ON {s}.tasks (lease_expires_ms) WHERE status = 'running';
+CREATE INDEX tasks_running ON {s}.tasks (id) WHERE status = 'running';
 CREATE INDEX tasks_waiting ON {s}.tasks (wait_until_ms) WHERE wait_until_ms IS NOT NULL;
 CREATE INDEX tasks_held ON {s}.tasks (num) WHERE held_at_ms IS NOT NULL;
 CREATE INDEX tasks_claim_commit ON {s}.tasks (claim_commit) WHERE claim_commit IS NOT NULL;

@@ -58,8 +58,14 @@ impl DurableStore {
     /// Opens the store `db` names: a PostgreSQL URL (the store's schema beside the worker's)
     /// or a file.
     pub fn open_target(db: &str) -> Result<DurableStore> {
+        DurableStore::open_sized(db, 4)
+    }
+
+    /// [`DurableStore::open_target`] with a PostgreSQL pool of `connections` (a daemon's
+    /// threads call the store at once).
+    pub fn open_sized(db: &str, connections: usize) -> Result<DurableStore> {
         if crate::store::pg::is_url(db) {
-            let book = pg::PgBookStore::open(db)?;
+            let book = pg::PgBookStore::open(db, connections)?;
             let path = PathBuf::from(book.display());
             return Ok(DurableStore {
                 inner: Inner::Pg(Box::new(book)),

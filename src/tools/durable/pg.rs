@@ -114,8 +114,8 @@ fn lock(tx: &mut Transaction<'_>, what: &str) -> Result<()> {
 impl PgBookStore {
     /// Connects (the worker's schema and the store's are migrated together) and seeds the
     /// document's two orders into an empty book.
-    pub fn open(url: &str) -> Result<PgBookStore> {
-        let pg = PgStore::open(url, true, 8, crate::store::pg::DAEMON_RETRY)?;
+    pub fn open(url: &str, connections: usize) -> Result<PgBookStore> {
+        let pg = PgStore::open(url, true, connections, crate::store::pg::DAEMON_RETRY)?;
         let s = PgBookStore { pg };
         let count = s.pg.sql("SELECT count(*) FROM {t}.orders");
         let insert = s
@@ -254,8 +254,8 @@ impl PgBookStore {
         }
         let sql = self.pg.sql("SELECT body FROM {t}.orders WHERE id = $1");
         let id = scoped(scope, order_id);
-        let row = self.pg.read(|c| c.client.query_opt(&sql, &[&id]))?;
-        let found = match row {
+        let rows = self.pg.query(&sql, &[&id])?;
+        let found = match rows.first() {
             Some(r) => Some(from_json(r.get::<_, Json<Value>>(0).0, "order")?),
             None => fresh_copy(scope, order_id),
         };
