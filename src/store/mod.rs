@@ -36,8 +36,8 @@ use redb::{ReadTransaction, ReadableTable, ReadableTableMetadata, WriteTransacti
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use crate::kernel::memory::{Note, select};
-use crate::kernel::{Budget, Span, StopReason, TaskState};
+use crate::kernel::memory::Note;
+use crate::kernel::{Budget, Span, StopReason};
 use crate::model::RecordedReply;
 use codec::{decode, encode};
 use schema::*;
@@ -528,58 +528,6 @@ fn claim_in(
         }
     }
     Ok(out)
-}
-
-/// A new task's record, queued, with the notes of its user that its goal recalls.
-pub(crate) fn new_record(id: &str, t: &NewTask, notes: &[Note], now_ms: u64) -> TaskRecord {
-    let mut state = TaskState::new(id, &t.user, &t.goal);
-    state.remembered = select(notes, &t.user, &t.goal, now_ms / 1000, 3)
-        .into_iter()
-        .map(|n| n.text.clone())
-        .collect();
-    TaskRecord {
-        id: id.to_string(),
-        status: QueueStatus::Queued,
-        priority: t.priority,
-        key: t.key.clone(),
-        budget: t.budget,
-        model: t.model.clone(),
-        tool_latency_ms: t.tool_latency_ms.clone(),
-        store_scope: t.store_scope.clone(),
-        catalog: t.catalog.clone(),
-        state,
-        next_span_id: 0,
-        created_at_ms: now_ms,
-        updated_at_ms: now_ms,
-        lease: None,
-        runs: 0,
-        cancel_requested: None,
-        settle: None,
-        approval_wait_ms: t.approval_wait_ms,
-        suspended_at_ms: None,
-        approval: None,
-    }
-}
-
-/// The first field in which a new request differs from the task its key already made.
-pub(crate) fn differs(rec: &TaskRecord, t: &NewTask) -> Option<&'static str> {
-    if rec.state.user_id != t.user {
-        Some("user")
-    } else if rec.state.goal != t.goal {
-        Some("goal")
-    } else if rec.model != t.model {
-        Some("model")
-    } else if rec.budget != t.budget {
-        Some("budget")
-    } else if rec.priority != t.priority {
-        Some("priority")
-    } else if rec.catalog != t.catalog {
-        Some("tool catalog")
-    } else if rec.store_scope != t.store_scope || rec.tool_latency_ms != t.tool_latency_ms {
-        Some("tool settings")
-    } else {
-        None
-    }
 }
 
 /// Sort key of a task id: ids are t1, t2, ..., so t2 comes before t10.

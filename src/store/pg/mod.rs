@@ -11,8 +11,10 @@
 //! reconnects and looks the marker up before it answers, so a commit that landed is reported
 //! as landed and one that did not is run again. Files: `pool` (connections, timeouts,
 //! reconnection), `schema` (migrations), `rows` (a task as a row), `queue` (enqueue, claim,
-//! commits, recovery), `reads` (decisions, reads, notes, purge, check).
+//! recovery, heartbeats), `commit` (step commits and their read-back), `reads` (decisions,
+//! reads, notes, purge, check).
 
+mod commit;
 mod pool;
 mod queue;
 mod reads;
@@ -182,7 +184,7 @@ impl PgStore {
                     .get(0)
             }
         };
-        let commit_sql = queue::commit_statements(&schema, &store_schema);
+        let commit_sql = commit::commit_statements(&schema, &store_schema);
         Ok(PgStore {
             commit_sql,
             channel: format!("{schema}_ready"),

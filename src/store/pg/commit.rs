@@ -1,0 +1,457 @@
+//! Step commits on PostgreSQL: each kind of commit as one statement (data-modifying CTEs behind
+//! the `UPDATE` fenced by the claim's token), a group in one transaction, and the read-back
+//! that turns a lost acknowledgment into a known outcome before the worker goes on.
+
+use postgres::types::{Json, ToSql};
+use postgres::{Row, Transaction};
+use serde_json::Value;
+use std::time::Instant;
+
+use super::pool::{db_error, is_connection_error};
+use super::queue::{CLAIM_SQL, decode_claimed, returning};
+use super::rows::{TASK_COLUMNS, from_row, from_row_at, i64_of, lease_of, ms_col};
+use super::{PgStore, random_i64};
+use crate::store::{Commit, CommitKind, CommitOutcome, Error, QueueStatus, Result, TaskRecord};
+
+type Param<'a> = &'a (dyn ToSql + Sync);
+
+/// The common part of a step commit: the fenced update (its `SET` per kind, and the commit's
+/// marker in `last_commit`), then the call record, the reply and the spans, each written only
+/// if the update matched.
+const COMMIT_SQL: &str = "WITH u AS (UPDATE {s}.tasks SET last_commit = $3::bigint, {set} \
+        WHERE id = $1::text AND status = 'running' AND token = $2::bigint RETURNING cancel_requested), \
+    c AS (INSERT INTO {s}.calls (key, task_id, step, tool, args, digest, intent_at_ms, result, result_at_ms) \
+        SELECT $5::text, $1, $6::int, $7::text, $8::json, $9::text, $10::bigint, $11::json, $12::bigint \
+        FROM u WHERE $5::text IS NOT NULL ON CONFLICT (key) DO UPDATE SET task_id = EXCLUDED.task_id, \
+        step = EXCLUDED.step, tool = EXCLUDED.tool, args = EXCLUDED.args, digest = EXCLUDED.digest, \
+        intent_at_ms = EXCLUDED.intent_at_ms, result = EXCLUDED.result, result_at_ms = EXCLUDED.result_at_ms), \
+    r AS (INSERT INTO {s}.replies (task_id, step, reply) SELECT $1, $13::int, $14::json FROM u \
+        WHERE $14::json IS NOT NULL ON CONFLICT (task_id, step) DO UPDATE SET reply = EXCLUDED.reply), \
+    sp AS (INSERT INTO {s}.spans (task_id, id, span) SELECT $1, (x->>'id')::int, x \
+        FROM u, json_array_elements($15::json) x ON CONFLICT (task_id, id) DO UPDATE SET span = EXCLUDED.span) \
+    SELECT cancel_requested FROM u";
+
+/// What a step writes into the task row (`$16..`): state, span counter, settlement, elapsed.
+const STEP_SET: &str = "state = $16::json, next_span_id = $17::int, \
+    settle = CASE WHEN $18::bool THEN NULL ELSE settle END, elapsed_ms = $19::bigint, updated_at_ms = $4::bigint";
+
+/// The statement of each kind of commit, in [`kind_index`] order, and last the final commit
+/// that also claims the thread's next task.
+pub(super) fn commit_statements(s: &str, t: &str) -> [String; 5] {
+    use crate::kernel::StopReason::Done;
+    let final_sql = commit_sql(CommitKind::Final(Done));
+    let claiming = final_sql.replace(
+        "EXCLUDED.span) SELECT cancel_requested FROM u",
+        &format!("EXCLUDED.span), {}", final_and_claim()),
+    );
+    debug_assert_ne!(claiming, final_sql);
+    [
+        commit_sql(CommitKind::Intent),
+        commit_sql(CommitKind::Step),
+        final_sql,
+        commit_sql(CommitKind::Release),
+        claiming,
+    ]
+    .map(|q| super::schema::sql(&q, s, t))
+}
+
+/// The end of a final commit that claims the thread's next task in the same statement (one
+/// round trip, one flush): a queued task is taken only if the final commit was accepted, under
+/// the lease `$23`/`$24` expiring at `$25`, marked with the commit's marker `$3`.
+fn final_and_claim() -> String {
+    format!(
+        "nx AS (SELECT id FROM {{s}}.tasks WHERE status = 'queued' AND EXISTS (SELECT 1 FROM u) \
+         ORDER BY priority DESC, ready_seq LIMIT 1 FOR UPDATE SKIP LOCKED), \
+         cl AS (UPDATE {{s}}.tasks t SET status = 'running', token = t.token + 1, lease = $23::jsonb, \
+         lease_owner = $24::text, \
+         lease_expires_ms = GREATEST($25::bigint, $4::bigint) + GREATEST(t.deadline_ms - t.elapsed_ms, 0), \
+         updated_at_ms = $4::bigint, claim_commit = $3::bigint, ready_seq = NULL \
+         FROM nx WHERE t.id = nx.id RETURNING {}) \
+         SELECT u.cancel_requested, cl.* FROM u LEFT JOIN cl ON true",
+        returning("t.")
+    )
+}
+
+fn kind_index(kind: CommitKind) -> usize {
+    match kind {
+        CommitKind::Intent => 0,
+        CommitKind::Step => 1,
+        CommitKind::Final(_) => 2,
+        CommitKind::Release => 3,
+    }
+}
+
+fn commit_sql(kind: CommitKind) -> String {
+    let set = match kind {
+        CommitKind::Intent => "updated_at_ms = GREATEST(updated_at_ms, $4::bigint)".to_string(),
+        CommitKind::Step => format!(
+            "{STEP_SET}, lease_expires_ms = $4::bigint + $20::bigint + GREATEST(deadline_ms - $19::bigint, 0)"
+        ),
+        CommitKind::Final(_) => format!(
+            "{STEP_SET}, status = $20::text, \
+             suspended_at_ms = CASE WHEN $21::bool THEN $4::bigint ELSE NULL END, \
+             wait_until_ms = CASE WHEN $21::bool THEN $4::bigint + LEAST(approval_wait_ms, {max}) ELSE NULL END, \
+             held_at_ms = CASE WHEN $22::bool THEN $4::bigint ELSE NULL END, \
+             lease = NULL, lease_owner = NULL, lease_expires_ms = NULL",
+            max = super::rows::MS_MAX
+        ),
+        CommitKind::Release => format!(
+            "{STEP_SET}, status = 'queued', ready_seq = nextval('{{s}}.ready_seq'), \
+             lease = NULL, lease_owner = NULL, lease_expires_ms = NULL"
+        ),
+    };
+    COMMIT_SQL.replace("{set}", &set)
+}
+
+/// The parameters of one commit, its JSON values serialized straight from the commit.
+struct CommitParams<'c> {
+    marker: i64,
+    now: i64,
+    key: Option<String>,
+    step: Option<i32>,
+    tool: Option<String>,
+    args: Option<Json<&'c serde_json::Map<String, Value>>>,
+    digest: Option<String>,
+    intent_at: Option<i64>,
+    result: Option<Json<&'c Value>>,
+    result_at: Option<i64>,
+    reply_step: Option<i32>,
+    reply: Option<Json<&'c crate::model::RecordedReply>>,
+    spans: Json<&'c [crate::kernel::Span]>,
+    state: Json<&'c crate::kernel::TaskState>,
+    next_span_id: i32,
+    clear_settle: bool,
+    elapsed: i64,
+    lease_ms: i64,
+    status: String,
+    suspends: bool,
+    holds: bool,
+    token: i64,
+}
+
+impl<'c> CommitParams<'c> {
+    fn of(c: &'c Commit, marker: i64) -> Result<CommitParams<'c>> {
+        let call = c.call.as_ref();
+        let stop = match c.kind {
+            CommitKind::Final(s) => Some(s),
+            _ => None,
+        };
+        Ok(CommitParams {
+            marker,
+            now: i64_of(c.now_ms),
+            key: call.map(|k| k.key.clone()),
+            step: call.map(|k| k.step as i32),
+            tool: call.map(|k| k.tool.clone()),
+            args: call.map(|k| Json(&k.args)),
+            digest: call.map(|k| k.digest.clone()),
+            intent_at: call.map(|k| i64_of(k.intent_at_ms)),
+            result: call.and_then(|k| k.result.as_ref()).map(Json),
+            result_at: call.and_then(|k| k.result_at_ms).map(i64_of),
+            reply_step: c.reply.as_ref().map(|r| r.step as i32),
+            reply: c.reply.as_ref().map(Json),
+            spans: Json(c.spans.as_slice()),
+            state: Json(&c.state),
+            next_span_id: i32::try_from(c.next_span_id).unwrap_or(i32::MAX),
+            clear_settle: c.clear_settle,
+            elapsed: ms_col(c.state.elapsed_ms),
+            lease_ms: ms_col(c.lease_ms),
+            status: stop
+                .map_or("", |s| QueueStatus::after(s).as_str())
+                .to_string(),
+            suspends: stop == Some(crate::kernel::StopReason::NeedsApproval),
+            holds: stop == Some(crate::kernel::StopReason::UnknownOutcome),
+            token: i64_of(c.token),
+        })
+    }
+
+    fn params<'a>(&'a self, c: &'a Commit) -> Vec<Param<'a>> {
+        let mut p: Vec<Param<'a>> = vec![
+            &c.task_id,
+            &self.token,
+            &self.marker,
+            &self.now,
+            &self.key,
+            &self.step,
+            &self.tool,
+            &self.args,
+            &self.digest,
+            &self.intent_at,
+            &self.result,
+            &self.result_at,
+            &self.reply_step,
+            &self.reply,
+            &self.spans,
+        ];
+        match c.kind {
+            CommitKind::Intent => {}
+            CommitKind::Step => p.extend([
+                &self.state as Param,
+                &self.next_span_id,
+                &self.clear_settle,
+                &self.elapsed,
+                &self.lease_ms,
+            ]),
+            CommitKind::Final(_) => p.extend([
+                &self.state as Param,
+                &self.next_span_id,
+                &self.clear_settle,
+                &self.elapsed,
+                &self.status,
+                &self.suspends,
+                &self.holds,
+            ]),
+            CommitKind::Release => p.extend([
+                &self.state as Param,
+                &self.next_span_id,
+                &self.clear_settle,
+                &self.elapsed,
+            ]),
+        }
+        p
+    }
+}
+
+impl PgStore {
+    /// Applies `commits`: a single commit as one statement; several, or a final commit that
+    /// claims the next task, in one transaction. A lost acknowledgment is resolved by the
+    /// commit markers before answering.
+    pub fn commit_batch(
+        &self,
+        commits: &[&Commit],
+    ) -> std::result::Result<Vec<Option<CommitOutcome>>, String> {
+        let started = Instant::now();
+        let mut attempt = 0;
+        loop {
+            let params: Vec<CommitParams> = commits
+                .iter()
+                .map(|c| CommitParams::of(c, random_i64()))
+                .collect::<Result<_>>()
+                .map_err(|e| e.to_string())?;
+            let mut c = self.conn().map_err(|e| e.to_string())?;
+            let tried = if commits.len() == 1 {
+                self.commit_one(&mut c, commits[0], &params[0])
+                    .map(|o| vec![o])
+            } else {
+                self.commit_many(&mut c, commits, &params)
+            };
+            match tried {
+                Ok(out) => return Ok(out),
+                Err(Tried::Failed(e)) => return Err(e.to_string()),
+                Err(Tried::Lost(e, sent)) => {
+                    c.broken = true;
+                    drop(c);
+                    if sent {
+                        tracing::warn!(db = %self.display(), error = %e, "the connection was lost during a commit; reading back whether it landed");
+                        match self.read_back(commits, &params) {
+                            Ok(Some(out)) => {
+                                tracing::info!("the commit had landed");
+                                return Ok(out);
+                            }
+                            Ok(None) => {
+                                tracing::info!("the commit had not landed; committing again")
+                            }
+                            Err(e) => return Err(e.to_string()),
+                        }
+                    }
+                    attempt += 1;
+                    if !self.pool.backoff(started, attempt) {
+                        return Err(format!(
+                            "PostgreSQL at {} stayed unreachable: {e}",
+                            self.display()
+                        ));
+                    }
+                }
+            }
+        }
+    }
+
+    fn commit_one(
+        &self,
+        c: &mut super::Conn,
+        commit: &Commit,
+        p: &CommitParams,
+    ) -> std::result::Result<Option<CommitOutcome>, Tried> {
+        let claiming = match (commit.kind, &commit.claim_next) {
+            (CommitKind::Final(_), Some(lease)) => Some(lease),
+            _ => None,
+        };
+        let sql = match claiming {
+            Some(_) => &self.commit_sql[4],
+            None => &self.commit_sql[kind_index(commit.kind)],
+        };
+        let st = c.prepared(sql).map_err(|e| Tried::of(e, false))?;
+        let mut params = p.params(commit);
+        let claim = claiming.map(|l| {
+            (
+                Json(lease_of(&Some(l.clone())).unwrap_or(Value::Null)),
+                l.owner.clone(),
+                i64_of(l.expires_at_ms),
+            )
+        });
+        if let Some((lease, owner, expires)) = &claim {
+            params.extend([lease as Param, owner, expires]);
+        }
+        let rows = c
+            .client
+            .query(&st, &params)
+            .map_err(|e| Tried::of(e, true))?;
+        if commit.kind == CommitKind::Release && !rows.is_empty() {
+            let _ = c
+                .client
+                .execute("SELECT pg_notify($1, '')", &[&self.channel]);
+        }
+        let Some(r) = rows.first() else {
+            return Ok(None);
+        };
+        let next = match claiming {
+            Some(_) if r.get::<_, Option<String>>(1).is_some() => match from_row_at(r, 1) {
+                Ok(rec) => Some(rec),
+                Err(e) => {
+                    let id: String = r.get(1);
+                    tracing::error!(task = %id, error = %e, "task record damaged; quarantined");
+                    let q = self
+                        .sql("UPDATE {s}.tasks SET status = 'damaged', damaged = $2 WHERE id = $1");
+                    let _ = c.client.execute(&q, &[&id, &e.to_string()]);
+                    None
+                }
+            },
+            _ => None,
+        };
+        Ok(Some(CommitOutcome {
+            cancel_requested: r.get(0),
+            next,
+        }))
+    }
+
+    fn commit_many(
+        &self,
+        c: &mut super::Conn,
+        commits: &[&Commit],
+        params: &[CommitParams],
+    ) -> std::result::Result<Vec<Option<CommitOutcome>>, Tried> {
+        let claim = self.sql(&format!("{CLAIM_SQL}{}", returning("t.")));
+        let mut statements = Vec::new();
+        for cm in commits {
+            statements.push(
+                c.prepared(&self.commit_sql[kind_index(cm.kind)])
+                    .map_err(|e| Tried::of(e, false))?,
+            );
+        }
+        let claim_st = c.prepared(&claim).map_err(|e| Tried::of(e, false))?;
+        let mut tx = c.client.transaction().map_err(|e| Tried::of(e, false))?;
+        let mut out = Vec::with_capacity(commits.len());
+        let mut notify = false;
+        for ((cm, p), st) in commits.iter().zip(params).zip(&statements) {
+            let rows = tx
+                .query(st, &p.params(cm))
+                .map_err(|e| Tried::of(e, false))?;
+            let Some(r) = rows.first() else {
+                out.push(None);
+                continue;
+            };
+            notify |= cm.kind == CommitKind::Release;
+            let mut o = CommitOutcome {
+                cancel_requested: r.get(0),
+                next: None,
+            };
+            if let (CommitKind::Final(_), Some(lease)) = (cm.kind, &cm.claim_next) {
+                let lease_json = Json(lease_of(&Some(lease.clone())).unwrap_or(Value::Null));
+                let rows = tx
+                    .query(
+                        &claim_st,
+                        &[
+                            &1i64,
+                            &lease_json,
+                            &lease.owner,
+                            &i64_of(lease.expires_at_ms),
+                            &p.now,
+                            &p.marker,
+                        ],
+                    )
+                    .map_err(|e| Tried::of(e, false))?;
+                o.next = self.first_claimed(&mut tx, &rows)?;
+            }
+            out.push(Some(o));
+        }
+        if notify {
+            self.notify(&mut tx).map_err(Tried::Failed)?;
+        }
+        tx.commit().map_err(|e| Tried::of(e, true))?;
+        Ok(out)
+    }
+
+    fn first_claimed(
+        &self,
+        tx: &mut Transaction<'_>,
+        rows: &[Row],
+    ) -> std::result::Result<Option<TaskRecord>, Tried> {
+        let quarantine =
+            self.sql("UPDATE {s}.tasks SET status = 'damaged', damaged = $2 WHERE id = $1");
+        let mut failed = None;
+        let got = decode_claimed(self, rows, &mut |id, why| {
+            if let Err(e) = tx.execute(&quarantine, &[&id, &why]) {
+                failed = Some(e);
+            }
+        });
+        if let Some(e) = failed {
+            return Err(Tried::of(e, false));
+        }
+        Ok(got.into_iter().next())
+    }
+
+    /// After a lost acknowledgment: a commit landed if its task's row carries its marker (a
+    /// refused commit never wrote one, and refusing it again gives the same answer). `None`:
+    /// nothing of the batch landed, so it is simply committed again.
+    fn read_back(
+        &self,
+        commits: &[&Commit],
+        params: &[CommitParams],
+    ) -> Result<Option<Vec<Option<CommitOutcome>>>> {
+        let row_sql = self.sql("SELECT last_commit, cancel_requested FROM {s}.tasks WHERE id = $1");
+        let next_sql = self.sql(&format!(
+            "SELECT {TASK_COLUMNS} FROM {{s}}.tasks WHERE claim_commit = $1 AND status = 'running'"
+        ));
+        let mut out = Vec::with_capacity(commits.len());
+        for (cm, p) in commits.iter().zip(params) {
+            let row = self.query(&row_sql, &[&cm.task_id])?;
+            let landed = row
+                .first()
+                .is_some_and(|r| r.get::<_, Option<i64>>(0) == Some(p.marker));
+            if !landed {
+                out.push(None);
+                continue;
+            }
+            let next = if cm.claim_next.is_some() {
+                let rows = self.query(&next_sql, &[&p.marker])?;
+                rows.first().map(from_row).transpose()?
+            } else {
+                None
+            };
+            out.push(Some(CommitOutcome {
+                cancel_requested: row.first().and_then(|r| r.get(1)),
+                next,
+            }));
+        }
+        if out.iter().all(Option::is_none) {
+            return Ok(None);
+        }
+        Ok(Some(out))
+    }
+}
+
+/// How a commit attempt failed: the server answered (nothing landed), or the connection was
+/// lost, before the commit was sent (nothing landed) or after (unknown).
+enum Tried {
+    Failed(Error),
+    Lost(postgres::Error, bool),
+}
+
+impl Tried {
+    fn of(e: postgres::Error, sent: bool) -> Tried {
+        if is_connection_error(&e) {
+            Tried::Lost(e, sent)
+        } else {
+            Tried::Failed(db_error(e))
+        }
+    }
+}
