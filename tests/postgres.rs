@@ -4,6 +4,7 @@
 
 mod common;
 use common::pg::PgCluster;
+use common::*;
 
 #[test]
 fn a_throwaway_cluster_keeps_committed_rows_across_an_immediate_stop() {
@@ -25,4 +26,109 @@ fn a_throwaway_cluster_keeps_committed_rows_across_an_immediate_stop() {
     pg.start_server();
     assert_eq!(pg.psql("SELECT v FROM t WHERE id = 1"), "committed");
     assert_eq!(pg.psql("SHOW server_version_num").len(), 6);
+}
+
+/// Daemons starting together on a fresh database apply each migration once (advisory lock),
+/// and a database migrated by a newer Tether is refused by every verb, with nothing changed.
+#[test]
+fn migrations_run_once_under_a_lock_and_a_newer_schema_is_refused() {
+    let Some(pg) = PgCluster::start("migrations") else {
+        return;
+    };
+    let dir = TempDir::with_db("migrations", &format!("{}?schema=mig", pg.url()));
+    let d = dir.path();
+    let racers: Vec<_> = (0..4)
+        .map(|_| {
+            command(d)
+                .arg("migrate")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("migrate")
+        })
+        .collect();
+    for r in racers {
+        let out = r.wait_with_output().expect("migrate");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_eq!(
+        pg.psql("SELECT count(*) || ' ' || max(version) FROM mig.migrations"),
+        "1 1"
+    );
+    let ids = pg.psql("SELECT count(*) FROM mig.meta WHERE key = 'db_id'");
+    assert_eq!(ids, "1", "one database id");
+    enqueue(d, &[]);
+    pg.psql("INSERT INTO mig.migrations (version) VALUES (99)");
+    for verb in [
+        &["list"][..],
+        &["enqueue", "--user", "u", "--goal", "g"],
+        &["run", "--drain"],
+    ] {
+        let (code, err) = fails(d, verb);
+        assert_eq!(code, 1, "{verb:?}: {err}");
+        assert!(
+            err.contains("newer version of Tether") && err.contains("version 99"),
+            "{verb:?}: {err}"
+        );
+    }
+    assert_eq!(
+        pg.psql("SELECT count(*) FROM mig.tasks"),
+        "1",
+        "nothing changed"
+    );
+}
+
+/// An idle daemon is woken by NOTIFY: with its polling and recovery set ten minutes apart, a
+/// task enqueued while it waits still runs (the test would wait those ten minutes without it).
+#[test]
+fn an_idle_daemon_is_woken_by_notify() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+    use tether::store::pg::PgStore;
+    use tether::tools::durable::DurableStore;
+    let Some(pg) = PgCluster::start("notify") else {
+        return;
+    };
+    let url = format!("{}?schema=wake", pg.url());
+    let store = Arc::new(PgStore::open(&url, true, 4, Duration::from_secs(5)).expect("open"));
+    let tools = Arc::new(DurableStore::open_target(&url).expect("store"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let daemon = {
+        let (store, stop) = (store.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let cfg = tether::worker::Config {
+                workers: 1,
+                poll_ms: 600_000,
+                recover_every_ms: 600_000,
+                ..Default::default()
+            };
+            tether::worker::run(store, tools, &cfg, stop).expect("daemon")
+        })
+    };
+    // Let it find the queue empty and wait.
+    std::thread::sleep(Duration::from_millis(500));
+    let dir = TempDir::with_db("notify", &url);
+    let id = enqueue(dir.path(), &[]).trim().to_string();
+    let started = Instant::now();
+    let mut status = String::new();
+    while started.elapsed() < Duration::from_secs(120) {
+        status = json(dir.path(), &["show", &id, "--json"])["status"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        if status == "finished" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stop.store(true, Ordering::SeqCst);
+    // The stopping daemon waits for a wake-up too: send one.
+    pg.psql("NOTIFY wake_ready");
+    assert_eq!(status, "finished", "the idle daemon never started {id}");
+    daemon.join().expect("daemon");
 }
