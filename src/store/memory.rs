@@ -12,6 +12,23 @@ use super::schema::*;
 use super::{Error, Result, Store, next_seq};
 use crate::kernel::memory::{self, Note};
 
+/// A note the memory policy admits (trusted source, non-empty), within its limits; the same
+/// check on both backends.
+pub(crate) fn admit_note(
+    user: &str,
+    text: &str,
+    source: &str,
+    ttl_s: u64,
+    d: &Decision,
+) -> Result<Note> {
+    let note = memory::admit(user, text, source, d.now_ms / 1000, ttl_s)
+        .map_err(|e| Error::Invalid(e.to_string()))?;
+    crate::limits::check_text(text, "the note", crate::limits::NOTE_BYTES_MAX)
+        .map_err(|e| Error::Invalid(e.0))?;
+    crate::limits::check_name(user, "--user").map_err(|e| Error::Invalid(e.0))?;
+    Ok(note)
+}
+
 impl Store {
     /// Stores a long-term memory note if the policy admits it (trusted source, non-empty).
     pub fn add_note(
@@ -22,11 +39,7 @@ impl Store {
         ttl_s: u64,
         d: &Decision,
     ) -> Result<Note> {
-        let note = memory::admit(user, text, source, d.now_ms / 1000, ttl_s)
-            .map_err(|e| Error::Invalid(e.to_string()))?;
-        crate::limits::check_text(text, "the note", crate::limits::NOTE_BYTES_MAX)
-            .map_err(|e| Error::Invalid(e.0))?;
-        crate::limits::check_name(user, "--user").map_err(|e| Error::Invalid(e.0))?;
+        let note = admit_note(user, text, source, ttl_s, d)?;
         let w = self.begin_write()?;
         let seq = next_seq(&mut w.open_table(META)?, META_NOTE_SEQ)?;
         w.open_table(NOTES)?

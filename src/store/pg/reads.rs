@@ -10,7 +10,7 @@ use super::PgStore;
 use super::pool::db_error;
 use super::rows::{SAVE_SQL, TASK_COLUMNS, from_row, i64_of, saved, u64_of};
 use crate::kernel::Span;
-use crate::kernel::memory::{self, Note};
+use crate::kernel::memory::Note;
 use crate::model::RecordedReply;
 use crate::store::CheckReport;
 use crate::store::ops::{Decision, DecisionTx, Event};
@@ -282,11 +282,7 @@ impl PgStore {
         ttl_s: u64,
         d: &Decision,
     ) -> Result<Note> {
-        let note = memory::admit(user, text, source, d.now_ms / 1000, ttl_s)
-            .map_err(|e| Error::Invalid(e.to_string()))?;
-        crate::limits::check_text(text, "the note", crate::limits::NOTE_BYTES_MAX)
-            .map_err(|e| Error::Invalid(e.0))?;
-        crate::limits::check_name(user, "--user").map_err(|e| Error::Invalid(e.0))?;
+        let note = crate::store::memory::admit_note(user, text, source, ttl_s, d)?;
         let sql = self.sql(
             "INSERT INTO {s}.notes (user_id, text, source, created_at_s, expires_at_s) \
              VALUES ($1, $2, $3, $4, $5)",

@@ -274,6 +274,26 @@ pub(crate) fn write_in(b: &mut dyn Book, c: &WriteCall) -> Result<(Value, bool)>
     Ok((res, false))
 }
 
+/// Adds orders, or changes the customer and total of existing ones, in `b`: what was refunded
+/// stays (a total below it is refused), so re-adding an order never undoes refunds.
+pub(crate) fn put_orders_in(b: &mut dyn Book, orders: &[(String, Order)]) -> Result<()> {
+    for (id, o) in orders {
+        let mut o = o.clone();
+        if let Some(old) = b.order(id)? {
+            if o.total < old.refunded {
+                return Err(crate::store::Error::Invalid(format!(
+                    "order {id}: a total of {} is below the {} already refunded",
+                    o.total, old.refunded
+                )));
+            }
+            o.refunded = old.refunded;
+            o.status = old.status;
+        }
+        b.put_order(id, &o)?;
+    }
+    Ok(())
+}
+
 /// The one order a call names, as the book `apply` works on, read through a [`Book`].
 fn book_of(b: &mut dyn Book, scope: &str, order_id: &str) -> Result<BTreeMap<String, Order>> {
     if order_id.contains('/') {

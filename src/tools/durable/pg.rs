@@ -10,7 +10,9 @@ use postgres::types::Json;
 use serde_json::Value;
 use std::collections::BTreeMap;
 
-use super::{Arrival, Book, LedgerEntry, Stored, WriteCall, fresh_copy, scoped, write_in};
+use super::{
+    Arrival, Book, LedgerEntry, Stored, WriteCall, fresh_copy, put_orders_in, scoped, write_in,
+};
 use crate::store::pg::PgStore;
 use crate::store::{Error, Result};
 use crate::tools::{Effect, Order, demo_orders};
@@ -139,24 +141,8 @@ impl PgBookStore {
     }
 
     pub fn put_orders(&self, orders: &[(String, Order)]) -> Result<()> {
-        self.pg.write(|tx| {
-            let mut b = PgBook { s: &self.pg, tx };
-            for (id, o) in orders {
-                let mut o = o.clone();
-                if let Some(old) = b.order(id)? {
-                    if o.total < old.refunded {
-                        return Err(Error::Invalid(format!(
-                            "order {id}: a total of {} is below the {} already refunded",
-                            o.total, old.refunded
-                        )));
-                    }
-                    o.refunded = old.refunded;
-                    o.status = old.status;
-                }
-                b.put_order(id, &o)?;
-            }
-            Ok(())
-        })
+        self.pg
+            .write(|tx| put_orders_in(&mut PgBook { s: &self.pg, tx }, orders))
     }
 
     pub fn orders(&self) -> Result<BTreeMap<String, Order>> {

@@ -12,7 +12,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use super::{
-    Arrival, Book, IdempotencyRecord, LedgerEntry, Stored, WriteCall, fresh_copy, scoped, write_in,
+    Arrival, Book, IdempotencyRecord, LedgerEntry, Stored, WriteCall, fresh_copy, put_orders_in,
+    scoped, write_in,
 };
 use crate::store::codec::{decode, encode};
 use crate::store::{Error, Opener, Reopening, Result};
@@ -118,27 +119,7 @@ impl RedbStore {
     /// stays (a total below it is refused), so re-adding an order never undoes refunds.
     pub fn put_orders(&self, orders: &[(String, Order)]) -> Result<()> {
         let w = self.db.get().begin_write()?;
-        {
-            let mut t = w.open_table(ORDERS)?;
-            for (id, o) in orders {
-                let existing = match t.get(id.as_str())? {
-                    Some(g) => Some(decode::<Order>("order", g.value())?),
-                    None => None,
-                };
-                let mut o = o.clone();
-                if let Some(old) = existing {
-                    if o.total < old.refunded {
-                        return Err(Error::Invalid(format!(
-                            "order {id}: a total of {} is below the {} already refunded",
-                            o.total, old.refunded
-                        )));
-                    }
-                    o.refunded = old.refunded;
-                    o.status = old.status;
-                }
-                t.insert(id.as_str(), encode(&o)?.as_slice())?;
-            }
-        }
+        put_orders_in(&mut RedbBook(&w), orders)?;
         w.commit()?;
         Ok(())
     }
