@@ -16,11 +16,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use tether::kernel::Budget;
 use tether::model::ModelProfile;
-use tether::store::{NewTask, Store};
+use tether::store::Store;
 use tether::tools::durable::DurableStore;
 use tether::worker::{self, Config};
+
+#[path = "common/tasks.rs"]
+mod tasks;
+use tasks::tasks;
 
 fn temp_dir(name: &str) -> std::path::PathBuf {
     let p = std::env::temp_dir().join(format!("tether-bench-{name}-{}", std::process::id()));
@@ -72,20 +75,7 @@ fn durable(name: &str, model: &ModelProfile, n: usize, workers: usize) -> (f64, 
     let dir = temp_dir(name);
     let store = Arc::new(Store::open(&dir.join("w.redb"), true).expect("db"));
     let tools = Arc::new(DurableStore::open(&dir.join("w.store.redb")).expect("store"));
-    let tasks: Vec<NewTask> = (0..n)
-        .map(|i| NewTask {
-            user: "cu_ana".into(),
-            goal: "refund the damaged item on order ord_1001".into(),
-            key: None,
-            priority: 0,
-            budget: Budget::default(),
-            model: model.clone(),
-            tool_latency_ms: Default::default(),
-            store_scope: format!("b{i}"),
-            catalog: None,
-            approval_wait_ms: tether::store::DEFAULT_APPROVAL_WAIT_MS,
-        })
-        .collect();
+    let tasks = tasks(model, n);
     store.enqueue(&tasks, worker::now_ms()).expect("enqueue");
     let cfg = Config {
         workers,

@@ -11,6 +11,10 @@
 //!
 //! Run with `cargo bench --bench postgres`. Figures are printed with their ratios.
 
+#[path = "common/tasks.rs"]
+mod tasks;
+use tasks::tasks;
+
 #[path = "../tests/common/pg.rs"]
 #[allow(dead_code)]
 mod pg;
@@ -19,10 +23,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use tether::kernel::Budget;
 use tether::model::ModelProfile;
+use tether::store::QueueStatus;
 use tether::store::pg::PgStore;
-use tether::store::{NewTask, QueueStatus};
 use tether::tools::durable::DurableStore;
 use tether::worker::{self, Config};
 
@@ -41,23 +44,6 @@ fn raw_commit_rate(url: &str, n: usize) -> f64 {
         c.execute(&st, &[&i]).expect("update");
     }
     n as f64 / t.elapsed().as_secs_f64()
-}
-
-fn tasks(model: &ModelProfile, n: usize) -> Vec<NewTask> {
-    (0..n)
-        .map(|i| NewTask {
-            user: "cu_ana".into(),
-            goal: "refund the damaged item on order ord_1001".into(),
-            key: None,
-            priority: 0,
-            budget: Budget::default(),
-            model: model.clone(),
-            tool_latency_ms: Default::default(),
-            store_scope: format!("b{i}"),
-            catalog: None,
-            approval_wait_ms: tether::store::DEFAULT_APPROVAL_WAIT_MS,
-        })
-        .collect()
 }
 
 /// Runs `n` tasks with `workers` threads until drained, in a schema of its own; returns

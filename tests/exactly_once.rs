@@ -117,6 +117,35 @@ conformance! {
 }
 
 conformance! {
+    /// A group of commits is one transaction: a superseded claim in it is refused alone, the
+    /// others land, and a final commit in the group claims the thread's next task.
+    fn a_group_refuses_a_superseded_commit_alone(d) {
+        let store = backend(d);
+        let three = [
+            new_task("cu_ana", "a", None),
+            new_task("cu_ana", "b", None),
+            new_task("cu_ana", "c", None),
+        ];
+        store.enqueue(&three, 0).expect("enqueue");
+        let claimed = store.claim(&lease("me", 0), 2, 0).expect("claim");
+        let (a, b) = (&claimed[0], &claimed[1]);
+        let ta = a.lease.as_ref().expect("lease").token;
+        let tb = b.lease.as_ref().expect("lease").token;
+        let stale = step_commit(a, ta + 7, 5);
+        let mut fin = step_commit(b, tb, 2);
+        fin.kind = CommitKind::Final(tether::kernel::StopReason::Done);
+        fin.claim_next = Some(lease("me", 0));
+        let out = store.commit_batch(&[&stale, &fin]).expect("the group");
+        assert!(out[0].is_none(), "the superseded commit is refused");
+        let next = out[1].as_ref().expect("accepted").next.as_ref().expect("next claimed");
+        assert_eq!(next.id, "t3");
+        assert_eq!(store.task(&a.id).expect("a").state.step, a.state.step);
+        assert_eq!(store.task(&b.id).expect("b").status.as_str(), "finished");
+        assert_eq!(store.task("t3").expect("t3").status.as_str(), "running");
+    }
+}
+
+conformance! {
     /// Defect 2: the stale claim's commits were accepted because the lease named the process,
     /// not the claim. With fencing, the older token of the same owner is refused.
     fn a_superseded_claim_never_commits(d) {

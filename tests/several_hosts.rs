@@ -93,6 +93,21 @@ fn count_in_logs(d: &Path, prefix: &str, text: &str) -> usize {
         .sum()
 }
 
+/// A throwaway cluster, a proxy in front of it, the URLs of schema `name` directly and through
+/// the proxy, and a test directory on the direct one, with the document's store created.
+fn setup(name: &str) -> Option<(PgCluster, Proxy, String, TempDir)> {
+    let pg = PgCluster::start(name)?;
+    let proxy = Proxy::start(pg.port);
+    let direct = format!("{}?schema={name}", pg.url());
+    let via = format!(
+        "postgres://tether@127.0.0.1:{}/postgres?schema={name}",
+        proxy.port
+    );
+    let dir = TempDir::with_db(name, &direct);
+    ok(dir.path(), &["store", "orders"]);
+    Some((pg, proxy, via, dir))
+}
+
 #[test]
 fn three_daemons_killed_and_one_cut_off_lose_and_repeat_nothing() {
     const TASKS: usize = 90;
@@ -100,18 +115,11 @@ fn three_daemons_killed_and_one_cut_off_lose_and_repeat_nothing() {
     let seed = seed();
     println!("several hosts seed: TETHER_SEED={seed}");
     let mut rng = Rng(seed);
-    let Some(pg) = PgCluster::start("hosts") else {
+    let Some((pg, proxy, cut_off, dir)) = setup("hosts") else {
         return;
     };
-    let proxy = Proxy::start(pg.port);
-    let direct = format!("{}?schema=hosts", pg.url());
-    let cut_off = format!(
-        "postgres://tether@127.0.0.1:{}/postgres?schema=hosts",
-        proxy.port
-    );
-    let dir = TempDir::with_db("hosts", &direct);
     let d = dir.path();
-    ok(d, &["store", "orders"]);
+    let direct = db_url(d).expect("the direct URL");
     let f = task_file(d, &mut rng, "h", TASKS);
     ok(d, &["enqueue", "--file", &f]);
 
@@ -198,19 +206,12 @@ fn the_database_restarting_and_lost_answers_lose_and_repeat_nothing() {
     let seed = seed();
     println!("database failure seed: TETHER_SEED={seed}");
     let mut rng = Rng(seed);
-    let Some(pg) = PgCluster::start("restarts") else {
+    // The daemons' proxy loses answers; the job and the operator connect directly.
+    let Some((pg, proxy, via, dir)) = setup("restarts") else {
         return;
     };
-    // The daemons' proxy loses answers; the job and the operator connect directly.
-    let proxy = Proxy::start(pg.port);
-    let direct = format!("{}?schema=restarts", pg.url());
-    let via = format!(
-        "postgres://tether@127.0.0.1:{}/postgres?schema=restarts",
-        proxy.port
-    );
-    let dir = TempDir::with_db("restarts", &direct);
     let d = dir.path().to_path_buf();
-    ok(&d, &["store", "orders"]);
+    let direct = db_url(&d).expect("the direct URL");
     let mut hosts: Vec<Child> = (0..2)
         .map(|s| daemon(&d, &via, &d.join(format!("db{s}.log")), &[]))
         .collect();

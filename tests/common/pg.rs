@@ -172,34 +172,21 @@ impl PgCluster {
 
     /// Runs `psql -c SQL` against the cluster; returns its output, unaligned, tuples only.
     pub fn psql(&self, sql: &str) -> String {
+        let args = [
+            "-X",
+            "-A",
+            "-t",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-d",
+            &self.url(),
+            "-c",
+            sql,
+        ];
         let out = Command::new(self.bin.join("psql"))
-            .args([
-                "-X",
-                "-A",
-                "-t",
-                "-v",
-                "ON_ERROR_STOP=1",
-                "-d",
-                &self.url(),
-                "-c",
-                sql,
-            ])
+            .args(args)
             .output()
-            .or_else(|_| {
-                Command::new("psql")
-                    .args([
-                        "-X",
-                        "-A",
-                        "-t",
-                        "-v",
-                        "ON_ERROR_STOP=1",
-                        "-d",
-                        &self.url(),
-                        "-c",
-                        sql,
-                    ])
-                    .output()
-            })
+            .or_else(|_| Command::new("psql").args(args).output())
             .expect("psql");
         assert!(
             out.status.success(),

@@ -6,7 +6,7 @@ use postgres::types::Json;
 use serde_json::Value;
 
 use super::pool::{db_error, is_connection_error};
-use super::rows::{TASK_COLUMNS, from_row, i64_of, lease_of, ms_col, spec_of};
+use super::rows::{TASK_COLUMNS, from_row, i64_of, lease_at, lease_of, ms_col, spec_of};
 use super::{PgStore, random_i64};
 use crate::kernel::memory::Note;
 use crate::store::{Enqueued, Error, Lease, NewTask, Result, TaskRecord, differs, new_record};
@@ -172,27 +172,26 @@ impl PgStore {
         live: &dyn Fn(&str, &Lease) -> bool,
     ) -> Result<Vec<String>> {
         let now = i64_of(now_ms);
-        let candidates = self.sql(&format!(
-            "SELECT {TASK_COLUMNS}, NOT EXISTS (SELECT 1 FROM {{s}}.workers w \
-             WHERE w.owner = t.lease_owner AND w.expires_at_ms > $1) FROM {{s}}.tasks t \
-             WHERE status = 'running'"
-        ));
+        // Only what the decision needs: never the state, spec or script of a running task.
+        let candidates = self.sql(
+            "SELECT id, token, lease, lease_expires_ms, NOT EXISTS (SELECT 1 FROM {s}.workers w \
+             WHERE w.owner = t.lease_owner AND w.expires_at_ms > $1) FROM {s}.tasks t \
+             WHERE status = 'running'",
+        );
         let rows = self.read(|c| c.client.query(&candidates, &[&now]))?;
         let mut take: Vec<(String, i64)> = Vec::new();
         for r in &rows {
             let id: String = r.get(0);
-            let token: i64 = r.get(4);
-            let owner_gone: bool = r.get(18);
-            let Ok(rec) = from_row(r) else {
-                take.push((id, token));
-                continue;
+            let token: i64 = r.get(1);
+            let owner_gone: bool = r.get(4);
+            // A lease that cannot be read, or none, leaves nobody running the task.
+            let over = match lease_at(r, 1, &id) {
+                Ok(Some(l)) => {
+                    (l.expires_at_ms <= now_ms || owner_gone || is_dead(&l)) && !live(&id, &l)
+                }
+                _ => true,
             };
-            let Some(l) = rec.lease.as_ref() else {
-                take.push((id, token));
-                continue;
-            };
-            let over = l.expires_at_ms <= now_ms || owner_gone || is_dead(l);
-            if over && !live(&id, l) {
+            if over {
                 take.push((id, token));
             }
         }

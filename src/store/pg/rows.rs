@@ -60,6 +60,22 @@ pub fn from_row(r: &Row) -> Result<TaskRecord> {
     from_row_at(r, 0)
 }
 
+/// The lease of a row whose columns `token, lease, lease_expires_ms` start at column `o`.
+pub fn lease_at(r: &Row, o: usize, id: &str) -> Result<Option<Lease>> {
+    let Some(Json(v)) = r.get::<_, Option<Json<Value>>>(o + 1) else {
+        return Ok(None);
+    };
+    let l: LeaseCol = parse(v, "lease", id)?;
+    Ok(Some(Lease {
+        owner: l.owner,
+        host: l.host,
+        pid: l.pid,
+        start_ticks: l.start_ticks,
+        expires_at_ms: r.get::<_, Option<i64>>(o + 2).map_or(0, u64_of),
+        token: u64_of(r.get(o)),
+    }))
+}
+
 /// The task of a row whose [`TASK_COLUMNS`] start at column `o`.
 pub fn from_row_at(r: &Row, o: usize) -> Result<TaskRecord> {
     let id: String = r.get(o);
@@ -67,20 +83,7 @@ pub fn from_row_at(r: &Row, o: usize) -> Result<TaskRecord> {
     let status = QueueStatus::parse(&status)
         .ok_or_else(|| Error::Corrupt(format!("task {id}: unknown status {status:?}")))?;
     let spec: Spec = parse(r.get::<_, Json<Value>>(14 + o).0, "spec", &id)?;
-    let lease = match r.get::<_, Option<Json<Value>>>(5 + o) {
-        Some(Json(v)) => {
-            let l: LeaseCol = parse(v, "lease", &id)?;
-            Some(Lease {
-                owner: l.owner,
-                host: l.host,
-                pid: l.pid,
-                start_ticks: l.start_ticks,
-                expires_at_ms: r.get::<_, Option<i64>>(6 + o).map_or(0, u64_of),
-                token: u64_of(r.get(4 + o)),
-            })
-        }
-        None => None,
-    };
+    let lease = lease_at(r, o + 4, &id)?;
     Ok(TaskRecord {
         status,
         priority: r.get(2 + o),
