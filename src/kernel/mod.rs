@@ -7,6 +7,7 @@
 //! `tests/kernel_purity.rs` checks this).
 
 pub mod catalog;
+pub mod io;
 pub mod json;
 pub mod memory;
 pub mod plan;
