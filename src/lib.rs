@@ -4,13 +4,15 @@
 //! [`sim`] drives the kernel in memory (the design document's programs and benchmarks).
 
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod group;
-pub mod http;
 pub mod httpd;
 pub mod kernel;
 pub mod limits;
 pub mod model;
+pub mod net;
+pub mod operator;
 pub mod otlp;
 pub mod replay;
 pub mod sim;

@@ -20,13 +20,13 @@ fn bench(name: &str) -> (TempDir, Value) {
     enqueue(d, &[]);
     ok(d, &["run", "--drain"]);
     enqueue(d, &["--model", "policy:ord_1004:8000", "--key", "earlier"]);
-    let baseline = json(d, &["list", "--json"]);
+    let baseline = json(d, &["list", "--json", "--limit", "10000"]);
     (dir, baseline)
 }
 
 /// The earlier tasks are all there, as they were.
 fn intact(d: &Path, baseline: &Value, case: &str) {
-    let now = json(d, &["list", "--json"]);
+    let now = json(d, &["list", "--json", "--limit", "10000"]);
     for t in baseline.as_array().expect("baseline") {
         let id = &t["id"];
         let found = now

@@ -119,9 +119,9 @@ conformance! {
             Some(2),
             "nothing of a bad batch lands"
         );
-        // Priority 5 runs first.
+        // Newest first: the second line, of priority 5, is listed first.
         let list = json(d, &["list", "--status", "queued", "--json"]);
-        assert_eq!(list[1]["priority"], 5);
+        assert_eq!(list[0]["priority"], 5);
     }
 }
 

@@ -225,7 +225,7 @@ fn approved_call_in_flight(d: &Path) -> String {
         expires_at_ms: 0,
         token: 0,
     };
-    let now = tether::worker::now_ms();
+    let now = tether::clock::now_ms();
     let rec = store.claim(&dead, 1, now).expect("claim").remove(0);
     let token = rec.lease.as_ref().expect("lease").token;
     let call = rec.state.pending.clone().expect("held call");

@@ -9,7 +9,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    let _ = tether::http::parse_completion(text);
+    let _ = tether::model::openai::parse_completion(text);
     let _ = tether::kernel::reply::parse_owned(RawReply::Text(text.to_string()));
     if let Ok(v) = serde_json::from_str::<serde_json::Value>(text) {
         let _ = tether::kernel::reply::parse_owned(RawReply::Json(v));

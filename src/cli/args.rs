@@ -45,7 +45,7 @@ pub enum Command {
     Enqueue(EnqueueArgs),
     /// List tasks.
     #[command(
-        after_help = "Example:\n  worker list --status held\n  worker list --stop max_steps --json"
+        after_help = "Example:\n  worker list --status held\n  worker list --user cu_ana --since 7d --limit 20\n  worker list --before t950          # the next page, as the last one printed\n  worker list --stop max_steps --json\n\nNewest first, --limit 50 by default. Each filter reads through an index, never every task."
     )]
     List(ListArgs),
     /// Show one task: state, plan, budgets used, closing message.
@@ -173,7 +173,7 @@ fn default_by() -> String {
 
 #[derive(Args, Debug)]
 pub struct DecideArgs {
-    /// Task id.
+    /// Task id (e.g. t7), or key:KEY for the task enqueued under KEY.
     pub task: String,
     /// Who decides (default: $USER); recorded in the audit log.
     #[arg(long, default_value_t = default_by())]
@@ -181,6 +181,9 @@ pub struct DecideArgs {
     /// Why; recorded in the audit log.
     #[arg(long)]
     pub reason: Option<String>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// The held call a decision is about, as `worker show` prints it. Compared inside the
@@ -228,7 +231,7 @@ pub struct RejectArgs {
 
 #[derive(Args, Debug)]
 pub struct ReconcileArgs {
-    /// Task id; without it, list the held writes.
+    /// Task id (or key:KEY); without it, list the held writes.
     pub task: Option<String>,
     /// Settle every held write whose tool's lookup gives a definite answer.
     #[arg(long, conflicts_with_all = ["task", "applied", "not_applied"])]
@@ -407,20 +410,40 @@ pub struct EnqueueArgs {
 
 #[derive(Args, Debug)]
 pub struct ListArgs {
-    /// queued, running, suspended, held or finished.
+    /// queued, running, suspended, held, finished, or damaged (this one reads every task).
     #[arg(long)]
     pub status: Option<String>,
     /// A stop reason (done, max_steps, ..., cancelled).
     #[arg(long)]
     pub stop: Option<String>,
-    /// Print the result as JSON.
+    /// Only this user's tasks.
+    #[arg(long)]
+    pub user: Option<String>,
+    /// Only the task enqueued under this key.
+    #[arg(long)]
+    pub key: Option<String>,
+    /// Enqueued at or after this time: RFC 3339 (2026-11-30T08:00:00Z, 2026-11-30) or a
+    /// duration ago (30m, 12h, 7d).
+    #[arg(long, value_name = "WHEN")]
+    pub since: Option<String>,
+    /// Enqueued before this time (same forms as --since).
+    #[arg(long, value_name = "WHEN")]
+    pub until: Option<String>,
+    /// The cursor: tasks enqueued before this one. A full page's last task is the next
+    /// page's cursor (printed on stderr as `more: worker list --before ID`).
+    #[arg(long, value_name = "TASK")]
+    pub before: Option<String>,
+    /// At most this many tasks, newest first (1 to 10000).
+    #[arg(long, default_value_t = 50)]
+    pub limit: usize,
+    /// Print the result as JSON (an array of tasks, newest first).
     #[arg(long)]
     pub json: bool,
 }
 
 #[derive(Args, Debug)]
 pub struct TaskArgs {
-    /// Task id, as printed by `worker enqueue` (e.g. t1).
+    /// Task id, as printed by `worker enqueue` (e.g. t1), or key:KEY (its enqueue key).
     pub task: String,
     /// Print the result as JSON.
     #[arg(long)]
@@ -429,7 +452,7 @@ pub struct TaskArgs {
 
 #[derive(Args, Debug)]
 pub struct TraceArgs {
-    /// Task id (e.g. t1).
+    /// Task id (e.g. t1), or key:KEY.
     pub task: String,
     /// Print the result as JSON.
     #[arg(long)]

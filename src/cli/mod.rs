@@ -59,11 +59,12 @@ use std::sync::atomic::AtomicBool;
 use crate::kernel::report::{closing_message, postmortem, span_table};
 use crate::kernel::{Budget, Catalog, StopReason};
 use crate::model::ModelProfile;
+use crate::operator::task_effects;
 use crate::sim::{SCENARIO_HEADER, scenario_row, scenarios};
 use crate::store::ops::{Decision, Extension, Reviewed, Settlement};
 use crate::store::{self, Access, Backend, NewTask, QueueStatus, Store, TaskRecord};
-use crate::tools::durable::{DurableStore, LedgerEntry};
-use crate::tools::{Effect, Order, effects_to_python};
+use crate::tools::durable::DurableStore;
+use crate::tools::{Order, effects_to_python};
 use crate::worker::{self, Config, now_ms};
 
 /// An error for the user: what was wrong, why, and what to do; exit code 1 or 2.
@@ -240,20 +241,7 @@ fn print_json(v: &Value) -> CliResult {
 }
 
 fn decision(by: &str, reason: &Option<String>) -> Result<Decision, CliError> {
-    if by.trim().is_empty() {
-        return Err(CliError::usage("--by must not be empty"));
-    }
-    crate::limits::check_text(by, "--by", crate::limits::NAME_BYTES_MAX)
-        .map_err(|e| CliError::usage(e.0))?;
-    if let Some(r) = reason {
-        crate::limits::check_text(r, "--reason", crate::limits::REASON_BYTES_MAX)
-            .map_err(|e| CliError::usage(e.0))?;
-    }
-    Ok(Decision {
-        by: by.to_string(),
-        reason: reason.clone(),
-        now_ms: now_ms(),
-    })
+    crate::operator::decision(by, reason.as_deref()).map_err(CliError::usage)
 }
 
 fn extension(text: &Option<String>) -> Result<Extension, CliError> {
@@ -261,14 +249,4 @@ fn extension(text: &Option<String>) -> Result<Extension, CliError> {
         Some(t) => Extension::parse(t).map_err(CliError::usage),
         None => Ok(Extension::default()),
     }
-}
-
-/// The effects of one task of the database whose id is `db_id` (keys are `db_id:task:step`).
-pub fn task_effects(ledger: &[LedgerEntry], db_id: &str, task_id: &str) -> Vec<Effect> {
-    let prefix = format!("{db_id}:{task_id}:");
-    ledger
-        .iter()
-        .filter(|e| e.key.starts_with(&prefix))
-        .map(|e| e.effect.clone())
-        .collect()
 }

@@ -1,6 +1,8 @@
 //! The read verbs: list, show, trace, postmortem, replay and events; each with `--json`.
 
 use super::*;
+use crate::clock::{ago, parse_when, rfc3339};
+use crate::store::list::{ListQuery, Listed, TaskSummary, task_num};
 
 fn record_json(r: &TaskRecord) -> Value {
     json!({
@@ -16,19 +18,58 @@ fn record_json(r: &TaskRecord) -> Value {
         "tokens": r.state.tokens,
         "elapsed_s": r.state.elapsed_ms as f64 / 1000.0,
         "runs": r.runs,
+        "created_at": rfc3339(r.created_at_ms),
+        "updated_at": rfc3339(r.updated_at_ms),
         "created_at_ms": r.created_at_ms,
         "updated_at_ms": r.updated_at_ms,
     })
 }
 
+fn summary_json(t: &TaskSummary) -> Value {
+    json!({
+        "id": t.id,
+        "status": t.status.as_str(),
+        "stop": t.stop.map(|s| s.as_str()),
+        "user": t.user,
+        "goal": t.goal,
+        "priority": t.priority,
+        "key": t.key,
+        "steps": t.steps,
+        "tool_calls": t.tool_calls,
+        "tokens": t.tokens,
+        "elapsed_s": t.elapsed_ms as f64 / 1000.0,
+        "runs": t.runs,
+        "created_at": rfc3339(t.created_at_ms),
+        "updated_at": rfc3339(t.updated_at_ms),
+        "created_at_ms": t.created_at_ms,
+        "updated_at_ms": t.updated_at_ms,
+    })
+}
+
+fn parse_status(s: &str) -> Result<QueueStatus, CliError> {
+    QueueStatus::parse(s).ok_or_else(|| {
+        CliError::usage(format!("--status {s:?} is not a status"))
+            .hint("use queued, running, suspended, held, finished or damaged")
+    })
+}
+
 pub(super) fn cmd_list(cli: &Cli, a: &ListArgs) -> CliResult {
-    // Damaged (quarantined) records are listed with the others, or alone with --status damaged.
-    let only_damaged = a.status.as_deref() == Some("damaged");
-    let status = match &a.status {
-        Some(_) if only_damaged => None,
-        Some(s) => Some(QueueStatus::parse(s).ok_or_else(|| {
-            CliError::usage(format!("--status {s:?} is not a status"))
-                .hint("use queued, running, suspended, held, finished or damaged")
+    let now = now_ms();
+    let when = |flag: &str, v: &Option<String>| -> Result<Option<u64>, CliError> {
+        v.as_deref()
+            .map(|t| parse_when(t, now).map_err(|e| CliError::usage(format!("{flag}: {e}"))))
+            .transpose()
+    };
+    if !(1..=crate::store::list::LIMIT_MAX).contains(&a.limit) {
+        return Err(CliError::usage(format!(
+            "--limit {} is out of range: use 1 to {}",
+            a.limit,
+            crate::store::list::LIMIT_MAX
+        )));
+    }
+    let before = match &a.before {
+        Some(c) => Some(task_num(c).ok_or_else(|| {
+            CliError::usage(format!("--before {c:?} is not a task id (like t950)"))
         })?),
         None => None,
     };
@@ -40,30 +81,59 @@ pub(super) fn cmd_list(cli: &Cli, a: &ListArgs) -> CliResult {
         })?),
         None => None,
     };
-    let store = open_reader(cli)?;
-    let tasks: Vec<TaskRecord> = store
-        .tasks()?
-        .into_iter()
-        .filter(|r| !only_damaged && status.is_none_or(|s| r.status == s))
-        .filter(|r| stop.is_none_or(|s| r.state.stop == Some(s)))
-        .collect();
-    let damaged = if status.is_none() && stop.is_none() {
-        store.damaged()?
-    } else {
-        Vec::new()
+    let only_damaged = a.status.as_deref() == Some("damaged");
+    let status = match &a.status {
+        Some(s) if !only_damaged => Some(parse_status(s)?),
+        _ => None,
     };
-    if a.json {
-        let mut v: Vec<Value> = tasks.iter().map(record_json).collect();
-        v.extend(
-            damaged
+    let (since_ms, until_ms) = (when("--since", &a.since)?, when("--until", &a.until)?);
+    let store = open_reader(cli)?;
+    if only_damaged {
+        // Quarantined records: found by reading every task, as `worker check` does.
+        let damaged = store.damaged()?;
+        if a.json {
+            let v: Vec<Value> = damaged
                 .iter()
-                .map(|(id, why)| json!({"id": id, "status": "damaged", "error": why})),
-        );
+                .map(|(id, why)| json!({"id": id, "status": "damaged", "error": why}))
+                .collect();
+            return print_json(&Value::Array(v));
+        }
+        for (id, why) in &damaged {
+            outln!("{id:8} damaged    {why}");
+        }
+        return Ok(());
+    }
+    let q = ListQuery {
+        status,
+        stop,
+        user: a.user.clone(),
+        key: a.key.clone(),
+        since_ms,
+        until_ms,
+        before,
+        limit: a.limit,
+    };
+    let page = store.list(&q)?;
+    let next = page.next.map(|n| format!("t{n}"));
+    if a.json {
+        let v: Vec<Value> = page
+            .tasks
+            .iter()
+            .map(|l| match l {
+                Listed::Task(t) => summary_json(t),
+                Listed::Damaged { id, error } => {
+                    json!({"id": id, "status": "damaged", "error": error})
+                }
+            })
+            .collect();
         print_json(&Value::Array(v))?;
+        if let Some(n) = next {
+            eprintln!("more: worker list --before {n} (with the same filters)");
+        }
         return Ok(());
     }
     outln!(
-        "{:8} {:10} {:16} {:>5} {:>5} {:>6} {:>6}  {:10} goal",
+        "{:8} {:10} {:16} {:>5} {:>5} {:>6} {:>6}  {:10} {:9} goal",
         "id",
         "status",
         "stop",
@@ -71,32 +141,40 @@ pub(super) fn cmd_list(cli: &Cli, a: &ListArgs) -> CliResult {
         "tools",
         "tokens",
         "secs",
-        "user"
+        "user",
+        "created"
     );
-    for r in &tasks {
-        let goal: String = r.state.goal.chars().take(48).collect();
-        outln!(
-            "{:8} {:10} {:16} {:>5} {:>5} {:>6} {:>6.1}  {:10} {}",
-            r.id,
-            r.status.as_str(),
-            r.state.stop.map_or("-", |s| s.as_str()),
-            r.state.step,
-            r.state.tool_calls,
-            r.state.tokens,
-            r.state.elapsed_ms as f64 / 1000.0,
-            r.state.user_id,
-            goal
-        );
+    for l in &page.tasks {
+        match l {
+            Listed::Task(t) => {
+                let goal: String = t.goal.chars().take(48).collect();
+                outln!(
+                    "{:8} {:10} {:16} {:>5} {:>5} {:>6} {:>6.1}  {:10} {:9} {}",
+                    t.id,
+                    t.status.as_str(),
+                    t.stop.map_or("-", |s| s.as_str()),
+                    t.steps,
+                    t.tool_calls,
+                    t.tokens,
+                    t.elapsed_ms as f64 / 1000.0,
+                    t.user,
+                    ago(t.created_at_ms, now),
+                    goal
+                );
+            }
+            Listed::Damaged { id, error } => outln!("{id:8} damaged    {error}"),
+        }
     }
-    for (id, why) in &damaged {
-        outln!("{id:8} damaged    {why}");
+    if let Some(n) = next {
+        // On stderr, so a pipe of the table gets rows only.
+        eprintln!("more: worker list --before {n} (with the same filters)");
     }
     Ok(())
 }
 
 pub(super) fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
     let store = open_reader(cli)?;
-    let r = store.task(&a.task)?;
+    let r = store.task(&store.resolve(&a.task)?)?;
     let catalog = r.catalog.clone().unwrap_or_else(Catalog::demo);
     let closing = closing_message(&r.state, &catalog);
     let b = &r.budget;
@@ -168,8 +246,8 @@ pub(super) fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
 
 pub(super) fn cmd_trace(cli: &Cli, a: &TraceArgs) -> CliResult {
     let store = open_reader(cli)?;
-    let rec = store.task(&a.task)?;
-    let spans = store.spans(&a.task)?;
+    let rec = store.task(&store.resolve(&a.task)?)?;
+    let spans = store.spans(&rec.id)?;
     if let Some(path) = &a.otlp {
         let doc = crate::otlp::export(&rec, &spans);
         std::fs::write(path, format!("{doc}\n"))
@@ -187,8 +265,8 @@ pub(super) fn cmd_trace(cli: &Cli, a: &TraceArgs) -> CliResult {
 
 pub(super) fn cmd_postmortem(cli: &Cli, a: &TaskArgs) -> CliResult {
     let store = open_reader(cli)?;
-    let r = store.task(&a.task)?;
-    let pm = postmortem(&r.state, &store.spans(&a.task)?);
+    let r = store.task(&store.resolve(&a.task)?)?;
+    let pm = postmortem(&r.state, &store.spans(&r.id)?);
     if a.json {
         print_json(&serde_json::to_value(&pm).unwrap_or(Value::Null))?;
     } else {
@@ -199,7 +277,7 @@ pub(super) fn cmd_postmortem(cli: &Cli, a: &TaskArgs) -> CliResult {
 
 pub(super) fn cmd_replay(cli: &Cli, a: &TaskArgs) -> CliResult {
     let store = open_reader(cli)?;
-    let rec = store.task(&a.task)?;
+    let rec = store.task(&store.resolve(&a.task)?)?;
     if matches!(rec.status, QueueStatus::Queued | QueueStatus::Running) {
         return Err(CliError::op(format!(
             "task {} is {}; replay a task that has stopped",
@@ -249,10 +327,11 @@ pub(super) fn cmd_replay(cli: &Cli, a: &TaskArgs) -> CliResult {
 
 pub(super) fn cmd_events(cli: &Cli, a: &EventsArgs) -> CliResult {
     let store = open_reader(cli)?;
-    if let Some(t) = &a.task {
-        store.task(t)?;
-    }
-    let events = store.events(a.task.as_deref())?;
+    let task = match &a.task {
+        Some(t) => Some(store.task(&store.resolve(t)?)?.id),
+        None => None,
+    };
+    let events = store.events(task.as_deref())?;
     if a.json {
         print_json(&serde_json::to_value(&events).unwrap_or(Value::Null))?;
         return Ok(());
@@ -261,7 +340,7 @@ pub(super) fn cmd_events(cli: &Cli, a: &EventsArgs) -> CliResult {
         outln!(
             "{:5} {} {:8} {:22} by {:10} {}  {}",
             e.seq,
-            e.at_ms,
+            rfc3339(e.at_ms),
             e.task.as_deref().unwrap_or("-"),
             e.verb,
             e.by,

@@ -7,6 +7,7 @@
 //! [`Recorder`] and [`Replay`] pair. A [`ModelProfile`] names a model as data, so a stored task
 //! can rebuild its model in another process.
 
+pub mod openai;
 pub mod pyrandom;
 
 use serde::{Deserialize, Serialize};
@@ -72,13 +73,13 @@ impl ModelProfile {
                 api_key_env,
                 max_retries,
                 temperature,
-            } => Box::new(crate::http::OpenAiModel {
+            } => Box::new(openai::OpenAiModel {
                 base_url: base_url.clone(),
                 model: model.clone(),
                 api_key: api_key_env.as_ref().and_then(|v| std::env::var(v).ok()),
                 max_retries: *max_retries,
                 temperature: *temperature,
-                system: crate::http::system_prompt(catalog),
+                system: openai::system_prompt(catalog),
             }),
             _ => self.build(),
         }

@@ -10,6 +10,7 @@
 use crossbeam_channel::Receiver;
 
 use super::check::CheckReport;
+use super::list::{ListQuery, Page};
 use super::ops::{self, Decision, DecisionTx, Event, Extension, Reviewed, Settlement};
 use super::{
     CallRecord, Commit, CommitOutcome, Enqueued, Error, Lease, NewTask, QueueStatus, Result,
@@ -111,8 +112,31 @@ pub trait Backend: Send + Sync {
     /// Every task that can be read, in id order; damaged ones are in [`Backend::damaged`].
     fn tasks(&self) -> Result<Vec<TaskRecord>>;
 
-    /// Tasks that cannot be read, with why.
+    /// Tasks that cannot be read, with why. Reads every task: for `check` and
+    /// `list --status damaged`, never for a page.
     fn damaged(&self) -> Result<Vec<(String, String)>>;
+
+    /// One page of tasks, newest first, read through an index: never every task.
+    fn list(&self, q: &ListQuery) -> Result<Page>;
+
+    /// How many tasks are in each queue status, without counting them one by one.
+    fn counts(&self) -> Result<Vec<(QueueStatus, u64)>>;
+
+    /// When the oldest queued task was enqueued.
+    fn oldest_queued_ms(&self) -> Result<Option<u64>>;
+
+    /// The id of the task enqueued under `key`.
+    fn task_by_key(&self, key: &str) -> Result<Option<String>>;
+
+    /// A task named by its id or by `key:KEY` (its enqueue key), as operators address it.
+    fn resolve(&self, name: &str) -> Result<String> {
+        match name.strip_prefix("key:") {
+            Some(key) => self
+                .task_by_key(key)?
+                .ok_or_else(|| Error::NoTask(format!("key:{key} (no task was enqueued under it)"))),
+            None => Ok(name.to_string()),
+        }
+    }
 
     fn spans(&self, task_id: &str) -> Result<Vec<Span>>;
 

@@ -207,16 +207,21 @@ impl Store {
                 let mut calls = w.open_table(CALL_KEYS)?;
                 let mut keys = w.open_table(ENQUEUE_KEYS)?;
                 let held = w.open_table(HELD)?;
+                let mut idx = super::list::Indexes::open(&w)?;
                 for (id, key) in &ids {
                     // Checked again inside the write: an operator may have acted meanwhile.
-                    match tasks::read_row(&tables.tasks, id) {
+                    let user = match tasks::read_row(&tables.tasks, id) {
                         Ok(Some(row))
                             if row.status == QueueStatus::Finished
                                 && row.updated_at_ms < before_ms
-                                && held.get(id.as_str())?.is_none() => {}
+                                && held.get(id.as_str())?.is_none() =>
+                        {
+                            row.state.user_id
+                        }
                         _ => continue,
-                    }
+                    };
                     tables.delete(id)?;
+                    idx.removed(id, QueueStatus::Finished, Some(&user))?;
                     remove_range(&mut spans, id)?;
                     remove_range(&mut replies, id)?;
                     let (lo, hi) = (

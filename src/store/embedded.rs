@@ -8,6 +8,7 @@ use serde_json::Value;
 use super::backend::Backend;
 use super::check::CheckReport;
 use super::codec::{decode, encode};
+use super::list::{self, ListQuery, Page};
 use super::ops::{Decision, DecisionTx, Event, is_held};
 use super::schema::*;
 use super::{
@@ -80,6 +81,7 @@ impl DecisionTx for RedbTx<'_> {
             let seq = next_seq(&mut self.w.open_table(META)?, META_READY_SEQ)?;
             self.w.open_table(READY)?.insert((-rec.priority, seq), id)?;
         }
+        super::list::Indexes::open(self.w)?.moved(id, was, rec.status)?;
         tasks::save(self.w, rec)
     }
 
@@ -197,6 +199,22 @@ impl Backend for Store {
 
     fn damaged(&self) -> Result<Vec<(String, String)>> {
         Store::damaged(self)
+    }
+
+    fn list(&self, q: &ListQuery) -> Result<Page> {
+        list::list(&self.begin_read()?, q)
+    }
+
+    fn counts(&self) -> Result<Vec<(QueueStatus, u64)>> {
+        list::counts(&self.begin_read()?)
+    }
+
+    fn oldest_queued_ms(&self) -> Result<Option<u64>> {
+        list::oldest_queued_ms(&self.begin_read()?)
+    }
+
+    fn task_by_key(&self, key: &str) -> Result<Option<String>> {
+        list::by_key(&self.begin_read()?, key)
     }
 
     fn spans(&self, task_id: &str) -> Result<Vec<Span>> {

@@ -12,6 +12,7 @@ mod check;
 pub mod codec;
 mod embedded;
 mod handle;
+pub mod list;
 mod memory;
 mod open;
 pub mod ops;
@@ -134,6 +135,7 @@ impl Store {
             let mut ready = w.open_table(READY)?;
             let mut keys = w.open_table(ENQUEUE_KEYS)?;
             let notes = load_notes(&w.open_table(NOTES)?)?;
+            let mut idx = list::Indexes::open(&w)?;
             for t in tasks {
                 if let Some(k) = &t.key
                     && let Some(existing) = keys.get(k.as_str())?
@@ -154,6 +156,7 @@ impl Store {
                 let id = format!("t{}", next_seq(&mut meta, META_TASK_SEQ)?);
                 let rec = new_record(&id, t, &notes, now_ms);
                 tables.insert_new(&rec)?;
+                idx.added(&id, &rec.state.user_id, rec.status, rec.created_at_ms)?;
                 let seq = next_seq(&mut meta, META_READY_SEQ)?;
                 ready.insert((-t.priority, seq), id.as_str())?;
                 if let Some(k) = &t.key {
@@ -223,6 +226,7 @@ impl Store {
             let mut tasks = w.open_table(TASKS)?;
             let mut running = w.open_table(RUNNING)?;
             let mut ready = w.open_table(READY)?;
+            let mut idx = list::Indexes::open(&w)?;
             for id in candidates {
                 // Checked again inside the write: another process may have recovered it.
                 if running.get(id.as_str())?.is_none() {
@@ -239,6 +243,7 @@ impl Store {
                         running.remove(id.as_str())?;
                         w.open_table(DAMAGED)?
                             .insert(id.as_str(), e.to_string().as_str())?;
+                        idx.removed(&id, QueueStatus::Running, None)?;
                         continue;
                     }
                 };
@@ -250,6 +255,7 @@ impl Store {
                 rec.lease = None;
                 rec.updated_at_ms = now_ms;
                 tasks::save_row(&mut tasks, &rec)?;
+                idx.moved(&id, QueueStatus::Running, QueueStatus::Queued)?;
                 let seq = next_seq(&mut meta, META_READY_SEQ)?;
                 ready.insert((-rec.priority, seq), id.as_str())?;
                 recovered.push(id);
@@ -350,6 +356,9 @@ impl Store {
                 w.open_table(READY)?
                     .insert((-rec.priority, seq), c.task_id.as_str())?;
             }
+        }
+        if rec.status != QueueStatus::Running {
+            list::Indexes::open(w)?.moved(&c.task_id, QueueStatus::Running, rec.status)?;
         }
         let row = codec::encode_row(&rec)?;
         written += row.len();
@@ -492,6 +501,7 @@ fn claim_in(
             taken.push((k.value(), v.value().to_string()));
         }
         let mut damaged = w.open_table(DAMAGED)?;
+        let mut idx = list::Indexes::open(w)?;
         for (k, id) in taken {
             ready.remove(k)?;
             let mut rec = match tables.get(&id) {
@@ -501,6 +511,7 @@ fn claim_in(
                     // Quarantined: listed as damaged, never run, never fatal for others.
                     tracing::error!(task = %id, error = %e, "task record damaged; quarantined");
                     damaged.insert(id.as_str(), e.to_string().as_str())?;
+                    idx.removed(&id, QueueStatus::Queued, None)?;
                     continue;
                 }
             };
@@ -520,6 +531,7 @@ fn claim_in(
             rec.lease = Some(lease);
             rec.updated_at_ms = now_ms;
             tables.save(&rec)?;
+            idx.moved(&id, QueueStatus::Queued, QueueStatus::Running)?;
             running.insert(
                 id.as_str(),
                 rec.lease.as_ref().map_or(now_ms, |l| l.expires_at_ms),

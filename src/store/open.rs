@@ -195,7 +195,8 @@ impl Store {
                 let w = self.db.begin_write()?;
                 {
                     let mut meta = w.open_table(META)?;
-                    let v1 = meta.get(META_SCHEMA)?.is_some();
+                    let was = meta.get(META_SCHEMA)?.map(|g| g.value());
+                    let v1 = was == Some(1);
                     meta.insert(META_SCHEMA, SCHEMA_VERSION)?;
                     w.open_table(READY)?;
                     w.open_table(RUNNING)?;
@@ -215,6 +216,16 @@ impl Store {
                             path = %self.path.display(),
                             records = n,
                             "migrated the database from record format 1 (JSON) to 2"
+                        );
+                    }
+                    drop(tables);
+                    let mut idx = super::list::Indexes::open(&w)?;
+                    if was.is_some_and(|v| v < 3) {
+                        let n = idx.rebuild(&w)?;
+                        tracing::info!(
+                            path = %self.path.display(),
+                            tasks = n,
+                            "built the list indexes (schema version 3)"
                         );
                     }
                 }

@@ -8,8 +8,10 @@ use redb::TableDefinition;
 /// The schema this build writes and understands. A file with a larger number was written by a
 /// newer Tether and is refused, never guessed at. Version 1 stored JSON records, a task as one
 /// record; version 2 stores bincode rows in an envelope, a task as a row, a spec and blobs.
-/// Opening a version-1 file for writing migrates it (see `open`).
-pub const SCHEMA_VERSION: u64 = 2;
+/// Version 3 adds the list indexes (by status, user and creation, and the status counts; see
+/// [`super::list`]), built from the task rows when an older file is opened for writing.
+/// Opening a version-1 or -2 file for writing migrates it (see `open`).
+pub const SCHEMA_VERSION: u64 = 3;
 
 /// "schema_version" -> u64; "task_seq" -> next task number; "event_seq", "ready_seq",
 /// "note_seq"; "db_id" -> the database id.
@@ -49,7 +51,7 @@ pub const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
 pub const NOTES: TableDefinition<u64, &[u8]> = TableDefinition::new("notes");
 
 /// The name of every table: a file missing one gets it at open.
-pub const ALL_TABLES: [&str; 16] = [
+pub const ALL_TABLES: [&str; 20] = [
     "meta",
     "tasks",
     "task_specs",
@@ -66,6 +68,10 @@ pub const ALL_TABLES: [&str; 16] = [
     "replies",
     "events",
     "notes",
+    "by_status",
+    "by_user",
+    "created",
+    "status_counts",
 ];
 
 pub const META_SCHEMA: &str = "schema_version";

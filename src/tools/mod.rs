@@ -241,4 +241,5 @@ impl Tools for DemoStore {
 }
 
 pub mod durable;
+pub mod http;
 pub mod service;

@@ -24,8 +24,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::durable::DurableStore;
-use crate::http::parse_tool_body;
 use crate::httpd::{Reply, Request};
+use crate::tools::http::parse_tool_body;
 
 #[derive(Clone, Debug, Default)]
 pub struct Faults {

@@ -20,12 +20,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{CommitFail, Committer, Stats};
-use crate::http::HttpTools;
 use crate::kernel::{Access, Action, Catalog, Keys, Run, Session, StopReason, ToolReply};
 use crate::model::RecordedReply;
 use crate::store::{Backend, CallRecord, Commit, CommitKind, TaskRecord};
 use crate::tools::Tools;
 use crate::tools::durable::{DurableStore, DurableTools};
+use crate::tools::http::HttpTools;
 
 /// Where a driver stops to let a simulation run other work first, or crash it: before a model
 /// call, before a tool call is sent, after its answer came back, and before each commit. A

@@ -18,16 +18,12 @@ use crossbeam_channel::{Receiver, Sender, bounded};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use crate::store::{Backend, Commit, CommitOutcome, Error, Lease, Result, TaskRecord};
 use crate::tools::durable::DurableStore;
 
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
+pub use crate::clock::now_ms;
 
 #[derive(Clone, Debug)]
 pub struct Config {

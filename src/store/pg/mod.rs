@@ -15,6 +15,7 @@
 //! reads, notes, purge, check).
 
 mod commit;
+mod list;
 mod pool;
 mod queue;
 mod reads;
@@ -427,7 +428,7 @@ enum Attempt<T> {
 }
 
 pub(crate) fn now_i64() -> i64 {
-    rows::i64_of(crate::worker::now_ms())
+    rows::i64_of(crate::clock::now_ms())
 }
 
 pub(crate) fn random_i64() -> i64 {
@@ -527,6 +528,22 @@ impl super::Backend for PgStore {
 
     fn damaged(&self) -> Result<Vec<(String, String)>> {
         PgStore::damaged(self)
+    }
+
+    fn list(&self, q: &super::list::ListQuery) -> Result<super::list::Page> {
+        PgStore::list(self, q)
+    }
+
+    fn counts(&self) -> Result<Vec<(super::QueueStatus, u64)>> {
+        PgStore::counts(self)
+    }
+
+    fn oldest_queued_ms(&self) -> Result<Option<u64>> {
+        PgStore::oldest_queued_ms(self)
+    }
+
+    fn task_by_key(&self, key: &str) -> Result<Option<String>> {
+        PgStore::task_by_key(self, key)
     }
 
     fn spans(&self, task_id: &str) -> Result<Vec<crate::kernel::Span>> {

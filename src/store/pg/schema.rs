@@ -17,7 +17,8 @@ use super::pool::db_error;
 use crate::store::{Error, Result};
 
 /// Each migration, in order; migration `i` brings the schema to version `i + 1`.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE {s}.meta (key text PRIMARY KEY, value text NOT NULL);
 CREATE SEQUENCE {s}.task_seq;
 CREATE SEQUENCE {s}.ready_seq;
@@ -101,7 +102,13 @@ CREATE TABLE {t}.ledger (seq bigserial PRIMARY KEY, scope text NOT NULL, effect 
 CREATE TABLE {t}.done (key text NOT NULL, tool text NOT NULL, digest text NOT NULL, result json NOT NULL, PRIMARY KEY (key, tool));
 CREATE TABLE {t}.arrivals (seq bigserial PRIMARY KEY, key text NOT NULL, tool text NOT NULL, digest text NOT NULL, outcome text NOT NULL);
 CREATE TABLE {t}.idempotency (key text PRIMARY KEY, digest text NOT NULL, response json NOT NULL);
-"#];
+"#,
+    r#"
+CREATE INDEX tasks_num ON {s}.tasks (num);
+CREATE INDEX tasks_status_num ON {s}.tasks (status, num);
+CREATE INDEX tasks_user_num ON {s}.tasks (user_id, num);
+"#,
+];
 
 /// The schema version this build writes and understands.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

@@ -1,0 +1,203 @@
+//! The tool half of a step: a write checked against the accepted plan, the tool span opened,
+//! and the result folded into the state (facts from allow-listed fields, plan statuses, a held
+//! write kept in `pending`, the repeat and progress checks), then the step ended.
+
+use serde_json::{Map, Value, json};
+
+use super::{Phase, Session};
+use crate::kernel::catalog::Access;
+use crate::kernel::io::ToolReply;
+use crate::kernel::json::{dumped_len, py_repr};
+use crate::kernel::state::{StepStatus, StopReason, ToolCall, est_tokens};
+use crate::kernel::trace::SpanKind;
+
+impl Session<'_> {
+    /// Under strict keys, a write must name a step of the accepted plan whose tool matches.
+    pub(super) fn check_plan_step(&self, call: &ToolCall) -> Result<(), String> {
+        let write = self
+            .catalog
+            .get(&call.name)
+            .is_none_or(|s| s.access == Access::Write);
+        if !self.keys.strict || !write {
+            return Ok(());
+        }
+        let Some(p) = call.plan_step.as_deref().filter(|p| !p.is_empty()) else {
+            return Err(format!(
+                "a write must name the plan step it carries out; {} names none",
+                call.name
+            ));
+        };
+        match self.state.plan.iter().find(|s| s.id == p) {
+            None => Err(format!("plan step {p:?} is not in the accepted plan")),
+            Some(step) if step.tool != call.name => Err(format!(
+                "plan step {p:?} is a {} step, not {}",
+                step.tool, call.name
+            )),
+            Some(_) => Ok(()),
+        }
+    }
+
+    pub(super) fn open_tool(&mut self, call: ToolCall, parent: u32, held: bool) {
+        let key = self.keys.key(&call, &self.state.task_id, self.state.step);
+        let t = self.state.elapsed_ms;
+        let span = self
+            .trace
+            .start(SpanKind::Tool, call.name.clone(), Some(parent), t);
+        let s = self.trace.get_mut(span);
+        s.args = Some(call.args.clone());
+        s.key = Some(key.clone());
+        let timeout_ms = self.remaining_ms();
+        self.phase = Phase::AwaitTool {
+            call,
+            key,
+            timeout_ms,
+            span,
+            held,
+        };
+    }
+
+    /// Folds in the tool's result to the request of [`Action::Tool`].
+    pub fn on_tool(&mut self, reply: ToolReply) {
+        self.fold_tool(reply, true);
+    }
+
+    /// Folds in a tool result; `sent` says whether a call went out (and so counts).
+    pub(super) fn fold_tool(&mut self, reply: ToolReply, sent: bool) {
+        let Phase::AwaitTool {
+            call,
+            key: _,
+            timeout_ms,
+            span,
+            held,
+        } = std::mem::replace(&mut self.phase, Phase::Top)
+        else {
+            debug_assert!(false, "on_tool without a tool request");
+            return;
+        };
+        let write = self
+            .catalog
+            .get(&call.name)
+            .is_none_or(|s| s.access == Access::Write);
+        let (result, secs) = if reply.latency_ms > timeout_ms {
+            // The call outlived the remaining time: a write may still have happened.
+            let r = if write {
+                json!({"status": "unknown", "code": "timeout"})
+            } else {
+                json!({"status": "error", "code": "timeout"})
+            };
+            (r, timeout_ms)
+        } else {
+            (checked_result(reply.result, write), reply.latency_ms)
+        };
+        self.state.elapsed_ms = self.state.elapsed_ms.saturating_add(secs);
+        if sent {
+            self.state.tool_calls = self.state.tool_calls.saturating_add(1);
+        }
+        let status = result
+            .get("status")
+            .and_then(Value::as_str)
+            .unwrap_or("error")
+            .to_string();
+        let code = result
+            .get("code")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let t = self.state.elapsed_ms;
+        let s = self.trace.get_mut(span);
+        s.result_tokens = Some(est_tokens(dumped_len(&result)));
+        let shown = code
+            .as_deref()
+            .filter(|c| !c.is_empty())
+            .unwrap_or(&status)
+            .to_string();
+        self.trace.end(span, &shown, t);
+        let step_idx = call
+            .plan_step
+            .as_deref()
+            .and_then(|p| self.state.plan.iter().position(|s| s.id == p));
+        let mut stop = None;
+        match status.as_str() {
+            "ok" => {
+                if let Some(i) = step_idx {
+                    self.state.plan[i].status = StepStatus::Done;
+                }
+                if let (Some(spec), Some(obj)) = (self.catalog.get(&call.name), result.as_object())
+                {
+                    let prefix = python_str(call.args.get(&spec.fact_prefix_arg));
+                    for (k, v) in obj {
+                        if spec.fact_fields.iter().any(|f| f == k) {
+                            self.state.facts.insert(format!("{prefix}.{k}"), v.clone());
+                        }
+                    }
+                }
+            }
+            "needs_approval" => {
+                self.state.pending = Some(call);
+                stop = Some(StopReason::NeedsApproval);
+            }
+            "unknown" => {
+                // Held for reconcile: resuming re-sends it under the same call key.
+                self.state.pending = Some(call);
+                stop = Some(StopReason::UnknownOutcome);
+            }
+            "rejected" => {
+                if let Some(i) = step_idx {
+                    self.state.plan[i].status = StepStatus::Failed;
+                }
+            }
+            _ => {
+                if matches!(code.as_deref(), Some("not_found" | "invalid_state"))
+                    && let Some(i) = step_idx
+                {
+                    self.state.plan[i].status = StepStatus::Failed;
+                }
+            }
+        }
+        self.state.last_result = Some(result);
+        if held {
+            let t = self.state.elapsed_ms;
+            if let Some(rid) = self.resume_span {
+                self.trace
+                    .end(rid, stop.map_or("ok", StopReason::as_str), t);
+            }
+            match stop {
+                Some(stop) => self.finish(stop, None),
+                None => {
+                    self.signature = self.state.signature();
+                    self.phase = Phase::HeldDone;
+                }
+            }
+        } else {
+            self.end_step(stop);
+        }
+    }
+}
+
+/// A tool result must be an object with a string `status`. Anything else from a write means
+/// the kernel cannot know whether it applied; from a read it is an error.
+fn checked_result(result: Value, write: bool) -> Value {
+    let ok = result
+        .as_object()
+        .is_some_and(|o| matches!(o.get("status"), Some(Value::String(_))));
+    if ok {
+        return result;
+    }
+    let status = if write { "unknown" } else { "error" };
+    let mut m = Map::new();
+    m.insert("status".into(), Value::String(status.into()));
+    m.insert("code".into(), Value::String("invalid_result".into()));
+    m.insert(
+        "detail".into(),
+        Value::String("tool result must be an object with a string `status`".into()),
+    );
+    Value::Object(m)
+}
+
+/// Python's `str()` of an argument, as the document's f-string prefixes facts with it.
+fn python_str(v: Option<&Value>) -> String {
+    match v {
+        None | Some(Value::Null) => "None".into(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => py_repr(other),
+    }
+}

@@ -1,0 +1,41 @@
+//! The blocking HTTP client (ureq) shared by the model and tool adapters: an agent bounded by
+//! a timeout, the retry backoff, bounded body reads and clipped error texts. It fits the
+//! thread-per-task daemon: no async runtime.
+
+use std::time::Duration;
+
+/// An agent whose every request ends within `timeout`; HTTP statuses are answers, not errors.
+pub fn agent(timeout: Duration) -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .timeout_global(Some(timeout))
+        .http_status_as_error(false)
+        .build()
+        .into()
+}
+
+/// Backoff before retry `n` (0-based): 100 ms, 200 ms, 400 ms, ... capped at 2 s.
+pub fn backoff(n: u32) -> Duration {
+    Duration::from_millis((100u64 << n.min(5)).min(2000))
+}
+
+/// A response body of at most `max_bytes`, as text.
+pub fn read_body(
+    resp: &mut ureq::http::Response<ureq::Body>,
+    max_bytes: usize,
+) -> Result<String, String> {
+    resp.body_mut()
+        .with_config()
+        .limit(max_bytes as u64)
+        .read_to_string()
+        .map_err(|e| match e {
+            ureq::Error::BodyExceedsLimit(_) => {
+                format!("the response body is over the limit of {max_bytes} bytes")
+            }
+            e => format!("the response body could not be read: {e}"),
+        })
+}
+
+/// At most 200 characters of a text, for error messages and logs.
+pub fn clip(s: &str) -> String {
+    s.chars().take(200).collect()
+}

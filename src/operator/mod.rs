@@ -1,0 +1,201 @@
+//! What an operator does, as one library API that the CLI and the web console both call, so
+//! that an action taken in either writes the same audit event through the same code.
+//!
+//! The decisions themselves (approve, reject, reconcile, cancel) are [`Backend`] methods written
+//! once in `store/ops.rs`; this module adds what sits around them: checking who decides and
+//! why ([`decision`]), addressing a task by `key:KEY`, the held writes as an operator reviews
+//! them ([`held_writes`]), settling held writes from each tool's lookup ([`reconcile_auto`]),
+//! a task's whole detail ([`detail`]), and the effects of a task in the document's store.
+
+use serde::Serialize;
+use serde_json::Value;
+use std::sync::Arc;
+
+use crate::kernel::Span;
+use crate::limits;
+use crate::model::RecordedReply;
+use crate::store::ops::{Decision, Event, Extension, Reviewed, Settlement};
+use crate::store::{Backend, CallRecord, Error, QueueStatus, Result, TaskRecord};
+use crate::tools::Effect;
+use crate::tools::durable::{DurableStore, LedgerEntry};
+use crate::tools::http::{Lookup, lookup};
+
+/// A decision's who and why, checked: a name that is not empty and within the limits, a
+/// reason within its limit. The time is now.
+pub fn decision(by: &str, reason: Option<&str>) -> std::result::Result<Decision, String> {
+    if by.trim().is_empty() {
+        return Err("--by must not be empty: it names the operator in the audit log".into());
+    }
+    limits::check_text(by, "--by", limits::NAME_BYTES_MAX).map_err(|e| e.0)?;
+    if let Some(r) = reason {
+        limits::check_text(r, "--reason", limits::REASON_BYTES_MAX).map_err(|e| e.0)?;
+    }
+    Ok(Decision {
+        by: by.to_string(),
+        reason: reason.map(str::to_string),
+        now_ms: crate::clock::now_ms(),
+    })
+}
+
+/// A held write as an operator reviews it: the call, its key and digest, and what is known.
+#[derive(Clone, Debug, Serialize)]
+pub struct HeldWrite {
+    pub task: String,
+    pub status: QueueStatus,
+    pub tool: String,
+    pub args: Value,
+    pub key: String,
+    pub digest: String,
+    /// When its intent was committed (or the task last changed, without a call record).
+    pub since_ms: u64,
+    /// The last answer recorded for the call, if any.
+    pub known: Option<Value>,
+    /// Why the call record cannot be read, if it cannot.
+    pub call_record_error: Option<String>,
+}
+
+/// Every held write (unknown outcome, also of cancelled tasks), oldest first.
+pub fn held_writes(db: &dyn Backend) -> Result<Vec<HeldWrite>> {
+    let mut out = Vec::new();
+    for (r, c) in db.held()? {
+        let Some(p) = &r.state.pending else { continue };
+        let record = c.as_ref().ok().and_then(Option::as_ref);
+        out.push(HeldWrite {
+            task: r.id.clone(),
+            status: r.status,
+            tool: p.name.clone(),
+            args: Value::Object(p.args.clone()),
+            key: db.call_key(p, &r.id, r.state.step),
+            digest: p.digest(),
+            since_ms: record.map_or(r.updated_at_ms, |c| c.intent_at_ms),
+            known: record.and_then(|c| c.result.clone()),
+            call_record_error: c.as_ref().err().cloned(),
+        });
+    }
+    Ok(out)
+}
+
+/// What `reconcile --auto` did with one held write.
+#[derive(Clone, Debug, Serialize)]
+pub struct AutoSettled {
+    pub task: String,
+    pub tool: String,
+    pub key: String,
+    /// `applied`, `not_applied` or `left_held`.
+    pub outcome: &'static str,
+    /// Why it was left held.
+    pub why: Option<String>,
+}
+
+/// Asks each held write's tool whether its key was applied (an HTTP tool's `lookup_url`, or
+/// the document's store, opened by `tools` when first needed) and settles only on a definite
+/// answer; the key looked up is checked again in the transaction that settles it.
+pub fn reconcile_auto(
+    db: &dyn Backend,
+    tools: &mut dyn FnMut() -> Result<Arc<DurableStore>>,
+    by: &str,
+    reason: Option<&str>,
+) -> std::result::Result<Vec<AutoSettled>, Error> {
+    let reason = reason.unwrap_or("reconcile --auto: the tool's lookup answered");
+    let d = decision(by, Some(reason)).map_err(Error::Invalid)?;
+    let mut demo: Option<Arc<DurableStore>> = None;
+    let mut out = Vec::new();
+    for (rec, _) in db.held()? {
+        let Some(call) = rec.state.pending.clone() else {
+            continue;
+        };
+        let key = db.call_key(&call, &rec.id, rec.state.step);
+        let spec = rec.catalog.as_ref().map(|c| c.get(&call.name));
+        let answer = match spec {
+            Some(Some(spec)) => match spec.http.as_ref().and_then(|h| h.lookup_url.as_ref()) {
+                Some(url) => lookup(url, &key),
+                None => Lookup::Unknown(format!("tool {} has no lookup_url", call.name)),
+            },
+            Some(None) => {
+                Lookup::Unknown(format!("tool {} is not in the task's catalog", call.name))
+            }
+            None => {
+                if demo.is_none() {
+                    demo = Some(tools()?);
+                }
+                match demo.as_ref().map(|s| s.lookup(&key, &call.name)) {
+                    Some(Ok(Some(result))) => Lookup::Applied(result),
+                    Some(Ok(None)) => Lookup::NotApplied,
+                    Some(Err(e)) => Lookup::Unknown(e.to_string()),
+                    None => Lookup::Unknown("no store".into()),
+                }
+            }
+        };
+        let mut row = AutoSettled {
+            task: rec.id.clone(),
+            tool: call.name.clone(),
+            key: key.clone(),
+            outcome: "left_held",
+            why: None,
+        };
+        let settlement = match answer {
+            Lookup::Applied(result) => Settlement::Applied(result),
+            Lookup::NotApplied => Settlement::NotApplied,
+            Lookup::Unknown(why) => {
+                row.why = Some(why);
+                out.push(row);
+                continue;
+            }
+        };
+        let applied = matches!(settlement, Settlement::Applied(_));
+        let reviewed = Reviewed {
+            key: Some(key),
+            digest: Some(call.digest()),
+        };
+        match db.reconcile(&rec.id, &settlement, &reviewed, &Extension::default(), &d) {
+            Ok(_) => row.outcome = if applied { "applied" } else { "not_applied" },
+            Err(e) => row.why = Some(e.to_string()),
+        }
+        out.push(row);
+    }
+    Ok(out)
+}
+
+/// Everything about one task: its record, trace, recorded replies, call records and audit
+/// events, as `worker show` and the console's task page present them.
+pub struct TaskDetail {
+    pub record: TaskRecord,
+    pub spans: Vec<Span>,
+    pub replies: Vec<RecordedReply>,
+    pub calls: Vec<CallRecord>,
+    pub events: Vec<Event>,
+    /// The held call's key, when a call is held or pending.
+    pub pending_key: Option<String>,
+}
+
+pub fn detail(db: &dyn Backend, id: &str) -> Result<TaskDetail> {
+    let record = db.task(id)?;
+    let pending_key = record
+        .state
+        .pending
+        .as_ref()
+        .map(|p| db.call_key(p, &record.id, record.state.step));
+    Ok(TaskDetail {
+        spans: db.spans(id)?,
+        replies: db.replies(id)?,
+        calls: db.calls(id)?,
+        events: db.events(Some(id))?,
+        pending_key,
+        record,
+    })
+}
+
+/// The effects of one task of the database whose id is `db_id` (keys are `db_id:task:step`).
+pub fn task_effects(ledger: &[LedgerEntry], db_id: &str, task_id: &str) -> Vec<Effect> {
+    let prefix = format!("{db_id}:{task_id}:");
+    ledger
+        .iter()
+        .filter(|e| e.key.starts_with(&prefix))
+        .map(|e| e.effect.clone())
+        .collect()
+}
+
+/// Whether a status is one an operator must act on.
+pub fn needs_operator(s: QueueStatus) -> bool {
+    matches!(s, QueueStatus::Suspended | QueueStatus::Held)
+}

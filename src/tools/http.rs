@@ -1,0 +1,158 @@
+//! Tools called over HTTP with the call key in the `Idempotency-Key` header (and an approval in
+//! `Tether-Approval`), the lookup that `worker reconcile --auto` asks, and the body a tool
+//! service receives. A request is bounded by the tool's timeout and the task's remaining time;
+//! a write whose answer is lost is reported `unknown`, never retried here.
+
+use serde_json::{Map, Value, json};
+use std::time::{Duration, Instant};
+
+use crate::kernel::catalog::{Access, ToolSpec};
+use crate::kernel::{Catalog, ToolReply, ToolRequest};
+use crate::limits;
+use crate::net::{agent, clip, read_body};
+use crate::tools::Tools;
+
+/// Tools called over HTTP: `POST url` with `{"user_id", "args"}` and the call key in the
+/// `Idempotency-Key` header. The user id comes from the task, never from the model.
+pub struct HttpTools<'a> {
+    pub catalog: &'a Catalog,
+}
+
+impl Tools for HttpTools<'_> {
+    fn call(&mut self, req: &ToolRequest<'_>) -> ToolReply {
+        let start = Instant::now();
+        let write = req.access == Access::Write;
+        let result = match self.catalog.get(&req.call.name) {
+            Some(spec) => call_tool(spec, req, write),
+            None => json!({"status": "error", "code": "unknown_tool"}),
+        };
+        ToolReply {
+            result,
+            latency_ms: start.elapsed().as_millis() as u64,
+        }
+    }
+}
+
+fn outcome_unknown(write: bool, code: &str, detail: String) -> Value {
+    if write {
+        json!({"status": "unknown", "code": code, "detail": detail})
+    } else {
+        json!({"status": "error", "code": code, "detail": detail})
+    }
+}
+
+fn call_tool(spec: &ToolSpec, req: &ToolRequest<'_>, write: bool) -> Value {
+    let Some(http) = &spec.http else {
+        return json!({"status": "error", "code": "not_http", "detail": "the tool has no URL"});
+    };
+    let timeout = Duration::from_millis(http.timeout_ms.min(req.timeout_ms).max(1));
+    let body = json!({"user_id": req.user_id, "args": Value::Object(req.call.args.clone())});
+    let a = agent(timeout);
+    let r = if http.method == "PUT" {
+        a.put(&http.url)
+    } else {
+        a.post(&http.url)
+    };
+    let mut r = r
+        .header("Content-Type", "application/json")
+        .header("Idempotency-Key", req.key);
+    if let Some(approval) = req.approval {
+        // The approval recorded in the worker database travels with the call it covers.
+        r = r.header("Tether-Approval", approval);
+    }
+    match r.send(body.to_string()) {
+        Ok(mut resp) => {
+            let status = resp.status().as_u16();
+            let text = match read_body(&mut resp, limits::TOOL_RESULT_BYTES_MAX) {
+                Ok(t) => t,
+                Err(e) => return outcome_unknown(write, "invalid_result", e),
+            };
+            match status {
+                200..=299 => match limits::parse_json_input(
+                    &text,
+                    "the result",
+                    limits::TOOL_RESULT_BYTES_MAX,
+                ) {
+                    Ok(v) if v.get("status").is_some_and(Value::is_string) => v,
+                    Err(e) => outcome_unknown(write, "invalid_result", e.0),
+                    _ => outcome_unknown(
+                        write,
+                        "invalid_result",
+                        format!("unexpected body: {}", clip(&text)),
+                    ),
+                },
+                // The same key was sent with other arguments: nothing was done for this call.
+                422 => {
+                    json!({"status": "error", "code": "idempotency_mismatch", "detail": clip(&text)})
+                }
+                // The same key is still being processed elsewhere: its outcome is not known yet.
+                409 => outcome_unknown(write, "in_flight", clip(&text)),
+                400..=499 => {
+                    json!({"status": "error", "code": format!("http_{status}"), "detail": clip(&text)})
+                }
+                _ => outcome_unknown(write, &format!("http_{status}"), clip(&text)),
+            }
+        }
+        Err(ureq::Error::Timeout(_)) => {
+            outcome_unknown(write, "timeout", "no answer within the timeout".into())
+        }
+        Err(e) => outcome_unknown(write, "transport", e.to_string()),
+    }
+}
+
+/// What a lookup endpoint says of a call key.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Lookup {
+    Applied(Value),
+    NotApplied,
+    /// No definite answer (unreachable, in flight, malformed): settle nothing.
+    Unknown(String),
+}
+
+/// `GET {lookup_url}?key=K`, answered `{"applied": true, "result": {...}}` or
+/// `{"applied": false}`.
+pub fn lookup(url: &str, key: &str) -> Lookup {
+    let r = agent(Duration::from_secs(5)).get(url).query("key", key);
+    match r.call() {
+        Ok(mut resp) => {
+            let status = resp.status().as_u16();
+            let text = match read_body(&mut resp, limits::TOOL_RESULT_BYTES_MAX) {
+                Ok(t) => t,
+                Err(e) => return Lookup::Unknown(e),
+            };
+            if status != 200 {
+                return Lookup::Unknown(format!("HTTP {status}: {}", clip(&text)));
+            }
+            let v = match limits::parse_json_input(
+                &text,
+                "the answer",
+                limits::TOOL_RESULT_BYTES_MAX,
+            ) {
+                Ok(v) => v,
+                Err(e) => return Lookup::Unknown(e.0),
+            };
+            match v["applied"].as_bool() {
+                Some(true) if v["result"].get("status").is_some_and(Value::is_string) => {
+                    Lookup::Applied(v["result"].clone())
+                }
+                Some(false) => Lookup::NotApplied,
+                _ => Lookup::Unknown(format!("no definite answer: {}", clip(&text))),
+            }
+        }
+        Err(e) => Lookup::Unknown(e.to_string()),
+    }
+}
+
+/// The body a tool service receives, parsed.
+pub fn parse_tool_body(text: &str) -> Result<(String, Map<String, Value>), String> {
+    let v: Value = serde_json::from_str(text).map_err(|e| format!("body is not JSON: {e}"))?;
+    let user = v["user_id"]
+        .as_str()
+        .ok_or("body needs a string user_id")?
+        .to_string();
+    let args = v["args"]
+        .as_object()
+        .cloned()
+        .ok_or("body needs an object args")?;
+    Ok((user, args))
+}

@@ -1,0 +1,152 @@
+//! The source layout's rules, read from the sources: no import circle between the crate's
+//! top-level modules, no file under `src/` over 600 lines, every file opens with its module
+//! docs, and the command line is a `cli/` module of verb files (no `src/cli.rs`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("readable src directory") {
+        let path = entry.expect("readable entry").path();
+        if path.is_dir() {
+            sources(&path, out);
+        } else if path.extension().and_then(|e| e.to_str()) == Some("rs") {
+            out.push(path);
+        }
+    }
+}
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// The top-level module a file belongs to: `src/store/pg/mod.rs` -> `store`.
+fn module_of(path: &Path) -> Option<String> {
+    let rel = path.strip_prefix(src()).ok()?;
+    let first = rel.components().next()?.as_os_str().to_str()?;
+    let name = first.trim_end_matches(".rs");
+    (name != "lib" && name != "bin").then(|| name.to_string())
+}
+
+/// The crate's top-level modules each file names (`crate::x`, or `crate::{x, y}`).
+fn imports(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for line in text.lines() {
+        let code = line.split("//").next().unwrap_or("");
+        let mut rest = code;
+        while let Some(at) = rest.find("crate::") {
+            rest = &rest[at + "crate::".len()..];
+            if let Some(group) = rest.strip_prefix('{') {
+                let inner = group.split('}').next().unwrap_or("");
+                for part in inner.split(',') {
+                    let name = part.trim().split("::").next().unwrap_or("").trim();
+                    if !name.is_empty() {
+                        out.insert(name.to_string());
+                    }
+                }
+            } else {
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                if !name.is_empty() {
+                    out.insert(name);
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn no_import_circle_between_modules() {
+    let mut files = Vec::new();
+    sources(&src(), &mut files);
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for f in &files {
+        let Some(m) = module_of(f) else { continue };
+        let text = std::fs::read_to_string(f).expect("readable source");
+        let deps = graph.entry(m.clone()).or_default();
+        for d in imports(&text) {
+            if d != m {
+                deps.insert(d);
+            }
+        }
+    }
+    assert!(
+        graph.len() >= 10,
+        "expected the crate's modules, found {graph:?}"
+    );
+    // Depth-first search for a back edge; the circle is printed when one is found.
+    fn visit(
+        m: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) {
+        if done.contains(m) {
+            return;
+        }
+        if let Some(at) = path.iter().position(|p| p == m) {
+            let mut circle = path[at..].to_vec();
+            circle.push(m.to_string());
+            panic!("import circle between modules: {}", circle.join(" -> "));
+        }
+        path.push(m.to_string());
+        for d in graph.get(m).into_iter().flatten() {
+            if graph.contains_key(d) {
+                visit(d, graph, path, done);
+            }
+        }
+        path.pop();
+        done.insert(m.to_string());
+    }
+    let mut done = BTreeSet::new();
+    for m in graph.keys() {
+        visit(m, &graph, &mut Vec::new(), &mut done);
+    }
+}
+
+#[test]
+fn the_import_scan_sees_circles() {
+    let found = imports("use crate::{model, tools::Tools};\nlet x = crate::store::open();");
+    assert_eq!(
+        found.into_iter().collect::<Vec<_>>(),
+        ["model", "store", "tools"]
+    );
+}
+
+#[test]
+fn no_source_file_is_over_600_lines_and_each_has_module_docs() {
+    let mut files = Vec::new();
+    sources(&src(), &mut files);
+    let mut problems = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).expect("readable source");
+        let lines = text.lines().count();
+        if lines > 600 {
+            problems.push(format!("{}: {lines} lines", f.display()));
+        }
+        if !text.trim_start().starts_with("//!") {
+            problems.push(format!(
+                "{}: no module docs (`//!`) at the top",
+                f.display()
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn the_command_line_is_a_module_of_verb_files() {
+    assert!(
+        !src().join("cli.rs").exists(),
+        "src/cli.rs should be the cli/ module"
+    );
+    let mut files = Vec::new();
+    sources(&src().join("cli"), &mut files);
+    assert!(
+        files.len() >= 5,
+        "expected a file per verb family: {files:?}"
+    );
+}
