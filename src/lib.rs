@@ -10,6 +10,7 @@ pub mod group;
 pub mod httpd;
 pub mod kernel;
 pub mod limits;
+pub mod metrics;
 pub mod model;
 pub mod net;
 pub mod operator;

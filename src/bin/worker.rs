@@ -1,8 +1,9 @@
-//! The `worker` binary: parses the command line, sets up logging to stderr (RUST_LOG), runs the
+//! The `worker` binary: parses the command line, sets up logging to stderr (RUST_LOG, text or
+//! `--log-format json`), runs the
 //! verb and turns errors into `error:` / `hint:` lines and exit codes (1 operational, 2 usage).
 
 use clap::Parser;
-use tether::cli::{Cli, Command, run};
+use tether::cli::{Cli, Command, LogFormat, run};
 
 fn main() {
     let cli = match Cli::try_parse() {
@@ -28,11 +29,15 @@ fn main() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     use std::io::IsTerminal;
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        // One JSON object per line, with the task id, call key and the other fields as
+        // fields, and the span (task) they happened in.
+        LogFormat::Json => logs.json().with_current_span(true).init(),
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+    }
     // No panic reaches the user as a panic: redb panics on some damaged files, and a bug of
     // ours must still end in an `error:` line. The hook keeps the message for that line
     // instead of printing a backtrace first.

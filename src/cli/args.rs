@@ -29,8 +29,18 @@ pub struct Cli {
     /// Config file (TOML) with model profiles and the tool catalog, for `worker enqueue`.
     #[arg(long, global = true, env = "WORKER_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Log lines on stderr as text (for people) or json (one object per line, for log
+    /// shippers). RUST_LOG sets the level (default: info for daemons, warn otherwise).
+    #[arg(long, global = true, env = "WORKER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand, Debug)]
@@ -361,6 +371,10 @@ pub struct RunArgs {
     /// How often to look for tasks whose lease expired or whose daemon is gone.
     #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
     pub recover_every_ms: u64,
+    /// Serve /metrics (Prometheus text format) and /healthz on this address, e.g.
+    /// 127.0.0.1:9464.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<String>,
 }
 
 #[derive(Args, Debug)]

@@ -30,6 +30,11 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
         recover_every_ms: a.recover_every_ms,
         ..Config::default()
     };
+    if let Some(addr) = &a.metrics {
+        let bound = crate::metrics::serve(addr, Arc::clone(&store), Arc::clone(&shutdown))
+            .map_err(CliError::op)?;
+        tracing::info!(addr = %bound, "serving /metrics and /healthz");
+    }
     tracing::info!(db = %store.describe(), workers = cfg.workers, drain = cfg.drain, "worker started");
     let stats = worker::run(store, tools, &cfg, shutdown)?;
     tracing::info!(

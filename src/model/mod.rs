@@ -55,6 +55,18 @@ pub enum ModelProfile {
 pub const DEFAULT_LATENCY_MS: u64 = 1500;
 
 impl ModelProfile {
+    /// The name metrics and logs give this model: its kind, or an HTTP model's model name.
+    pub fn label(&self) -> &str {
+        match self {
+            ModelProfile::Policy { .. } => "policy",
+            ModelProfile::SameCall { .. } => "same_call",
+            ModelProfile::NewIds { .. } => "new_ids",
+            ModelProfile::SearchLoop { .. } => "search_loop",
+            ModelProfile::Script { .. } => "script",
+            ModelProfile::OpenAi { model, .. } => model,
+        }
+    }
+
     pub fn policy() -> ModelProfile {
         ModelProfile::Policy {
             order: "ord_1001".into(),

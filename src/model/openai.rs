@@ -92,6 +92,7 @@ impl Model for OpenAiModel {
                     if status == 429 || status >= 500 {
                         let wait = backoff(attempt);
                         if attempt < self.max_retries && start.elapsed() + wait < budget {
+                            tracing::warn!(model = %self.model, status, attempt = attempt + 1, wait_ms = wait.as_millis() as u64, "model answered HTTP {status}; retrying");
                             std::thread::sleep(wait);
                             attempt += 1;
                             continue;
@@ -113,6 +114,7 @@ impl Model for OpenAiModel {
                 Err(e) => {
                     let wait = backoff(attempt);
                     if attempt < self.max_retries && start.elapsed() + wait < budget {
+                        tracing::warn!(model = %self.model, error = %e, attempt = attempt + 1, wait_ms = wait.as_millis() as u64, "model request failed; retrying");
                         std::thread::sleep(wait);
                         attempt += 1;
                         continue;

@@ -225,12 +225,16 @@ pub trait Backend: Send + Sync {
         extend: &Extension,
         d: &Decision,
     ) -> Result<ToolCall> {
-        decided(self, &mut |tx| ops::approve(tx, id, reviewed, extend, d))
+        decided(self, id, "approve", d, &mut |tx| {
+            ops::approve(tx, id, reviewed, extend, d)
+        })
     }
 
     /// Rejects the held call; see [`ops::reject`].
     fn reject(&self, id: &str, reviewed: &Reviewed, d: &Decision) -> Result<ToolCall> {
-        decided(self, &mut |tx| ops::reject(tx, id, reviewed, d))
+        decided(self, id, "reject", d, &mut |tx| {
+            ops::reject(tx, id, reviewed, d)
+        })
     }
 
     /// Settles a held write; see [`ops::reconcile`].
@@ -242,20 +246,24 @@ pub trait Backend: Send + Sync {
         extend: &Extension,
         d: &Decision,
     ) -> Result<ToolCall> {
-        decided(self, &mut |tx| {
+        decided(self, id, "reconcile", d, &mut |tx| {
             ops::reconcile(tx, id, s, reviewed, extend, d)
         })
     }
 
     /// Cancels a task; see [`ops::cancel`].
     fn cancel(&self, id: &str, d: &Decision) -> Result<QueueStatus> {
-        decided(self, &mut |tx| ops::cancel(tx, id, d))
+        decided(self, id, "cancel", d, &mut |tx| ops::cancel(tx, id, d))
     }
 }
 
-/// Runs a decision: commits when it decided (even when its answer is a refusal it records).
+/// Runs a decision: commits when it decided (even when its answer is a refusal it records),
+/// and logs it once it committed.
 fn decided<B: Backend + ?Sized, T>(
     b: &B,
+    task: &str,
+    verb: &str,
+    d: &Decision,
     f: &mut dyn FnMut(&mut dyn DecisionTx) -> ops::Decided<T>,
 ) -> Result<T> {
     let mut answer = None;
@@ -263,7 +271,12 @@ fn decided<B: Backend + ?Sized, T>(
         answer = Some(f(tx)?);
         Ok(())
     })?;
-    answer.unwrap_or_else(|| Err(Error::Conflict("the decision was not run".into())))
+    let answer = answer.unwrap_or_else(|| Err(Error::Conflict("the decision was not run".into())));
+    match &answer {
+        Ok(_) => tracing::info!(task, verb, by = %d.by, reason = ?d.reason, "decision recorded"),
+        Err(e) => tracing::info!(task, verb, by = %d.by, error = %e, "decision refused"),
+    }
+    answer
 }
 
 /// How a caller means to use the database it opens.

@@ -63,6 +63,11 @@ fn call_tool(spec: &ToolSpec, req: &ToolRequest<'_>, write: bool) -> Value {
     match r.send(body.to_string()) {
         Ok(mut resp) => {
             let status = resp.status().as_u16();
+            if (200..300).contains(&status) {
+                tracing::debug!(tool = %spec.name, key = req.key, status, "tool answered");
+            } else {
+                tracing::warn!(tool = %spec.name, key = req.key, status, url = %http.url, "tool answered HTTP {status}");
+            }
             let text = match read_body(&mut resp, limits::TOOL_RESULT_BYTES_MAX) {
                 Ok(t) => t,
                 Err(e) => return outcome_unknown(write, "invalid_result", e),

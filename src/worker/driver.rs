@@ -62,9 +62,15 @@ pub struct Context {
 /// Returns the next task, claimed for this thread in the transaction of the final commit.
 pub fn run_task(ctx: &Context, rec: TaskRecord) -> Option<TaskRecord> {
     let id = rec.id.clone();
+    // Every log line of the run (the HTTP adapters' retries too) carries the task id.
+    let _span = tracing::info_span!("task", task = %id, run = rec.runs).entered();
     match drive(ctx, rec) {
         Ok(Ended::Stopped(stop, next)) => {
             ctx.stats.tasks_ended.fetch_add(1, Ordering::Relaxed);
+            crate::metrics::global()
+                .tasks_ended
+                .with_label_values(&[stop.as_str()])
+                .inc();
             tracing::info!(task = %id, stop = %stop, "task ended");
             return next.map(|b| *b);
         }
@@ -79,6 +85,43 @@ pub fn run_task(ctx: &Context, rec: TaskRecord) -> Option<TaskRecord> {
         }
     }
     None
+}
+
+/// Counts a model call and logs its failure, with the task and step.
+fn observe_model(task: &str, step: u32, model: &str, reply: &crate::kernel::ModelReply) {
+    let m = crate::metrics::global();
+    let outcome = match &reply.outcome {
+        Ok(_) => "ok",
+        Err(crate::kernel::ModelError::Timeout) => "timeout",
+        Err(_) => "error",
+    };
+    m.model_calls.with_label_values(&[model, outcome]).inc();
+    m.model_seconds
+        .with_label_values(&[model])
+        .observe(reply.latency_ms as f64 / 1000.0);
+    if let Err(e) = &reply.outcome {
+        tracing::warn!(task, step, model, error = ?e, "model call failed");
+    }
+}
+
+/// Counts a tool call by its result's status and logs one that did not succeed, with the task
+/// and call key.
+fn observe_tool(task: &str, key: &str, tool: &str, reply: &ToolReply) {
+    let m = crate::metrics::global();
+    let status = reply.result["status"].as_str().unwrap_or("invalid");
+    m.tool_calls.with_label_values(&[tool, status]).inc();
+    m.tool_seconds
+        .with_label_values(&[tool])
+        .observe(reply.latency_ms as f64 / 1000.0);
+    let code = reply.result["code"].as_str().unwrap_or("");
+    let detail = reply.result["detail"].as_str().unwrap_or("");
+    match status {
+        "ok" => tracing::debug!(task, key, tool, "tool call ok"),
+        // The outcome of a write is not known: it will be held for reconcile.
+        "unknown" => tracing::warn!(task, key, tool, code, detail, "tool call outcome unknown"),
+        "needs_approval" => tracing::info!(task, key, tool, "tool call needs approval"),
+        _ => tracing::warn!(task, key, tool, status, code, detail, "tool call failed"),
+    }
 }
 
 /// How a run on this thread ended.
@@ -217,8 +260,13 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
                 pass(ctx, Point::Model)?;
                 let reply = match recorded {
                     Some(recorded) => recorded.to_reply(),
-                    None => model.next(&req),
+                    None => {
+                        let reply = model.next(&req);
+                        observe_model(&rec.id, step, rec.model.label(), &reply);
+                        reply
+                    }
                 };
+                crate::metrics::global().steps.inc();
                 pause(ctx.time_scale, reply.latency_ms);
                 step_reply = Some(RecordedReply::of(step, &reply));
                 session.on_model(reply);
@@ -226,6 +274,7 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
             Action::Tool(req) => {
                 let key = req.key.to_string();
                 let (write, idempotent) = (req.access == Access::Write, req.idempotent);
+                let tool_name = req.call.name.clone();
                 let (tool, args, digest) = (
                     req.call.name.clone(),
                     req.call.args.clone(),
@@ -277,6 +326,7 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
                     step_call = Some(call);
                 }
                 pass(ctx, Point::Send)?;
+                let req_name = tool_name.clone();
                 let reply = match session.poll() {
                     Action::Tool(req) => {
                         let approval = rec
@@ -288,6 +338,7 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
                     }
                     _ => unreachable!("the tool request is repeated until it is answered"),
                 };
+                observe_tool(&rec.id, &key, &req_name, &reply);
                 pause(ctx.time_scale, reply.latency_ms);
                 pass(ctx, Point::Sent)?;
                 session.on_tool(reply);

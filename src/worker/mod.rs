@@ -173,7 +173,12 @@ impl Committer {
 
     pub fn commit(&self, commit: Commit) -> std::result::Result<CommitOutcome, CommitFail> {
         let tx = match &self.route {
-            Route::Direct(store) => return commit_alone(store.as_ref(), &commit),
+            Route::Direct(store) => {
+                let started = std::time::Instant::now();
+                let result = commit_alone(store.as_ref(), &commit);
+                observe_commit(started, 1);
+                return result;
+            }
             Route::Thread(tx) => tx,
         };
         let (reply, rx) = bounded(1);
@@ -189,7 +194,9 @@ const GROUP_MAX: usize = 256;
 
 fn committer_loop(store: &dyn Backend, rx: Receiver<CommitRequest>, stats: &Stats) {
     while let Some(batch) = crate::group::recv_batch(&rx, GROUP_MAX) {
+        let started = std::time::Instant::now();
         let results = group_commit(store, &batch);
+        observe_commit(started, batch.len());
         stats.transactions.fetch_add(1, Ordering::Relaxed);
         stats
             .commits
@@ -215,6 +222,14 @@ fn group_commit(
             .collect(),
         Err(e) => vec![Err(CommitFail::Failed(e))],
     }
+}
+
+/// Counts a transaction of `n` commits and its latency.
+fn observe_commit(started: std::time::Instant, n: usize) {
+    let m = crate::metrics::global();
+    m.commits.inc_by(n as u64);
+    m.commit_group.observe(n as f64);
+    m.commit_seconds.observe(started.elapsed().as_secs_f64());
 }
 
 fn commit_alone(store: &dyn Backend, c: &Commit) -> std::result::Result<CommitOutcome, CommitFail> {
@@ -267,7 +282,10 @@ pub fn run(
     };
     let recovered = store.recover(now_ms(), is_dead, &is_live)?;
     if !recovered.is_empty() {
-        tracing::info!(count = recovered.len(), tasks = ?recovered, "recovered tasks whose lease expired or whose worker is gone");
+        crate::metrics::global()
+            .takeovers
+            .inc_by(recovered.len() as u64);
+        tracing::warn!(count = recovered.len(), tasks = ?recovered, "lease takeover: recovered tasks whose lease expired or whose worker is gone");
     }
     let (commit_tx, commit_rx) = bounded::<CommitRequest>(workers * 2);
     // Tasks are claimed only for threads that are free, so no claimed task waits in a queue
@@ -371,7 +389,8 @@ pub fn run(
             last_recover = std::time::Instant::now();
             match store.recover(now, is_dead, &is_live) {
                 Ok(ids) if !ids.is_empty() => {
-                    tracing::info!(tasks = ?ids, "recovered expired leases")
+                    crate::metrics::global().takeovers.inc_by(ids.len() as u64);
+                    tracing::warn!(tasks = ?ids, "lease takeover: recovered expired leases")
                 }
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "lease recovery failed"),
@@ -423,10 +442,13 @@ pub fn run(
                     }
                     store.running_count()
                 };
-                match store
-                    .recover(now_ms(), is_dead, &is_live)
-                    .and_then(|ids| Ok((ids.is_empty(), waits(store.as_ref())?)))
-                {
+                match store.recover(now_ms(), is_dead, &is_live).and_then(|ids| {
+                    if !ids.is_empty() {
+                        crate::metrics::global().takeovers.inc_by(ids.len() as u64);
+                        tracing::warn!(tasks = ?ids, "lease takeover: recovered expired leases");
+                    }
+                    Ok((ids.is_empty(), waits(store.as_ref())?))
+                }) {
                     Ok((true, 0)) => break Ok(()),
                     Ok((true, _)) => {}
                     Ok(_) => continue,
