@@ -1,5 +1,5 @@
 //! A small blocking HTTP/1.1 server with a limit on everything: the project's HTTP edge
-//! (`worker demo-store` today; the console and `/metrics` later).
+//! (`worker demo-store`, `worker console`, and `/metrics` of `worker run`).
 //!
 //! One thread per connection, at most `connections_max` at once (the next one gets 503 and is
 //! closed); httparse (the parser hyper uses) reads the request head, which may be at most
@@ -82,6 +82,33 @@ pub enum Reply {
 }
 
 impl Reply {
+    /// An HTML page.
+    pub fn html(status: u16, body: String) -> Reply {
+        Reply::Response {
+            status,
+            headers: vec![
+                ("Content-Type", "text/html; charset=utf-8".into()),
+                // The console's pages: no framing by other sites, no inline script.
+                ("X-Frame-Options", "DENY".into()),
+                (
+                    "Content-Security-Policy",
+                    "default-src 'self'; style-src 'self' 'unsafe-inline'; script-src 'none'; form-action 'self'; frame-ancestors 'none'".into(),
+                ),
+                ("Cache-Control", "no-store".into()),
+            ],
+            body: body.into_bytes(),
+        }
+    }
+
+    /// A redirect after a form (303: the browser follows it with a GET).
+    pub fn see_other(location: &str) -> Reply {
+        Reply::Response {
+            status: 303,
+            headers: vec![("Location", location.to_string())],
+            body: Vec::new(),
+        }
+    }
+
     pub fn json(status: u16, body: &serde_json::Value) -> Reply {
         Reply::Response {
             status,
@@ -343,7 +370,10 @@ fn write_reply(s: &mut TcpStream, reply: Reply, keep_alive: bool) -> std::io::Re
 fn reason(status: u16) -> &'static str {
     match status {
         200 => "OK",
+        303 => "See Other",
         400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
         408 => "Request Timeout",

@@ -76,6 +76,12 @@ pub enum Command {
         after_help = "Example:\n  worker demo-store --listen 127.0.0.1:8700 --db store.redb --lose-rate 0.2"
     )]
     DemoStore(DemoStoreArgs),
+    /// The web console: tasks, a task's trace and budgets, held writes; approve, reject,
+    /// reconcile and cancel with the same audit events as the CLI.
+    #[command(
+        after_help = "Example:\n  worker console                                   # http://127.0.0.1:8080\n  worker console --listen 0.0.0.0:8080 --token-file tokens.txt\n\nA token file has one `OPERATOR TOKEN` line per operator (tokens of at least 16\ncharacters); the operator is recorded in the audit log of each decision. Without one,\nthe console listens on loopback only and records --by. /metrics and /healthz are\nserved too."
+    )]
+    Console(ConsoleArgs),
     /// Enqueue scenarios A-H on a fresh temporary database, run them, print the table.
     #[command(after_help = "Example:\n  worker demo --workers 4")]
     Demo(DemoArgs),
@@ -474,6 +480,19 @@ pub struct TraceArgs {
     /// Write the spans as OTLP/JSON to this file (one line, as a collector's file receiver reads).
     #[arg(long, value_name = "FILE")]
     pub otlp: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct ConsoleArgs {
+    /// Address to listen on; a non-loopback one needs --token-file.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: String,
+    /// Who may sign in: one `OPERATOR TOKEN` line each.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// The operator recorded for decisions when there is no token file (default: $USER).
+    #[arg(long, default_value_t = default_by())]
+    pub by: String,
 }
 
 #[derive(Args, Debug)]

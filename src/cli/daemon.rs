@@ -1,5 +1,5 @@
-//! `worker run` (the daemon), `worker demo` (scenarios A-H through the durable worker) and
-//! `worker demo-store` (the document's store over HTTP).
+//! `worker run` (the daemon), `worker console` (the web console), `worker demo` (scenarios A-H
+//! through the durable worker) and `worker demo-store` (the document's store over HTTP).
 
 use super::*;
 
@@ -206,4 +206,38 @@ pub(super) fn cmd_demo_store(cli: &Cli, a: &DemoStoreArgs) -> CliResult {
         },
     )
     .map_err(CliError::op)
+}
+
+pub(super) fn cmd_console(cli: &Cli, a: &ConsoleArgs) -> CliResult {
+    use crate::console::{Access, Console, check_listen, read_tokens};
+    check_listen(&a.listen, a.token_file.is_some())
+        .map_err(|e| CliError::usage(e).hint("pass --token-file FILE, or listen on 127.0.0.1"))?;
+    let access = match &a.token_file {
+        Some(path) => {
+            let text = crate::limits::read_file(path, 1 << 20).map_err(CliError::op)?;
+            Access::Tokens(
+                read_tokens(&text)
+                    .map_err(|e| CliError::usage(format!("{}: {e}", path.display())))?,
+            )
+        }
+        None => {
+            decision(&a.by, &None)?;
+            Access::Loopback {
+                operator: a.by.clone(),
+            }
+        }
+    };
+    let db = open_existing(cli)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&stop))
+            .map_err(|e| CliError::op(format!("cannot install the signal handler: {e}")))?;
+    }
+    let console = Console::new(db, store_target(cli), access);
+    console
+        .serve(&a.listen, stop, |addr| {
+            tracing::info!(addr = %addr, "console listening");
+            eprintln!("console: http://{addr}/");
+        })
+        .map_err(CliError::op)
 }

@@ -41,7 +41,7 @@ mod read;
 mod stores;
 
 pub use args::*;
-use daemon::{cmd_demo, cmd_demo_store, cmd_run};
+use daemon::{cmd_console, cmd_demo, cmd_demo_store, cmd_run};
 use decide::{cmd_approve, cmd_cancel, cmd_reconcile, cmd_reject};
 use enqueue::cmd_enqueue;
 pub use enqueue::parse_batch_line;
@@ -197,6 +197,7 @@ pub fn run(cli: Cli) -> CliResult {
         Command::Postmortem(a) => cmd_postmortem(&cli, a),
         Command::Demo(a) => cmd_demo(&cli, a),
         Command::DemoStore(a) => cmd_demo_store(&cli, a),
+        Command::Console(a) => cmd_console(&cli, a),
         Command::Store(c) => cmd_store(&cli, c),
         Command::Approve(a) => cmd_approve(&cli, a),
         Command::Reject(a) => cmd_reject(&cli, a),

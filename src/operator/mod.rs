@@ -105,27 +105,12 @@ pub fn reconcile_auto(
             continue;
         };
         let key = db.call_key(&call, &rec.id, rec.state.step);
-        let spec = rec.catalog.as_ref().map(|c| c.get(&call.name));
-        let answer = match spec {
-            Some(Some(spec)) => match spec.http.as_ref().and_then(|h| h.lookup_url.as_ref()) {
-                Some(url) => lookup(url, &key),
-                None => Lookup::Unknown(format!("tool {} has no lookup_url", call.name)),
-            },
-            Some(None) => {
-                Lookup::Unknown(format!("tool {} is not in the task's catalog", call.name))
+        let answer = ask_tool(&rec, &call.name, &key, &mut || {
+            if demo.is_none() {
+                demo = Some(tools()?);
             }
-            None => {
-                if demo.is_none() {
-                    demo = Some(tools()?);
-                }
-                match demo.as_ref().map(|s| s.lookup(&key, &call.name)) {
-                    Some(Ok(Some(result))) => Lookup::Applied(result),
-                    Some(Ok(None)) => Lookup::NotApplied,
-                    Some(Err(e)) => Lookup::Unknown(e.to_string()),
-                    None => Lookup::Unknown("no store".into()),
-                }
-            }
-        };
+            Ok(demo.clone().expect("just opened"))
+        })?;
         let mut row = AutoSettled {
             task: rec.id.clone(),
             tool: call.name.clone(),
@@ -154,6 +139,29 @@ pub fn reconcile_auto(
         out.push(row);
     }
     Ok(out)
+}
+
+/// Asks the tool of a task's call whether `key` was applied: an HTTP tool's `lookup_url`, or
+/// the document's store (opened by `tools`) for a task without a catalog.
+pub fn ask_tool(
+    rec: &TaskRecord,
+    tool: &str,
+    key: &str,
+    tools: &mut dyn FnMut() -> Result<Arc<DurableStore>>,
+) -> Result<Lookup> {
+    let spec = rec.catalog.as_ref().map(|c| c.get(tool));
+    Ok(match spec {
+        Some(Some(spec)) => match spec.http.as_ref().and_then(|h| h.lookup_url.as_ref()) {
+            Some(url) => lookup(url, key),
+            None => Lookup::Unknown(format!("tool {tool} has no lookup_url")),
+        },
+        Some(None) => Lookup::Unknown(format!("tool {tool} is not in the task's catalog")),
+        None => match tools()?.lookup(key, tool) {
+            Ok(Some(result)) => Lookup::Applied(result),
+            Ok(None) => Lookup::NotApplied,
+            Err(e) => Lookup::Unknown(e.to_string()),
+        },
+    })
 }
 
 /// Everything about one task: its record, trace, recorded replies, call records and audit

@@ -30,7 +30,8 @@ pub use check::CheckReport;
 use handle::Handle;
 pub use handle::{Opener, Reopening};
 pub(crate) use handle::{create_private, open_redb};
-pub(crate) use open::{check_not_empty, random_u64};
+pub(crate) use open::check_not_empty;
+pub use open::random_u64;
 pub use records::*;
 
 use redb::{ReadTransaction, ReadableTable, ReadableTableMetadata, WriteTransaction};

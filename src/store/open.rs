@@ -307,7 +307,7 @@ const DB_ID_MASK: u64 = (1 << 48) - 1;
 
 /// 64 random bits from the operating system, or (if it has none to give) from the standard
 /// library's randomly seeded hasher mixed with the time and the process id.
-pub(crate) fn random_u64() -> u64 {
+pub fn random_u64() -> u64 {
     use std::io::Read;
     let mut b = [0u8; 8];
     if std::fs::File::open("/dev/urandom")

@@ -16,6 +16,7 @@
 
 mod commit;
 mod list;
+pub(crate) use rows::{now_i64, random_i64};
 mod pool;
 mod queue;
 mod reads;
@@ -425,14 +426,6 @@ enum Attempt<T> {
     Retry(String),
     /// The connection was lost during COMMIT: the result stands if the marker is found.
     Unknown(T, String),
-}
-
-pub(crate) fn now_i64() -> i64 {
-    rows::i64_of(crate::clock::now_ms())
-}
-
-pub(crate) fn random_i64() -> i64 {
-    (super::random_u64() >> 1) as i64
 }
 
 impl super::Backend for PgStore {

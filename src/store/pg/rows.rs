@@ -38,6 +38,16 @@ struct LeaseCol {
     start_ticks: u64,
 }
 
+/// Now, as a `bigint` column holds it.
+pub(crate) fn now_i64() -> i64 {
+    i64_of(crate::clock::now_ms())
+}
+
+/// A random non-negative `bigint` (commit markers).
+pub(crate) fn random_i64() -> i64 {
+    (crate::store::random_u64() >> 1) as i64
+}
+
 pub fn i64_of(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }

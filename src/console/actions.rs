@@ -1,0 +1,123 @@
+//! The console's actions: a form's decision (approve, reject, reconcile, cancel) checked for
+//! its CSRF token and bound to the call (key and digest) or the task state (its last change)
+//! the page was rendered with, then made through the same backend decisions as the CLI's.
+
+use super::{Console, form, url_encode};
+use crate::httpd::{Reply, Request, percent_decode};
+use crate::operator;
+use crate::store::Error;
+use crate::store::ops::{Extension, Reviewed, Settlement};
+
+impl Console {
+    /// A decision from a form: CSRF checked, the reviewed call (key and digest) bound, the
+    /// same backend decision as the CLI's; then back to the task's page.
+    pub(super) fn act(&self, op: &str, id: &str, verb: &str, req: &Request) -> Reply {
+        let f = form(req);
+        let field = |k: &str| {
+            f.get(k)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
+        let id = percent_decode(id);
+        let back = Some(format!("/tasks/{}", url_encode(&id)));
+        let csrf_ok = field("csrf").is_some_and(|t| {
+            let want = self.csrf(op);
+            t.len() == want.len()
+                && t.bytes().zip(want.bytes()).fold(0, |a, (x, y)| a | (x ^ y)) == 0
+        });
+        if !csrf_ok {
+            return self.message(op, 403, "Refused", "This form's CSRF token is missing or not this session's; reload the page and try again.".into(), back);
+        }
+        let d = match operator::decision(op, field("reason").as_deref()) {
+            Ok(d) => d,
+            Err(e) => return self.message(op, 400, "Refused", e, back),
+        };
+        let reviewed = Reviewed {
+            key: field("key"),
+            digest: field("digest"),
+        };
+        let extend = match field("extend").map(|t| Extension::parse(&t)).transpose() {
+            Ok(e) => e.unwrap_or_default(),
+            Err(e) => return self.message(op, 400, "Refused", format!("extend: {e}"), back),
+        };
+        let outcome: Result<String, Error> = match verb {
+            "approve" | "reject" | "reconcile"
+                if reviewed.key.is_none() || reviewed.digest.is_none() =>
+            {
+                Err(Error::Invalid(
+                    "the form does not name the call it was rendered with (key and digest)".into(),
+                ))
+            }
+            "approve" => self
+                .db
+                .approve(&id, &reviewed, &extend, &d)
+                .map(|c| format!("approved {}", c.name)),
+            "reject" => self
+                .db
+                .reject(&id, &reviewed, &d)
+                .map(|c| format!("rejected {}", c.name)),
+            "reconcile" => {
+                let settlement = match field("outcome").as_deref() {
+                    Some("applied") => {
+                        let text = field("result").unwrap_or_else(|| r#"{"status": "ok"}"#.into());
+                        match crate::limits::parse_json_input(
+                            &text,
+                            "the result",
+                            crate::limits::OPERATOR_RESULT_BYTES_MAX,
+                        ) {
+                            Ok(v) => Ok(Settlement::Applied(v)),
+                            Err(e) => Err(Error::Invalid(e.0)),
+                        }
+                    }
+                    Some("not_applied") => Ok(Settlement::NotApplied),
+                    _ => Err(Error::Invalid("say whether the write was applied".into())),
+                };
+                settlement.and_then(|s| {
+                    let applied = matches!(s, Settlement::Applied(_));
+                    self.db.reconcile(&id, &s, &reviewed, &extend, &d).map(|c| {
+                        format!(
+                            "{} recorded as {}",
+                            c.name,
+                            if applied { "applied" } else { "not applied" }
+                        )
+                    })
+                })
+            }
+            "cancel" => {
+                let seen = field("seen").and_then(|s| s.parse::<u64>().ok());
+                match self.db.task(&id) {
+                    Ok(r) if Some(r.updated_at_ms) != seen => Err(Error::Conflict(format!(
+                        "task {id} changed since this page was rendered (it is {} now); reload and decide again",
+                        r.status.as_str()
+                    ))),
+                    Ok(_) => self.db.cancel(&id, &d).map(|_| "cancelled".to_string()),
+                    Err(e) => Err(e),
+                }
+            }
+            _ => {
+                return self.message(
+                    op,
+                    404,
+                    "Not found",
+                    format!("There is no action {verb:?}."),
+                    back,
+                );
+            }
+        };
+        match outcome {
+            Ok(done) => Reply::see_other(&format!(
+                "/tasks/{}?done={}",
+                url_encode(&id),
+                url_encode(&done)
+            )),
+            Err(e) => {
+                let status = match e {
+                    Error::NoTask(_) => 404,
+                    Error::Invalid(_) => 400,
+                    _ => 409,
+                };
+                self.message(op, status, "Refused", e.to_string(), back)
+            }
+        }
+    }
+}

@@ -1,0 +1,391 @@
+//! `worker console`: a real browser (headless chromium through chromedriver) lists, filters,
+//! approves, settles and cancels; console actions write the same audit events as the CLI's;
+//! a form rendered before the task moved on is refused; tokens and CSRF are enforced.
+
+mod common;
+#[path = "common/webdriver.rs"]
+mod webdriver;
+use common::*;
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+/// The console on a free loopback port; its base URL.
+struct Console {
+    child: Child,
+    base: String,
+}
+
+impl Drop for Console {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn console(d: &Path, extra: &[&str]) -> Console {
+    let mut args = vec!["console", "--listen", "127.0.0.1:0"];
+    args.extend_from_slice(extra);
+    let mut child = command(d)
+        .args(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the console");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(url) = line.strip_prefix("console: ") {
+                let _ = tx.send(url.trim_end_matches('/').to_string());
+            }
+        }
+    });
+    let base = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the console prints its address");
+    Console { child, base }
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .build()
+        .into()
+}
+
+fn get(url: &str, token: Option<&str>) -> (u16, String) {
+    let mut r = agent().get(url);
+    if let Some(t) = token {
+        r = r.header("Authorization", &format!("Bearer {t}"));
+    }
+    let mut resp = r.call().expect("an answer");
+    let status = resp.status().as_u16();
+    (status, resp.body_mut().read_to_string().unwrap_or_default())
+}
+
+fn post(url: &str, fields: &[(&str, &str)], token: Option<&str>) -> (u16, String) {
+    let mut r = agent().post(url);
+    if let Some(t) = token {
+        r = r.header("Authorization", &format!("Bearer {t}"));
+    }
+    let mut resp = r.send_form(fields.iter().copied()).expect("an answer");
+    let status = resp.status().as_u16();
+    (status, resp.body_mut().read_to_string().unwrap_or_default())
+}
+
+/// The value of the first `name="NAME" value="..."` in a page.
+fn field(html: &str, name: &str) -> String {
+    let at = html
+        .find(&format!("name=\"{name}\" value=\""))
+        .unwrap_or_else(|| panic!("no field {name} in the page"));
+    let rest = &html[at + name.len() + 15..];
+    rest[..rest.find('"').expect("a closing quote")].to_string()
+}
+
+/// A task waiting for approval of a refund of 8000 on ord_1004 (under a key and in a store
+/// scope of its own).
+fn suspended(d: &Path, key: &str, user: &str) {
+    ok(
+        d,
+        &[
+            "enqueue",
+            "--user",
+            user,
+            "--goal",
+            GOAL,
+            "--model",
+            "policy:ord_1004:8000",
+            "--key",
+            key,
+            "--store-scope",
+            key,
+        ],
+    );
+}
+
+/// A task whose refund times out: held with an unknown outcome.
+fn held(d: &Path, key: &str) {
+    ok(
+        d,
+        &[
+            "enqueue",
+            "--user",
+            "cu_ana",
+            "--goal",
+            GOAL,
+            "--key",
+            key,
+            "--tool-latency",
+            "issue_refund=40000",
+            "--store-scope",
+            key,
+        ],
+    );
+}
+
+fn refunds_of(d: &Path, order: &str) -> usize {
+    ledger(d)
+        .iter()
+        .filter(|e| e.to_string().contains("refund") && e.to_string().contains(order))
+        .count()
+}
+
+#[test]
+fn a_browser_drives_the_console() {
+    let dir = TempDir::new("console-browser");
+    let d = dir.path();
+    enqueue(d, &["--key", "done-1"]); // t1: done
+    suspended(d, "approve-me", "cu_ana"); // t2: suspended
+    held(d, "held-3"); // t3: held
+    suspended(d, "stale-4", "cu_ana"); // t4: suspended, decided elsewhere while its page is open
+    ok(d, &["run", "--drain"]);
+    let c = console(d, &["--by", "alice"]);
+    let Some(b) = webdriver::Browser::start() else {
+        return;
+    };
+    let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/screenshots");
+
+    // The task list, with counts by status.
+    b.open(&format!("{}/", c.base));
+    assert_eq!(b.count("tr.task-row"), 4);
+    assert!(
+        b.text("#count-suspended").starts_with('2'),
+        "{}",
+        b.text("#count-suspended")
+    );
+    b.screenshot(&shots.join("console-tasks.png"));
+    // Filter: suspended tasks of cu_ana, then of nobody.
+    b.click("#f-status option[value=suspended]");
+    b.type_in("#f-user", "cu_ana");
+    b.click("#filter");
+    assert_eq!(b.count("tr.task-row"), 2);
+    assert!(b.url().contains("status=suspended"), "{}", b.url());
+    b.type_in("#f-user", "cu_nobody");
+    b.click("#filter");
+    assert_eq!(b.count("tr.task-row"), 0);
+
+    // Open the suspended task, approve it with a reason; it runs and finishes with one refund.
+    b.open(&format!("{}/?status=suspended", c.base));
+    b.click("tr.task-row a[href='/tasks/t2']");
+    assert!(b.text("#held-call").contains("issue_refund"));
+    b.type_in("#approve-reason", "damage confirmed by photo");
+    b.click("#approve");
+    assert!(
+        b.text("#flash").contains("approved issue_refund"),
+        "{}",
+        b.text("#flash")
+    );
+    assert_eq!(b.text("#task-status"), "queued");
+    ok(d, &["run", "--drain"]);
+    b.open(&format!("{}/tasks/t2", c.base));
+    assert_eq!(b.text("#task-stop"), "done");
+    assert_eq!(refunds_of(d, "ord_1004"), 1);
+    assert!(b.count("#waterfall tr.span-row") >= 8);
+    assert!(b.text("#events").contains("damage confirmed by photo"));
+    b.resize(1360, 2150);
+    b.screenshot(&shots.join("console-task.png"));
+    b.resize(1360, 1000);
+
+    // Settle the held write from the held-writes page.
+    b.open(&format!("{}/held", c.base));
+    assert_eq!(b.count("tr.held-row"), 1);
+    b.type_in(
+        "#lookup-key",
+        json(d, &["show", "t3", "--json"])["held"]["key"]
+            .as_str()
+            .expect("key"),
+    );
+    b.click("#lookup");
+    assert!(
+        b.text("#lookup-result").contains("the tool says: applied"),
+        "{}",
+        b.text("#lookup-result")
+    );
+    b.click("tr.held-row a");
+    b.type_in("#held-call form input[name=reason]", "found in the ledger");
+    b.screenshot(&shots.join("console-held.png"));
+    b.click("#reconcile-applied");
+    assert!(
+        b.text("#flash").contains("recorded as applied"),
+        "{}",
+        b.text("#flash")
+    );
+    ok(d, &["run", "--drain"]);
+    b.open(&format!("{}/tasks/t3", c.base));
+    // Settled as applied, the task goes on from the refund (its active time is spent).
+    assert_eq!(b.text("#task-status"), "finished");
+    assert_ne!(b.text("#task-stop"), "unknown_outcome");
+    assert!(b.text("#events").contains("found in the ledger"));
+
+    // Cancel a queued task.
+    ok(
+        d,
+        &[
+            "enqueue", "--user", "cu_dee", "--goal", GOAL, "--key", "queued-5",
+        ],
+    ); // t5: queued
+    b.open(&format!("{}/tasks/key:queued-5", c.base));
+    b.type_in("#cancel-reason", "customer withdrew");
+    b.click("#cancel");
+    assert!(b.text("#flash").contains("cancelled"));
+    assert_eq!(json(d, &["show", "t5", "--json"])["stop"], "cancelled");
+
+    // A page rendered before the task moved on: its form is refused.
+    b.open(&format!("{}/tasks/t4", c.base));
+    let digest = held_digest(d, "t4");
+    ok(
+        d,
+        &[
+            "reject",
+            "t4",
+            "--digest",
+            &digest,
+            "--by",
+            "bob",
+            "--reason",
+            "above policy",
+        ],
+    );
+    b.type_in("#approve-reason", "too late");
+    b.click("#approve");
+    let refusal = b.text("#message");
+    assert!(refusal.contains("t4"), "{refusal}");
+    assert_eq!(refunds_of(d, "ord_1004"), 1);
+    let events = json(d, &["events", "t4", "--json"]);
+    assert!(
+        events
+            .as_array()
+            .expect("events")
+            .iter()
+            .all(|e| e["verb"] != "approve"),
+        "{events}"
+    );
+}
+
+/// The audit event of a decision, without what differs between two tasks.
+fn event_shape(d: &Path, task: &str) -> Value {
+    let events = json(d, &["events", task, "--json"]);
+    let mut e = events
+        .as_array()
+        .expect("events")
+        .last()
+        .expect("an event")
+        .clone();
+    for k in ["seq", "at_ms", "task"] {
+        e.as_object_mut().expect("an event").remove(k);
+    }
+    serde_json::from_str(&e.to_string().replace(&format!(":{task}:"), ":TASK:")).expect("JSON")
+}
+
+conformance! {
+    fn console_and_cli_decisions_write_identical_audit_events(d) {
+        for i in 1..=2 { suspended(d, &format!("a{i}"), "cu_ana"); } // t1, t2: approve
+        for i in 1..=2 { suspended(d, &format!("r{i}"), "cu_ana"); } // t3, t4: reject
+        held(d, "h1"); held(d, "h2"); // t5, t6: reconcile applied
+        held(d, "n1"); held(d, "n2"); // t7, t8: reconcile not applied
+        ok(d, &["run", "--drain"]);
+        ok(d, &["enqueue", "--user", "cu_ana", "--goal", GOAL, "--key", "c1"]); // t9
+        ok(d, &["enqueue", "--user", "cu_ana", "--goal", GOAL, "--key", "c2"]); // t10
+        let c = console(d, &["--by", "alice"]);
+        let page = |t: &str| get(&format!("{}/tasks/{t}", c.base), None).1;
+        let form = |t: &str, verb: &str, extra: &[(&str, &str)]| {
+            let html = page(t);
+            let (csrf, key, digest) = (field(&html, "csrf"), field(&html, "key"), field(&html, "digest"));
+            let mut fields = vec![("csrf", csrf.as_str()), ("key", key.as_str()), ("digest", digest.as_str()), ("reason", "checked")];
+            fields.extend_from_slice(extra);
+            let (status, body) = post(&format!("{}/tasks/{t}/{verb}", c.base), &fields, None);
+            assert_eq!(status, 303, "{verb} {t}: {body}");
+        };
+        let cli = |t: &str, args: &[&str]| {
+            let show = json(d, &["show", t, "--json"]);
+            let (key, digest) = (show["held"]["key"].as_str().expect("key").to_string(), show["held"]["digest"].as_str().expect("digest").to_string());
+            let mut all = args.to_vec();
+            all.extend_from_slice(&[t, "--key", &key, "--digest", &digest, "--by", "alice", "--reason", "checked"]);
+            ok(d, &all);
+        };
+        cli("t1", &["approve"]);
+        form("t2", "approve", &[]);
+        cli("t3", &["reject"]);
+        form("t4", "reject", &[]);
+        cli("t5", &["reconcile", "--applied", "--result", r#"{"status": "ok"}"#]);
+        form("t6", "reconcile", &[("outcome", "applied"), ("result", r#"{"status": "ok"}"#)]);
+        cli("t7", &["reconcile", "--not-applied", "--extend", "deadline_ms=10000"]);
+        form("t8", "reconcile", &[("outcome", "not_applied"), ("extend", "deadline_ms=10000")]);
+        ok(d, &["cancel", "t9", "--by", "alice", "--reason", "checked"]);
+        let html = page("t10");
+        let (status, body) = post(&format!("{}/tasks/t10/cancel", c.base),
+            &[("csrf", &field(&html, "csrf")), ("seen", &field(&html, "seen")), ("reason", "checked")], None);
+        assert_eq!(status, 303, "{body}");
+        for (a, b) in [("t1", "t2"), ("t3", "t4"), ("t5", "t6"), ("t7", "t8"), ("t9", "t10")] {
+            let (ea, eb) = (event_shape(d, a), event_shape(d, b));
+            assert_eq!(ea, eb, "the CLI's event for {a} and the console's for {b}");
+            assert_eq!(ea["by"], "alice");
+        }
+        // The re-sent and approved calls went out once each; nothing else was sent.
+        ok(d, &["run", "--drain"]);
+        assert_sent_at_most_once(d, &[], 0);
+    }
+
+    fn stale_and_forged_forms_are_refused(d) {
+        suspended(d, "s1", "cu_ana");
+        ok(d, &["run", "--drain"]);
+        ok(d, &["enqueue", "--user", "cu_ana", "--goal", GOAL, "--key", "q1"]); // t2
+        let c = console(d, &["--by", "alice"]);
+        let html = get(&format!("{}/tasks/t1", c.base), None).1;
+        let (csrf, key, digest) = (field(&html, "csrf"), field(&html, "key"), field(&html, "digest"));
+        // A forged form (no CSRF token, or another one) is refused, nothing recorded.
+        let (status, _) = post(&format!("{}/tasks/t1/approve", c.base), &[("key", &key), ("digest", &digest), ("reason", "x")], None);
+        assert_eq!(status, 403);
+        let (status, _) = post(&format!("{}/tasks/t1/approve", c.base), &[("csrf", "0000"), ("key", &key), ("digest", &digest), ("reason", "x")], None);
+        assert_eq!(status, 403);
+        // A form without the call it was rendered with is refused.
+        let (status, body) = post(&format!("{}/tasks/t1/approve", c.base), &[("csrf", &csrf), ("reason", "x")], None);
+        assert_eq!(status, 400, "{body}");
+        // Another call's digest (the task moved on) is refused in the decision's transaction.
+        let (status, body) = post(&format!("{}/tasks/t1/approve", c.base), &[("csrf", &csrf), ("key", &key), ("digest", "0000000000"), ("reason", "x")], None);
+        assert_eq!(status, 409, "{body}");
+        assert_eq!(json(d, &["events", "t1", "--json"]), serde_json::json!([]));
+        // A cancel form of a task that changed since it was rendered is refused.
+        let page = get(&format!("{}/tasks/t2", c.base), None).1;
+        ok(d, &["run", "--drain"]);
+        let (status, body) = post(&format!("{}/tasks/t2/cancel", c.base),
+            &[("csrf", &field(&page, "csrf")), ("seen", &field(&page, "seen")), ("reason", "x")], None);
+        assert_eq!(status, 409, "{body}");
+        assert!(body.contains("changed since this page was rendered"), "{body}");
+        assert_ne!(json(d, &["show", "t2", "--json"])["stop"], "cancelled");
+    }
+
+    fn tokens_name_the_operator(d) {
+        suspended(d, "s1", "cu_ana");
+        ok(d, &["run", "--drain"]);
+        let (code, err) = fails(d, &["console", "--listen", "0.0.0.0:0"]);
+        assert_eq!(code, 2);
+        assert!(err.contains("needs --token-file"), "{err}");
+        std::fs::write(d.join("tokens.txt"), "dana 5f1b7c0a9e3d4c2b8a6f\n").expect("token file");
+        std::fs::write(d.join("bad.txt"), "dana short\n").expect("token file");
+        let (code, err) = fails(d, &["console", "--token-file", "bad.txt"]);
+        assert_eq!(code, 2);
+        assert!(err.contains("at least 16"), "{err}");
+        let c = console(d, &["--token-file", "tokens.txt"]);
+        let (status, _) = get(&format!("{}/", c.base), None);
+        assert_eq!(status, 303, "a browser without a token is sent to sign in");
+        let (status, _) = get(&format!("{}/", c.base), Some("not-a-listed-token-at-all"));
+        assert_eq!(status, 303);
+        let (status, _) = post(&format!("{}/tasks/t1/cancel", c.base), &[("reason", "x")], None);
+        assert_eq!(status, 401);
+        let token = Some("5f1b7c0a9e3d4c2b8a6f");
+        let (status, html) = get(&format!("{}/tasks/t1", c.base), token);
+        assert_eq!(status, 200);
+        let (status, body) = post(&format!("{}/tasks/t1/reject", c.base),
+            &[("csrf", &field(&html, "csrf")), ("key", &field(&html, "key")), ("digest", &field(&html, "digest")), ("reason", "no")], token);
+        assert_eq!(status, 303, "{body}");
+        assert_eq!(json(d, &["events", "t1", "--json"])[0]["by"], "dana");
+        let (status, login) = post(&format!("{}/login", c.base), &[("token", "wrong")], None);
+        assert_eq!(status, 401, "{login}");
+    }
+}
