@@ -36,7 +36,19 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
         tracing::info!(addr = %bound, "serving /metrics and /healthz");
     }
     tracing::info!(db = %store.describe(), workers = cfg.workers, drain = cfg.drain, "worker started");
-    let stats = worker::run(store, tools, &cfg, shutdown)?;
+    let reporting = Arc::new(AtomicBool::new(false));
+    if cfg.drain {
+        let every = std::time::Duration::from_millis(
+            std::env::var("WORKER_PROGRESS_EVERY_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(5000),
+        );
+        progress::drain_reporter(Arc::clone(&store), Arc::clone(&reporting), every);
+    }
+    let stats = worker::run(store, tools, &cfg, shutdown);
+    reporting.store(true, std::sync::atomic::Ordering::SeqCst);
+    let stats = stats?;
     tracing::info!(
         tasks_ended = stats.tasks_ended.load(std::sync::atomic::Ordering::Relaxed),
         steps = stats.steps.load(std::sync::atomic::Ordering::Relaxed),

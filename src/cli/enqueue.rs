@@ -148,6 +148,9 @@ pub(super) fn cmd_enqueue(cli: &Cli, a: &EnqueueArgs) -> CliResult {
                     CliError::op(m)
                 }
             })?;
+            let size = file.metadata().map_or(0, |m| m.len());
+            let mut bar = super::progress::Bar::new("reading", size);
+            let mut read = 0u64;
             let mut lines = limits::Lines::new(std::io::BufReader::new(file));
             let mut tasks = Vec::new();
             let mut n = 0;
@@ -162,6 +165,8 @@ pub(super) fn cmd_enqueue(cli: &Cli, a: &EnqueueArgs) -> CliResult {
                     }
                     Err(limits::LineError::Bad(m)) => return Err(at(m)),
                 };
+                read += line.len() as u64 + 1;
+                bar.set(read, &format!("{} tasks checked", tasks.len()));
                 if line.trim().is_empty() {
                     continue;
                 }
@@ -179,6 +184,10 @@ pub(super) fn cmd_enqueue(cli: &Cli, a: &EnqueueArgs) -> CliResult {
                     path.display()
                 )));
             }
+            bar.finish(&format!(
+                "{} tasks checked; writing them in one transaction",
+                tasks.len()
+            ));
             tasks
         }
         None => {

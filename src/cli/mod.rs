@@ -37,6 +37,7 @@ mod args;
 mod daemon;
 mod decide;
 mod enqueue;
+mod progress;
 mod read;
 mod stores;
 
