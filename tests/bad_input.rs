@@ -511,7 +511,9 @@ fn batch_files() {
     refused(d, &["enqueue", "--file", "b.jsonl"], 2, "no tasks");
     intact(d, &base, "batch");
     assert_eq!(
-        json(d, &["list", "--json"]).as_array().map(Vec::len),
+        json(d, &["list", "--json", "--limit", "10000"])
+            .as_array()
+            .map(Vec::len),
         Some(2)
     );
     eprintln!("batch lines: {} cases", n + 3);

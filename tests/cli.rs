@@ -66,7 +66,7 @@ conformance! {
         assert_eq!(a[0]["id"], b[0]["id"]);
         assert_eq!(a[0]["created"], true);
         assert_eq!(b[0]["created"], false);
-        let list = json(d, &["list", "--json"]);
+        let list = json(d, &["list", "--json", "--limit", "10000"]);
         assert_eq!(list.as_array().map(Vec::len), Some(1));
     }
 }
@@ -115,7 +115,7 @@ conformance! {
         assert_eq!(code, 2);
         assert!(err.contains("colour"), "{err}");
         assert_eq!(
-            json(d, &["list", "--json"]).as_array().map(Vec::len),
+            json(d, &["list", "--json", "--limit", "10000"]).as_array().map(Vec::len),
             Some(2),
             "nothing of a bad batch lands"
         );
@@ -129,7 +129,7 @@ conformance! {
     fn json_output_parses_for_every_read_verb(d) {
         enqueue(d, &["--model", "same_call"]);
         ok(d, &["run", "--drain"]);
-        assert_eq!(json(d, &["list", "--json"])[0]["stop"], "repeated_call");
+        assert_eq!(json(d, &["list", "--json", "--limit", "10000"])[0]["stop"], "repeated_call");
         assert_eq!(
             json(d, &["show", "t1", "--json"])["closing_message"]
                 .as_str()

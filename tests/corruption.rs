@@ -11,7 +11,7 @@ use serde_json::Value;
 use std::path::Path;
 
 const VERBS: [&[&str]; 8] = [
-    &["list", "--json"],
+    &["list", "--json", "--limit", "10000"],
     &["show", "t1", "--json"],
     &["show", "t2", "--json"],
     &["show", "t3", "--json"],

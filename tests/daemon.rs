@@ -42,7 +42,7 @@ fn signal_releases(d: &std::path::Path, sig: &str) {
         "{sig}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let tasks = json(d, &["list", "--json"]);
+    let tasks = json(d, &["list", "--json", "--limit", "10000"]);
     let tasks = tasks.as_array().expect("array");
     assert!(
         tasks.iter().all(|t| t["status"] != "running"),
@@ -54,7 +54,7 @@ fn signal_releases(d: &std::path::Path, sig: &str) {
     );
     // Released tasks continue from their committed state and finish with one effect each.
     ok(d, &["run", "--drain"]);
-    let tasks = json(d, &["list", "--json"]);
+    let tasks = json(d, &["list", "--json", "--limit", "10000"]);
     assert!(
         tasks
             .as_array()
@@ -95,7 +95,7 @@ conformance! {
         let (mut a, mut b) = (start(), start());
         assert!(a.wait().expect("a").success());
         assert!(b.wait().expect("b").success());
-        let tasks = json(d, &["list", "--json"]);
+        let tasks = json(d, &["list", "--json", "--limit", "10000"]);
         for t in tasks.as_array().expect("array") {
             assert_eq!(t["runs"], 1, "claimed more than once: {t}");
             assert_eq!(t["stop"], "done", "{t}");

@@ -474,7 +474,7 @@ conformance! {
         );
         assert!(err.contains("another goal"), "{err}");
         assert_eq!(
-            json(d, &["list", "--json"]).as_array().map(Vec::len),
+            json(d, &["list", "--json", "--limit", "10000"]).as_array().map(Vec::len),
             Some(1)
         );
     }
@@ -498,7 +498,7 @@ fn a_damaged_task_record_is_quarantined_not_fatal() {
         w.commit().expect("commit");
     }
     ok(d, &["run", "--drain"]);
-    let list = json(d, &["list", "--json"]);
+    let list = json(d, &["list", "--json", "--limit", "10000"]);
     let list = list.as_array().expect("list");
     let t2 = list.iter().find(|t| t["id"] == "t2").expect("t2 listed");
     assert_eq!(t2["stop"], "done", "{t2}");
@@ -520,7 +520,7 @@ fn readers_do_not_wait_for_a_writer() {
     let store = Store::open(&dir.file("worker.redb"), false).expect("open");
     let w = store.begin_write().expect("a write transaction held open");
     let mut child = std::process::Command::new(bin())
-        .args(["list", "--json"])
+        .args(["list", "--json", "--limit", "10000"])
         .current_dir(d)
         .env_remove("WORKER_DB")
         .stdout(std::process::Stdio::piped())

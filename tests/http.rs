@@ -440,7 +440,7 @@ fn lost_responses_are_held_then_settled_by_reconcile_auto() {
         assert!(!out.contains(": left held"), "{out}");
         okc(d, &["run", "--drain"]);
     }
-    let tasks = json(d, &["list", "--json"]);
+    let tasks = json(d, &["list", "--json", "--limit", "10000"]);
     for t in tasks.as_array().expect("tasks") {
         assert_eq!(t["stop"], "done", "{t}");
     }
@@ -503,7 +503,7 @@ fn daemon_killed_while_http_writes_are_in_flight() {
         okc(d, &["reconcile", "--auto"]);
         okc(d, &["run", "--drain"]);
     }
-    let tasks = json(d, &["list", "--json"]);
+    let tasks = json(d, &["list", "--json", "--limit", "10000"]);
     let tasks = tasks.as_array().expect("tasks");
     assert_eq!(tasks.len(), n);
     let ledger = json(d, &["--store", "store.redb", "store", "ledger", "--json"]);
@@ -739,7 +739,7 @@ fn a_deeply_nested_reply_fails_its_step_and_every_task_stays_readable() {
     assert_eq!(model_statuses, ["ok", "ok"], "{trace}");
     // The other task ran, and every verb still reads the database.
     assert_eq!(json(d, &["show", "t2", "--json"])["status"], "finished");
-    json(d, &["list", "--json"]);
+    json(d, &["list", "--json", "--limit", "10000"]);
     json(d, &["events", "--json"]);
     okc(d, &["check"]);
     let why = t["state"]["last_result"]["detail"].as_str().unwrap_or("");

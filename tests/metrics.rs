@@ -144,7 +144,7 @@ conformance! {
         };
         promtool_check(&text);
         let s = samples(&text);
-        let tasks = json(d, &["list", "--json"]);
+        let tasks = json(d, &["list", "--json", "--limit", "10000"]);
         let tasks = tasks.as_array().expect("list");
         let count = |status: &str| tasks.iter().filter(|t| t["status"] == status).count() as f64;
         for status in ["queued", "running", "suspended", "held", "finished"] {

@@ -57,7 +57,8 @@ fn migrations_run_once_under_a_lock_and_a_newer_schema_is_refused() {
     }
     assert_eq!(
         pg.psql("SELECT count(*) || ' ' || max(version) FROM mig.migrations"),
-        "1 1"
+        "2 2",
+        "each migration applied once"
     );
     let ids = pg.psql("SELECT count(*) FROM mig.meta WHERE key = 'db_id'");
     assert_eq!(ids, "1", "one database id");

@@ -60,7 +60,7 @@ fn a_version_1_database_is_read_back_as_written_and_migrated() {
     // (`list` now prints newest first, and both print RFC 3339 times beside the ms.)
     let mut listed = fixture_json("list.json");
     listed.as_array_mut().expect("list fixture").reverse();
-    let list = json(d, &["list", "--json"]);
+    let list = json(d, &["list", "--json", "--limit", "10000"]);
     assert!(has_fields_of(&list, &listed), "{list:#}");
     for t in ["t1", "t8"] {
         let shown = json(d, &["show", t, "--json"]);
@@ -213,7 +213,10 @@ fn nested_operator_results_and_batch_lines_are_refused_before_anything_is_stored
         assert!(err.contains("batch.jsonl:1:"), "{err}");
     }
     assert_eq!(
-        json(d, &["list", "--json"]).as_array().expect("list").len(),
+        json(d, &["list", "--json", "--limit", "10000"])
+            .as_array()
+            .expect("list")
+            .len(),
         1
     );
     // A script line nested too deep is refused at enqueue.
@@ -293,7 +296,11 @@ fn a_closed_pipe_ends_a_verb_quietly() {
         .collect();
     std::fs::write(d.join("b.jsonl"), lines).expect("write");
     ok(d, &["enqueue", "--file", "b.jsonl"]);
-    for args in [&["list"][..], &["list", "--json"], &["events"]] {
+    for args in [
+        &["list"][..],
+        &["list", "--json", "--limit", "10000"],
+        &["events"],
+    ] {
         let mut child = Command::new(bin())
             .args(args)
             .current_dir(d)
@@ -361,7 +368,7 @@ fn fifty_tasks_sharing_a_2_mb_script_store_it_once() {
     std::fs::write(d.join("b.jsonl"), batch).expect("write batch");
     ok(d, &["enqueue", "--file", "b.jsonl"]);
     ok(d, &["run", "--drain", "--workers", "2"]);
-    let list = json(d, &["list", "--json"]);
+    let list = json(d, &["list", "--json", "--limit", "10000"]);
     let stops: Vec<&str> = list
         .as_array()
         .expect("list")
@@ -498,7 +505,7 @@ conformance! {
             &["purge", "--finished-before", "0s", "--by", "bob", "--json"],
         );
         assert_eq!(purged["ids"], serde_json::json!(["t1"]), "{purged}");
-        let mut ids: Vec<String> = json(d, &["list", "--json"])
+        let mut ids: Vec<String> = json(d, &["list", "--json", "--limit", "10000"])
             .as_array()
             .expect("list")
             .iter()

@@ -255,7 +255,14 @@ fn the_database_restarting_and_lost_answers_lose_and_repeat_nothing() {
                 std::thread::sleep(Duration::from_millis(150));
                 let out = command(&d)
                     .env("WORKER_DB", &via)
-                    .args(["list", "--status", "suspended", "--json"])
+                    .args([
+                        "list",
+                        "--status",
+                        "suspended",
+                        "--json",
+                        "--limit",
+                        "10000",
+                    ])
                     .output()
                     .expect("list");
                 let Ok(v) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else {
@@ -325,7 +332,7 @@ fn the_database_restarting_and_lost_answers_lose_and_repeat_nothing() {
         ],
     );
     let acked = acked.lock().expect("acked").clone();
-    let tasks = json(&d, &["list", "--json"]);
+    let tasks = json(&d, &["list", "--json", "--limit", "10000"]);
     let keys: std::collections::BTreeSet<&str> = tasks
         .as_array()
         .expect("tasks")

@@ -132,7 +132,14 @@ pub enum Command {
     #[command(
         after_help = "Example:\n  worker migrate --db postgres://tether@db.internal/jobs\n  worker migrate --db postgres://tether@db.internal/jobs?schema=team_a"
     )]
-    Migrate,
+    Migrate(JsonArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct JsonArgs {
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -310,6 +317,9 @@ pub enum MemoryCommand {
         /// Who decides (default: $USER); recorded in the audit log.
         #[arg(long, default_value_t = default_by())]
         by: String,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// List live notes (all with --all), of one user when given.
     #[command(after_help = "Example:\n  worker memory list --user cu_ana")]
@@ -338,6 +348,9 @@ pub enum MemoryCommand {
         /// Who decides (default: $USER); recorded in the audit log.
         #[arg(long, default_value_t = default_by())]
         by: String,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -550,6 +563,9 @@ pub enum StoreCommand {
             required = true
         )]
         orders: Vec<String>,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// The ledger of effects (refunds and emails), in order.
     Ledger {

@@ -209,9 +209,12 @@ pub fn run(cli: Cli) -> CliResult {
         Command::Memory(c) => cmd_memory(&cli, c),
         Command::Check(a) => cmd_check(&cli, a),
         Command::Purge(a) => cmd_purge(&cli, a),
-        Command::Migrate => {
+        Command::Migrate(a) => {
             let db = open_created(&cli, 1)?;
             open_tools(&cli)?;
+            if a.json {
+                return print_json(&json!({"database": db.describe(), "db_id": db.db_id()}));
+            }
             outln!("{} is ready (database id {})", db.describe(), db.db_id());
             Ok(())
         }

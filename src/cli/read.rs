@@ -204,6 +204,11 @@ pub(super) fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
     );
     outln!("user      {}", st.user_id);
     outln!("goal      {}", st.goal);
+    outln!(
+        "created   {}  updated {}",
+        rfc3339(r.created_at_ms),
+        rfc3339(r.updated_at_ms)
+    );
     outln!("stop      {}", st.stop.map_or("-", |s| s.as_str()));
     if let Some(ans) = &st.answer {
         outln!("answer    {ans}");

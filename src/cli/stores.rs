@@ -29,7 +29,7 @@ pub(super) fn cmd_store(cli: &Cli, c: &StoreCommand) -> CliResult {
                 }
             }
         }
-        StoreCommand::AddOrder { orders } => {
+        StoreCommand::AddOrder { orders, json } => {
             let mut parsed = Vec::new();
             for o in orders {
                 let parts: Vec<&str> = o.split(':').collect();
@@ -59,6 +59,10 @@ pub(super) fn cmd_store(cli: &Cli, c: &StoreCommand) -> CliResult {
                 ));
             }
             open()?.put_orders(&parsed)?;
+            if *json {
+                let ids: Vec<&str> = parsed.iter().map(|(id, _)| id.as_str()).collect();
+                return print_json(&json!({"stored": ids}));
+            }
             outln!("{} order(s) stored", parsed.len());
         }
         StoreCommand::Ledger { json } => {
@@ -100,6 +104,7 @@ pub(super) fn cmd_memory(cli: &Cli, c: &MemoryCommand) -> CliResult {
             source,
             ttl_days,
             by,
+            json,
         } => {
             if user.trim().is_empty() {
                 return Err(CliError::usage("--user must not be empty"));
@@ -107,10 +112,13 @@ pub(super) fn cmd_memory(cli: &Cli, c: &MemoryCommand) -> CliResult {
             let d = decision(by, &None)?;
             let store = open_created(cli, 1)?;
             let note = store.add_note(user, text, source, ttl_days.saturating_mul(86_400), &d)?;
+            if *json {
+                return print_json(&serde_json::to_value(&note).unwrap_or(Value::Null));
+            }
             outln!(
-                "stored for {} until {} (unix seconds)",
+                "stored for {} until {}",
                 note.user,
-                note.expires_at_s
+                crate::clock::rfc3339(note.expires_at_s.saturating_mul(1000))
             );
         }
         MemoryCommand::List {
@@ -133,9 +141,17 @@ pub(super) fn cmd_memory(cli: &Cli, c: &MemoryCommand) -> CliResult {
                 }
             }
         }
-        MemoryCommand::Forget { user, source, by } => {
+        MemoryCommand::Forget {
+            user,
+            source,
+            by,
+            json,
+        } => {
             let d = decision(by, &None)?;
             let n = open_existing(cli)?.forget(user, source.as_deref(), &d)?;
+            if *json {
+                return print_json(&json!({"user": user, "deleted": n}));
+            }
             outln!("{n} note(s) deleted");
         }
     }

@@ -326,7 +326,7 @@ macro_rules! conformance {
 /// no refund sent twice (arrivals log).
 pub fn check_after_crashes(d: &Path, tasks_expected: usize, seed: u64) {
     use std::collections::BTreeMap;
-    let tasks = json(d, &["list", "--json"]);
+    let tasks = json(d, &["list", "--json", "--limit", "10000"]);
     let tasks = tasks.as_array().expect("list is an array");
     assert_eq!(
         tasks.len(),
@@ -416,7 +416,17 @@ pub fn settle_with_oracle(d: &Path, seed: u64) {
             }
             ok(d, &args);
         }
-        let suspended = json(d, &["list", "--status", "suspended", "--json"]);
+        let suspended = json(
+            d,
+            &[
+                "list",
+                "--status",
+                "suspended",
+                "--json",
+                "--limit",
+                "10000",
+            ],
+        );
         for t in suspended.as_array().expect("suspended list") {
             let id = t["id"].as_str().expect("id");
             let digest = held_digest(d, id);
@@ -424,7 +434,7 @@ pub fn settle_with_oracle(d: &Path, seed: u64) {
         }
         ok(d, &["run", "--drain", "--workers", "4"]);
     }
-    let tasks = json(d, &["list", "--json"]);
+    let tasks = json(d, &["list", "--json", "--limit", "10000"]);
     let ledger = json(d, &["store", "ledger", "--json"]);
     let mut per_key: BTreeMap<String, usize> = BTreeMap::new();
     let mut per_task: BTreeMap<String, (usize, usize)> = BTreeMap::new();
