@@ -14,13 +14,6 @@ pub struct Browser {
     agent: ureq::Agent,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 impl Browser {
     /// Starts chromedriver and a headless chromium session, or `None` when they are missing
     /// outside CI (under CI a missing browser fails the test).
@@ -29,7 +22,7 @@ impl Browser {
             std::env::var("TETHER_CHROMEDRIVER").unwrap_or_else(|_| "chromedriver".into());
         let chrome =
             std::env::var("TETHER_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
-        let port = free_port();
+        let port = crate::common::pg::free_port();
         let driver = match Command::new(&driver_bin)
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
