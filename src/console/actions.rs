@@ -83,17 +83,16 @@ impl Console {
                     })
                 })
             }
-            "cancel" => {
-                let seen = field("seen").and_then(|s| s.parse::<u64>().ok());
-                match self.db.task(&id) {
-                    Ok(r) if Some(r.updated_at_ms) != seen => Err(Error::Conflict(format!(
-                        "task {id} changed since this page was rendered (it is {} now); reload and decide again",
-                        r.status.as_str()
-                    ))),
-                    Ok(_) => self.db.cancel(&id, &d).map(|_| "cancelled".to_string()),
-                    Err(e) => Err(e),
-                }
-            }
+            // Checked in the decision's transaction: refused if the task changed since.
+            "cancel" => match field("seen").and_then(|s| s.parse::<u64>().ok()) {
+                Some(seen) => self
+                    .db
+                    .cancel_seen(&id, seen, &d)
+                    .map(|_| "cancelled".to_string()),
+                None => Err(Error::Invalid(
+                    "the form does not say when the task was last seen".into(),
+                )),
+            },
             _ => {
                 return self.message(
                     op,

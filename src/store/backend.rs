@@ -255,6 +255,14 @@ pub trait Backend: Send + Sync {
     fn cancel(&self, id: &str, d: &Decision) -> Result<QueueStatus> {
         decided(self, id, "cancel", d, &mut |tx| ops::cancel(tx, id, d))
     }
+
+    /// Cancels a task unless it changed since `seen` (its last change when the operator
+    /// looked); see [`ops::cancel_seen`].
+    fn cancel_seen(&self, id: &str, seen: u64, d: &Decision) -> Result<QueueStatus> {
+        decided(self, id, "cancel", d, &mut |tx| {
+            ops::cancel_seen(tx, id, Some(seen), d)
+        })
+    }
 }
 
 /// Runs a decision: commits when it decided (even when its answer is a refusal it records),

@@ -429,7 +429,24 @@ pub fn reconcile(
 /// step boundary when it is running. A held write stays listed by `held` (and so by `worker
 /// reconcile`) until it is settled: cancelling does not make its outcome known.
 pub fn cancel(tx: &mut dyn DecisionTx, id: &str, d: &Decision) -> Decided<QueueStatus> {
+    cancel_seen(tx, id, None, d)
+}
+
+/// [`cancel`], refused (nothing written) when `seen` is given and the task changed since: its
+/// last change is no longer `seen` (the console's form carries it).
+pub fn cancel_seen(
+    tx: &mut dyn DecisionTx,
+    id: &str,
+    seen: Option<u64>,
+    d: &Decision,
+) -> Decided<QueueStatus> {
     let mut rec = tx.load(id)?;
+    if seen.is_some_and(|s| s != rec.updated_at_ms) {
+        return Err(Error::Conflict(format!(
+            "task {id} changed since this page was rendered (it is {} now); reload and decide again",
+            rec.status.as_str()
+        )));
+    }
     let was = rec.status;
     match rec.status {
         QueueStatus::Finished => {
