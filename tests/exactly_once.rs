@@ -818,3 +818,91 @@ fn an_unreadable_call_record_holds_the_write_never_resends_it() {
         "sent once after the decision"
     );
 }
+
+/// A panic inside a run (a bug) used to kill its worker thread with the task still counted in
+/// flight and still in the daemon's live claims: `run --drain` waited forever and the task was
+/// never recovered while the daemon lived. Now the run ends, the drain finishes, and the task
+/// is recovered from its last commit when its lease expires: it ends once, nothing is lost.
+#[test]
+fn a_panicking_run_neither_stalls_a_drain_nor_loses_its_task() {
+    let dir = TempDir::new("panicking-run");
+    let store: Arc<dyn Backend> =
+        Arc::new(Store::open(&dir.file("worker.redb"), true).expect("open"));
+    let tools = Arc::new(
+        tether::tools::durable::DurableStore::open(&dir.file("worker.store.redb")).expect("store"),
+    );
+    let mut tasks: Vec<NewTask> = (0..3)
+        .map(|i| {
+            let mut t = new_task("cu_ana", "refund", None);
+            t.store_scope = format!("s{i}");
+            // A short active time: the lease covers it, so a dropped claim expires soon.
+            t.budget.deadline_ms = 2_000;
+            t
+        })
+        .collect();
+    tasks[0].key = Some("first".into());
+    store
+        .enqueue(&tasks, tether::clock::now_ms())
+        .expect("enqueue");
+    let panicked = Arc::new(AtomicBool::new(false));
+    let once = Arc::clone(&panicked);
+    let cfg = tether::worker::Config {
+        workers: 2,
+        drain: true,
+        lease_ms: 1_000,
+        recover_every_ms: 100,
+        hook: Some(Arc::new(move |point| {
+            if point == tether::worker::driver::Point::Model && !once.swap(true, Ordering::SeqCst) {
+                panic!("injected: a bug in the middle of a run");
+            }
+            true
+        })),
+        ..Default::default()
+    };
+    let drain = |cfg: tether::worker::Config| {
+        let (store, tools) = (Arc::clone(&store), Arc::clone(&tools));
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let stop = Arc::new(AtomicBool::new(false));
+            let _ = tx.send(tether::worker::run(store, tools, &cfg, stop).map(|_| ()));
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the drain ends (it used to wait forever after a panic)")
+            .expect("the drain succeeds");
+    };
+    drain(cfg.clone());
+    assert!(panicked.load(Ordering::SeqCst), "the fault was injected");
+    let running: Vec<String> = store
+        .tasks()
+        .expect("tasks")
+        .into_iter()
+        .filter(|t| t.status == tether::store::QueueStatus::Running)
+        .map(|t| t.id)
+        .collect();
+    assert_eq!(
+        running.len(),
+        1,
+        "the panicked run's task waits for its lease"
+    );
+    // Once its lease has expired (a few seconds), a drain recovers it and it ends.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        drain(tether::worker::Config {
+            hook: None,
+            ..cfg.clone()
+        });
+        let tasks = store.tasks().expect("tasks");
+        if tasks
+            .iter()
+            .all(|t| t.status == tether::store::QueueStatus::Finished)
+        {
+            assert!(tasks.iter().all(|t| t.state.stop.is_some()));
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the task was never recovered"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}

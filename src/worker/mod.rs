@@ -25,7 +25,7 @@ use crate::tools::durable::DurableStore;
 
 pub use crate::clock::now_ms;
 
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Config {
     pub workers: usize,
     /// Exit when nothing is runnable.
@@ -41,6 +41,20 @@ pub struct Config {
     /// Real time slept per simulated millisecond of model and tool latency (0: none). Lets
     /// scripted models take real time, e.g. for crash tests that kill a daemon mid-step.
     pub time_scale: f64,
+    /// Called at every call-out point of every run (tests inject faults with it).
+    pub hook: Option<driver::Hook>,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("workers", &self.workers)
+            .field("drain", &self.drain)
+            .field("lease_ms", &self.lease_ms)
+            .field("time_scale", &self.time_scale)
+            .field("hook", &self.hook.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for Config {
@@ -53,6 +67,7 @@ impl Default for Config {
             recover_every_ms: 5_000,
             heartbeat_ttl_ms: 30_000,
             time_scale: 0.0,
+            hook: None,
         }
     }
 }
@@ -319,7 +334,7 @@ pub fn run(
                 },
             },
             clock: Arc::new(now_ms),
-            hook: None,
+            hook: cfg.hook.clone(),
             lease_ms: cfg.lease_ms,
             time_scale: cfg.time_scale,
             shutdown: Arc::clone(&shutdown),
@@ -340,7 +355,20 @@ pub fn run(
                         if let Ok(mut set) = live.lock() {
                             set.insert(claim.clone());
                         }
-                        next = driver::run_task(&ctx, rec);
+                        // A panic (a bug) ends this run only: the thread goes on, and the claim
+                        // leaves the live set, so the task is recovered from its last commit
+                        // when its lease expires (or at once by the next daemon).
+                        let id = claim.0.clone();
+                        next = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(
+                            || driver::run_task(&ctx, rec),
+                        )) {
+                            Ok(next) => next,
+                            Err(_) => {
+                                ctx.stats.abandoned.fetch_add(1, Ordering::Relaxed);
+                                tracing::error!(task = %id, "the run panicked; its claim is dropped and the task will be recovered from its last commit when its lease expires");
+                                None
+                            }
+                        };
                         if let Ok(mut set) = live.lock() {
                             set.remove(&claim);
                         }
