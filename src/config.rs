@@ -9,6 +9,9 @@
 //!
 //! [tools]
 //! catalog = "tools.toml"                   # relative to this file
+//!
+//! [mcp.servers.billing]                    # MCP servers: see `crate::mcp::config`
+//! url = "http://127.0.0.1:8765/mcp"
 //! ```
 
 use serde::Deserialize;
@@ -25,6 +28,8 @@ struct ConfigFile {
     models: BTreeMap<String, ModelEntry>,
     #[serde(default)]
     tools: Option<ToolsEntry>,
+    #[serde(default)]
+    mcp: Option<crate::mcp::McpConfig>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -63,6 +68,8 @@ struct CatalogFile {
 pub struct Config {
     pub models: BTreeMap<String, ModelProfile>,
     pub catalog: Option<Catalog>,
+    /// MCP servers (`[mcp.servers.NAME]`).
+    pub mcp: crate::mcp::McpConfig,
 }
 
 /// The catalog format this build reads.
@@ -118,7 +125,16 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, String> {
         }
         None => None,
     };
-    Ok(Config { models, catalog })
+    let mcp = file.mcp.unwrap_or_default();
+    for (name, s) in &mcp.servers {
+        s.check(name)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(Config {
+        models,
+        catalog,
+        mcp,
+    })
 }
 
 /// A config or catalog file, at most [`crate::limits::CONFIG_BYTES_MAX`] bytes.

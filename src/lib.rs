@@ -11,6 +11,7 @@ pub mod group;
 pub mod httpd;
 pub mod kernel;
 pub mod limits;
+pub mod mcp;
 pub mod metrics;
 pub mod model;
 pub mod net;

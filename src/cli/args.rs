@@ -82,6 +82,12 @@ pub enum Command {
         after_help = "Example:\n  worker console                                   # http://127.0.0.1:8080\n  worker console --listen 0.0.0.0:8080 --token-file tokens.txt\n\nA token file has one `OPERATOR TOKEN` line per operator (tokens of at least 16\ncharacters); the operator is recorded in the audit log of each decision. Without one,\nthe console listens on loopback only and records --by. /metrics and /healthz are\nserved too."
     )]
     Console(ConsoleArgs),
+    /// The tools of the MCP servers in the config, as the kernel sees them.
+    #[command(
+        subcommand,
+        after_help = "Example:\n  worker --config worker.toml tools list\n  worker --config worker.toml tools list --json"
+    )]
+    Tools(ToolsCommand),
     /// Enqueue scenarios A-H on a fresh temporary database, run them, print the table.
     #[command(after_help = "Example:\n  worker demo --workers 4")]
     Demo(DemoArgs),
@@ -187,103 +193,11 @@ pub fn parse_duration_ms(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{s:?} is too long a duration"))
 }
 
-fn default_by() -> String {
+pub(super) fn default_by() -> String {
     std::env::var("USER")
         .ok()
         .filter(|u| !u.is_empty())
         .unwrap_or_else(|| "operator".into())
-}
-
-#[derive(Args, Debug)]
-pub struct DecideArgs {
-    /// Task id (e.g. t7), or key:KEY for the task enqueued under KEY.
-    pub task: String,
-    /// Who decides (default: $USER); recorded in the audit log.
-    #[arg(long, default_value_t = default_by())]
-    pub by: String,
-    /// Why; recorded in the audit log.
-    #[arg(long)]
-    pub reason: Option<String>,
-    /// Print the result as JSON.
-    #[arg(long)]
-    pub json: bool,
-}
-
-/// The held call a decision is about, as `worker show` prints it. Compared inside the
-/// decision's transaction: a task that moved on to another call refuses the decision.
-#[derive(Args, Debug)]
-pub struct CallArgs {
-    /// The held call's digest of tool and args (from `worker show`).
-    #[arg(long)]
-    pub digest: Option<String>,
-    /// The held call's call key (from `worker show`).
-    #[arg(long)]
-    pub key: Option<String>,
-}
-
-impl CallArgs {
-    pub(super) fn reviewed(&self) -> Reviewed {
-        Reviewed {
-            key: self.key.clone(),
-            digest: self.digest.clone(),
-        }
-    }
-}
-
-#[derive(Args, Debug)]
-pub struct ApproveArgs {
-    #[command(flatten)]
-    pub decide: DecideArgs,
-    /// Required: --digest or --key of the held call; refused if the task holds another call.
-    #[command(flatten)]
-    pub call: CallArgs,
-    /// Grant more budget with the approval, e.g. `tool_calls=1,deadline_ms=10000` (each limit
-    /// grows by its amount; recorded in the audit event).
-    #[arg(long)]
-    pub extend: Option<String>,
-}
-
-#[derive(Args, Debug)]
-pub struct RejectArgs {
-    #[command(flatten)]
-    pub decide: DecideArgs,
-    /// When given, refused if the task holds another call.
-    #[command(flatten)]
-    pub call: CallArgs,
-}
-
-#[derive(Args, Debug)]
-pub struct ReconcileArgs {
-    /// Task id (or key:KEY); without it, list the held writes.
-    pub task: Option<String>,
-    /// Settle every held write whose tool's lookup gives a definite answer.
-    #[arg(long, conflicts_with_all = ["task", "applied", "not_applied"])]
-    pub auto: bool,
-    /// The write took effect.
-    #[arg(long, requires = "task", conflicts_with = "not_applied")]
-    pub applied: bool,
-    /// The write did not take effect: send it again under the same call key.
-    #[arg(long, requires = "task")]
-    pub not_applied: bool,
-    /// With --applied: the service's result, as JSON (default {"status": "ok"}).
-    #[arg(long, requires = "applied", conflicts_with = "not_applied")]
-    pub result: Option<String>,
-    /// When given, refused if the task holds another call.
-    #[command(flatten)]
-    pub call: CallArgs,
-    /// With --not-applied or --applied: grant more budget, e.g. `tool_calls=1` or
-    /// `deadline_ms=10000` (each limit grows by its amount; recorded in the audit event).
-    #[arg(long, requires = "task")]
-    pub extend: Option<String>,
-    /// Who decides (default: $USER); recorded in the audit log.
-    #[arg(long, default_value_t = default_by())]
-    pub by: String,
-    /// Why; recorded in the audit log.
-    #[arg(long)]
-    pub reason: Option<String>,
-    /// Print the result as JSON.
-    #[arg(long)]
-    pub json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -493,6 +407,20 @@ pub struct TraceArgs {
     /// Write the spans as OTLP/JSON to this file (one line, as a collector's file receiver reads).
     #[arg(long, value_name = "FILE")]
     pub otlp: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ToolsCommand {
+    /// Discover every MCP server's tools (`tools/list`) and print each with the access,
+    /// idempotency and approval rule the worker gives it, and its definition's digest.
+    List {
+        /// How long each server may take to start and answer.
+        #[arg(long, default_value_t = 30_000)]
+        timeout_ms: u64,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Args, Debug)]

@@ -118,7 +118,7 @@ pub fn parse_batch_line(
     new_task(l, cfg)
 }
 
-fn load_config(cli: &Cli) -> Result<Option<crate::config::Config>, CliError> {
+pub(super) fn load_config(cli: &Cli) -> Result<Option<crate::config::Config>, CliError> {
     match &cli.config {
         None => Ok(None),
         Some(p) => crate::config::load(p).map(Some).map_err(|e| {

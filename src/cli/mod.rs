@@ -34,6 +34,7 @@ macro_rules! out {
 }
 
 mod args;
+mod args_decide;
 mod daemon;
 mod decide;
 mod enqueue;
@@ -42,6 +43,7 @@ mod read;
 mod stores;
 
 pub use args::*;
+pub use args_decide::*;
 use daemon::{cmd_console, cmd_demo, cmd_demo_store, cmd_run};
 use decide::{cmd_approve, cmd_cancel, cmd_reconcile, cmd_reject};
 use enqueue::cmd_enqueue;
@@ -62,7 +64,7 @@ use crate::kernel::{Budget, Catalog, StopReason};
 use crate::model::ModelProfile;
 use crate::operator::task_effects;
 use crate::sim::{SCENARIO_HEADER, scenario_row, scenarios};
-use crate::store::ops::{Decision, Extension, Reviewed, Settlement};
+use crate::store::ops::{Decision, Extension, Settlement};
 use crate::store::{self, Access, Backend, NewTask, QueueStatus, Store, TaskRecord};
 use crate::tools::durable::DurableStore;
 use crate::tools::{Order, effects_to_python};
@@ -199,6 +201,7 @@ pub fn run(cli: Cli) -> CliResult {
         Command::Demo(a) => cmd_demo(&cli, a),
         Command::DemoStore(a) => cmd_demo_store(&cli, a),
         Command::Console(a) => cmd_console(&cli, a),
+        Command::Tools(c) => stores::cmd_tools(&cli, c),
         Command::Store(c) => cmd_store(&cli, c),
         Command::Approve(a) => cmd_approve(&cli, a),
         Command::Reject(a) => cmd_reject(&cli, a),

@@ -252,3 +252,47 @@ pub(super) fn cmd_purge(cli: &Cli, a: &PurgeArgs) -> CliResult {
     }
     Ok(())
 }
+
+pub(super) fn cmd_tools(cli: &Cli, c: &ToolsCommand) -> CliResult {
+    let ToolsCommand::List { timeout_ms, json } = c;
+    let Some(cfg) = super::enqueue::load_config(cli)? else {
+        return Err(CliError::usage(
+            "tools list needs --config FILE (or WORKER_CONFIG) naming MCP servers",
+        )
+        .hint("declare them as [mcp.servers.NAME] with command or url"));
+    };
+    if cfg.mcp.servers.is_empty() {
+        return Err(CliError::usage(
+            "the config declares no MCP server ([mcp.servers.NAME])",
+        ));
+    }
+    let mcp = crate::mcp::Mcp::new(cfg.mcp).map_err(CliError::usage)?;
+    let tools = crate::mcp::discover(&mcp, std::time::Duration::from_millis(*timeout_ms))
+        .map_err(CliError::op)?;
+    if *json {
+        return print_json(&serde_json::to_value(&tools).unwrap_or(Value::Null));
+    }
+    outln!(
+        "{:12} {:24} {:6} {:10} {:9} {:16} description",
+        "server",
+        "tool",
+        "access",
+        "idempotent",
+        "approval",
+        "digest"
+    );
+    for t in &tools {
+        let approval = if t.needs_approval { "yes" } else { "no" };
+        let description: String = t.description.chars().take(60).collect();
+        outln!(
+            "{:12} {:24} {:6} {:10} {:9} {:16} {description}",
+            t.server,
+            t.name,
+            t.access,
+            t.idempotent,
+            approval,
+            t.digest
+        );
+    }
+    Ok(())
+}

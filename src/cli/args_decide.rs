@@ -1,0 +1,99 @@
+//! The arguments of the operators' decisions (approve, reject, reconcile, cancel): who and
+//! why, and the held call they are bound to.
+
+use clap::Args;
+
+use super::args::default_by;
+use crate::store::ops::Reviewed;
+
+#[derive(Args, Debug)]
+pub struct DecideArgs {
+    /// Task id (e.g. t7), or key:KEY for the task enqueued under KEY.
+    pub task: String,
+    /// Who decides (default: $USER); recorded in the audit log.
+    #[arg(long, default_value_t = default_by())]
+    pub by: String,
+    /// Why; recorded in the audit log.
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The held call a decision is about, as `worker show` prints it. Compared inside the
+/// decision's transaction: a task that moved on to another call refuses the decision.
+#[derive(Args, Debug)]
+pub struct CallArgs {
+    /// The held call's digest of tool and args (from `worker show`).
+    #[arg(long)]
+    pub digest: Option<String>,
+    /// The held call's call key (from `worker show`).
+    #[arg(long)]
+    pub key: Option<String>,
+}
+
+impl CallArgs {
+    pub(super) fn reviewed(&self) -> Reviewed {
+        Reviewed {
+            key: self.key.clone(),
+            digest: self.digest.clone(),
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct ApproveArgs {
+    #[command(flatten)]
+    pub decide: DecideArgs,
+    /// Required: --digest or --key of the held call; refused if the task holds another call.
+    #[command(flatten)]
+    pub call: CallArgs,
+    /// Grant more budget with the approval, e.g. `tool_calls=1,deadline_ms=10000` (each limit
+    /// grows by its amount; recorded in the audit event).
+    #[arg(long)]
+    pub extend: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct RejectArgs {
+    #[command(flatten)]
+    pub decide: DecideArgs,
+    /// When given, refused if the task holds another call.
+    #[command(flatten)]
+    pub call: CallArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct ReconcileArgs {
+    /// Task id (or key:KEY); without it, list the held writes.
+    pub task: Option<String>,
+    /// Settle every held write whose tool's lookup gives a definite answer.
+    #[arg(long, conflicts_with_all = ["task", "applied", "not_applied"])]
+    pub auto: bool,
+    /// The write took effect.
+    #[arg(long, requires = "task", conflicts_with = "not_applied")]
+    pub applied: bool,
+    /// The write did not take effect: send it again under the same call key.
+    #[arg(long, requires = "task")]
+    pub not_applied: bool,
+    /// With --applied: the service's result, as JSON (default {"status": "ok"}).
+    #[arg(long, requires = "applied", conflicts_with = "not_applied")]
+    pub result: Option<String>,
+    /// When given, refused if the task holds another call.
+    #[command(flatten)]
+    pub call: CallArgs,
+    /// With --not-applied or --applied: grant more budget, e.g. `tool_calls=1` or
+    /// `deadline_ms=10000` (each limit grows by its amount; recorded in the audit event).
+    #[arg(long, requires = "task")]
+    pub extend: Option<String>,
+    /// Who decides (default: $USER); recorded in the audit log.
+    #[arg(long, default_value_t = default_by())]
+    pub by: String,
+    /// Why; recorded in the audit log.
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}

@@ -1,0 +1,105 @@
+//! An MCP tool as the kernel will see it: its access, idempotency and approval rule, derived
+//! from the server's annotations only when the server is trusted (annotations are hints an
+//! untrusted server can get wrong), then from the config's per-tool overrides; and a digest of
+//! the server's definition, so a tool whose definition changed since a task was enqueued is
+//! refused instead of called with another meaning.
+//!
+//! | server | annotations | kernel tool |
+//! | --- | --- | --- |
+//! | trusted | `readOnlyHint: true` | read |
+//! | trusted | `idempotentHint: true` (not read-only) | idempotent write: re-sent after a lost answer |
+//! | trusted | otherwise | non-idempotent write: held for reconcile after a lost answer |
+//! | trusted | `destructiveHint` true or absent | write that needs approval (rule `destructive`) |
+//! | untrusted | any | non-idempotent write that needs approval |
+
+use serde::Serialize;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::config::{ServerConfig, ToolOverride};
+use rmcp::model::Tool;
+
+/// When a call of the tool waits for an operator's approval.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Approval {
+    Always,
+    Destructive,
+    Never,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct McpTool {
+    pub server: String,
+    pub name: String,
+    pub description: String,
+    pub input_schema: Value,
+    /// `read` or `write`.
+    pub access: &'static str,
+    pub idempotent: bool,
+    /// The server says (trusted) or is assumed (untrusted) to destroy or overwrite.
+    pub destructive: bool,
+    pub approval: Approval,
+    /// Whether a call needs an approval, by the rule and the tool's destructiveness.
+    pub needs_approval: bool,
+    pub facts: Vec<String>,
+    pub user_arg: Option<String>,
+    /// SHA-256 (first 16 hex digits) of the server's definition (name, description, input
+    /// schema, annotations) in canonical JSON.
+    pub digest: String,
+}
+
+/// The digest of a tool definition.
+pub fn definition_digest(t: &Tool) -> String {
+    let v = serde_json::json!({
+        "name": t.name,
+        "description": t.description,
+        "inputSchema": Value::Object((*t.input_schema).clone()),
+        "annotations": t.annotations,
+    });
+    // serde_json's maps are sorted (no preserve_order feature): the text is canonical.
+    let digest = Sha256::digest(v.to_string().as_bytes());
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+/// The kernel's view of tool `t` of `server`.
+pub fn resolve(server: &str, cfg: &ServerConfig, t: &Tool) -> McpTool {
+    let a = t.annotations.as_ref().filter(|_| cfg.trusted);
+    let read_only = a.and_then(|a| a.read_only_hint).unwrap_or(false);
+    let idempotent_hint = a.and_then(|a| a.idempotent_hint).unwrap_or(false);
+    // The specification's default for destructiveHint is true; untrusted means assume it.
+    let destructive = !read_only && a.and_then(|a| a.destructive_hint).unwrap_or(true);
+    let o: ToolOverride = cfg.tools.get(t.name.as_ref()).cloned().unwrap_or_default();
+    let access = match o.access.as_deref() {
+        Some("read") => "read",
+        Some(_) => "write",
+        None if read_only => "read",
+        None => "write",
+    };
+    let idempotent = o.idempotent.unwrap_or(access == "read" || idempotent_hint);
+    let approval = match o.approval.as_deref() {
+        Some("always") => Approval::Always,
+        Some("never") => Approval::Never,
+        _ => Approval::Destructive,
+    };
+    let needs_approval = access == "write"
+        && match approval {
+            Approval::Always => true,
+            Approval::Never => false,
+            Approval::Destructive => destructive,
+        };
+    McpTool {
+        server: server.to_string(),
+        name: t.name.to_string(),
+        description: t.description.as_deref().unwrap_or("").to_string(),
+        input_schema: Value::Object((*t.input_schema).clone()),
+        access,
+        idempotent,
+        destructive,
+        approval,
+        needs_approval,
+        facts: o.facts.unwrap_or_default(),
+        user_arg: o.user_arg,
+        digest: definition_digest(t),
+    }
+}

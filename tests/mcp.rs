@@ -1,0 +1,232 @@
+//! MCP servers: discovery (`tools/list`) over stdio and streamable HTTP against a test server
+//! built on the Python `mcp` SDK (`tests/mcp/server.py`), and the kernel kinds `worker tools
+//! list` derives from its annotations, trusted or not, with the config's overrides.
+
+mod common;
+use common::*;
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A Python with the `mcp` SDK: `TETHER_MCP_PYTHON`, or the venv `.ci/test` makes.
+fn python() -> Option<PathBuf> {
+    let p = std::env::var_os("TETHER_MCP_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("target/mcp-venv/bin/python")
+        });
+    let ok = Command::new(&p)
+        .args(["-c", "import mcp"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "no Python with the mcp SDK at {} under CI; .ci/test makes target/mcp-venv",
+            p.display()
+        );
+        eprintln!(
+            "*** no Python with the mcp SDK ({}); the MCP tests are skipped here ***",
+            p.display()
+        );
+        return None;
+    }
+    Some(p)
+}
+
+fn server_py() -> String {
+    format!("{}/tests/mcp/server.py", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The test server over streamable HTTP on a free port.
+struct HttpServer(Child, u16);
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn http_server(py: &Path) -> HttpServer {
+    let port = common::pg::free_port();
+    let child = Command::new(py)
+        .arg(server_py())
+        .env("TRANSPORT", "http")
+        .env("PORT", port.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the HTTP test server");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the HTTP test server did not listen"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    HttpServer(child, port)
+}
+
+fn tool<'a>(tools: &'a Value, server: &str, name: &str) -> &'a Value {
+    tools
+        .as_array()
+        .expect("tools")
+        .iter()
+        .find(|t| t["server"] == server && t["name"] == name)
+        .unwrap_or_else(|| panic!("no tool {server}/{name} in {tools:#}"))
+}
+
+#[test]
+fn tools_are_discovered_over_both_transports_with_their_annotations() {
+    let Some(py) = python() else { return };
+    let http = http_server(&py);
+    let dir = TempDir::new("mcp-discovery");
+    let d = dir.path();
+    std::fs::write(
+        d.join("worker.toml"),
+        format!(
+            r#"
+[mcp.servers.local]
+command = "{py}"
+args = ["{server}"]
+env_from = ["PATH"]
+trusted = true
+
+[mcp.servers.remote]
+url = "http://127.0.0.1:{port}/mcp"
+trusted = true
+
+[mcp.servers.remote.tools.add_note]
+approval = "always"
+facts = ["notes"]
+
+[mcp.servers.stranger]
+command = "{py}"
+args = ["{server}"]
+trusted = false
+"#,
+            py = py.display(),
+            server = server_py(),
+            port = http.1
+        ),
+    )
+    .expect("config");
+    let tools = json(d, &["--config", "worker.toml", "tools", "list", "--json"]);
+    assert_eq!(tools.as_array().map(Vec::len), Some(12), "{tools:#}");
+    for server in ["local", "remote"] {
+        let t = tool(&tools, server, "lookup_order");
+        assert_eq!(
+            (
+                t["access"].as_str(),
+                t["idempotent"].as_bool(),
+                t["needs_approval"].as_bool()
+            ),
+            (Some("read"), Some(true), Some(false))
+        );
+        let t = tool(&tools, server, "set_status");
+        assert_eq!(
+            (
+                t["access"].as_str(),
+                t["idempotent"].as_bool(),
+                t["needs_approval"].as_bool()
+            ),
+            (Some("write"), Some(true), Some(false))
+        );
+        let t = tool(&tools, server, "issue_refund");
+        assert_eq!(
+            (
+                t["access"].as_str(),
+                t["idempotent"].as_bool(),
+                t["needs_approval"].as_bool()
+            ),
+            (Some("write"), Some(false), Some(true))
+        );
+        assert_eq!(
+            t["input_schema"]["required"],
+            serde_json::json!(["order_id", "amount_cents"])
+        );
+    }
+    // The override: approval always, and facts from structuredContent.
+    assert_eq!(tool(&tools, "local", "add_note")["needs_approval"], false);
+    assert_eq!(tool(&tools, "remote", "add_note")["needs_approval"], true);
+    assert_eq!(
+        tool(&tools, "remote", "add_note")["facts"],
+        serde_json::json!(["notes"])
+    );
+    // An untrusted server's annotations are not believed: every tool is a non-idempotent
+    // write that needs approval, the read-only one included.
+    for name in ["lookup_order", "set_status", "issue_refund", "add_note"] {
+        let t = tool(&tools, "stranger", name);
+        assert_eq!(
+            (
+                t["access"].as_str(),
+                t["idempotent"].as_bool(),
+                t["needs_approval"].as_bool()
+            ),
+            (Some("write"), Some(false), Some(true)),
+            "{name}"
+        );
+    }
+    // The same definition has the same digest over both transports.
+    assert_eq!(
+        tool(&tools, "local", "issue_refund")["digest"],
+        tool(&tools, "remote", "issue_refund")["digest"]
+    );
+    assert_ne!(
+        tool(&tools, "local", "issue_refund")["digest"],
+        tool(&tools, "local", "add_note")["digest"]
+    );
+    // The table names each tool with its kinds.
+    let table = ok(d, &["--config", "worker.toml", "tools", "list"]);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("local") && l.contains("issue_refund") && l.contains("write")),
+        "{table}"
+    );
+}
+
+#[test]
+fn bad_mcp_declarations_and_dead_servers_are_named() {
+    let dir = TempDir::new("mcp-bad");
+    let d = dir.path();
+    for (text, want) in [
+        ("[mcp.servers.a]\nargs = []\n", "give command"),
+        (
+            "[mcp.servers.a]\ncommand = \"x\"\nurl = \"http://h/mcp\"\n",
+            "not both",
+        ),
+        (
+            "[mcp.servers.a]\nurl = \"ftp://h\"\n",
+            "must start with http",
+        ),
+        (
+            "[mcp.servers.a]\ncommand = \"x\"\n[mcp.servers.a.tools.t]\napproval = \"maybe\"\n",
+            "approval must be",
+        ),
+        (
+            "[mcp.servers.a]\ncommand = \"x\"\ntrusted = \"yes\"\n",
+            "invalid type",
+        ),
+    ] {
+        std::fs::write(d.join("bad.toml"), text).expect("config");
+        let (code, err) = fails(d, &["--config", "bad.toml", "tools", "list"]);
+        assert_eq!(code, 2, "{text}: {err}");
+        assert!(err.contains(want), "{text}: {err}");
+    }
+    std::fs::write(
+        d.join("gone.toml"),
+        "[mcp.servers.gone]\ncommand = \"/nonexistent/mcp-server\"\n",
+    )
+    .expect("config");
+    let (code, err) = fails(d, &["--config", "gone.toml", "tools", "list"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("MCP server gone: cannot start"), "{err}");
+    let (code, err) = fails(d, &["tools", "list"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("needs --config"), "{err}");
+}
