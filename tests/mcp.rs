@@ -230,3 +230,176 @@ fn bad_mcp_declarations_and_dead_servers_are_named() {
     assert_eq!(code, 2);
     assert!(err.contains("needs --config"), "{err}");
 }
+
+/// An `Mcp` for one stdio test server in `mode`, logging arrivals to `arrivals`.
+fn one_server(py: &Path, mode: &str, arrivals: &Path) -> tether::mcp::Mcp {
+    let text = format!(
+        r#"[servers.t]
+command = "{py}"
+args = ["{server}"]
+trusted = true
+env = {{ MODE = "{mode}", SLOW_S = "5", ARRIVALS = "{arrivals}" }}
+"#,
+        py = py.display(),
+        server = server_py(),
+        arrivals = arrivals.display()
+    );
+    let cfg: tether::mcp::McpConfig = toml::from_str(&text).expect("config");
+    tether::mcp::Mcp::new(cfg).expect("mcp")
+}
+
+fn arrived(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("an arrival"))
+        .collect()
+}
+
+/// How many test-server processes log their arrivals to `log` (from /proc: the command line
+/// and the ARRIVALS variable of each process).
+fn servers_logging_to(log: &Path) -> usize {
+    let want = format!("ARRIVALS={}", log.display());
+    std::fs::read_dir("/proc")
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| {
+                    let p = e.path();
+                    let cmd = std::fs::read(p.join("cmdline")).unwrap_or_default();
+                    let env = std::fs::read(p.join("environ")).unwrap_or_default();
+                    String::from_utf8_lossy(&cmd).contains("tests/mcp/server.py")
+                        && env.split(|b| *b == 0).any(|kv| kv == want.as_bytes())
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+fn args(v: Value) -> serde_json::Map<String, Value> {
+    v.as_object().expect("an object").clone()
+}
+
+#[test]
+fn calls_are_answered_lost_and_cancelled_as_the_server_behaves() {
+    use tether::mcp::CallOutcome;
+    let Some(py) = python() else { return };
+    let dir = TempDir::new("mcp-calls");
+    let t = Duration::from_secs(30);
+    // Answered: structuredContent is the result; a schema error is an error result.
+    let log = dir.file("normal.jsonl");
+    let mcp = one_server(&py, "normal", &log);
+    let CallOutcome::Answered(v) = mcp.call(
+        "t",
+        "lookup_order",
+        args(serde_json::json!({"order_id": "o1"})),
+        t,
+    ) else {
+        panic!("lookup_order answered")
+    };
+    // This server answers with text content only (no structuredContent): the text is kept
+    // as `text`, never taken apart for facts.
+    assert_eq!(v["status"], "ok", "{v}");
+    assert!(
+        v["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("\"total_cents\": 15000")),
+        "{v}"
+    );
+    let CallOutcome::Answered(v) = mcp.call(
+        "t",
+        "issue_refund",
+        args(serde_json::json!({"order_id": "o1"})),
+        t,
+    ) else {
+        panic!("answered")
+    };
+    assert_eq!(
+        v["status"], "error",
+        "a missing argument is an error result: {v}"
+    );
+    assert_eq!(
+        arrived(&log).len(),
+        1,
+        "the server refused the bad call before its tool ran"
+    );
+    // Slow: the call is cancelled at its timeout; the outcome is unknown.
+    let log = dir.file("slow.jsonl");
+    let mcp = one_server(&py, "slow", &log);
+    // (The session is started first: a Python server takes a while to start.)
+    assert!(matches!(
+        mcp.call(
+            "t",
+            "lookup_order",
+            args(serde_json::json!({"order_id": "o1"})),
+            t
+        ),
+        CallOutcome::Answered(_)
+    ));
+    let out = mcp.call(
+        "t",
+        "add_note",
+        args(serde_json::json!({"order_id": "o1", "text": "x"})),
+        Duration::from_millis(1500),
+    );
+    assert!(
+        matches!(out, CallOutcome::Lost(ref why) if why.contains("no answer within")),
+        "{out:?}"
+    );
+    assert_eq!(arrived(&log).len(), 2);
+    // Crash: the write was applied, the server died, the answer is lost; the next call
+    // starts a new session with a new server process.
+    let log = dir.file("crash.jsonl");
+    let mcp = one_server(&py, "crash", &log);
+    let out = mcp.call(
+        "t",
+        "issue_refund",
+        args(serde_json::json!({"order_id": "o1", "amount_cents": 100})),
+        t,
+    );
+    assert!(matches!(out, CallOutcome::Lost(_)), "{out:?}");
+    let out = mcp.call(
+        "t",
+        "lookup_order",
+        args(serde_json::json!({"order_id": "o1"})),
+        t,
+    );
+    assert!(
+        matches!(out, CallOutcome::Answered(ref v) if v["status"] == "ok"),
+        "a new session answers: {out:?}"
+    );
+    assert_eq!(arrived(&log).len(), 2);
+    // Drop: applied, never answered.
+    let log = dir.file("drop.jsonl");
+    let mcp = one_server(&py, "drop", &log);
+    assert!(matches!(
+        mcp.call(
+            "t",
+            "lookup_order",
+            args(serde_json::json!({"order_id": "o1"})),
+            t
+        ),
+        CallOutcome::Answered(_)
+    ));
+    let out = mcp.call(
+        "t",
+        "set_status",
+        args(serde_json::json!({"order_id": "o1", "status": "x"})),
+        Duration::from_millis(1500),
+    );
+    assert!(matches!(out, CallOutcome::Lost(_)), "{out:?}");
+    assert_eq!(arrived(&log).len(), 2);
+    // The server stuck in that call dies with its session.
+    drop(mcp);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = servers_logging_to(&log) > 0;
+        if !left {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the stuck server outlived its session"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

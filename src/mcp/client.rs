@@ -55,6 +55,8 @@ impl Mcp {
             // The child gets exactly the environment the config names: never the worker's
             // own (API keys included) unless a variable is listed in env_from.
             c.args(&s.args).env_clear().envs(s.child_env());
+            // A server that never exits on its own (one stuck in a call) dies with its session.
+            c.kill_on_drop(true);
             let (transport, _stderr) = TokioChildProcess::builder(c)
                 .stderr(std::process::Stdio::null())
                 .spawn()
@@ -130,6 +132,108 @@ impl Mcp {
                 )
             })?
             .map_err(|e| format!("MCP server {server}: tools/list failed: {e}"))
+    }
+}
+
+/// What a `tools/call` came to.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CallOutcome {
+    /// The server answered: the result as the kernel takes a tool result (an object with a
+    /// string `status`): `structuredContent` when present, the text content otherwise, and
+    /// `isError` an error result.
+    Answered(serde_json::Value),
+    /// No answer: timed out (the request was cancelled), or the session or server died. The
+    /// call may or may not have taken effect.
+    Lost(String),
+}
+
+/// A `tools/call` result as a tool result for the kernel, bounded by the input limits.
+pub fn tool_result(raw: &serde_json::Value) -> serde_json::Value {
+    use serde_json::{Value, json};
+    let text: String = raw["content"]
+        .as_array()
+        .map(|blocks| {
+            blocks
+                .iter()
+                .filter_map(|b| b["text"].as_str())
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .unwrap_or_default();
+    let out = if raw["isError"] == true {
+        json!({"status": "error", "code": "tool_error", "detail": crate::net::clip(&text)})
+    } else {
+        match &raw["structuredContent"] {
+            Value::Object(m) => {
+                let mut m = m.clone();
+                if !m.get("status").is_some_and(Value::is_string) {
+                    m.insert("status".into(), Value::String("ok".into()));
+                }
+                Value::Object(m)
+            }
+            Value::Null => json!({"status": "ok", "text": text}),
+            other => json!({"status": "ok", "value": other}),
+        }
+    };
+    // Like every other input: bounded in size and depth before anything keeps it.
+    match crate::limits::parse_json_input(
+        &out.to_string(),
+        "the MCP result",
+        crate::limits::TOOL_RESULT_BYTES_MAX,
+    ) {
+        Ok(v) => v,
+        Err(e) => json!({"status": "error", "code": "invalid_result", "detail": e.0}),
+    }
+}
+
+impl Mcp {
+    /// Calls `tool` of `server` with `args`, waiting at most `timeout` (for the session too).
+    /// At the timeout the request is dropped, and the SDK tells the server it is cancelled
+    /// (the server may ignore that: the outcome stays unknown).
+    pub fn call(
+        &self,
+        server: &str,
+        tool: &str,
+        args: serde_json::Map<String, serde_json::Value>,
+        timeout: Duration,
+    ) -> CallOutcome {
+        let started = std::time::Instant::now();
+        let session = match self.session(server, timeout) {
+            Ok(s) => s,
+            // Nothing was sent: no session.
+            Err(e) => {
+                return CallOutcome::Answered(
+                    serde_json::json!({"status": "error", "code": "unavailable", "detail": e}),
+                );
+            }
+        };
+        let left = timeout.saturating_sub(started.elapsed());
+        let params = rmcp::model::CallToolRequestParams::new(tool.to_string()).with_arguments(args);
+        let answer = self
+            .rt
+            .block_on(async { tokio::time::timeout(left, session.call_tool(params)).await });
+        match answer {
+            Err(_) => {
+                tracing::warn!(
+                    server,
+                    tool,
+                    timeout_ms = timeout.as_millis() as u64,
+                    "MCP call timed out; cancelled"
+                );
+                CallOutcome::Lost(format!("no answer within {} ms", timeout.as_millis()))
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(server, tool, error = %e, "MCP call lost");
+                if let Ok(mut sessions) = self.sessions.lock() {
+                    sessions.remove(server);
+                }
+                CallOutcome::Lost(e.to_string())
+            }
+            Ok(Ok(result)) => {
+                let raw = serde_json::to_value(&result).unwrap_or_default();
+                CallOutcome::Answered(tool_result(&raw))
+            }
+        }
     }
 }
 
