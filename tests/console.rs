@@ -163,10 +163,12 @@ fn a_browser_drives_the_console() {
     b.click("#f-status option[value=suspended]");
     b.type_in("#f-user", "cu_ana");
     b.click("#filter");
+    b.wait_for_url("user=cu_ana");
     assert_eq!(b.count("tr.task-row"), 2);
     assert!(b.url().contains("status=suspended"), "{}", b.url());
     b.type_in("#f-user", "cu_nobody");
     b.click("#filter");
+    b.wait_for_url("user=cu_nobody");
     assert_eq!(b.count("tr.task-row"), 0);
 
     // Open the suspended task, approve it with a reason; it runs and finishes with one refund.

@@ -173,6 +173,19 @@ impl Browser {
         );
     }
 
+    /// Waits (up to 10 s) until the page's URL contains `part`: a form's navigation is done.
+    pub fn wait_for_url(&self, part: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.url().contains(part) {
+            assert!(
+                Instant::now() < deadline,
+                "the page never reached {part:?}: {}",
+                self.url()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     pub fn url(&self) -> String {
         let v = self.call("GET", &self.s("/url"), None);
         v["value"].as_str().unwrap_or_default().to_string()
