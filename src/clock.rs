@@ -133,19 +133,32 @@ pub fn parse_rfc3339(s: &str) -> Result<u64, String> {
     u64::try_from(ms).map_err(|_| format!("{s:?} is before 1970"))
 }
 
+/// `30d`, `12h`, `90m`, `45s` as milliseconds.
+pub fn parse_duration_ms(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("{s:?}: expected a whole number with a unit, like 30d or 12h"))?;
+    let ms = match unit {
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(format!("{s:?}: the unit must be s, m, h or d")),
+    };
+    n.checked_mul(ms)
+        .ok_or_else(|| format!("{s:?} is too long a duration"))
+}
+
 /// A point in time given as RFC 3339, or as a duration before `now_ms` (`90s`, `30m`, `12h`,
 /// `7d`), as `--since` and `--until` take it.
 pub fn parse_when(s: &str, now_ms: u64) -> Result<u64, String> {
-    if let Some(unit) = s.chars().last().filter(|c| "smhd".contains(*c))
-        && let Ok(n) = s[..s.len() - 1].parse::<u64>()
+    if s.trim().starts_with(|c: char| c.is_ascii_digit())
+        && let Ok(ago) = parse_duration_ms(s)
     {
-        let per = match unit {
-            's' => 1000,
-            'm' => 60_000,
-            'h' => 3_600_000,
-            _ => 86_400_000,
-        };
-        return Ok(now_ms.saturating_sub(n.saturating_mul(per)));
+        return Ok(now_ms.saturating_sub(ago));
     }
     parse_rfc3339(s).map_err(|e| format!("{e}, or a duration ago like 30m, 12h or 7d"))
 }

@@ -125,7 +125,7 @@ pub enum Command {
     /// Verify every record of the database (and of the document's store): checksums, rows,
     /// blobs, and the storage engine's own integrity check. Exit 1 if anything is damaged.
     #[command(after_help = "Example:\n  worker check\n  worker check --json")]
-    Check(CheckArgs),
+    Check(JsonArgs),
     /// Delete finished tasks (with their spans, replies, call records, audit events and
     /// enqueue keys) last updated longer ago than DURATION, in bounded transactions; each
     /// transaction records a `purge` audit event.
@@ -141,15 +141,9 @@ pub enum Command {
     Migrate(JsonArgs),
 }
 
+/// A verb whose only flag is `--json`.
 #[derive(Args, Debug)]
 pub struct JsonArgs {
-    /// Print the result as JSON.
-    #[arg(long)]
-    pub json: bool,
-}
-
-#[derive(Args, Debug)]
-pub struct CheckArgs {
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
@@ -174,24 +168,7 @@ pub struct PurgeArgs {
     pub json: bool,
 }
 
-/// `30d`, `12h`, `90m`, `45s` as milliseconds.
-pub fn parse_duration_ms(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (n, unit) = s.split_at(split);
-    let n: u64 = n
-        .parse()
-        .map_err(|_| format!("{s:?}: expected a whole number with a unit, like 30d or 12h"))?;
-    let ms = match unit {
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        _ => return Err(format!("{s:?}: the unit must be s, m, h or d")),
-    };
-    n.checked_mul(ms)
-        .ok_or_else(|| format!("{s:?} is too long a duration"))
-}
+pub use crate::clock::parse_duration_ms;
 
 pub(super) fn default_by() -> String {
     std::env::var("USER")

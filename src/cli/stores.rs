@@ -158,7 +158,7 @@ pub(super) fn cmd_memory(cli: &Cli, c: &MemoryCommand) -> CliResult {
     Ok(())
 }
 
-pub(super) fn cmd_check(cli: &Cli, a: &CheckArgs) -> CliResult {
+pub(super) fn cmd_check(cli: &Cli, a: &JsonArgs) -> CliResult {
     let mut damaged = Vec::new();
     let mut records = BTreeMap::new();
     // redb's own integrity check first: it needs the file to itself.

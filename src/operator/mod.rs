@@ -202,8 +202,3 @@ pub fn task_effects(ledger: &[LedgerEntry], db_id: &str, task_id: &str) -> Vec<E
         .map(|e| e.effect.clone())
         .collect()
 }
-
-/// Whether a status is one an operator must act on.
-pub fn needs_operator(s: QueueStatus) -> bool {
-    matches!(s, QueueStatus::Suspended | QueueStatus::Held)
-}

@@ -124,6 +124,16 @@ pub fn fixture(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
+/// A program a test needs is missing: under CI that fails the test (`.ci/test` installs it);
+/// elsewhere it is said on stderr and the caller skips, so nothing skips silently.
+pub fn missing(what: &str, installed_by: &str) {
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{what} is missing under CI; {installed_by}"
+    );
+    eprintln!("*** {what} is missing; this test is skipped here ***");
+}
+
 /// The document's goal for Ana's damaged jacket.
 pub const GOAL: &str = "refund the damaged item on order ord_1001";
 

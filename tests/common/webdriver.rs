@@ -31,12 +31,9 @@ impl Browser {
         {
             Ok(c) => c,
             Err(e) => {
-                assert!(
-                    std::env::var_os("CI").is_none(),
-                    "chromedriver is missing under CI ({e}); .ci/test installs chromium-driver"
-                );
-                eprintln!(
-                    "*** chromedriver is missing ({e}); the browser test is skipped here ***"
+                crate::common::missing(
+                    &format!("chromedriver ({e})"),
+                    ".ci/test installs chromium-driver",
                 );
                 return None;
             }
