@@ -2,7 +2,8 @@
 //! OpenTelemetry collector's file receiver), with the GenAI semantic conventions: model spans
 //! are `chat {model}` with `gen_ai.operation.name`, `gen_ai.request.model` and
 //! `gen_ai.usage.input_tokens` / `output_tokens`; tool spans are `execute_tool {name}` with
-//! `gen_ai.tool.name` and the call key.
+//! `gen_ai.tool.name`, `gen_ai.tool.call.id` (the call key) and `gen_ai.tool.type`, and an MCP
+//! tool's also `mcp.method.name` (`tools/call`) and `tether.mcp.server`.
 //!
 //! Span times are the task's creation time plus the active time at which each span started and
 //! ended: the kernel's clock is active time, so waits (for a person, for a worker) are not shown.
@@ -71,7 +72,21 @@ pub fn export(rec: &TaskRecord, spans: &[Span]) -> Value {
                     attrs.push(attr("gen_ai.operation.name", json!("execute_tool")));
                     attrs.push(attr("gen_ai.tool.name", json!(s.name)));
                     if let Some(k) = &s.key {
+                        attrs.push(attr("gen_ai.tool.call.id", json!(k)));
                         attrs.push(attr("tether.call_key", json!(k)));
+                    }
+                    let mcp = rec
+                        .catalog
+                        .as_ref()
+                        .and_then(|c| c.get(&s.name))
+                        .and_then(|t| t.mcp.as_ref());
+                    if let Some(m) = mcp {
+                        // An MCP tool: the MCP semantic conventions' method, and the server.
+                        attrs.push(attr("gen_ai.tool.type", json!("extension")));
+                        attrs.push(attr("mcp.method.name", json!("tools/call")));
+                        attrs.push(attr("tether.mcp.server", json!(m.server)));
+                    } else {
+                        attrs.push(attr("gen_ai.tool.type", json!("function")));
                     }
                     if let Some(r) = s.result_tokens {
                         attrs.push(attr("tether.result_tokens", json!(r)));

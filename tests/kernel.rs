@@ -361,3 +361,71 @@ fn provider_usage_larger_than_the_estimate_still_respects_the_budget() {
         budget.tokens_max
     );
 }
+
+/// An MCP tool's arguments are checked against its stored `inputSchema`, as they will be sent:
+/// with the task's user id in `user_arg`, which the model may not set.
+#[test]
+fn mcp_arguments_are_checked_against_the_input_schema() {
+    use tether::kernel::catalog::{Access, McpSpec, ToolSpec, args_as_sent, check_args};
+    let spec = ToolSpec {
+        name: "issue_refund".into(),
+        access: Access::Write,
+        idempotent: false,
+        fact_fields: vec![],
+        fact_prefix_arg: String::new(),
+        done_phrase: String::new(),
+        not_done_phrase: String::new(),
+        args: Default::default(),
+        http: None,
+        mcp: Some(McpSpec {
+            server: "shop".into(),
+            digest: "0123456789abcdef".into(),
+            input_schema: json!({
+                "type": "object",
+                "properties": {
+                    "order_id": {"type": "string"},
+                    "amount_cents": {"type": "integer", "minimum": 1},
+                    "customer_id": {"type": "string"}
+                },
+                "required": ["order_id", "amount_cents", "customer_id"],
+                "additionalProperties": false
+            }),
+            needs_approval: true,
+            user_arg: Some("customer_id".into()),
+        }),
+    };
+    let args = |v: Value| v.as_object().expect("object").clone();
+    let good = args(json!({"order_id": "o1", "amount_cents": 700}));
+    assert_eq!(check_args(&spec, &good, "cu_ana"), Ok(()));
+    assert_eq!(
+        args_as_sent(&spec, &good, "cu_ana")["customer_id"],
+        "cu_ana"
+    );
+    for (bad, want) in [
+        (
+            json!({"order_id": "o1", "amount_cents": "lots"}),
+            "/amount_cents",
+        ),
+        (json!({"order_id": "o1", "amount_cents": 0}), "minimum"),
+        (json!({"order_id": "o1"}), "amount_cents"),
+        (
+            json!({"order_id": "o1", "amount_cents": 5, "note": "x"}),
+            "note",
+        ),
+        (
+            json!({"order_id": "o1", "amount_cents": 5, "customer_id": "cu_mallory"}),
+            "comes from the task",
+        ),
+    ] {
+        let err = check_args(&spec, &args(bad.clone()), "cu_ana").expect_err("refused");
+        assert!(err.starts_with("issue_refund: "), "{bad}: {err}");
+        assert!(err.contains(want), "{bad}: {err}");
+    }
+    // A schema the checker cannot use refuses every call, by name, instead of passing them.
+    let mut broken = spec.clone();
+    if let Some(m) = broken.mcp.as_mut() {
+        m.input_schema = json!({"type": "no-such-type"});
+    }
+    let err = check_args(&broken, &good, "cu_ana").expect_err("refused");
+    assert!(err.contains("input schema"), "{err}");
+}

@@ -5,66 +5,10 @@
 mod common;
 use common::*;
 
+use common::mcp::{arrived, python, python_http, server_py};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
-
-/// A Python with the `mcp` SDK: `TETHER_MCP_PYTHON`, or the venv `.ci/test` makes.
-fn python() -> Option<PathBuf> {
-    let p = std::env::var_os("TETHER_MCP_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("target/mcp-venv/bin/python")
-        });
-    let ok = Command::new(&p)
-        .args(["-c", "import mcp"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        missing(
-            &format!("a Python with the mcp SDK at {}", p.display()),
-            ".ci/test makes target/mcp-venv",
-        );
-        return None;
-    }
-    Some(p)
-}
-
-fn server_py() -> String {
-    format!("{}/tests/mcp/server.py", env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The test server over streamable HTTP on a free port.
-struct HttpServer(Child, u16);
-
-impl Drop for HttpServer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn http_server(py: &Path) -> HttpServer {
-    let port = common::pg::free_port();
-    let child = Command::new(py)
-        .arg(server_py())
-        .env("TRANSPORT", "http")
-        .env("PORT", port.to_string())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the HTTP test server");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "the HTTP test server did not listen"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    HttpServer(child, port)
-}
 
 /// A resolved tool's kinds: (access, idempotent, needs approval).
 fn kinds(t: &Value) -> (Option<&str>, Option<bool>, Option<bool>) {
@@ -87,7 +31,7 @@ fn tool<'a>(tools: &'a Value, server: &str, name: &str) -> &'a Value {
 #[test]
 fn tools_are_discovered_over_both_transports_with_their_annotations() {
     let Some(py) = python() else { return };
-    let http = http_server(&py);
+    let http = python_http(&py, &[]);
     let dir = TempDir::new("mcp-discovery");
     let d = dir.path();
     std::fs::write(
@@ -115,7 +59,7 @@ trusted = false
 "#,
             py = py.display(),
             server = server_py(),
-            port = http.1
+            port = http.port
         ),
     )
     .expect("config");
@@ -221,14 +165,6 @@ env = {{ MODE = "{mode}", SLOW_S = "5", ARRIVALS = "{arrivals}" }}
     );
     let cfg: tether::mcp::McpConfig = toml::from_str(&text).expect("config");
     tether::mcp::Mcp::new(cfg).expect("mcp")
-}
-
-fn arrived(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("an arrival"))
-        .collect()
 }
 
 /// How many test-server processes log their arrivals to `log` (from /proc: the command line

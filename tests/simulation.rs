@@ -215,6 +215,7 @@ impl Sim {
         let ctx = driver::Context {
             clock: Arc::new(move || clock.load(Ordering::SeqCst)),
             hook: Some(Arc::new(move |p: Point| hook_gate(p == Point::Commit))),
+            mcp: None,
             identity: me.clone(),
             store: self.store.clone(),
             tools: Arc::clone(&self.tools),

@@ -10,6 +10,14 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
             a.time_scale
         )));
     }
+    // MCP servers named by the config: one set of sessions for the whole daemon, each started
+    // when a task first calls one of its tools.
+    let mcp = match super::enqueue::load_config(cli)? {
+        Some(c) if !c.mcp.servers.is_empty() => Some(Arc::new(
+            crate::mcp::Mcp::new(c.mcp).map_err(CliError::usage)?,
+        )),
+        _ => None,
+    };
     // A pool connection for each worker thread, the committer and the dispatcher.
     let store = open_created(cli, a.workers as usize + 2)?;
     let tools = Arc::new(DurableStore::open_sized(
@@ -28,6 +36,7 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
         time_scale: a.time_scale,
         heartbeat_ttl_ms: a.heartbeat_ttl_ms,
         recover_every_ms: a.recover_every_ms,
+        mcp,
         ..Config::default()
     };
     if let Some(addr) = &a.metrics {

@@ -135,8 +135,30 @@ pub(super) fn load_config(cli: &Cli) -> Result<Option<crate::config::Config>, Cl
     }
 }
 
+/// The config for enqueue: with MCP servers, their tools join the catalog each task keeps
+/// (discovered now, once for the whole batch).
+fn enqueue_config(cli: &Cli) -> Result<Option<crate::config::Config>, CliError> {
+    let Some(mut cfg) = load_config(cli)? else {
+        return Ok(None);
+    };
+    if cfg.mcp.servers.is_empty() {
+        return Ok(Some(cfg));
+    }
+    let mcp = crate::mcp::Mcp::new(cfg.mcp.clone()).map_err(CliError::usage)?;
+    let tools = crate::mcp::discover(&mcp, std::time::Duration::from_millis(MCP_LIST_TIMEOUT_MS))
+        .map_err(|e| {
+            CliError::op(e).hint("the task keeps a snapshot of its MCP tools, taken at enqueue: every server of the config must answer tools/list")
+        })?;
+    cfg.catalog =
+        Some(crate::mcp::task_catalog(cfg.catalog.as_ref(), &tools).map_err(CliError::usage)?);
+    Ok(Some(cfg))
+}
+
+/// How long enqueue waits for each MCP server's session and tool list.
+const MCP_LIST_TIMEOUT_MS: u64 = 30_000;
+
 pub(super) fn cmd_enqueue(cli: &Cli, a: &EnqueueArgs) -> CliResult {
-    let cfg = load_config(cli)?;
+    let cfg = enqueue_config(cli)?;
     let tasks = match &a.file {
         Some(path) => {
             let file = std::fs::File::open(path).map_err(|e| {

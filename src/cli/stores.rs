@@ -272,8 +272,15 @@ pub(super) fn cmd_tools(cli: &Cli, c: &ToolsCommand) -> CliResult {
     if *json {
         return print_json(&serde_json::to_value(&tools).unwrap_or(Value::Null));
     }
+    let w = tools.iter().map(|t| t.name.len()).max().unwrap_or(4).max(4);
+    let sw = tools
+        .iter()
+        .map(|t| t.server.len())
+        .max()
+        .unwrap_or(6)
+        .max(6);
     outln!(
-        "{:12} {:24} {:6} {:10} {:9} {:16} description",
+        "{:sw$} {:w$} {:6} {:10} {:8} {:16} description",
         "server",
         "tool",
         "access",
@@ -283,9 +290,15 @@ pub(super) fn cmd_tools(cli: &Cli, c: &ToolsCommand) -> CliResult {
     );
     for t in &tools {
         let approval = if t.needs_approval { "yes" } else { "no" };
-        let description: String = t.description.chars().take(60).collect();
+        // A server's text: one line, no control characters, in the table.
+        let description: String = t
+            .description
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .take(60)
+            .collect();
         outln!(
-            "{:12} {:24} {:6} {:10} {:9} {:16} {description}",
+            "{:sw$} {:w$} {:6} {:10} {:8} {:16} {description}",
             t.server,
             t.name,
             t.access,

@@ -1,6 +1,7 @@
 //! The tool catalog as the kernel sees it: names, read or write, idempotency, which result
-//! fields may become facts, an argument schema checked before any call, and (for HTTP tools)
-//! where the tool lives. Pure data; the tools themselves live outside the kernel.
+//! fields may become facts, an argument schema checked before any call, and where the tool
+//! lives (an HTTP URL, or an MCP server with the definition it had when the task was
+//! enqueued). Pure data and checks; the tools themselves live outside the kernel.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -40,6 +41,27 @@ pub struct ToolSpec {
     /// Where an HTTP tool lives; `None` for the built-in demo store.
     #[serde(default)]
     pub http: Option<HttpSpec>,
+    /// Where an MCP tool lives, and its definition as it was at enqueue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp: Option<McpSpec>,
+}
+
+/// An MCP server's tool, as a task's snapshot keeps it (taken at enqueue).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpSpec {
+    /// The server's name in the worker's config (`[mcp.servers.NAME]`).
+    pub server: String,
+    /// The digest of the server's definition at enqueue; a call is refused if it changed.
+    pub digest: String,
+    /// The tool's `inputSchema` (JSON Schema), checked before anything is sent.
+    pub input_schema: Value,
+    /// The worker sends a call only under an operator's approval of its exact arguments.
+    #[serde(default)]
+    pub needs_approval: bool,
+    /// The argument that receives the task's user id; the model may not set it.
+    #[serde(default)]
+    pub user_arg: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -90,8 +112,67 @@ fn default_timeout_ms() -> u64 {
     10_000
 }
 
-/// Checks arguments against a tool's schema. `Err` names the first problem.
-pub fn check_args(spec: &ToolSpec, args: &Map<String, Value>) -> Result<(), String> {
+/// The arguments a call sends: the model's, plus the task's user id under an MCP tool's
+/// `user_arg`.
+pub fn args_as_sent(
+    spec: &ToolSpec,
+    args: &Map<String, Value>,
+    user_id: &str,
+) -> Map<String, Value> {
+    let mut sent = args.clone();
+    if let Some(u) = spec.mcp.as_ref().and_then(|m| m.user_arg.as_deref()) {
+        sent.insert(u.to_string(), Value::String(user_id.to_string()));
+    }
+    sent
+}
+
+/// Checks an MCP tool's arguments, as they will be sent, against its `inputSchema`.
+fn check_mcp_args(
+    spec: &ToolSpec,
+    m: &McpSpec,
+    args: &Map<String, Value>,
+    user_id: &str,
+) -> Result<(), String> {
+    if let Some(u) = m.user_arg.as_deref()
+        && args.contains_key(u)
+    {
+        return Err(format!(
+            "{}: argument {u:?} is the task's user id; it comes from the task, not the model",
+            spec.name
+        ));
+    }
+    let validator = jsonschema::validator_for(&m.input_schema).map_err(|e| {
+        format!(
+            "{}: the server's input schema cannot be used to check arguments: {e}",
+            spec.name
+        )
+    })?;
+    let sent = Value::Object(args_as_sent(spec, args, user_id));
+    let problems: Vec<String> = validator
+        .iter_errors(&sent)
+        .take(3)
+        .map(|e| {
+            let at = e.instance_path().to_string();
+            if at.is_empty() {
+                e.to_string()
+            } else {
+                format!("{at}: {e}")
+            }
+        })
+        .collect();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{}: {}", spec.name, problems.join("; ")))
+    }
+}
+
+/// Checks arguments against a tool's schema (the catalog's own, or an MCP tool's
+/// `inputSchema`). `Err` names the first problems.
+pub fn check_args(spec: &ToolSpec, args: &Map<String, Value>, user_id: &str) -> Result<(), String> {
+    if let Some(m) = &spec.mcp {
+        return check_mcp_args(spec, m, args, user_id);
+    }
     if spec.args.is_empty() {
         return Ok(());
     }
@@ -164,6 +245,7 @@ impl Catalog {
                 not_done_phrase: not_done.to_string(),
                 args: BTreeMap::new(),
                 http: None,
+                mcp: None,
             }
         };
         Catalog {

@@ -15,6 +15,10 @@
 use serde::Serialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+
+use crate::kernel::catalog::{Access, McpSpec};
+use crate::kernel::{Catalog, ToolSpec};
 
 use super::config::{ServerConfig, ToolOverride};
 use rmcp::model::Tool;
@@ -102,4 +106,55 @@ pub fn resolve(server: &str, cfg: &ServerConfig, t: &Tool) -> McpTool {
         user_arg: o.user_arg,
         digest: definition_digest(t),
     }
+}
+
+impl McpTool {
+    /// The tool as a task's catalog snapshot keeps it.
+    pub fn to_spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: self.name.clone(),
+            access: if self.access == "read" {
+                Access::Read
+            } else {
+                Access::Write
+            },
+            idempotent: self.idempotent,
+            fact_fields: self.facts.clone(),
+            fact_prefix_arg: String::new(),
+            done_phrase: String::new(),
+            not_done_phrase: String::new(),
+            args: BTreeMap::new(),
+            http: None,
+            mcp: Some(McpSpec {
+                server: self.server.clone(),
+                digest: self.digest.clone(),
+                input_schema: self.input_schema.clone(),
+                needs_approval: self.needs_approval,
+                user_arg: self.user_arg.clone(),
+            }),
+        }
+    }
+}
+
+/// A task's catalog: the config's own tools, then every tool of the MCP servers. A name
+/// offered twice (by two servers, or by a server and the catalog file) is an error: the model
+/// calls tools by name, so a name must mean one tool.
+pub fn task_catalog(base: Option<&Catalog>, tools: &[McpTool]) -> Result<Catalog, String> {
+    let mut out = base.cloned().unwrap_or_default();
+    for t in tools {
+        if let Some(other) = out.get(&t.name) {
+            let first = other
+                .mcp
+                .as_ref()
+                .map_or("the tool catalog".to_string(), |m| {
+                    format!("MCP server {}", m.server)
+                });
+            return Err(format!(
+                "tool {:?} is offered by {first} and by MCP server {}; a task's tools need distinct names",
+                t.name, t.server
+            ));
+        }
+        out.tools.push(t.to_spec());
+    }
+    Ok(out)
 }

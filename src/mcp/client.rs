@@ -135,6 +135,22 @@ impl Mcp {
     }
 }
 
+impl Mcp {
+    /// The definition of `tool` as `server` offers it now (`tools/list`, which the SDK caches
+    /// for as long as the server allows and drops when the server says its tools changed).
+    pub fn definition(
+        &self,
+        server: &str,
+        tool: &str,
+        timeout: Duration,
+    ) -> Result<Option<Tool>, String> {
+        Ok(self
+            .list_tools(server, timeout)?
+            .into_iter()
+            .find(|t| t.name == tool))
+    }
+}
+
 /// What a `tools/call` came to.
 #[derive(Clone, Debug, PartialEq)]
 pub enum CallOutcome {
@@ -221,6 +237,16 @@ impl Mcp {
                     "MCP call timed out; cancelled"
                 );
                 CallOutcome::Lost(format!("no answer within {} ms", timeout.as_millis()))
+            }
+            // A JSON-RPC error is an answer: the server refused the request (an unknown tool,
+            // invalid parameters), so the tool did not run.
+            Ok(Err(rmcp::ServiceError::McpError(e))) => {
+                tracing::warn!(server, tool, code = e.code.0, error = %e.message, "MCP call refused");
+                CallOutcome::Answered(serde_json::json!({
+                    "status": "error",
+                    "code": "mcp_error",
+                    "detail": crate::net::clip(&format!("{} ({})", e.message, e.code.0)),
+                }))
             }
             Ok(Err(e)) => {
                 tracing::warn!(server, tool, error = %e, "MCP call lost");

@@ -1,19 +1,19 @@
 //! Tools from MCP servers. `config` declares the servers (child processes or streamable HTTP,
 //! trusted or not, per-tool overrides); `client` keeps one session per server on the SDK's
 //! runtime, confined here; `catalog` turns a server's tool definitions into the kernel's tool
-//! kinds (read, idempotent write, write, approval) and digests them.
-//!
-//! Discovery, `worker tools list` and calls (`Mcp::call`: answered, or lost at a timeout, a
-//! crash or a dropped answer) work today; calls from tasks (the snapshot at enqueue, argument
-//! checks against the input schema, held writes after a lost answer) are the rest of issue 12.
+//! kinds (read, idempotent write, write, approval), digests them, and makes the snapshot a
+//! task keeps from enqueue; `tools` calls them from tasks (approval and definition checked
+//! before sending, a lost answer re-sent only when idempotent, else held).
 
 pub mod catalog;
 pub mod client;
 pub mod config;
+pub mod tools;
 
-pub use catalog::{McpTool, resolve};
+pub use catalog::{McpTool, resolve, task_catalog};
 pub use client::{CallOutcome, Mcp};
 pub use config::{McpConfig, ServerConfig};
+pub use tools::McpTools;
 
 /// Every tool of every server of `mcp`, resolved; a server that cannot be reached is an error
 /// naming it.

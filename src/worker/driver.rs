@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{CommitFail, Committer, Stats};
 use crate::kernel::{Access, Action, Catalog, Keys, Run, Session, StopReason, ToolReply};
+use crate::mcp::McpTools;
 use crate::model::RecordedReply;
 use crate::store::{Backend, CallRecord, Commit, CommitKind, TaskRecord};
 use crate::tools::Tools;
@@ -47,6 +48,8 @@ pub struct Context {
     pub clock: Clock,
     /// None in the daemon.
     pub hook: Option<Hook>,
+    /// The daemon's MCP sessions, if its config names servers.
+    pub mcp: Option<Arc<crate::mcp::Mcp>>,
     /// This process as a lease owner, for the claim made with a task's final commit.
     pub identity: super::Identity,
     pub store: Arc<dyn Backend>,
@@ -124,6 +127,25 @@ fn observe_tool(task: &str, key: &str, tool: &str, reply: &ToolReply) {
     }
 }
 
+/// A task's tools, each call sent where its catalog entry says the tool lives: an MCP server,
+/// an HTTP URL, or (neither) the document's store.
+struct Routed<'a> {
+    catalog: &'a Catalog,
+    demo: DurableTools<'a>,
+    http: HttpTools<'a>,
+    mcp: McpTools<'a>,
+}
+
+impl Tools for Routed<'_> {
+    fn call(&mut self, req: &crate::kernel::ToolRequest<'_>) -> ToolReply {
+        match self.catalog.get(&req.call.name) {
+            Some(spec) if spec.mcp.is_some() => self.mcp.call(req),
+            Some(spec) if spec.http.is_some() => self.http.call(req),
+            _ => self.demo.call(req),
+        }
+    }
+}
+
 /// How a run on this thread ended.
 enum Ended {
     /// With a stop reason (finished, suspended or held), and the next task if one was claimed.
@@ -164,17 +186,20 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
     }
     let catalog = rec.catalog.clone().unwrap_or_else(Catalog::demo);
     let mut model = rec.model.build_for(&catalog);
-    let mut demo_tools = DurableTools {
-        store: &ctx.tools,
-        scope: &rec.store_scope,
-        latency_ms: &rec.tool_latency_ms,
+    let mut routed = Routed {
+        catalog: &catalog,
+        demo: DurableTools {
+            store: &ctx.tools,
+            scope: &rec.store_scope,
+            latency_ms: &rec.tool_latency_ms,
+        },
+        http: HttpTools { catalog: &catalog },
+        mcp: McpTools {
+            mcp: ctx.mcp.as_deref(),
+            catalog: &catalog,
+        },
     };
-    let mut http_tools = HttpTools { catalog: &catalog };
-    let tools: &mut dyn Tools = if catalog.tools.iter().any(|t| t.http.is_some()) {
-        &mut http_tools
-    } else {
-        &mut demo_tools
-    };
+    let tools: &mut dyn Tools = &mut routed;
     let resuming = rec.state.pending.is_some()
         && matches!(
             rec.state.stop,

@@ -43,6 +43,8 @@ pub struct Config {
     pub time_scale: f64,
     /// Called at every call-out point of every run (tests inject faults with it).
     pub hook: Option<driver::Hook>,
+    /// The MCP servers of the daemon's config: one session per server, shared by its threads.
+    pub mcp: Option<Arc<crate::mcp::Mcp>>,
 }
 
 impl std::fmt::Debug for Config {
@@ -53,6 +55,7 @@ impl std::fmt::Debug for Config {
             .field("lease_ms", &self.lease_ms)
             .field("time_scale", &self.time_scale)
             .field("hook", &self.hook.is_some())
+            .field("mcp", &self.mcp.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -68,6 +71,7 @@ impl Default for Config {
             heartbeat_ttl_ms: 30_000,
             time_scale: 0.0,
             hook: None,
+            mcp: None,
         }
     }
 }
@@ -335,6 +339,7 @@ pub fn run(
             },
             clock: Arc::new(now_ms),
             hook: cfg.hook.clone(),
+            mcp: cfg.mcp.clone(),
             lease_ms: cfg.lease_ms,
             time_scale: cfg.time_scale,
             shutdown: Arc::clone(&shutdown),

@@ -8,8 +8,11 @@ Tools, with their annotations:
 
 Every call that arrives is appended to the file named by ARRIVALS (one JSON line: tool, args)
 before anything else happens, so a test can count arrivals. MODE changes the behaviour of
-write calls: normal; drop (apply, then never answer); crash (apply, then exit at once); slow
-(sleep SLOW_S seconds first). TRANSPORT is stdio (default) or http (PORT).
+the tools named in MODE_TOOLS (comma-separated; default the three writes): normal; drop
+(apply, then never answer); crash (apply, then exit at once); slow (sleep SLOW_S seconds
+first). With ONCE_FILE set, the mode applies to the first such call only (the file marks it
+done, across restarts). VARIANT=2 changes add_note's description (a changed definition).
+TRANSPORT is stdio (default) or http (PORT).
 """
 
 import json
@@ -35,12 +38,34 @@ def arrived(tool, args):
             os.fsync(f.fileno())
 
 
-def write_mode():
+MODE_TOOLS = os.environ.get("MODE_TOOLS", "set_status,issue_refund,add_note").split(",")
+ONCE_FILE = os.environ.get("ONCE_FILE", "")
+
+
+def moded(tool):
+    """Whether MODE applies to this call of `tool`."""
+    if tool not in MODE_TOOLS:
+        return False
+    if ONCE_FILE:
+        if os.path.exists(ONCE_FILE):
+            return False
+        with open(ONCE_FILE, "w") as f:
+            f.write(tool)
+    return True
+
+
+def write_mode(tool):
+    """Runs before the tool applies; returns whether after_apply should act too."""
+    if not moded(tool):
+        return False
     if MODE == "slow":
         time.sleep(float(os.environ.get("SLOW_S", "5")))
+    return True
 
 
-def after_apply():
+def after_apply(act):
+    if not act:
+        return
     if MODE == "crash":
         os._exit(3)
     if MODE == "drop":
@@ -51,6 +76,7 @@ def after_apply():
 def lookup_order(order_id: str) -> dict:
     """Reads an order."""
     arrived("lookup_order", {"order_id": order_id})
+    after_apply(write_mode("lookup_order"))
     return {"status": "ok", "order_id": order_id, "total_cents": 15000,
             "refunded_cents": STATE["refunded"].get(order_id, 0)}
 
@@ -59,29 +85,36 @@ def lookup_order(order_id: str) -> dict:
 def set_status(order_id: str, status: str) -> dict:
     """Sets an order's status (the same call twice has the effect of one)."""
     arrived("set_status", {"order_id": order_id, "status": status})
-    write_mode()
+    act = write_mode("set_status")
     STATE["status"][order_id] = status
-    after_apply()
+    after_apply(act)
     return {"status": "ok", "order_id": order_id, "order_status": status}
 
 
 @server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=False))
-def issue_refund(order_id: str, amount_cents: int) -> dict:
+def issue_refund(order_id: str, amount_cents: int, customer_id: str = "") -> dict:
     """Refunds an order."""
-    arrived("issue_refund", {"order_id": order_id, "amount_cents": amount_cents})
-    write_mode()
+    arrived("issue_refund", {"order_id": order_id, "amount_cents": amount_cents,
+                             "customer_id": customer_id})
+    act = write_mode("issue_refund")
     STATE["refunded"][order_id] = STATE["refunded"].get(order_id, 0) + amount_cents
-    after_apply()
+    after_apply(act)
     return {"status": "ok", "order_id": order_id, "refunded_cents": amount_cents}
 
 
-@server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=False))
+NOTE_DESCRIPTION = ("Adds a note to an order, and emails the customer."
+                    if os.environ.get("VARIANT") == "2"
+                    else "Adds a note to an order (each call adds one).")
+
+
+@server.tool(description=NOTE_DESCRIPTION,
+             annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=False))
 def add_note(order_id: str, text: str) -> dict:
     """Adds a note to an order (each call adds one)."""
     arrived("add_note", {"order_id": order_id, "text": text})
-    write_mode()
+    act = write_mode("add_note")
     STATE["notes"].append((order_id, text))
-    after_apply()
+    after_apply(act)
     return {"status": "ok", "notes": len(STATE["notes"])}
 
 

@@ -477,7 +477,7 @@ impl<'c> Session<'c> {
                 } else if let Some(Err(detail)) = self
                     .catalog
                     .get(&call.name)
-                    .map(|s| check_args(s, &call.args))
+                    .map(|s| check_args(s, &call.args, &self.state.user_id))
                 {
                     // Refused before any call: nothing is sent, so no tool call is counted.
                     self.state.last_result =

@@ -123,7 +123,12 @@ impl Session<'_> {
                 }
                 if let (Some(spec), Some(obj)) = (self.catalog.get(&call.name), result.as_object())
                 {
-                    let prefix = python_str(call.args.get(&spec.fact_prefix_arg));
+                    // An MCP tool names its facts after itself unless told otherwise.
+                    let prefix = if spec.fact_prefix_arg.is_empty() && spec.mcp.is_some() {
+                        call.name.clone()
+                    } else {
+                        python_str(call.args.get(&spec.fact_prefix_arg))
+                    };
                     for (k, v) in obj {
                         if spec.fact_fields.iter().any(|f| f == k) {
                             self.state.facts.insert(format!("{prefix}.{k}"), v.clone());
