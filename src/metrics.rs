@@ -30,6 +30,10 @@ pub struct Metrics {
     pub tool_seconds: HistogramVec,
     pub takeovers: IntCounter,
     pub tasks_ended: IntCounterVec,
+    /// Live OTLP export: spans sent, spans given up on, failed attempts.
+    pub otlp_exported: IntCounter,
+    pub otlp_dropped: IntCounter,
+    pub otlp_failures: IntCounter,
     tasks: IntGaugeVec,
     held: IntGauge,
     suspended: IntGauge,
@@ -99,6 +103,18 @@ fn build() -> prometheus::Result<Metrics> {
         )?,
         commit_seconds,
         commit_group,
+        otlp_exported: counter(
+            "tether_otlp_spans_exported_total",
+            "Spans this process sent to the OTLP endpoint and the receiver accepted.",
+        )?,
+        otlp_dropped: counter(
+            "tether_otlp_spans_dropped_total",
+            "Spans given up on: refused by the receiver, or whose task could not be read.",
+        )?,
+        otlp_failures: counter(
+            "tether_otlp_export_failures_total",
+            "Export attempts that failed and will be retried (receiver down or erroring).",
+        )?,
         model_calls: counters(
             "tether_model_calls_total",
             "Model calls by model and outcome (ok, error, timeout).",

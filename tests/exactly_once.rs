@@ -67,6 +67,7 @@ fn step_commit(rec: &tether::store::TaskRecord, token: u64, steps: u32) -> Commi
         lease_ms: 1_000,
         clear_settle: false,
         claim_next: None,
+        export: false,
     }
 }
 

@@ -55,9 +55,10 @@ fn migrations_run_once_under_a_lock_and_a_newer_schema_is_refused() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    let v = tether::store::pg::schema::SCHEMA_VERSION;
     assert_eq!(
         pg.psql("SELECT count(*) || ' ' || max(version) FROM mig.migrations"),
-        "2 2",
+        format!("{v} {v}"),
         "each migration applied once"
     );
     let ids = pg.psql("SELECT count(*) FROM mig.meta WHERE key = 'db_id'");

@@ -216,6 +216,7 @@ impl Sim {
             clock: Arc::new(move || clock.load(Ordering::SeqCst)),
             hook: Some(Arc::new(move |p: Point| hook_gate(p == Point::Commit))),
             mcp: None,
+            export: false,
             identity: me.clone(),
             store: self.store.clone(),
             tools: Arc::clone(&self.tools),

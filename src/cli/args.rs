@@ -285,6 +285,12 @@ pub struct RunArgs {
     /// 127.0.0.1:9464.
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<String>,
+    /// Export spans live over OTLP/HTTP (protobuf) to this endpoint, e.g. http://127.0.0.1:4318
+    /// (spans go to {URL}/v1/traces). Default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or
+    /// OTEL_EXPORTER_OTLP_ENDPOINT; headers from OTEL_EXPORTER_OTLP_HEADERS (k=v,k2=v2). A
+    /// receiver that is down delays spans (they wait in the database), never tasks.
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
 }
 
 #[derive(Args, Debug)]

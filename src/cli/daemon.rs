@@ -37,6 +37,8 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
         heartbeat_ttl_ms: a.heartbeat_ttl_ms,
         recover_every_ms: a.recover_every_ms,
         mcp,
+        otlp: crate::otlp::export::Target::configured(a.otlp_endpoint.as_deref())
+            .map_err(CliError::usage)?,
         ..Config::default()
     };
     if let Some(addr) = &a.metrics {

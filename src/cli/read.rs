@@ -254,7 +254,12 @@ pub(super) fn cmd_trace(cli: &Cli, a: &TraceArgs) -> CliResult {
     let rec = store.task(&store.resolve(&a.task)?)?;
     let spans = store.spans(&rec.id)?;
     if let Some(path) = &a.otlp {
-        let doc = crate::otlp::export(&rec, &spans);
+        let replies = store.replies(&rec.id)?;
+        let db = store.db_id();
+        let doc = crate::otlp::json::request(
+            &crate::otlp::resource(db),
+            &crate::otlp::spans_of(db, &rec, &spans, &replies),
+        );
         std::fs::write(path, format!("{doc}\n"))
             .map_err(|e| CliError::op(format!("cannot write {}: {e}", path.display())))?;
         outln!("{} spans written to {}", spans.len(), path.display());

@@ -140,6 +140,12 @@ pub trait Backend: Send + Sync {
 
     fn spans(&self, task_id: &str) -> Result<Vec<Span>>;
 
+    /// Spans committed for live export and not yet sent: at most `max` entries, oldest first.
+    fn outbox(&self, max: usize) -> Result<Vec<super::OutboxEntry>>;
+
+    /// Forgets outbox entries that were sent (or dropped).
+    fn outbox_done(&self, seqs: &[u64]) -> Result<()>;
+
     fn replies(&self, task_id: &str) -> Result<Vec<RecordedReply>>;
 
     /// Every call-key record of a task.

@@ -225,6 +225,14 @@ impl Backend for Store {
         Store::replies(self, task_id)
     }
 
+    fn outbox(&self, max: usize) -> Result<Vec<super::OutboxEntry>> {
+        Store::outbox(self, max)
+    }
+
+    fn outbox_done(&self, seqs: &[u64]) -> Result<()> {
+        Store::outbox_done(self, seqs)
+    }
+
     fn calls(&self, task_id: &str) -> Result<Vec<CallRecord>> {
         Store::calls(self, task_id)
     }

@@ -16,6 +16,7 @@ pub mod list;
 mod memory;
 mod open;
 pub mod ops;
+pub mod outbox;
 pub mod pg;
 mod records;
 pub mod rows;
@@ -32,6 +33,7 @@ pub use handle::{Opener, Reopening};
 pub(crate) use handle::{create_private, open_redb};
 pub(crate) use open::check_not_empty;
 pub use open::random_u64;
+pub use outbox::OutboxEntry;
 pub use records::*;
 
 use redb::{ReadTransaction, ReadableTable, ReadableTableMetadata, WriteTransaction};
@@ -300,6 +302,7 @@ impl Store {
                 written += v.len();
                 spans.insert((c.task_id.as_str(), s.id), v.as_slice())?;
             }
+            outbox::queue(w, c)?;
         }
         let mut outcome = CommitOutcome {
             cancel_requested: rec.cancel_requested.clone(),

@@ -195,6 +195,9 @@ pub struct Commit {
     /// transaction (a thread that finishes a task is free at once, so the claim starts
     /// running at once, and one transaction serves both).
     pub claim_next: Option<Lease>,
+    /// The daemon exports spans live: queue the spans this commit ends in the outbox, in the
+    /// same transaction.
+    pub export: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

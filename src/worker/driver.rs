@@ -50,6 +50,8 @@ pub struct Context {
     pub hook: Option<Hook>,
     /// The daemon's MCP sessions, if its config names servers.
     pub mcp: Option<Arc<crate::mcp::Mcp>>,
+    /// Spans are exported live: each commit queues the spans it ends in the outbox.
+    pub export: bool,
     /// This process as a lease owner, for the claim made with a task's final commit.
     pub identity: super::Identity,
     pub store: Arc<dyn Backend>,
@@ -181,6 +183,7 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
             lease_ms: ctx.lease_ms,
             clear_settle: false,
             claim_next: None,
+            export: ctx.export,
         })?;
         return Ok(Ended::Released);
     }
@@ -230,6 +233,14 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
         // Cancelled while its worker was gone: stop before anything runs.
         session.cancel();
     }
+    // Spans a crashed run left open never end by themselves: this run ends them
+    // ("interrupted", at the task's last committed active time) in its first commit, so a
+    // trace is a finished tree and a live exporter sends them.
+    let interrupted = std::cell::RefCell::new(if rec.runs > 1 {
+        interrupted_spans(ctx, &rec)?
+    } else {
+        Vec::new()
+    });
     let mut first_model_call = true;
     let mut step_reply: Option<RecordedReply> = None;
     let mut step_call: Option<CallRecord> = None;
@@ -253,13 +264,18 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
             kind,
             state: session.state().clone(),
             next_span_id: session.trace().next_id(),
-            spans: session.trace_mut().take_changed().to_vec(),
+            spans: {
+                let mut spans = session.trace_mut().take_changed().to_vec();
+                spans.append(&mut interrupted.borrow_mut());
+                spans
+            },
             reply,
             call,
             now_ms: now,
             lease_ms: ctx.lease_ms,
             clear_settle,
             claim_next,
+            export: ctx.export,
         };
         ctx.committer.commit(c)
     };
@@ -410,6 +426,26 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
         "task {} took more than {cap} kernel actions",
         rec.id
     )))
+}
+
+/// The spans of `rec` that an earlier run left open (it crashed), ended as "interrupted".
+fn interrupted_spans(
+    ctx: &Context,
+    rec: &TaskRecord,
+) -> Result<Vec<crate::kernel::Span>, CommitFail> {
+    let spans = ctx.store.spans(&rec.id).map_err(|e| {
+        CommitFail::Failed(format!("cannot read the spans of task {}: {e}", rec.id))
+    })?;
+    let at = rec.state.elapsed_ms;
+    Ok(spans
+        .into_iter()
+        .filter(|s| s.t1_ms.is_none() && s.id < rec.next_span_id)
+        .map(|mut s| {
+            s.t1_ms = Some(at.max(s.t0_ms));
+            s.status = "interrupted".into();
+            s
+        })
+        .collect())
 }
 
 /// Sleeps `latency_ms * scale` of real time (at most a second per call).

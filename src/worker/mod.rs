@@ -45,6 +45,8 @@ pub struct Config {
     pub hook: Option<driver::Hook>,
     /// The MCP servers of the daemon's config: one session per server, shared by its threads.
     pub mcp: Option<Arc<crate::mcp::Mcp>>,
+    /// Where to export spans live (OTLP/HTTP), if anywhere.
+    pub otlp: Option<crate::otlp::export::Target>,
 }
 
 impl std::fmt::Debug for Config {
@@ -56,6 +58,7 @@ impl std::fmt::Debug for Config {
             .field("time_scale", &self.time_scale)
             .field("hook", &self.hook.is_some())
             .field("mcp", &self.mcp.is_some())
+            .field("otlp", &self.otlp.as_ref().map(|t| t.url.as_str()))
             .finish_non_exhaustive()
     }
 }
@@ -72,6 +75,7 @@ impl Default for Config {
             time_scale: 0.0,
             hook: None,
             mcp: None,
+            otlp: None,
         }
     }
 }
@@ -285,6 +289,18 @@ pub fn run(
         store.heartbeat(&me.owner(), now, now.saturating_add(cfg.heartbeat_ttl_ms))
     };
     beat()?;
+    // Live export reads committed spans from the outbox; it stops after the workers, sending
+    // what is left for a bounded time.
+    let exporter = match &cfg.otlp {
+        Some(target) => {
+            tracing::info!(url = %target.url, "exporting spans over OTLP/HTTP");
+            Some(
+                crate::otlp::export::Exporter::start(Arc::clone(&store), target.clone())
+                    .map_err(|e| Error::Conflict(format!("cannot start the OTLP exporter: {e}")))?,
+            )
+        }
+        None => None,
+    };
     let expired = store.expire_approvals(now_ms())?;
     if !expired.is_empty() {
         tracing::info!(tasks = ?expired, "approval waits ran out");
@@ -340,6 +356,7 @@ pub fn run(
             clock: Arc::new(now_ms),
             hook: cfg.hook.clone(),
             mcp: cfg.mcp.clone(),
+            export: cfg.otlp.is_some(),
             lease_ms: cfg.lease_ms,
             time_scale: cfg.time_scale,
             shutdown: Arc::clone(&shutdown),
@@ -503,6 +520,7 @@ pub fn run(
         let _ = t.join();
     }
     let _ = committer.join();
+    drop(exporter);
     if let Err(e) = store.sign_off(&me.owner()) {
         tracing::warn!(error = %e, "could not remove this daemon's heartbeat");
     }

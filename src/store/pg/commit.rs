@@ -28,8 +28,8 @@ const COMMIT_SQL: &str = "WITH u AS (UPDATE {s}.tasks SET last_commit = $3::bigi
     r AS (INSERT INTO {s}.replies (task_id, step, reply) SELECT $1, $13::int, $14::json FROM u \
         WHERE $14::json IS NOT NULL ON CONFLICT (task_id, step) DO UPDATE SET reply = EXCLUDED.reply), \
     sp AS (INSERT INTO {s}.spans (task_id, id, span) SELECT $1, (x->>'id')::int, x \
-        FROM u, json_array_elements($15::json) x ON CONFLICT (task_id, id) DO UPDATE SET span = EXCLUDED.span) \
-    SELECT cancel_requested FROM u";
+        FROM u, json_array_elements($15::json) x ON CONFLICT (task_id, id) DO UPDATE SET span = EXCLUDED.span)\
+    {ob} SELECT cancel_requested FROM u";
 
 /// What a step writes into the task row (`$16..`): state, span counter, settlement, elapsed.
 const STEP_SET: &str = "state = $16::json, next_span_id = $17::int, \
@@ -37,22 +37,29 @@ const STEP_SET: &str = "state = $16::json, next_span_id = $17::int, \
 
 /// The statement of each kind of commit, in [`kind_index`] order, and last the final commit
 /// that also claims the thread's next task.
-pub(super) fn commit_statements(s: &str, t: &str) -> [String; 5] {
+/// The statement of each kind of commit, in [`kind_index`] order, and last the final commit
+/// that also claims the thread's next task; then the same five for a daemon that exports spans
+/// live (each also queues the spans it ends in the outbox).
+pub(super) fn commit_statements(s: &str, t: &str) -> [String; 10] {
     use crate::kernel::StopReason::Done;
-    let final_sql = commit_sql(CommitKind::Final(Done));
-    let claiming = final_sql.replace(
-        "EXCLUDED.span) SELECT cancel_requested FROM u",
-        &format!("EXCLUDED.span), {}", final_and_claim()),
-    );
-    debug_assert_ne!(claiming, final_sql);
-    [
-        commit_sql(CommitKind::Intent),
-        commit_sql(CommitKind::Step),
-        final_sql,
-        commit_sql(CommitKind::Release),
-        claiming,
-    ]
-    .map(|q| super::schema::sql(&q, s, t))
+    let five = |ob: &str| {
+        let final_sql = commit_sql(CommitKind::Final(Done), ob);
+        let claiming = final_sql.replace(
+            " SELECT cancel_requested FROM u",
+            &format!(", {}", final_and_claim()),
+        );
+        debug_assert_ne!(claiming, final_sql);
+        [
+            commit_sql(CommitKind::Intent, ob),
+            commit_sql(CommitKind::Step, ob),
+            final_sql,
+            commit_sql(CommitKind::Release, ob),
+            claiming,
+        ]
+    };
+    let [a, b, c, d, e] = five("");
+    let [f, g, h, i, j] = five(super::outbox::QUEUE_CTE);
+    [a, b, c, d, e, f, g, h, i, j].map(|q| super::schema::sql(&q, s, t))
 }
 
 /// The end of a final commit that claims the thread's next task in the same statement (one
@@ -81,7 +88,7 @@ fn kind_index(kind: CommitKind) -> usize {
     }
 }
 
-fn commit_sql(kind: CommitKind) -> String {
+fn commit_sql(kind: CommitKind, ob: &str) -> String {
     let set = match kind {
         CommitKind::Intent => "updated_at_ms = GREATEST(updated_at_ms, $4::bigint)".to_string(),
         CommitKind::Step => format!(
@@ -100,7 +107,7 @@ fn commit_sql(kind: CommitKind) -> String {
              lease = NULL, lease_owner = NULL, lease_expires_ms = NULL"
         ),
     };
-    COMMIT_SQL.replace("{set}", &set)
+    COMMIT_SQL.replace("{set}", &set).replace("{ob}", ob)
 }
 
 /// The parameters of one commit, its JSON values serialized straight from the commit.
@@ -275,9 +282,10 @@ impl PgStore {
             (CommitKind::Final(_), Some(lease)) => Some(lease),
             _ => None,
         };
+        let export = if commit.export { 5 } else { 0 };
         let sql = match claiming {
-            Some(_) => &self.commit_sql[4],
-            None => &self.commit_sql[kind_index(commit.kind)],
+            Some(_) => &self.commit_sql[4 + export],
+            None => &self.commit_sql[kind_index(commit.kind) + export],
         };
         let st = c.prepared(sql).map_err(|e| Tried::of(e, false))?;
         let mut params = p.params(commit);
@@ -333,7 +341,7 @@ impl PgStore {
         let mut statements = Vec::new();
         for cm in commits {
             statements.push(
-                c.prepared(&self.commit_sql[kind_index(cm.kind)])
+                c.prepared(&self.commit_sql[kind_index(cm.kind) + if cm.export { 5 } else { 0 }])
                     .map_err(|e| Tried::of(e, false))?,
             );
         }

@@ -16,6 +16,8 @@
 
 mod commit;
 mod list;
+mod listen;
+mod outbox;
 pub(crate) use rows::{now_i64, random_i64};
 mod pool;
 mod queue;
@@ -23,9 +25,8 @@ mod reads;
 pub mod rows;
 pub mod schema;
 
-use crossbeam_channel::{Receiver, bounded};
+use crossbeam_channel::Receiver;
 use postgres::Transaction;
-use postgres::fallible_iterator::FallibleIterator;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -50,7 +51,7 @@ pub struct PgStore {
     stop: Arc<AtomicBool>,
     /// The step-commit statements by kind (intent, step, final, release, and a final commit
     /// that claims the next task), made once.
-    commit_sql: [String; 5],
+    commit_sql: [String; 10],
 }
 
 impl Drop for PgStore {
@@ -348,75 +349,6 @@ impl PgStore {
             .map_err(db_error)?;
         Ok(())
     }
-
-    /// The receiving end of the wake-ups: a thread with its own connection `LISTEN`s on the
-    /// ready channel and reconnects (with backoff, logged) when the connection is lost; after
-    /// a reconnection it sends a wake-up too, since notifications may have been missed.
-    fn listen(&self) -> Option<Receiver<()>> {
-        let mut guard = self.wake.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(rx) = guard.as_ref() {
-            return Some(rx.clone());
-        }
-        let (tx, rx) = bounded::<()>(1);
-        let settings = self.pool.settings.clone();
-        let channel = self.channel.clone();
-        let stop = Arc::clone(&self.stop);
-        let spawned = std::thread::Builder::new()
-            .name("pg-listen".into())
-            .spawn(move || {
-                let mut delay = Duration::from_millis(100);
-                loop {
-                    let session = settings
-                        .config
-                        .connect(postgres::NoTls)
-                        .and_then(|mut c| c.batch_execute(&format!("LISTEN {channel}")).map(|()| c));
-                    let mut c = match session {
-                        Ok(c) => c,
-                        Err(e) => {
-                            if stop.load(Ordering::Relaxed) {
-                                return;
-                            }
-                            tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "cannot LISTEN for ready tasks; polling meanwhile");
-                            std::thread::sleep(delay);
-                            delay = (delay * 2).min(Duration::from_secs(5));
-                            continue;
-                        }
-                    };
-                    delay = Duration::from_millis(100);
-                    let _ = tx.try_send(());
-                    loop {
-                        let next = c
-                            .notifications()
-                            .timeout_iter(Duration::from_secs(5))
-                            .next();
-                        match next {
-                            Ok(Some(_)) => {
-                                let _ = tx.try_send(());
-                            }
-                            Ok(None) => {
-                                if stop.load(Ordering::Relaxed) {
-                                    return;
-                                }
-                                // Quiet: a round trip proves the session is still there.
-                                if c.simple_query("SELECT 1").is_err() {
-                                    tracing::warn!("the LISTEN connection was lost; reconnecting");
-                                    break;
-                                }
-                            }
-                            Err(e) => {
-                                tracing::warn!(error = %e, "the LISTEN connection was lost; reconnecting");
-                                break;
-                            }
-                        }
-                    }
-                }
-            });
-        if spawned.is_err() {
-            return None;
-        }
-        *guard = Some(rx.clone());
-        Some(rx)
-    }
 }
 
 /// How one try of a write transaction ended.
@@ -545,6 +477,14 @@ impl super::Backend for PgStore {
 
     fn replies(&self, task_id: &str) -> Result<Vec<crate::model::RecordedReply>> {
         PgStore::replies(self, task_id)
+    }
+
+    fn outbox(&self, max: usize) -> Result<Vec<crate::store::OutboxEntry>> {
+        PgStore::outbox(self, max)
+    }
+
+    fn outbox_done(&self, seqs: &[u64]) -> Result<()> {
+        PgStore::outbox_done(self, seqs)
     }
 
     fn calls(&self, task_id: &str) -> Result<Vec<super::CallRecord>> {

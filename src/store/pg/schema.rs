@@ -108,6 +108,9 @@ CREATE INDEX tasks_num ON {s}.tasks (num);
 CREATE INDEX tasks_status_num ON {s}.tasks (status, num);
 CREATE INDEX tasks_user_num ON {s}.tasks (user_id, num);
 "#,
+    r#"
+CREATE TABLE {s}.otlp_outbox (seq bigserial PRIMARY KEY, task_id text NOT NULL, spans int[] NOT NULL);
+"#,
 ];
 
 /// The schema version this build writes and understands.

@@ -1,0 +1,312 @@
+//! A task's spans for OpenTelemetry: one trace per task, with the GenAI semantic conventions.
+//! [`spans_of`] turns stored spans into [`OtlpSpan`]s; `json` writes them as OTLP/JSON (the
+//! form of `worker trace --otlp`, for a collector's file receiver), `proto` as OTLP protobuf
+//! (what `export` sends to an OTLP/HTTP endpoint while the daemon runs).
+//!
+//! - **Ids** are derived from the database id and the task (trace) and the span's number (span),
+//!   so `t1` of two databases never share a trace, and a span exported twice keeps its ids.
+//! - **One root**: the task's first root span. A resumed run's spans (a `resume` span and a
+//!   new `task` span) become its children, so a resumed task is one tree.
+//! - **Kinds**: model calls are `chat {model}` CLIENT spans (`gen_ai.operation.name = chat`,
+//!   the provider from the profile's endpoint, the requested model, `max_tokens`,
+//!   `temperature`, token usage); tool calls are `execute_tool {tool}` INTERNAL spans
+//!   (`gen_ai.tool.name`, `gen_ai.tool.call.id` = the call key, `gen_ai.tool.type`, and for MCP
+//!   tools `mcp.method.name` and the server); the root is `invoke_agent tether` with the
+//!   task's budget figures and stop reason as `tether.*` attributes. OpenInference's span kinds
+//!   are set beside them, for receivers (Phoenix) that read those.
+//! - **Errors**: status ERROR with `error.type` and a message (a failed model call's message
+//!   comes from its recorded reply).
+//!
+//! Span times are the task's creation time plus the active time at which each span started and
+//! ended: the kernel's clock is active time, so waits (for a person, for a worker) are not shown.
+
+pub mod export;
+pub mod json;
+pub mod proto;
+
+use sha2::{Digest, Sha256};
+
+use crate::kernel::{Span, SpanKind};
+use crate::model::{ModelProfile, RecordedOutcome, RecordedReply};
+use crate::store::TaskRecord;
+
+/// An attribute value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Attr {
+    Str(String),
+    Int(i64),
+    Double(f64),
+    Bool(bool),
+    Strs(Vec<String>),
+}
+
+/// OTLP span kinds used here.
+pub const KIND_INTERNAL: i32 = 1;
+pub const KIND_CLIENT: i32 = 3;
+/// OTLP status codes.
+pub const STATUS_UNSET: i32 = 0;
+pub const STATUS_OK: i32 = 1;
+pub const STATUS_ERROR: i32 = 2;
+
+/// One span, ready for either encoding.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OtlpSpan {
+    pub trace_id: [u8; 16],
+    pub span_id: [u8; 8],
+    pub parent_span_id: Option<[u8; 8]>,
+    pub name: String,
+    pub kind: i32,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub attributes: Vec<(String, Attr)>,
+    pub status_code: i32,
+    pub status_message: String,
+}
+
+fn digest_bytes<const N: usize>(text: &str) -> [u8; N] {
+    let d = Sha256::digest(text.as_bytes());
+    let mut out = [0u8; N];
+    out.copy_from_slice(&d[..N]);
+    out
+}
+
+/// The trace id of `task` of database `db_id`.
+pub fn trace_id(db_id: &str, task: &str) -> [u8; 16] {
+    digest_bytes(&format!("tether-trace:{db_id}:{task}"))
+}
+
+/// The span id of span `span` of `task` of database `db_id`.
+pub fn span_id(db_id: &str, task: &str, span: u32) -> [u8; 8] {
+    digest_bytes(&format!("tether-span:{db_id}:{task}:{span}"))
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The model's name and the GenAI provider name: from the profile, and for an
+/// OpenAI-compatible endpoint, from its host (a local server is not OpenAI).
+fn model_of(p: &ModelProfile) -> (String, String) {
+    match p {
+        ModelProfile::OpenAi {
+            model, base_url, ..
+        } => (model.clone(), provider_of(base_url)),
+        ModelProfile::Policy { .. } => ("policy".into(), "tether.scripted".into()),
+        ModelProfile::SameCall { .. } => ("same_call".into(), "tether.scripted".into()),
+        ModelProfile::NewIds { .. } => ("new_ids".into(), "tether.scripted".into()),
+        ModelProfile::SearchLoop { .. } => ("search_loop".into(), "tether.scripted".into()),
+        ModelProfile::Script { .. } => ("script".into(), "tether.scripted".into()),
+    }
+}
+
+/// The GenAI semantic conventions' provider name for an OpenAI-compatible base URL.
+pub fn provider_of(base_url: &str) -> String {
+    let host = base_url
+        .split("://")
+        .nth(1)
+        .unwrap_or(base_url)
+        .split(['/', '?'])
+        .next()
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    let name = host.split(':').next().unwrap_or("");
+    let known = [
+        ("api.openai.com", "openai"),
+        (".openai.azure.com", "azure.ai.openai"),
+        ("api.anthropic.com", "anthropic"),
+        ("api.groq.com", "groq"),
+        ("api.mistral.ai", "mistral_ai"),
+        ("api.deepseek.com", "deepseek"),
+        ("api.x.ai", "x_ai"),
+        ("generativelanguage.googleapis.com", "gcp.gemini"),
+        ("api.perplexity.ai", "perplexity"),
+    ];
+    for (suffix, provider) in known {
+        if name == suffix.trim_start_matches('.') || name.ends_with(suffix) {
+            return provider.into();
+        }
+    }
+    if host.ends_with(":11434") {
+        return "ollama".into();
+    }
+    // Anything else speaks OpenAI's API without being OpenAI: say which server it is.
+    format!("openai_compatible:{host}")
+}
+
+fn s(v: impl Into<String>) -> Attr {
+    Attr::Str(v.into())
+}
+
+/// Whether a span's status is a success, a pause, or an error.
+fn status_of(status: &str) -> i32 {
+    match status {
+        "ok" | "done" => STATUS_OK,
+        "open" | "needs_approval" => STATUS_UNSET,
+        _ => STATUS_ERROR,
+    }
+}
+
+/// The OTLP spans of task `rec` of database `db_id`, from its stored spans and recorded
+/// replies (for the messages of failed model calls).
+pub fn spans_of(
+    db_id: &str,
+    rec: &TaskRecord,
+    spans: &[Span],
+    replies: &[RecordedReply],
+) -> Vec<OtlpSpan> {
+    let trace = trace_id(db_id, &rec.id);
+    let base_ns = rec.created_at_ms.saturating_mul(1_000_000);
+    let (model, provider) = model_of(&rec.model);
+    let temperature = match &rec.model {
+        ModelProfile::OpenAi { temperature, .. } => Some(*temperature),
+        _ => None,
+    };
+    let root = spans.iter().find(|s| s.parent.is_none()).map(|s| s.id);
+    let step_of = |span: &Span| -> Option<u32> {
+        let parent = spans.iter().find(|p| Some(p.id) == span.parent)?;
+        parent.name.strip_prefix("step ")?.parse().ok()
+    };
+    spans
+        .iter()
+        .map(|sp| {
+            let mut a: Vec<(String, Attr)> = vec![
+                ("tether.task_id".into(), s(&rec.id)),
+                ("tether.span.kind".into(), s(sp.kind.as_str())),
+                ("tether.status".into(), s(&sp.status)),
+            ];
+            let mut kind = KIND_INTERNAL;
+            let mut message = String::new();
+            let name = match sp.kind {
+                SpanKind::Model => {
+                    kind = KIND_CLIENT;
+                    a.push(("gen_ai.operation.name".into(), s("chat")));
+                    a.push(("gen_ai.provider.name".into(), s(&provider)));
+                    a.push(("gen_ai.request.model".into(), s(&model)));
+                    a.push((
+                        "gen_ai.request.max_tokens".into(),
+                        Attr::Int(i64::from(rec.budget.output_tokens_max)),
+                    ));
+                    if let Some(t) = temperature {
+                        a.push(("gen_ai.request.temperature".into(), Attr::Double(t)));
+                    }
+                    if let Some(t) = sp.tin {
+                        a.push(("gen_ai.usage.input_tokens".into(), Attr::Int(t as i64)));
+                    }
+                    if let Some(t) = sp.tout {
+                        a.push(("gen_ai.usage.output_tokens".into(), Attr::Int(t as i64)));
+                    }
+                    a.push(("openinference.span.kind".into(), s("LLM")));
+                    a.push(("llm.model_name".into(), s(&model)));
+                    if sp.status != "ok" {
+                        let recorded = step_of(sp)
+                            .and_then(|n| replies.iter().find(|r| r.step == n))
+                            .map(|r| &r.outcome);
+                        message = match recorded {
+                            Some(RecordedOutcome::Failed(m)) => m.clone(),
+                            Some(RecordedOutcome::Timeout) => {
+                                "no answer within the remaining active time".into()
+                            }
+                            _ => format!("model call: {}", sp.status),
+                        };
+                    }
+                    format!("chat {model}")
+                }
+                SpanKind::Tool => {
+                    a.push(("gen_ai.operation.name".into(), s("execute_tool")));
+                    a.push(("gen_ai.tool.name".into(), s(&sp.name)));
+                    if let Some(k) = &sp.key {
+                        a.push(("gen_ai.tool.call.id".into(), s(k)));
+                        a.push(("tether.call_key".into(), s(k)));
+                    }
+                    if let Some(r) = sp.result_tokens {
+                        a.push(("tether.result_tokens".into(), Attr::Int(r as i64)));
+                    }
+                    let mcp = rec
+                        .catalog
+                        .as_ref()
+                        .and_then(|c| c.get(&sp.name))
+                        .and_then(|t| t.mcp.as_ref());
+                    if let Some(m) = mcp {
+                        a.push(("gen_ai.tool.type".into(), s("extension")));
+                        a.push(("mcp.method.name".into(), s("tools/call")));
+                        a.push(("tether.mcp.server".into(), s(&m.server)));
+                    } else {
+                        a.push(("gen_ai.tool.type".into(), s("function")));
+                    }
+                    a.push(("openinference.span.kind".into(), s("TOOL")));
+                    a.push(("tool.name".into(), s(&sp.name)));
+                    if status_of(&sp.status) == STATUS_ERROR {
+                        message = format!("the tool call ended {}", sp.status);
+                    }
+                    format!("execute_tool {}", sp.name)
+                }
+                SpanKind::Task if Some(sp.id) == root => {
+                    a.push(("gen_ai.operation.name".into(), s("invoke_agent")));
+                    a.push(("gen_ai.agent.name".into(), s("tether")));
+                    a.push(("openinference.span.kind".into(), s("AGENT")));
+                    let b = &rec.budget;
+                    let st = &rec.state;
+                    for (k, used, limit) in [
+                        ("steps", u64::from(st.step), u64::from(b.steps_max)),
+                        (
+                            "tool_calls",
+                            u64::from(st.tool_calls),
+                            u64::from(b.tool_calls_max),
+                        ),
+                        ("tokens", st.tokens, b.tokens_max),
+                        ("active_ms", st.elapsed_ms, b.deadline_ms),
+                    ] {
+                        a.push((format!("tether.budget.{k}.used"), Attr::Int(used as i64)));
+                        a.push((format!("tether.budget.{k}.limit"), Attr::Int(limit as i64)));
+                    }
+                    if let Some(stop) = st.stop {
+                        a.push(("tether.stop_reason".into(), s(stop.as_str())));
+                    }
+                    if status_of(&sp.status) == STATUS_ERROR {
+                        message = format!("the run stopped: {}", sp.status);
+                    }
+                    "invoke_agent tether".into()
+                }
+                _ => {
+                    a.push(("openinference.span.kind".into(), s("CHAIN")));
+                    if status_of(&sp.status) == STATUS_ERROR {
+                        message = format!("{} ended {}", sp.name, sp.status);
+                    }
+                    sp.name.clone()
+                }
+            };
+            let status_code = status_of(&sp.status);
+            if status_code == STATUS_ERROR {
+                a.push(("error.type".into(), s(&sp.status)));
+            }
+            // Every root but the first (a resumed run's) hangs under the first.
+            let parent = sp.parent.or(root.filter(|r| *r != sp.id));
+            OtlpSpan {
+                trace_id: trace,
+                span_id: span_id(db_id, &rec.id, sp.id),
+                parent_span_id: parent.map(|p| span_id(db_id, &rec.id, p)),
+                name,
+                kind,
+                start_ns: base_ns.saturating_add(sp.t0_ms.saturating_mul(1_000_000)),
+                end_ns: base_ns
+                    .saturating_add(sp.t1_ms.unwrap_or(sp.t0_ms).saturating_mul(1_000_000)),
+                attributes: a,
+                status_code,
+                status_message: if status_code == STATUS_ERROR {
+                    message
+                } else {
+                    String::new()
+                },
+            }
+        })
+        .collect()
+}
+
+/// The resource attributes of everything this process exports.
+pub fn resource(db_id: &str) -> Vec<(String, Attr)> {
+    vec![
+        ("service.name".into(), s("tether-worker")),
+        ("service.version".into(), s(env!("CARGO_PKG_VERSION"))),
+        ("tether.db_id".into(), s(db_id)),
+    ]
+}
