@@ -1,4 +1,4 @@
-//! Does live OTLP export cost task progress? The same workload (the document's Policy, 300
+//! Does live OTLP export cost task progress? The same workload (the document's Policy, 1000
 //! tasks, 4 worker threads, on redb) run with export off, exporting to a receiver that is up
 //! (an in-process OTLP/HTTP sink answering 200), and exporting to a receiver that is down
 //! (nothing listens: every attempt is refused and retried with backoff). Rounds alternate the
@@ -20,8 +20,8 @@ use tether::worker::{self, Config};
 mod tasks;
 use tasks::tasks;
 
-const TASKS: usize = 300;
-const ROUNDS: usize = 5;
+const TASKS: usize = 1000;
+const ROUNDS: usize = 7;
 
 fn run(name: &str, otlp: Option<Target>) -> f64 {
     let dir = std::env::temp_dir().join(format!("tether-bench-otlp-{name}-{}", std::process::id()));

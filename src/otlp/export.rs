@@ -19,7 +19,7 @@ use crate::store::{Backend, OutboxEntry};
 
 /// Outbox entries (commits) per request.
 pub const BATCH: usize = 128;
-const POLL: Duration = Duration::from_millis(200);
+const POLL: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// How long a draining daemon keeps sending what is left before it exits (the rest waits in
 /// the outbox for the next daemon).

@@ -79,12 +79,17 @@ impl Store {
         Ok(out)
     }
 
-    /// Removes exported entries.
+    /// Removes exported entries. Without a flush of its own: the next step commit makes it
+    /// durable, and a removal lost in a crash only means those spans are sent again, with the
+    /// same ids.
     pub fn outbox_done(&self, seqs: &[u64]) -> Result<()> {
         if seqs.is_empty() {
             return Ok(());
         }
-        let w = self.begin_write()?;
+        let mut w = self.begin_write()?;
+        if let Err(e) = w.set_durability(redb::Durability::None) {
+            tracing::debug!(error = %e, "outbox removal committed durably");
+        }
         {
             let mut t = w.open_table(OUTBOX)?;
             for s in seqs {
