@@ -24,15 +24,7 @@ const ENQUEUERS: usize = 3;
 
 conformance! {
 fn daemon_killed_at_random_moments_loses_and_repeats_nothing(dir) {
-    let seed: u64 = std::env::var("TETHER_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(7, |d| d.as_nanos() as u64)
-        });
-    println!("crash recovery seed: TETHER_SEED={seed}");
+    let seed = seed("crash recovery");
     let mut rng = Rng(seed);
     let d = dir.to_path_buf();
     ok(&d, &["store", "orders"]); // creates the store with its orders

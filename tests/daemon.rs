@@ -4,7 +4,7 @@
 mod common;
 use common::*;
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 fn enqueue_many(d: &std::path::Path, n: usize, model: &str) {
@@ -13,14 +13,6 @@ fn enqueue_many(d: &std::path::Path, n: usize, model: &str) {
         .collect();
     std::fs::write(d.join("tasks.jsonl"), lines.join("\n")).expect("write tasks");
     ok(d, &["enqueue", "--file", "tasks.jsonl"]);
-}
-
-fn signal(pid: u32, sig: &str) {
-    let st = Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .expect("kill");
-    assert!(st.success());
 }
 
 /// A signal: the daemon commits the step in progress, releases its leases and exits 0.

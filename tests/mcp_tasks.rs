@@ -508,15 +508,7 @@ fn approval_lost_answers_and_changed_definitions() {
 #[test]
 fn a_daemon_killed_with_mcp_writes_in_flight_never_sends_a_write_twice() {
     let Some(py) = python() else { return };
-    let seed: u64 = std::env::var("TETHER_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(11, |d| d.as_nanos() as u64)
-        });
-    println!("MCP crash seed: TETHER_SEED={seed}");
+    let seed = seed("MCP crash");
     let mut rng = Rng(seed);
     let dir = TempDir::new("mcp-crash");
     let d = dir.path();

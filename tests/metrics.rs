@@ -173,7 +173,7 @@ conformance! {
         let (code, _) = get(&addr, "/nothing");
         assert_eq!(code, 404);
         // The held refund is logged with its task and call key.
-        signal_term(&child);
+        signal(child.id(), "-TERM");
         let status = child.wait().expect("the daemon exits");
         assert!(status.success());
         let logs = reader.join().expect("the log reader");
@@ -186,12 +186,4 @@ conformance! {
         assert_eq!(approval["span"]["task"], "t5", "{approval}");
         assert!(logs.iter().any(|l| l["fields"]["message"] == "task ended" && l["level"] == "INFO"));
     }
-}
-
-fn signal_term(child: &Child) {
-    let st = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(st.success());
 }

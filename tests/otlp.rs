@@ -299,7 +299,7 @@ fn a_receiver_that_is_down_costs_no_task_and_gets_its_spans_later() {
                     .sum::<usize>()
     });
     assert!(metrics("tether_otlp_spans_exported_total") > 0.0);
-    unsafe_kill(daemon.id(), "-TERM");
+    signal(daemon.id(), "-TERM");
     let status = daemon.wait().expect("daemon");
     assert!(status.success());
     let mut log = String::new();
@@ -316,11 +316,4 @@ fn a_receiver_that_is_down_costs_no_task_and_gets_its_spans_later() {
     );
     assert!(log.contains("accepts spans again"), "{log}");
     check_trees(d, &received(&out));
-}
-
-fn unsafe_kill(pid: u32, sig: &str) {
-    Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .expect("kill");
 }

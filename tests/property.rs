@@ -110,15 +110,7 @@ fn check(seed: u64, case: u64, st: &TaskState, b: &Budget, store: &DemoStore) {
 
 #[test]
 fn random_scripts_never_break_a_bound() {
-    let seed = std::env::var("TETHER_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        });
-    println!("property seed: TETHER_SEED={seed}");
+    let seed = common::seed("property");
     let catalog = Catalog::demo();
     let mut rng = Rng(seed);
     let mut stops = std::collections::BTreeMap::new();

@@ -25,17 +25,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-fn seed() -> u64 {
-    std::env::var("TETHER_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(7, |d| d.as_nanos() as u64)
-        })
-}
-
 /// A batch file of `n` tasks: mostly the document's Policy (refund and email), some that
 /// suspend for approval, some that get stuck; each with its own store tenant and key.
 fn task_file(d: &Path, rng: &mut Rng, prefix: &str, n: usize) -> String {
@@ -112,8 +101,7 @@ fn setup(name: &str) -> Option<(PgCluster, Proxy, String, TempDir)> {
 fn three_daemons_killed_and_one_cut_off_lose_and_repeat_nothing() {
     const TASKS: usize = 90;
     const KILLS: usize = 36;
-    let seed = seed();
-    println!("several hosts seed: TETHER_SEED={seed}");
+    let seed = seed("several hosts");
     let mut rng = Rng(seed);
     let Some((pg, proxy, cut_off, dir)) = setup("hosts") else {
         return;
@@ -203,8 +191,7 @@ fn three_daemons_killed_and_one_cut_off_lose_and_repeat_nothing() {
 #[test]
 fn the_database_restarting_and_lost_answers_lose_and_repeat_nothing() {
     const RESTARTS: usize = 3;
-    let seed = seed();
-    println!("database failure seed: TETHER_SEED={seed}");
+    let seed = seed("database failure");
     let mut rng = Rng(seed);
     // The daemons' proxy loses answers; the job and the operator connect directly.
     let Some((pg, proxy, via, dir)) = setup("restarts") else {

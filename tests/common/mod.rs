@@ -135,6 +135,30 @@ pub fn missing(what: &str, installed_by: &str) {
     eprintln!("*** {what} is missing; this test is skipped here ***");
 }
 
+/// The seed of a randomized test: `TETHER_SEED` when given (to replay a run), else the clock.
+/// Printed as `WHAT seed: TETHER_SEED=N`, so a failure can be replayed.
+pub fn seed(what: &str) -> u64 {
+    let seed = std::env::var("TETHER_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(7, |d| d.as_nanos() as u64)
+        });
+    println!("{what} seed: TETHER_SEED={seed}");
+    seed
+}
+
+/// Sends signal `sig` (`-TERM`, `-STOP`, ...) to process `pid`.
+pub fn signal(pid: u32, sig: &str) {
+    let st = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(st.success(), "kill {sig} {pid}");
+}
+
 /// The document's goal for Ana's damaged jacket.
 pub const GOAL: &str = "refund the damaged item on order ord_1001";
 
