@@ -320,6 +320,7 @@ fn usage_numbers_replace_the_estimate() {
             input_tokens: 77,
             output_tokens: 9,
         }),
+        response: None,
     });
     assert_eq!(s.state().tokens, 86);
 }
@@ -341,6 +342,7 @@ fn provider_usage_larger_than_the_estimate_still_respects_the_budget() {
                     input_tokens: 2 * est,
                     output_tokens: 20,
                 }),
+                response: None,
             }
         }
     }

@@ -86,6 +86,7 @@ impl Model for Scripted {
             outcome,
             latency_ms,
             usage: None,
+            response: None,
         }
     }
 }

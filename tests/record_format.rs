@@ -121,6 +121,72 @@ fn a_version_1_database_is_read_back_as_written_and_migrated() {
     assert_eq!(refunds_t7[0]["effect"]["amount_cents"], 8000);
 }
 
+/// The format of each reply record in the database at `db`, with its task.
+fn reply_formats(db: &Path) -> Vec<(String, u8)> {
+    let db = redb::Database::builder()
+        .set_concurrency_mode(redb::ConcurrencyMode::MultiWriter)
+        .open(db)
+        .expect("open");
+    let r = db.begin_read().expect("read");
+    let def: redb::TableDefinition<(&str, u32), &[u8]> = redb::TableDefinition::new("replies");
+    let t = r.open_table(def).expect("replies");
+    t.iter()
+        .expect("iter")
+        .map(|e| {
+            let (k, v) = e.expect("entry");
+            (k.value().0.to_string(), v.value()[1])
+        })
+        .collect()
+}
+
+#[test]
+fn format_2_replies_replay_beside_format_3_ones() {
+    let dir = TempDir::new("v2");
+    let d = dir.path();
+    for f in ["worker.redb", "worker.store.redb"] {
+        let src = format!("{}/tests/fixtures/v2/{f}", env!("CARGO_MANIFEST_DIR"));
+        std::fs::copy(src, d.join(f)).expect("copy fixture");
+    }
+    let before = reply_formats(&d.join("worker.redb"));
+    assert!(before.len() > 20, "{before:?}");
+    assert!(before.iter().all(|(_, v)| *v == 2), "{before:?}");
+    // Every demo task replays from its format-2 replies to the state and effects it stored.
+    for t in ["t1", "t2", "t3", "t4", "t5", "t6", "t7", "t8"] {
+        let r = json(d, &["replay", t, "--json"]);
+        assert_eq!(r["same_state"], true, "{t}: {r}");
+        assert_eq!(r["same_effects"], true, "{t}: {r}");
+    }
+    let trace: Value = serde_json::from_str(
+        &std::fs::read_to_string(format!(
+            "{}/tests/fixtures/v2/trace-t1.json",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .expect("fixture"),
+    )
+    .expect("fixture JSON");
+    assert_eq!(json(d, &["trace", "t1", "--json"]), trace);
+    ok(d, &["check"]);
+    // A task run by this build stores format-3 replies beside them, and replays too.
+    let id = enqueue(d, &["--model", "policy:ord_1001:3000"]);
+    let id = id.trim();
+    ok(d, &["run", "--drain", "--workers", "1"]);
+    let after = reply_formats(&d.join("worker.redb"));
+    let new: Vec<u8> = after
+        .iter()
+        .filter(|(t, _)| t == id)
+        .map(|(_, v)| *v)
+        .collect();
+    assert!(!new.is_empty() && new.iter().all(|v| *v == 3), "{after:?}");
+    assert_eq!(
+        after.iter().filter(|(_, v)| *v == 2).count(),
+        before.len(),
+        "the old replies are left as they were"
+    );
+    let r = json(d, &["replay", id, "--json"]);
+    assert_eq!(r["same_state"], true, "{r}");
+    ok(d, &["check"]);
+}
+
 #[test]
 fn a_newer_record_format_is_refused_by_name() {
     let dir = TempDir::new("newer");

@@ -2,6 +2,7 @@
 //! tool requests the kernel makes, the replies a driver feeds back, the [`Action`] a poll
 //! returns, and the call keys ([`Keys`]) the kernel owns.
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::reply::RawReply;
@@ -24,12 +25,30 @@ pub enum ModelError {
     Failed(String),
 }
 
+/// What a provider said of its response besides the content, kept for traces (the GenAI
+/// conventions' `gen_ai.response.*`). The kernel never reads it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResponseInfo {
+    /// The provider's id of the response.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The model that answered (may differ from the one requested, e.g. a dated version).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Why the provider stopped generating, one per choice (`stop`, `length`, ...).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub finish_reasons: Vec<String>,
+}
+
 /// What a driver reports back after a model call.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelReply {
     pub outcome: Result<RawReply, ModelError>,
     pub latency_ms: u64,
     pub usage: Option<Usage>,
+    /// `None` when no provider answered (a scripted model, a call that failed or timed out
+    /// before a response).
+    pub response: Option<ResponseInfo>,
 }
 
 impl ModelReply {
@@ -38,6 +57,7 @@ impl ModelReply {
             outcome: Ok(RawReply::Json(v)),
             latency_ms,
             usage: None,
+            response: None,
         }
     }
 }

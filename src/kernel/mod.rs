@@ -21,7 +21,8 @@ pub mod view;
 pub use catalog::{Access, Catalog, ToolSpec};
 pub use reply::RawReply;
 pub use session::{
-    Action, Keys, ModelError, ModelReply, ModelRequest, Run, Session, ToolReply, ToolRequest, Usage,
+    Action, Keys, ModelError, ModelReply, ModelRequest, ResponseInfo, Run, Session, ToolReply,
+    ToolRequest, Usage,
 };
 pub use state::{Budget, PlanStep, Status, StepStatus, StopReason, TaskState, ToolCall};
 pub use trace::{Span, SpanKind, Trace};

@@ -13,7 +13,7 @@ pub mod pyrandom;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::kernel::{ModelError, ModelReply, ModelRequest, RawReply, Usage};
+use crate::kernel::{ModelError, ModelReply, ModelRequest, RawReply, ResponseInfo, Usage};
 use pyrandom::PyRandom;
 
 pub trait Model: Send {
@@ -235,6 +235,7 @@ impl Model for Policy {
                     outcome: Err(ModelError::Failed(format!("view is not JSON: {e}"))),
                     latency_ms: self.latency_ms,
                     usage: None,
+                    response: None,
                 };
             }
         };
@@ -315,6 +316,7 @@ impl Model for Script {
             outcome,
             latency_ms: self.latency_ms,
             usage: None,
+            response: None,
         }
     }
 }
@@ -376,6 +378,9 @@ pub struct RecordedReply {
     pub latency_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<[u64; 2]>,
+    /// The provider's response id, model and finish reasons, when a provider answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response: Option<ResponseInfo>,
 }
 
 impl RecordedReply {
@@ -390,6 +395,7 @@ impl RecordedReply {
             },
             latency_ms: r.latency_ms,
             usage: r.usage.map(|u| [u.input_tokens, u.output_tokens]),
+            response: r.response.clone(),
         }
     }
 
@@ -406,6 +412,7 @@ impl RecordedReply {
                 input_tokens: i,
                 output_tokens: o,
             }),
+            response: self.response.clone(),
         }
     }
 }
@@ -455,6 +462,7 @@ impl Model for Replay {
                 )),
                 latency_ms: 0,
                 usage: None,
+                response: None,
             },
         };
         self.next += 1;

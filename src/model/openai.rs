@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
 use crate::kernel::catalog::Access;
-use crate::kernel::{Catalog, ModelError, ModelReply, ModelRequest, RawReply, Usage};
+use crate::kernel::{Catalog, ModelError, ModelReply, ModelRequest, RawReply, ResponseInfo, Usage};
 use crate::limits;
 use crate::model::Model;
 use crate::net::{agent, backoff, clip, read_body};
@@ -124,47 +124,52 @@ impl Model for OpenAiModel {
             }
         };
         let latency_ms = (start.elapsed().as_millis() as u64).min(req.timeout_ms.max(1));
-        match outcome {
-            Ok((raw, usage)) => ModelReply {
-                outcome: Ok(raw),
-                latency_ms,
-                usage,
+        let (outcome, usage, response) = match outcome {
+            Ok(c) => (c.outcome, c.usage, Some(c.response)),
+            Err(e) => (Err(e), None, None),
+        };
+        ModelReply {
+            // A timeout used all the time that was left.
+            latency_ms: if outcome == Err(ModelError::Timeout) {
+                req.timeout_ms
+            } else {
+                latency_ms
             },
-            Err(e) => ModelReply {
-                // A timeout used all the time that was left.
-                latency_ms: if e == ModelError::Timeout {
-                    req.timeout_ms
-                } else {
-                    latency_ms
-                },
-                outcome: Err(e),
-                usage: None,
-            },
+            outcome,
+            usage,
+            response,
         }
     }
 }
 
-/// Parses a Chat Completions response into the reply text and the provider's usage. A refusal
-/// or a completion cut off at max_tokens is an error for the kernel, not a reply.
-pub fn parse_completion(text: &str) -> Result<(RawReply, Option<Usage>), ModelError> {
+/// A Chat Completions response, read: the reply for the kernel (or why there is none), the
+/// provider's usage, and what it said of the response (id, model, finish reasons), kept for
+/// traces even when the reply is refused.
+#[derive(Debug, PartialEq)]
+pub struct Completion {
+    pub outcome: Result<RawReply, ModelError>,
+    pub usage: Option<Usage>,
+    pub response: ResponseInfo,
+}
+
+/// Parses a Chat Completions response. A refusal or a completion cut off at max_tokens is an
+/// error for the kernel, not a reply; a body that is not a completion is an error.
+pub fn parse_completion(text: &str) -> Result<Completion, ModelError> {
     let v: Value = limits::parse_json_input(text, "the completion", limits::REPLY_BYTES_MAX)
         .map_err(|e| ModelError::Failed(e.0))?;
-    let choice = &v["choices"][0];
-    let msg = &choice["message"];
-    if let Some(r) = msg["refusal"].as_str().filter(|r| !r.is_empty()) {
-        return Err(ModelError::Failed(format!(
-            "the model refused: {}",
-            clip(r)
-        )));
-    }
-    if choice["finish_reason"] == "length" {
-        return Err(ModelError::Failed(
-            "the completion was cut off at max_tokens".into(),
-        ));
-    }
-    let content = msg["content"]
-        .as_str()
-        .ok_or_else(|| ModelError::Failed("completion has no choices[0].message.content".into()))?;
+    let text_of = |x: &Value| x.as_str().map(|s| clip(s).to_string());
+    let response = ResponseInfo {
+        id: text_of(&v["id"]),
+        model: text_of(&v["model"]),
+        finish_reasons: v["choices"]
+            .as_array()
+            .map(|cs| {
+                cs.iter()
+                    .filter_map(|c| text_of(&c["finish_reason"]))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    };
     let usage = match (
         v["usage"]["prompt_tokens"].as_u64(),
         v["usage"]["completion_tokens"].as_u64(),
@@ -175,7 +180,30 @@ pub fn parse_completion(text: &str) -> Result<(RawReply, Option<Usage>), ModelEr
         }),
         _ => None,
     };
-    Ok((RawReply::Text(strip_fences(content).to_string()), usage))
+    let choice = &v["choices"][0];
+    let msg = &choice["message"];
+    let outcome = if let Some(r) = msg["refusal"].as_str().filter(|r| !r.is_empty()) {
+        Err(ModelError::Failed(format!(
+            "the model refused: {}",
+            clip(r)
+        )))
+    } else if choice["finish_reason"] == "length" {
+        Err(ModelError::Failed(
+            "the completion was cut off at max_tokens".into(),
+        ))
+    } else {
+        match msg["content"].as_str() {
+            Some(content) => Ok(RawReply::Text(strip_fences(content).to_string())),
+            None => Err(ModelError::Failed(
+                "completion has no choices[0].message.content".into(),
+            )),
+        }
+    };
+    Ok(Completion {
+        outcome,
+        usage,
+        response,
+    })
 }
 
 /// Models often wrap JSON in a Markdown fence; the kernel wants the JSON.

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! byte 0      MAGIC (0xB7: never `{`, the first byte of every version-1 JSON record)
-//! byte 1      format version (2)
+//! byte 1      format version (2; 3 for a reply row, see below)
 //! bytes 2..10 the first 8 bytes of SHA-256(format version, payload)
 //! bytes 10..  payload: the row, bincode 2 (standard config, at most RECORD_BYTES_MAX)
 //! ```
@@ -15,6 +15,11 @@
 //! span attributes, event details) are canonical JSON text inside the row ([`Json`]), so
 //! bincode never meets `serde_json::Value`. Enums are encoded by variant index: variants may
 //! only be appended.
+//!
+//! A row type changes by a new format version of its own ([`Record::FORMAT`]): its older
+//! rows stay readable through [`Record::older_row`], and a build that meets a version larger
+//! than it knows refuses the record as newer. Format 3 of a model reply adds the provider's
+//! response id, model and finish reasons; every other row is still written in format 2.
 //!
 //! Decoding checks the magic, the version and the checksum before bincode sees a byte, refuses
 //! trailing bytes, and bounds every length bincode reads. A record that fails any check is an
@@ -30,7 +35,8 @@ use sha2::{Digest, Sha256};
 use super::Error;
 use crate::limits;
 
-/// The record format this build writes.
+/// The record format of rows that never changed since the envelope was introduced (the
+/// oldest one this build reads); a row type's own format is [`Record::FORMAT`].
 pub const RECORD_VERSION: u8 = 2;
 /// First byte of every record of format 2 and later.
 const MAGIC: u8 = 0xB7;
@@ -48,9 +54,18 @@ const CONFIG: bincode::config::Configuration<
 /// A domain value that is stored as a row.
 pub trait Record: Sized {
     type Row: Serialize + DeserializeOwned;
+    /// The format version this build writes this row in.
+    const FORMAT: u8 = RECORD_VERSION;
     fn to_row(&self) -> Self::Row;
     /// `Err` says what in the row is wrong (a JSON text that does not parse, a missing blob).
     fn from_row(row: Self::Row) -> std::result::Result<Self, String>;
+    /// Reads a row written in an older format `version` (at least [`RECORD_VERSION`], less
+    /// than [`Self::FORMAT`]), as the current row.
+    fn older_row(what: &str, version: u8, _payload: &[u8]) -> Result<Self::Row, Error> {
+        Err(Error::Corrupt(format!(
+            "{what} record: unknown record format {version}"
+        )))
+    }
 }
 
 /// Canonical JSON text of a dynamic value, stored inside a row.
@@ -89,9 +104,14 @@ fn kind(v: &Value) -> &'static str {
     }
 }
 
-/// Encodes a row into an envelope.
+/// Encodes a row into an envelope of format [`RECORD_VERSION`].
 pub fn encode_row<R: Serialize>(row: &R) -> Result<Vec<u8>, Error> {
-    let mut out = vec![MAGIC, RECORD_VERSION, 0, 0, 0, 0, 0, 0, 0, 0];
+    encode_row_as(RECORD_VERSION, row)
+}
+
+/// Encodes a row into an envelope of format `version`.
+fn encode_row_as<R: Serialize>(version: u8, row: &R) -> Result<Vec<u8>, Error> {
+    let mut out = vec![MAGIC, version, 0, 0, 0, 0, 0, 0, 0, 0];
     bincode::serde::encode_into_std_write(row, &mut out, CONFIG)
         .map_err(|e| Error::Corrupt(format!("cannot encode a record: {e}")))?;
     if out.len() > RECORD_BYTES_MAX {
@@ -100,7 +120,7 @@ pub fn encode_row<R: Serialize>(row: &R) -> Result<Vec<u8>, Error> {
             out.len()
         )));
     }
-    let sum = checksum(RECORD_VERSION, &out[HEADER_LEN..]);
+    let sum = checksum(version, &out[HEADER_LEN..]);
     out[2..HEADER_LEN].copy_from_slice(&sum);
     Ok(out)
 }
@@ -114,9 +134,15 @@ pub fn seal(payload: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Decodes an envelope into a row, checking magic, version, checksum and length.
+/// Decodes an envelope of format [`RECORD_VERSION`] into a row, checking magic, version,
+/// checksum and length.
 pub fn decode_row<R: DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<R, Error> {
-    let payload = open_envelope(what, bytes)?;
+    let (_, payload) = open_envelope(what, bytes, RECORD_VERSION)?;
+    decode_payload(what, payload)
+}
+
+/// Decodes the bincode payload of an envelope, refusing trailing bytes.
+pub fn decode_payload<R: DeserializeOwned>(what: &str, payload: &[u8]) -> Result<R, Error> {
     let (row, read) = bincode::serde::decode_from_slice::<R, _>(payload, CONFIG)
         .map_err(|e| Error::Corrupt(format!("{what} record: cannot be decoded: {e}")))?;
     if read != payload.len() {
@@ -128,8 +154,9 @@ pub fn decode_row<R: DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<R, Er
     Ok(row)
 }
 
-/// The payload of an envelope whose header and checksum are right.
-fn open_envelope<'a>(what: &str, bytes: &'a [u8]) -> Result<&'a [u8], Error> {
+/// The format version and payload of an envelope whose header and checksum are right and
+/// whose version is between [`RECORD_VERSION`] and `newest`.
+fn open_envelope<'a>(what: &str, bytes: &'a [u8], newest: u8) -> Result<(u8, &'a [u8]), Error> {
     if bytes.len() < HEADER_LEN || bytes[0] != MAGIC {
         return Err(Error::Corrupt(format!(
             "{what} record: not a record of this format ({} bytes)",
@@ -146,11 +173,11 @@ fn open_envelope<'a>(what: &str, bytes: &'a [u8]) -> Result<&'a [u8], Error> {
             "{what} record: checksum mismatch (the stored bytes changed after they were written)"
         )));
     }
-    if version > RECORD_VERSION {
+    if version > newest {
         return Err(Error::NewerVersion {
             what: format!("{what} record"),
             found: u64::from(version),
-            supported: u64::from(RECORD_VERSION),
+            supported: u64::from(newest),
         });
     }
     if version < RECORD_VERSION {
@@ -158,7 +185,7 @@ fn open_envelope<'a>(what: &str, bytes: &'a [u8]) -> Result<&'a [u8], Error> {
             "{what} record: unknown record format {version}"
         )));
     }
-    Ok(payload)
+    Ok((version, payload))
 }
 
 fn checksum(version: u8, payload: &[u8]) -> [u8; 8] {
@@ -178,7 +205,7 @@ pub fn is_legacy(bytes: &[u8]) -> bool {
 
 /// Encodes a domain value as its row.
 pub fn encode<T: Record>(value: &T) -> Result<Vec<u8>, Error> {
-    encode_row(&value.to_row())
+    encode_row_as(T::FORMAT, &value.to_row())
 }
 
 /// Decodes a domain value: a current record, or a version-1 record (read so that the migration
@@ -187,7 +214,12 @@ pub fn decode<T: Record + DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<
     if is_legacy(bytes) {
         return decode_legacy(what, bytes);
     }
-    let row = decode_row::<T::Row>(what, bytes)?;
+    let (version, payload) = open_envelope(what, bytes, T::FORMAT)?;
+    let row = if version == T::FORMAT {
+        decode_payload::<T::Row>(what, payload)?
+    } else {
+        T::older_row(what, version, payload)?
+    };
     T::from_row(row).map_err(|e| Error::Corrupt(format!("{what} record: {e}")))
 }
 

@@ -24,7 +24,7 @@ use crate::kernel::view::render_into;
 mod tool;
 
 pub use super::io::{
-    Action, Keys, ModelError, ModelReply, ModelRequest, ToolReply, ToolRequest, Usage,
+    Action, Keys, ModelError, ModelReply, ModelRequest, ResponseInfo, ToolReply, ToolRequest, Usage,
 };
 
 /// Where a session stands between polls.

@@ -13,6 +13,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 
+mod reply;
+
 use super::codec::{Json, Record};
 use super::ops::Event;
 use super::{Approval, CallRecord, Lease, QueueStatus, TaskRecord};
@@ -20,7 +22,7 @@ use crate::kernel::memory::Note;
 use crate::kernel::{
     Budget, Catalog, PlanStep, Span, SpanKind, Status, StopReason, TaskState, ToolCall,
 };
-use crate::model::{ModelProfile, RecordedOutcome, RecordedReply};
+use crate::model::ModelProfile;
 
 type R<T> = std::result::Result<T, String>;
 
@@ -470,52 +472,6 @@ impl Record for Span {
             args: r.args.map(|j| j.map()).transpose()?,
             key: r.key,
             result_tokens: r.result_tokens,
-        })
-    }
-}
-
-#[derive(Serialize, Deserialize)]
-pub enum OutcomeRow {
-    Json(Json),
-    Text(String),
-    Timeout,
-    Failed(String),
-}
-
-#[derive(Serialize, Deserialize)]
-pub struct ReplyRow {
-    step: u32,
-    outcome: OutcomeRow,
-    latency_ms: u64,
-    usage: Option<[u64; 2]>,
-}
-
-impl Record for RecordedReply {
-    type Row = ReplyRow;
-    fn to_row(&self) -> ReplyRow {
-        ReplyRow {
-            step: self.step,
-            outcome: match &self.outcome {
-                RecordedOutcome::Json(v) => OutcomeRow::Json(Json::of(v)),
-                RecordedOutcome::Text(t) => OutcomeRow::Text(t.clone()),
-                RecordedOutcome::Timeout => OutcomeRow::Timeout,
-                RecordedOutcome::Failed(m) => OutcomeRow::Failed(m.clone()),
-            },
-            latency_ms: self.latency_ms,
-            usage: self.usage,
-        }
-    }
-    fn from_row(r: ReplyRow) -> R<RecordedReply> {
-        Ok(RecordedReply {
-            step: r.step,
-            outcome: match r.outcome {
-                OutcomeRow::Json(j) => RecordedOutcome::Json(j.value()?),
-                OutcomeRow::Text(t) => RecordedOutcome::Text(t),
-                OutcomeRow::Timeout => RecordedOutcome::Timeout,
-                OutcomeRow::Failed(m) => RecordedOutcome::Failed(m),
-            },
-            latency_ms: r.latency_ms,
-            usage: r.usage,
         })
     }
 }

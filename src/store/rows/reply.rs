@@ -1,0 +1,157 @@
+//! The row of a recorded model reply, in its current format (3) and the one before (2), which
+//! is still read: see [`super::super::codec`] on how a row type changes format.
+
+use serde::{Deserialize, Serialize};
+
+use super::R;
+use crate::kernel::ResponseInfo;
+use crate::model::{RecordedOutcome, RecordedReply};
+use crate::store::Error;
+use crate::store::codec::{Json, Record, decode_payload};
+
+#[derive(Serialize, Deserialize)]
+pub enum OutcomeRow {
+    Json(Json),
+    Text(String),
+    Timeout,
+    Failed(String),
+}
+
+/// A model reply, format 3: format 2 and what the provider said of its response.
+#[derive(Serialize, Deserialize)]
+pub struct ReplyRow {
+    step: u32,
+    outcome: OutcomeRow,
+    latency_ms: u64,
+    usage: Option<[u64; 2]>,
+    response: Option<ResponseRow>,
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct ResponseRow {
+    id: Option<String>,
+    model: Option<String>,
+    finish_reasons: Vec<String>,
+}
+
+/// A model reply, format 2 (before the response's id, model and finish reasons were kept).
+#[derive(Serialize, Deserialize)]
+pub struct ReplyRowV2 {
+    step: u32,
+    outcome: OutcomeRow,
+    latency_ms: u64,
+    usage: Option<[u64; 2]>,
+}
+
+impl Record for RecordedReply {
+    type Row = ReplyRow;
+    const FORMAT: u8 = 3;
+    fn to_row(&self) -> ReplyRow {
+        ReplyRow {
+            step: self.step,
+            outcome: match &self.outcome {
+                RecordedOutcome::Json(v) => OutcomeRow::Json(Json::of(v)),
+                RecordedOutcome::Text(t) => OutcomeRow::Text(t.clone()),
+                RecordedOutcome::Timeout => OutcomeRow::Timeout,
+                RecordedOutcome::Failed(m) => OutcomeRow::Failed(m.clone()),
+            },
+            latency_ms: self.latency_ms,
+            usage: self.usage,
+            response: self.response.as_ref().map(|r| ResponseRow {
+                id: r.id.clone(),
+                model: r.model.clone(),
+                finish_reasons: r.finish_reasons.clone(),
+            }),
+        }
+    }
+    fn from_row(r: ReplyRow) -> R<RecordedReply> {
+        Ok(RecordedReply {
+            step: r.step,
+            outcome: match r.outcome {
+                OutcomeRow::Json(j) => RecordedOutcome::Json(j.value()?),
+                OutcomeRow::Text(t) => RecordedOutcome::Text(t),
+                OutcomeRow::Timeout => RecordedOutcome::Timeout,
+                OutcomeRow::Failed(m) => RecordedOutcome::Failed(m),
+            },
+            latency_ms: r.latency_ms,
+            usage: r.usage,
+            response: r.response.map(|r| ResponseInfo {
+                id: r.id,
+                model: r.model,
+                finish_reasons: r.finish_reasons,
+            }),
+        })
+    }
+    fn older_row(what: &str, version: u8, payload: &[u8]) -> Result<ReplyRow, Error> {
+        if version != 2 {
+            return Err(Error::Corrupt(format!(
+                "{what} record: unknown record format {version}"
+            )));
+        }
+        let old: ReplyRowV2 = decode_payload(what, payload)?;
+        Ok(ReplyRow {
+            step: old.step,
+            outcome: old.outcome,
+            latency_ms: old.latency_ms,
+            usage: old.usage,
+            response: None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::codec::{decode, encode, encode_row};
+
+    fn reply(response: Option<ResponseInfo>) -> RecordedReply {
+        RecordedReply {
+            step: 3,
+            outcome: RecordedOutcome::Text("{\"type\": \"final\"}".into()),
+            latency_ms: 120,
+            usage: Some([50, 9]),
+            response,
+        }
+    }
+
+    #[test]
+    fn a_reply_is_written_in_format_3_and_read_back_with_its_response() {
+        let r = reply(Some(ResponseInfo {
+            id: Some("cmpl-1".into()),
+            model: Some("m-2026".into()),
+            finish_reasons: vec!["stop".into()],
+        }));
+        let bytes = encode(&r).unwrap();
+        assert_eq!(bytes[1], 3);
+        assert_eq!(decode::<RecordedReply>("reply", &bytes).unwrap(), r);
+    }
+
+    #[test]
+    fn a_format_2_reply_is_read_without_a_response() {
+        let old = ReplyRowV2 {
+            step: 3,
+            outcome: OutcomeRow::Text("{\"type\": \"final\"}".into()),
+            latency_ms: 120,
+            usage: Some([50, 9]),
+        };
+        let bytes = encode_row(&old).unwrap();
+        assert_eq!(bytes[1], 2);
+        assert_eq!(
+            decode::<RecordedReply>("reply", &bytes).unwrap(),
+            reply(None)
+        );
+    }
+
+    #[test]
+    fn a_format_2_reader_refuses_a_format_3_reply_as_newer() {
+        let bytes = encode(&reply(None)).unwrap();
+        let err = crate::store::codec::decode_row::<ReplyRowV2>("reply t1/3", &bytes)
+            .err()
+            .expect("refused");
+        assert!(
+            err.to_string()
+                .contains("reply t1/3 record was written by a newer version"),
+            "{err}"
+        );
+    }
+}
