@@ -76,6 +76,7 @@ fn main() {
         url: url.to_string(),
         headers: Vec::new(),
         timeout: Duration::from_secs(10),
+        backlog_max: tether::otlp::export::BACKLOG_MAX,
     };
     let (mut off, mut on, mut dead) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..ROUNDS {

@@ -109,7 +109,7 @@ fn build() -> prometheus::Result<Metrics> {
         )?,
         otlp_dropped: counter(
             "tether_otlp_spans_dropped_total",
-            "Spans given up on: refused by the receiver, or whose task could not be read.",
+            "Spans given up on: refused by the receiver, whose task could not be read, or dropped from a full backlog.",
         )?,
         otlp_failures: counter(
             "tether_otlp_export_failures_total",

@@ -24,7 +24,7 @@ fn completion(content: &str, prompt_tokens: u64, completion_tokens: u64) -> Answ
     Answer {
         status: 200,
         body: json!({
-            "id": "cmpl-1", "object": "chat.completion",
+            "id": "cmpl-1", "object": "chat.completion", "model": "mock-1-2026-11-01",
             "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
         })
@@ -260,6 +260,27 @@ fn a_task_completes_over_http_with_the_documents_effects() {
         attr(chat, "gen_ai.usage.input_tokens"),
         Some(json!({"intValue": "120"}))
     );
+    // What the provider said of its response, recorded with the reply.
+    assert_eq!(
+        attr(chat, "gen_ai.response.model"),
+        Some(json!({"stringValue": "mock-1-2026-11-01"}))
+    );
+    assert_eq!(
+        attr(chat, "gen_ai.response.finish_reasons"),
+        Some(json!({"arrayValue": {"values": [{"stringValue": "stop"}]}}))
+    );
+    assert_eq!(
+        attr(chat, "gen_ai.response.id"),
+        Some(json!({"stringValue": "cmpl-1"}))
+    );
+    // One root, the task's, with its final status; each run's task span under it.
+    let roots: Vec<&Value> = spans
+        .iter()
+        .filter(|s| s.get("parentSpanId").is_none_or(|p| p == ""))
+        .collect();
+    assert_eq!(roots.len(), 1, "{roots:?}");
+    assert_eq!(roots[0]["name"], "invoke_agent tether");
+    assert_eq!(roots[0]["status"]["code"], 1);
     let tool = spans
         .iter()
         .find(|s| s["name"] == "execute_tool issue_refund")
@@ -327,6 +348,32 @@ fn malformed_refused_truncated_and_rate_limited_replies_are_kernel_errors() {
         .filter_map(|s| s["status"].as_str())
         .collect();
     assert_eq!(statuses, ["ok", "error", "error", "ok"]);
+    // The cut-off reply's span says why the provider stopped, and that it failed.
+    okc(d, &["trace", "t1", "--otlp", "t1.json"]);
+    let otlp: Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("t1.json")).expect("otlp"))
+            .expect("otlp JSON");
+    let cut = otlp["resourceSpans"][0]["scopeSpans"][0]["spans"]
+        .as_array()
+        .expect("spans")
+        .iter()
+        .find(|s| {
+            s["attributes"].as_array().is_some_and(|a| {
+                a.iter().any(|x| {
+                    x["key"] == "gen_ai.response.finish_reasons"
+                        && x["value"]
+                            == json!({"arrayValue": {"values": [{"stringValue": "length"}]}})
+                })
+            })
+        })
+        .expect("a span with finish reason length");
+    assert_eq!(cut["status"]["code"], 2, "{cut}");
+    assert!(
+        cut["status"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("cut off at max_tokens")),
+        "{cut}"
+    );
 }
 
 #[test]

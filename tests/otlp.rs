@@ -39,12 +39,18 @@ fn python() -> Option<PathBuf> {
 
 /// The receiver on `port`, appending spans to `out`.
 fn receiver(py: &Path, port: u16, out: &Path) -> common::mcp::Listening {
+    slow_receiver(py, port, out, 0)
+}
+
+/// The receiver on `port`, answering each request `delay_ms` after it wrote its spans down.
+fn slow_receiver(py: &Path, port: u16, out: &Path, delay_ms: u64) -> common::mcp::Listening {
     let mut cmd = Command::new(py);
     cmd.arg(format!(
         "{}/tests/otlp/receiver.py",
         env!("CARGO_MANIFEST_DIR")
     ))
     .env("PORT", port.to_string())
+    .env("DELAY_MS", delay_ms.to_string())
     .env("OUT", out);
     common::mcp::listen(cmd, port)
 }
@@ -104,18 +110,26 @@ fn check_trees(d: &Path, spans: &[Value]) -> BTreeMap<String, String> {
             .filter(|s| s["parent"] == "")
             .filter_map(|s| s["span_id"].as_str())
             .collect();
-        assert_eq!(roots.len(), 1, "{id}: one root, not {roots:?}");
+        let root = usize::from(t["status"] == "finished");
+        assert_eq!(
+            roots.len(),
+            root,
+            "{id}: one root once the task finished, not {roots:?}"
+        );
+        // Every parent is in the trace; only a run's `task` span may wait for its parent, the
+        // root, while the task has not finished.
         for s in &mine {
             assert_eq!(s["span_id"].as_str().map(str::len), Some(16));
             let p = s["parent"].as_str().expect("parent");
+            let waits = root == 0 && attr(s, "tether.span.kind") == "task";
             assert!(
-                p.is_empty() || ids.contains(p),
+                p.is_empty() || ids.contains(p) || waits,
                 "{id}: parent {p} not in the trace"
             );
         }
-        // Nothing lost: every stored span arrived (a span sent twice keeps its ids, so the
-        // distinct ids are as many as the stored spans).
-        let want = stored(d, id).len();
+        // Nothing lost: every stored span arrived, and the root of a finished task (a span sent
+        // twice keeps its ids, so the distinct ids are as many as the spans).
+        let want = stored(d, id).len() + root;
         assert_eq!(
             ids.len(),
             want,
@@ -125,6 +139,25 @@ fn check_trees(d: &Path, spans: &[Value]) -> BTreeMap<String, String> {
         traces.insert(id.to_string(), trace.to_string());
     }
     traces
+}
+
+/// A Chat Completions server that always answers with a final reply, naming the model that
+/// answered (a dated version of the requested one) and why it stopped. Returns its base URL.
+fn mock_model() -> String {
+    let server = tiny_http::Server::http("127.0.0.1:0").expect("bind mock");
+    let url = format!("http://{}/v1", server.server_addr());
+    std::thread::spawn(move || {
+        for req in server.incoming_requests() {
+            let body = serde_json::json!({
+                "id": "cmpl-7", "object": "chat.completion", "model": "mock-1-2026-11-01",
+                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant",
+                    "content": "{\"type\": \"final\", \"outcome\": \"completed\", \"text\": \"done\"}"}}],
+                "usage": {"prompt_tokens": 50, "completion_tokens": 9}
+            });
+            let _ = req.respond(tiny_http::Response::from_string(body.to_string()));
+        }
+    });
+    url
 }
 
 conformance! {
@@ -140,11 +173,16 @@ conformance! {
             None => TempDir::new("otlp-other"),
         };
         let e = other.path();
+        let mock = mock_model();
         for dir in [d, e] {
-            // A model server that is not there: every call fails, with a message.
+            // A model server that is not there: every call fails, with a message; and one
+            // that answers, naming the model version and why it stopped.
             std::fs::write(
                 dir.join("dead.toml"),
-                "[models.dead]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\nmodel = \"m\"\nmax_retries = 0\n",
+                format!(
+                    "[models.dead]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\nmodel = \"m\"\nmax_retries = 0\n\
+                     [models.mock]\nkind = \"openai\"\nbase_url = \"{mock}\"\nmodel = \"mock-1\"\n"
+                ),
             )
             .expect("config");
             enqueue(dir, &["--model", "policy"]);
@@ -154,11 +192,20 @@ conformance! {
                 dir,
                 &["--config", "dead.toml", "enqueue", "--user", "cu_ana", "--goal", GOAL, "--model", "dead"],
             );
+            // Suspends, then an operator cancels it: the root is queued by the decision.
+            enqueue(dir, &["--model", "policy:ord_1004:8000"]);
+            ok(
+                dir,
+                &["--config", "dead.toml", "enqueue", "--user", "cu_ana", "--goal", GOAL, "--model", "mock"],
+            );
         }
         for dir in [d, e] {
             ok(dir, &["run", "--drain", "--otlp-endpoint", &endpoint]);
+            // Suspended tasks: their runs arrived, their roots did not (not ended yet).
+            check_trees(dir, &received(&out));
             let digest = held_digest(dir, "t2");
             ok(dir, &["approve", "t2", "--digest", &digest, "--by", "alice"]);
+            ok(dir, &["cancel", "t4", "--by", "alice"]);
             ok(dir, &["run", "--drain", "--otlp-endpoint", &endpoint]);
         }
         let spans = received(&out);
@@ -178,11 +225,36 @@ conformance! {
             .expect("a tool span");
         assert_eq!(tool["kind"], 1, "execute_tool is INTERNAL");
         assert!(attr(tool, "gen_ai.tool.call.id").as_str().is_some_and(|k| k.ends_with(":s2") || k.contains(':')));
-        let root = spans
+        // Roots: the resumed task's has its final status and both runs as children.
+        let root_of = |task: &str| -> &Value {
+            let db = json(d, &["migrate", "--json"])["db_id"].clone();
+            spans
+                .iter()
+                .find(|s| s["name"] == "invoke_agent tether" && attr(s, "tether.task_id") == task && s["resource"]["tether.db_id"] == db)
+                .unwrap_or_else(|| panic!("no root of {task}"))
+        };
+        let root = root_of("t2");
+        assert_eq!(root["parent"], "");
+        assert_eq!(attr(root, "tether.stop_reason"), "done");
+        assert_eq!(root["status"]["code"], 1, "{root}");
+        assert_eq!(attr(root, "tether.runs"), 2);
+        assert_eq!(attr(root, "gen_ai.operation.name"), "invoke_agent");
+        assert!(attr(root, "tether.budget.steps.used").as_i64() > Some(0), "{root}");
+        let runs: Vec<&Value> = spans
             .iter()
-            .find(|s| s["name"] == "invoke_agent tether" && attr(s, "tether.stop_reason") == "done")
-            .expect("a root");
-        assert!(attr(root, "tether.budget.steps.used").is_i64(), "{root}");
+            .filter(|s| s["parent"] == root["span_id"] && attr(s, "tether.span.kind") == "task")
+            .collect();
+        assert_eq!(runs.len(), 2, "two runs under the root");
+        let cancelled = root_of("t4");
+        assert_eq!(attr(cancelled, "tether.stop_reason"), "cancelled");
+        assert_eq!(cancelled["status"]["code"], 2, "{cancelled}");
+        assert_eq!(attr(cancelled, "error.type"), "cancelled");
+        // A provider's answer: the response's model, id and finish reasons.
+        let answered = spans.iter().find(|s| s["name"] == "chat mock-1").expect("a mock chat span");
+        assert_eq!(attr(answered, "gen_ai.response.model"), "mock-1-2026-11-01");
+        assert_eq!(attr(answered, "gen_ai.response.finish_reasons"), &serde_json::json!(["stop"]));
+        assert_eq!(attr(answered, "gen_ai.response.id"), "cmpl-7");
+        assert_eq!(attr(answered, "gen_ai.request.model"), "mock-1");
         // The failing model: an error status that says why, with error.type.
         let failed = spans
             .iter()
@@ -316,4 +388,147 @@ fn a_receiver_that_is_down_costs_no_task_and_gets_its_spans_later() {
     );
     assert!(log.contains("accepts spans again"), "{log}");
     check_trees(d, &received(&out));
+}
+
+/// A receiver down while the backlog passes `--otlp-backlog`: the oldest spans are dropped and
+/// logged, the rest arrive when it is back, and the two add up to every span of every task.
+#[test]
+fn a_full_backlog_drops_its_oldest_spans_and_says_how_many() {
+    let Some(py) = python() else { return };
+    let dir = TempDir::new("otlp-backlog");
+    let d = dir.path();
+    let out = d.join("spans.jsonl");
+    let port = pg::free_port();
+    let metrics_port = pg::free_port();
+    for _ in 0..6 {
+        enqueue(d, &["--model", "policy"]);
+    }
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let mut daemon = command(d)
+        .args(["run", "--workers", "2", "--log-format", "json"])
+        .args(["--otlp-endpoint", &endpoint, "--otlp-backlog", "3"])
+        .args(["--metrics", &format!("127.0.0.1:{metrics_port}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start daemon");
+    wait_for("the tasks to end while the receiver is down", || {
+        json(d, &["list", "--json", "--limit", "100"])
+            .as_array()
+            .is_some_and(|t| t.iter().all(|t| t["status"] == "finished"))
+    });
+    let dropped_metric = || -> f64 {
+        let (_, text) = raw_http(
+            &format!("127.0.0.1:{metrics_port}"),
+            b"GET /metrics HTTP/1.0\r\n\r\n",
+            Duration::from_secs(5),
+            false,
+        );
+        text.lines()
+            .find(|l| l.starts_with("tether_otlp_spans_dropped_total"))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    wait_for("a trim of the backlog", || dropped_metric() > 0.0);
+    signal(daemon.id(), "-TERM");
+    assert!(daemon.wait().expect("daemon").success());
+    let mut log = String::new();
+    use std::io::Read;
+    daemon
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut log)
+        .expect("log");
+    let dropped: u64 = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| {
+            v["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("span backlog is full"))
+        })
+        .map(|v| v["fields"]["spans"].as_u64().expect("spans dropped"))
+        .sum();
+    assert!(dropped > 0, "{log}");
+    // The receiver is back: what is left arrives, at most the last 3 commits' spans.
+    let _rx = receiver(&py, port, &out);
+    ok(d, &["run", "--drain", "--otlp-endpoint", &endpoint]);
+    let spans = received(&out);
+    let ids: BTreeSet<&str> = spans.iter().filter_map(|s| s["span_id"].as_str()).collect();
+    let stored_total: usize = (1..=6).map(|i| stored(d, &format!("t{i}")).len() + 1).sum();
+    assert!(!ids.is_empty());
+    assert_eq!(
+        ids.len() as u64 + dropped,
+        stored_total as u64,
+        "every span is either received or counted as dropped"
+    );
+}
+
+/// Two daemons on one PostgreSQL database, both exporting, to a slow receiver (each request
+/// takes a second and a half, so the other exporter reads the outbox while a batch is in
+/// flight): every span arrives exactly once, because each exporter claims what it sends.
+#[test]
+fn two_exporting_daemons_on_one_database_send_each_span_once() {
+    let Some(py) = python() else { return };
+    let Some(dir) = TempDir::on("otlp-two", Backend::Postgres) else {
+        missing("PostgreSQL", ".ci/test installs it");
+        return;
+    };
+    let d = dir.path();
+    let out = d.join("spans.jsonl");
+    let port = pg::free_port();
+    for _ in 0..12 {
+        enqueue(d, &["--model", "policy"]);
+    }
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let mut daemons: Vec<_> = (0..2)
+        .map(|_| {
+            command(d)
+                .args(["run", "--workers", "2", "--otlp-endpoint", &endpoint])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start daemon")
+        })
+        .collect();
+    wait_for("the tasks to end while the receiver is down", || {
+        json(d, &["list", "--json", "--limit", "100"])
+            .as_array()
+            .is_some_and(|t| t.iter().all(|t| t["status"] == "finished"))
+    });
+    let want: usize = (1..=12)
+        .map(|i| stored(d, &format!("t{i}")).len() + 1)
+        .sum();
+    let _rx = slow_receiver(&py, port, &out, 1500);
+    wait_for("every span", || {
+        let spans = received(&out);
+        spans
+            .iter()
+            .filter_map(|s| s["span_id"].as_str())
+            .collect::<BTreeSet<_>>()
+            .len()
+            == want
+    });
+    // Both exporters keep polling a while: nothing arrives twice.
+    std::thread::sleep(Duration::from_secs(2));
+    for daemon in &mut daemons {
+        signal(daemon.id(), "-TERM");
+        assert!(daemon.wait().expect("daemon").success());
+    }
+    let spans = received(&out);
+    let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+    for s in &spans {
+        *seen.entry(s["span_id"].as_str().expect("id")).or_default() += 1;
+    }
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "{} spans sent more than once, e.g. {:?}",
+        twice.len(),
+        &twice[..twice.len().min(3)]
+    );
+    assert_eq!(spans.len(), want);
+    check_trees(d, &spans);
 }

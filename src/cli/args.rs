@@ -291,6 +291,12 @@ pub struct RunArgs {
     /// receiver that is down delays spans (they wait in the database), never tasks.
     #[arg(long, value_name = "URL")]
     pub otlp_endpoint: Option<String>,
+    /// With export on, the most commits whose spans may wait in the database for a receiver
+    /// that is down; past it the oldest are dropped (counted in
+    /// tether_otlp_spans_dropped_total and logged), so the backlog on disk stays bounded.
+    #[arg(long, value_name = "COMMITS", default_value_t = crate::otlp::export::BACKLOG_MAX,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000_000))]
+    pub otlp_backlog: usize,
 }
 
 #[derive(Args, Debug)]

@@ -38,7 +38,11 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
         recover_every_ms: a.recover_every_ms,
         mcp,
         otlp: crate::otlp::export::Target::configured(a.otlp_endpoint.as_deref())
-            .map_err(CliError::usage)?,
+            .map_err(CliError::usage)?
+            .map(|t| crate::otlp::export::Target {
+                backlog_max: a.otlp_backlog,
+                ..t
+            }),
         ..Config::default()
     };
     if let Some(addr) = &a.metrics {

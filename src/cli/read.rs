@@ -256,13 +256,11 @@ pub(super) fn cmd_trace(cli: &Cli, a: &TraceArgs) -> CliResult {
     if let Some(path) = &a.otlp {
         let replies = store.replies(&rec.id)?;
         let db = store.db_id();
-        let doc = crate::otlp::json::request(
-            &crate::otlp::resource(db),
-            &crate::otlp::spans_of(db, &rec, &spans, &replies),
-        );
+        let trace = crate::otlp::trace_of(db, &rec, &spans, &replies);
+        let doc = crate::otlp::json::request(&crate::otlp::resource(db), &trace);
         std::fs::write(path, format!("{doc}\n"))
             .map_err(|e| CliError::op(format!("cannot write {}: {e}", path.display())))?;
-        outln!("{} spans written to {}", spans.len(), path.display());
+        outln!("{} spans written to {}", trace.len(), path.display());
         return Ok(());
     }
     if a.json {

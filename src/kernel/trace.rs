@@ -61,8 +61,10 @@ impl Span {
 pub struct Trace {
     pub spans: Vec<Span>,
     first_id: u32,
-    /// Index of the first span changed since the last [`Trace::take_changed`].
-    dirty_from: usize,
+    /// How many spans there were at the last [`Trace::take_changed`]: the ones after are new.
+    taken: usize,
+    /// Indexes of spans before `taken` changed since then.
+    touched: Vec<usize>,
 }
 
 impl Trace {
@@ -70,7 +72,8 @@ impl Trace {
         Trace {
             spans: Vec::new(),
             first_id,
-            dirty_from: 0,
+            taken: 0,
+            touched: Vec::new(),
         }
     }
 
@@ -95,7 +98,9 @@ impl Trace {
 
     pub fn get_mut(&mut self, id: u32) -> &mut Span {
         let i = (id - self.first_id) as usize;
-        self.dirty_from = self.dirty_from.min(i);
+        if i < self.taken && !self.touched.contains(&i) {
+            self.touched.push(i);
+        }
         &mut self.spans[i]
     }
 
@@ -106,11 +111,20 @@ impl Trace {
         span.status.push_str(status);
     }
 
-    /// Spans created or changed since the last call: what a durable driver must write.
-    pub fn take_changed(&mut self) -> &[Span] {
-        let from = self.dirty_from.min(self.spans.len());
-        self.dirty_from = self.spans.len();
-        &self.spans[from..]
+    /// Spans created or changed since the last call, in id order: what a durable driver must
+    /// write (and, of those that ended, what a live exporter sends). A span is listed again
+    /// only if it changed again.
+    pub fn take_changed(&mut self) -> Vec<Span> {
+        self.touched.sort_unstable();
+        let mut out: Vec<Span> = self
+            .touched
+            .iter()
+            .map(|&i| self.spans[i].clone())
+            .collect();
+        out.extend_from_slice(&self.spans[self.taken.min(self.spans.len())..]);
+        self.touched.clear();
+        self.taken = self.spans.len();
+        out
     }
 
     pub fn next_id(&self) -> u32 {

@@ -32,7 +32,13 @@ pub struct Target {
     pub url: String,
     pub headers: Vec<(String, String)>,
     pub timeout: Duration,
+    /// The most commits whose spans wait in the database for the receiver; past it the
+    /// oldest are dropped (counted), so a receiver down for days cannot fill the disk.
+    pub backlog_max: usize,
 }
+
+/// The default of [`Target::backlog_max`]: about 50 MB of outbox.
+pub const BACKLOG_MAX: usize = 1_000_000;
 
 impl Target {
     /// From `--otlp-endpoint` (a base URL, as `OTEL_EXPORTER_OTLP_ENDPOINT`), else the
@@ -62,6 +68,7 @@ impl Target {
             url,
             headers,
             timeout: Duration::from_secs(10),
+            backlog_max: BACKLOG_MAX,
         }))
     }
 }
@@ -179,6 +186,9 @@ fn batch(store: &dyn Backend, entries: &[OutboxEntry]) -> (Vec<u8>, usize) {
         });
         match read {
             Ok((rec, spans, replies)) => {
+                if wanted.contains(&super::ROOT) {
+                    out.push(super::root_of(db, &rec, &spans));
+                }
                 let all = super::spans_of(db, &rec, &spans, &replies);
                 for (s, o) in spans.iter().zip(all) {
                     if wanted.contains(&s.id) {
@@ -196,6 +206,23 @@ fn batch(store: &dyn Backend, entries: &[OutboxEntry]) -> (Vec<u8>, usize) {
     }
     let n = out.len();
     (super::proto::request(&super::resource(db), &out), n)
+}
+
+/// Keeps the backlog within `keep` commits: drops the oldest, counted and logged.
+fn trim(store: &dyn Backend, keep: usize) {
+    match store.outbox_trim(keep) {
+        Ok((0, _)) => {}
+        Ok((entries, spans)) => {
+            crate::metrics::global().otlp_dropped.inc_by(spans);
+            tracing::warn!(
+                entries,
+                spans,
+                keep,
+                "the span backlog is full; dropped its oldest spans"
+            );
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot trim the span outbox"),
+    }
 }
 
 /// Sleeps `d`, or less if `stop` is set.
@@ -242,12 +269,17 @@ fn run(store: &dyn Backend, t: &Target, stop: &AtomicBool) {
     let mut backoff = Duration::ZERO;
     let mut failing_since: Option<Instant> = None;
     let mut flush_until: Option<Instant> = None;
+    let mut backlog = false;
     loop {
         if stop.load(Ordering::SeqCst) {
             let until = *flush_until.get_or_insert_with(|| Instant::now() + FLUSH_FOR);
             if Instant::now() >= until || failing_since.is_some() {
                 break;
             }
+        }
+        // A backlog (a receiver that is down, or slower than the steps): keep it bounded.
+        if backlog || failing_since.is_some() {
+            trim(store, t.backlog_max);
         }
         let entries = match store.outbox(BATCH) {
             Ok(e) => e,
@@ -257,6 +289,7 @@ fn run(store: &dyn Backend, t: &Target, stop: &AtomicBool) {
                 continue;
             }
         };
+        backlog = entries.len() == BATCH;
         if entries.is_empty() {
             if stop.load(Ordering::SeqCst) {
                 break;

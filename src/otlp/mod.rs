@@ -5,14 +5,17 @@
 //!
 //! - **Ids** are derived from the database id and the task (trace) and the span's number (span),
 //!   so `t1` of two databases never share a trace, and a span exported twice keeps its ids.
-//! - **One root**: the task's first root span. A resumed run's spans (a `resume` span and a
-//!   new `task` span) become its children, so a resumed task is one tree.
+//! - **One root** per task, `invoke_agent tether` ([`root_of`]): it spans the whole task, from
+//!   its creation to its last span, with the task's final status, budget figures and stop
+//!   reason. Each run's own `task` span (a resumed run adds a `resume` span and a new `task`
+//!   span) is its child, so a resumed task is one tree. Like any SDK's root span it is exported
+//!   when it ends: when the task finishes; until then a receiver shows the runs without it.
 //! - **Kinds**: model calls are `chat {model}` CLIENT spans (`gen_ai.operation.name = chat`,
 //!   the provider from the profile's endpoint, the requested model, `max_tokens`,
 //!   `temperature`, token usage); tool calls are `execute_tool {tool}` INTERNAL spans
 //!   (`gen_ai.tool.name`, `gen_ai.tool.call.id` = the call key, `gen_ai.tool.type`, and for MCP
-//!   tools `mcp.method.name` and the server); the root is `invoke_agent tether` with the
-//!   task's budget figures and stop reason as `tether.*` attributes. OpenInference's span kinds
+//!   tools `mcp.method.name` and the server); the provider's response id, model and finish
+//!   reasons when it answered. OpenInference's span kinds
 //!   are set beside them, for receivers (Phoenix) that read those.
 //! - **Errors**: status ERROR with `error.type` and a message (a failed model call's message
 //!   comes from its recorded reply).
@@ -75,7 +78,9 @@ pub fn trace_id(db_id: &str, task: &str) -> [u8; 16] {
     digest_bytes(&format!("tether-trace:{db_id}:{task}"))
 }
 
-/// The span id of span `span` of `task` of database `db_id`.
+pub use crate::store::outbox::ROOT;
+
+/// The span id of span `span` of `task` of database `db_id` ([`ROOT`]: the task's root).
 pub fn span_id(db_id: &str, task: &str, span: u32) -> [u8; 8] {
     digest_bytes(&format!("tether-span:{db_id}:{task}:{span}"))
 }
@@ -161,7 +166,6 @@ pub fn spans_of(
         ModelProfile::OpenAi { temperature, .. } => Some(*temperature),
         _ => None,
     };
-    let root = spans.iter().find(|s| s.parent.is_none()).map(|s| s.id);
     let step_of = |span: &Span| -> Option<u32> {
         let parent = spans.iter().find(|p| Some(p.id) == span.parent)?;
         parent.name.strip_prefix("step ")?.parse().ok()
@@ -197,11 +201,23 @@ pub fn spans_of(
                     }
                     a.push(("openinference.span.kind".into(), s("LLM")));
                     a.push(("llm.model_name".into(), s(&model)));
+                    let reply = step_of(sp).and_then(|n| replies.iter().find(|r| r.step == n));
+                    if let Some(r) = reply.and_then(|r| r.response.as_ref()) {
+                        if let Some(id) = &r.id {
+                            a.push(("gen_ai.response.id".into(), s(id)));
+                        }
+                        if let Some(m) = &r.model {
+                            a.push(("gen_ai.response.model".into(), s(m)));
+                        }
+                        if !r.finish_reasons.is_empty() {
+                            a.push((
+                                "gen_ai.response.finish_reasons".into(),
+                                Attr::Strs(r.finish_reasons.clone()),
+                            ));
+                        }
+                    }
                     if sp.status != "ok" {
-                        let recorded = step_of(sp)
-                            .and_then(|n| replies.iter().find(|r| r.step == n))
-                            .map(|r| &r.outcome);
-                        message = match recorded {
+                        message = match reply.map(|r| &r.outcome) {
                             Some(RecordedOutcome::Failed(m)) => m.clone(),
                             Some(RecordedOutcome::Timeout) => {
                                 "no answer within the remaining active time".into()
@@ -240,33 +256,6 @@ pub fn spans_of(
                     }
                     format!("execute_tool {}", sp.name)
                 }
-                SpanKind::Task if Some(sp.id) == root => {
-                    a.push(("gen_ai.operation.name".into(), s("invoke_agent")));
-                    a.push(("gen_ai.agent.name".into(), s("tether")));
-                    a.push(("openinference.span.kind".into(), s("AGENT")));
-                    let b = &rec.budget;
-                    let st = &rec.state;
-                    for (k, used, limit) in [
-                        ("steps", u64::from(st.step), u64::from(b.steps_max)),
-                        (
-                            "tool_calls",
-                            u64::from(st.tool_calls),
-                            u64::from(b.tool_calls_max),
-                        ),
-                        ("tokens", st.tokens, b.tokens_max),
-                        ("active_ms", st.elapsed_ms, b.deadline_ms),
-                    ] {
-                        a.push((format!("tether.budget.{k}.used"), Attr::Int(used as i64)));
-                        a.push((format!("tether.budget.{k}.limit"), Attr::Int(limit as i64)));
-                    }
-                    if let Some(stop) = st.stop {
-                        a.push(("tether.stop_reason".into(), s(stop.as_str())));
-                    }
-                    if status_of(&sp.status) == STATUS_ERROR {
-                        message = format!("the run stopped: {}", sp.status);
-                    }
-                    "invoke_agent tether".into()
-                }
                 _ => {
                     a.push(("openinference.span.kind".into(), s("CHAIN")));
                     if status_of(&sp.status) == STATUS_ERROR {
@@ -279,12 +268,12 @@ pub fn spans_of(
             if status_code == STATUS_ERROR {
                 a.push(("error.type".into(), s(&sp.status)));
             }
-            // Every root but the first (a resumed run's) hangs under the first.
-            let parent = sp.parent.or(root.filter(|r| *r != sp.id));
+            // Each run's task span hangs under the task's root.
+            let parent = sp.parent.unwrap_or(ROOT);
             OtlpSpan {
                 trace_id: trace,
                 span_id: span_id(db_id, &rec.id, sp.id),
-                parent_span_id: parent.map(|p| span_id(db_id, &rec.id, p)),
+                parent_span_id: Some(span_id(db_id, &rec.id, parent)),
                 name,
                 kind,
                 start_ns: base_ns.saturating_add(sp.t0_ms.saturating_mul(1_000_000)),
@@ -300,6 +289,82 @@ pub fn spans_of(
             }
         })
         .collect()
+}
+
+/// The task's root span, `invoke_agent tether`: from the task's creation to the end of its last
+/// span, with its budget figures, stop reason and runs. Its status is the task's: OK when it
+/// finished `done`, an error named by the stop reason when it finished otherwise, unset while
+/// it waits (suspended, held) or runs.
+pub fn root_of(db_id: &str, rec: &TaskRecord, spans: &[Span]) -> OtlpSpan {
+    let base_ns = rec.created_at_ms.saturating_mul(1_000_000);
+    let end_ms = spans
+        .iter()
+        .map(|sp| sp.t1_ms.unwrap_or(sp.t0_ms))
+        .max()
+        .unwrap_or(0);
+    let mut a: Vec<(String, Attr)> = vec![
+        ("tether.task_id".into(), s(&rec.id)),
+        ("tether.span.kind".into(), s("task")),
+        ("tether.status".into(), s(rec.status.as_str())),
+        ("tether.runs".into(), Attr::Int(i64::from(rec.runs))),
+        ("gen_ai.operation.name".into(), s("invoke_agent")),
+        ("gen_ai.agent.name".into(), s("tether")),
+        ("openinference.span.kind".into(), s("AGENT")),
+    ];
+    let b = &rec.budget;
+    let st = &rec.state;
+    for (k, used, limit) in [
+        ("steps", u64::from(st.step), u64::from(b.steps_max)),
+        (
+            "tool_calls",
+            u64::from(st.tool_calls),
+            u64::from(b.tool_calls_max),
+        ),
+        ("tokens", st.tokens, b.tokens_max),
+        ("active_ms", st.elapsed_ms, b.deadline_ms),
+    ] {
+        a.push((format!("tether.budget.{k}.used"), Attr::Int(used as i64)));
+        a.push((format!("tether.budget.{k}.limit"), Attr::Int(limit as i64)));
+    }
+    let finished = rec.status == crate::store::QueueStatus::Finished;
+    let (status_code, status_message) = match st.stop {
+        Some(stop) => {
+            a.push(("tether.stop_reason".into(), s(stop.as_str())));
+            if !finished {
+                (STATUS_UNSET, String::new())
+            } else if stop == crate::kernel::StopReason::Done {
+                (STATUS_OK, String::new())
+            } else {
+                a.push(("error.type".into(), s(stop.as_str())));
+                (STATUS_ERROR, format!("the task stopped: {}", stop.as_str()))
+            }
+        }
+        None => (STATUS_UNSET, String::new()),
+    };
+    OtlpSpan {
+        trace_id: trace_id(db_id, &rec.id),
+        span_id: span_id(db_id, &rec.id, ROOT),
+        parent_span_id: None,
+        name: "invoke_agent tether".into(),
+        kind: KIND_INTERNAL,
+        start_ns: base_ns,
+        end_ns: base_ns.saturating_add(end_ms.saturating_mul(1_000_000)),
+        attributes: a,
+        status_code,
+        status_message,
+    }
+}
+
+/// A task's whole trace: its root, then its stored spans (what `worker trace --otlp` writes).
+pub fn trace_of(
+    db_id: &str,
+    rec: &TaskRecord,
+    spans: &[Span],
+    replies: &[RecordedReply],
+) -> Vec<OtlpSpan> {
+    let mut out = vec![root_of(db_id, rec, spans)];
+    out.extend(spans_of(db_id, rec, spans, replies));
+    out
 }
 
 /// The resource attributes of everything this process exports.

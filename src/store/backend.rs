@@ -143,6 +143,10 @@ pub trait Backend: Send + Sync {
     /// Spans committed for live export and not yet sent: at most `max` entries, oldest first.
     fn outbox(&self, max: usize) -> Result<Vec<super::OutboxEntry>>;
 
+    /// Drops the oldest outbox entries while more than `keep` wait; returns the entries and
+    /// spans dropped.
+    fn outbox_trim(&self, keep: usize) -> Result<(u64, u64)>;
+
     /// Forgets outbox entries that were sent (or dropped).
     fn outbox_done(&self, seqs: &[u64]) -> Result<()>;
 

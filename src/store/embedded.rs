@@ -82,6 +82,9 @@ impl DecisionTx for RedbTx<'_> {
             self.w.open_table(READY)?.insert((-rec.priority, seq), id)?;
         }
         super::list::Indexes::open(self.w)?.moved(id, was, rec.status)?;
+        if rec.status == QueueStatus::Finished && was != QueueStatus::Finished {
+            super::outbox::queue_root(self.w, id)?;
+        }
         tasks::save(self.w, rec)
     }
 
@@ -227,6 +230,10 @@ impl Backend for Store {
 
     fn outbox(&self, max: usize) -> Result<Vec<super::OutboxEntry>> {
         Store::outbox(self, max)
+    }
+
+    fn outbox_trim(&self, keep: usize) -> Result<(u64, u64)> {
+        Store::outbox_trim(self, keep)
     }
 
     fn outbox_done(&self, seqs: &[u64]) -> Result<()> {

@@ -6,7 +6,11 @@
 
 use redb::{ReadableTable, TableDefinition, WriteTransaction};
 
-use super::{Commit, Result, Store, next_seq};
+use super::{Commit, CommitKind, QueueStatus, Result, Store, next_seq};
+
+/// The number standing for a task's root span in an outbox entry (`crate::otlp::root_of`): no
+/// stored span has it (-1 in PostgreSQL's `int[]`).
+pub const ROOT: u32 = u32::MAX;
 
 /// seq -> "TASK SPAN,SPAN,...": the spans a commit ended, to export.
 pub const OUTBOX: TableDefinition<u64, &str> = TableDefinition::new("otlp_outbox");
@@ -20,13 +24,35 @@ pub struct OutboxEntry {
     pub spans: Vec<u32>,
 }
 
-/// The ids of the spans `c` ends (an open span is exported once it ends, by a later commit).
+/// The ids of the spans `c` ends (an open span is exported once it ends, by a later commit),
+/// and [`ROOT`] when it finishes the task (the root span ends with the task).
 pub fn ended(c: &Commit) -> Vec<u32> {
-    c.spans
+    let mut ids: Vec<u32> = c
+        .spans
         .iter()
         .filter(|s| s.t1_ms.is_some())
         .map(|s| s.id)
-        .collect()
+        .collect();
+    if let CommitKind::Final(stop) = c.kind
+        && QueueStatus::after(stop) == QueueStatus::Finished
+    {
+        ids.push(ROOT);
+    }
+    ids
+}
+
+/// Queues the root span of task `id`, which a decision (a cancel, a settlement, an expired
+/// approval wait) finished without a step, if a daemon ever exported from this database (the
+/// outbox's sequence exists): in the decision's transaction, like a commit's spans.
+pub(super) fn queue_root(w: &WriteTransaction, id: &str) -> Result<()> {
+    let mut meta = w.open_table(super::META)?;
+    if meta.get(META_OUTBOX_SEQ)?.is_none() {
+        return Ok(());
+    }
+    let seq = next_seq(&mut meta, META_OUTBOX_SEQ)?;
+    w.open_table(OUTBOX)?
+        .insert(seq, format!("{id} {ROOT}").as_str())?;
+    Ok(())
 }
 
 /// Adds `c`'s ended spans to the outbox, inside the commit's transaction.
@@ -77,6 +103,48 @@ impl Store {
             }));
         }
         Ok(out)
+    }
+
+    /// Drops the oldest entries while more than `keep` wait (a receiver down for long), so the
+    /// backlog on disk stays bounded. Returns how many entries and spans were dropped.
+    pub fn outbox_trim(&self, keep: usize) -> Result<(u64, u64)> {
+        // Entries are numbered in order and removed oldest first: the span of numbers is the
+        // backlog (two lookups, not a count).
+        let bound = {
+            let r = self.db.begin_read()?;
+            let table = match r.open_table(OUTBOX) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok((0, 0)),
+                Err(e) => return Err(e.into()),
+            };
+            match (table.first()?, table.last()?) {
+                (Some(a), Some(b)) if b.0.value() - a.0.value() >= keep as u64 => {
+                    b.0.value() - keep as u64
+                }
+                _ => return Ok((0, 0)),
+            }
+        };
+        let w = self.begin_write()?;
+        let mut dropped = (0, 0);
+        {
+            let mut t = w.open_table(OUTBOX)?;
+            let old: Vec<(u64, u64)> = t
+                .range(..=bound)?
+                .map(|e| {
+                    e.map(|(k, v)| {
+                        let spans = parse(k.value(), v.value()).map_or(0, |e| e.spans.len());
+                        (k.value(), spans as u64)
+                    })
+                })
+                .collect::<std::result::Result<_, _>>()?;
+            for (seq, spans) in old {
+                t.remove(seq)?;
+                dropped.0 += 1;
+                dropped.1 += spans;
+            }
+        }
+        w.commit()?;
+        Ok(dropped)
     }
 
     /// Removes exported entries. Without a flush of its own: the next step commit makes it

@@ -265,7 +265,7 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
             state: session.state().clone(),
             next_span_id: session.trace().next_id(),
             spans: {
-                let mut spans = session.trace_mut().take_changed().to_vec();
+                let mut spans = session.trace_mut().take_changed();
                 spans.append(&mut interrupted.borrow_mut());
                 spans
             },

@@ -4,11 +4,14 @@ Every request to /v1/traces is decoded with the official protobuf schema (the
 `opentelemetry-proto` package) and each span is appended to the file named by OUT as one JSON
 line (ids in hex, attributes as a dict, the resource's attributes, the Authorization header).
 Anything else is refused: another path (404), another content type (415), a body that does not
-decode (400). PORT is the port on 127.0.0.1.
+decode (400). PORT is the port on 127.0.0.1. DELAY_MS (default 0) makes it a slow receiver:
+it answers each request that long after it wrote the spans down.
 """
 
 import json
 import os
+import threading
+import time
 
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -19,6 +22,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 OUT = os.environ["OUT"]
 PORT = int(os.environ["PORT"])
+DELAY_S = int(os.environ.get("DELAY_MS", "0")) / 1000
+WRITE = threading.Lock()
 
 
 def value(v):
@@ -66,9 +71,10 @@ class Handler(BaseHTTPRequestHandler):
                         "scope": ss.scope.name,
                         "authorization": self.headers.get("Authorization"),
                     })
-        with open(OUT, "a") as f:
+        with WRITE, open(OUT, "a") as f:
             for line in lines:
                 f.write(json.dumps(line) + "\n")
+        time.sleep(DELAY_S)
         out = ExportTraceServiceResponse().SerializeToString()
         self.send_response(200)
         self.send_header("Content-Type", "application/x-protobuf")

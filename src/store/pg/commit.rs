@@ -107,7 +107,11 @@ fn commit_sql(kind: CommitKind, ob: &str) -> String {
              lease = NULL, lease_owner = NULL, lease_expires_ms = NULL"
         ),
     };
-    COMMIT_SQL.replace("{set}", &set).replace("{ob}", ob)
+    let ob = ob.replace(
+        "{root}",
+        super::outbox::root_when(matches!(kind, CommitKind::Final(_))),
+    );
+    COMMIT_SQL.replace("{set}", &set).replace("{ob}", &ob)
 }
 
 /// The parameters of one commit, its JSON values serialized straight from the commit.

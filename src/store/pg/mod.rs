@@ -52,6 +52,8 @@ pub struct PgStore {
     /// The step-commit statements by kind (intent, step, final, release, and a final commit
     /// that claims the next task), made once.
     commit_sql: [String; 10],
+    /// Who this process is when it claims outbox entries to export (random).
+    exporter: i64,
 }
 
 impl Drop for PgStore {
@@ -197,6 +199,7 @@ impl PgStore {
             db_id,
             wake: Mutex::new(None),
             stop: Arc::default(),
+            exporter: random_i64(),
         })
     }
 
@@ -481,6 +484,10 @@ impl super::Backend for PgStore {
 
     fn outbox(&self, max: usize) -> Result<Vec<crate::store::OutboxEntry>> {
         PgStore::outbox(self, max)
+    }
+
+    fn outbox_trim(&self, keep: usize) -> Result<(u64, u64)> {
+        PgStore::outbox_trim(self, keep)
     }
 
     fn outbox_done(&self, seqs: &[u64]) -> Result<()> {

@@ -1,21 +1,55 @@
 //! The span outbox of live OTLP export on PostgreSQL (migration 3): a commit made by an
 //! exporting daemon inserts, in its own statement, the ids of the spans it ended; exporters read
-//! the oldest entries and delete the ones they sent. See `crate::store::outbox`.
+//! the oldest entries and delete the ones they sent. See `crate::store::outbox`. Daemons on
+//! several hosts each export: an exporter claims the entries it reads for [`CLAIM_MS`]
+//! (migration 4), so two never send the same batch; a claim of an exporter that died runs out
+//! and another takes its entries.
 
 use super::PgStore;
 use crate::store::{OutboxEntry, Result};
 
-/// The statement part a commit adds when the daemon exports: the spans of `$15` that ended,
-/// queued only if the fenced update matched (`u`).
+/// The statement part a commit adds when the daemon exports: the spans of `$15` that ended and
+/// `{root}` (the task's root span, -1, when a final commit finishes the task: see
+/// [`root_when`]), queued only if the fenced update matched (`u`).
 pub(super) const QUEUE_CTE: &str = ", ob AS (INSERT INTO {s}.otlp_outbox (task_id, spans) \
-    SELECT $1, array_agg((x->>'id')::int) FROM u, json_array_elements($15::json) x \
-    WHERE x->>'t1_ms' IS NOT NULL HAVING count(*) > 0)";
+    SELECT $1, e.ids FROM u, (SELECT coalesce(array_agg((x->>'id')::int) \
+    FILTER (WHERE x->>'t1_ms' IS NOT NULL), '{}'::int[]) || {root} AS ids \
+    FROM json_array_elements($15::json) x) e WHERE cardinality(e.ids) > 0)";
+
+/// The `{root}` of [`QUEUE_CTE`]: for a final commit (whose `$20` is the new status), the root
+/// when the task is finished; for any other commit, none.
+pub(super) fn root_when(is_final: bool) -> &'static str {
+    if is_final {
+        "CASE WHEN $20::text = 'finished' THEN ARRAY[-1] ELSE '{}'::int[] END"
+    } else {
+        "'{}'::int[]"
+    }
+}
+
+/// Queues the root span of task `$1`, finished by a decision, if a daemon ever exported from
+/// this database (the outbox's sequence was used).
+pub(super) const QUEUE_ROOT_SQL: &str = "INSERT INTO {s}.otlp_outbox (task_id, spans) \
+    SELECT $1, ARRAY[-1] FROM {s}.otlp_outbox_seq_seq WHERE is_called";
+
+/// How long an exporter's claim on the entries it read lasts: longer than a send (10 s).
+pub const CLAIM_MS: i64 = 60_000;
+
+/// Claims the oldest `$1` entries that are free, this exporter's (`$2`) or whose claim ran out
+/// (before `$3`), until `$4`; entries another exporter holds are skipped, not waited for.
+const CLAIM_SQL: &str = "WITH c AS (SELECT seq FROM {s}.otlp_outbox \
+    WHERE claimed_by IS NULL OR claimed_by = $2 OR claimed_until_ms < $3 \
+    ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED) \
+    UPDATE {s}.otlp_outbox o SET claimed_by = $2, claimed_until_ms = $4 FROM c \
+    WHERE o.seq = c.seq RETURNING o.seq, o.task_id, o.spans";
 
 impl PgStore {
     pub fn outbox(&self, max: usize) -> Result<Vec<OutboxEntry>> {
-        let sql = self.sql("SELECT seq, task_id, spans FROM {s}.otlp_outbox ORDER BY seq LIMIT $1");
+        let sql = self.sql(CLAIM_SQL);
         let limit = max as i64;
-        let rows = self.query(&sql, &[&limit])?;
+        let now = super::rows::now_i64();
+        let until = now.saturating_add(CLAIM_MS);
+        let mut rows = self.query(&sql, &[&limit, &self.exporter, &now, &until])?;
+        rows.sort_by_key(|r| r.get::<_, i64>(0));
         Ok(rows
             .iter()
             .map(|r| OutboxEntry {
@@ -28,6 +62,17 @@ impl PgStore {
                     .collect(),
             })
             .collect())
+    }
+
+    pub fn outbox_trim(&self, keep: usize) -> Result<(u64, u64)> {
+        let sql = self.sql(
+            "DELETE FROM {s}.otlp_outbox WHERE seq <= (SELECT max(seq) FROM {s}.otlp_outbox) - $1 \
+             RETURNING cardinality(spans)",
+        );
+        let keep = keep as i64;
+        let rows = self.query(&sql, &[&keep])?;
+        let spans: i64 = rows.iter().map(|r| i64::from(r.get::<_, i32>(0))).sum();
+        Ok((rows.len() as u64, spans.max(0) as u64))
     }
 
     pub fn outbox_done(&self, seqs: &[u64]) -> Result<()> {

@@ -122,6 +122,11 @@ impl DecisionTx for PgTx<'_, '_, '_> {
         if v.newly_queued {
             self.s.notify(self.tx)?;
         }
+        if rec.status == QueueStatus::Finished && was != QueueStatus::Finished {
+            self.tx
+                .execute(&self.s.sql(super::outbox::QUEUE_ROOT_SQL), &[&rec.id])
+                .map_err(db_error)?;
+        }
         Ok(())
     }
 

@@ -111,6 +111,10 @@ CREATE INDEX tasks_user_num ON {s}.tasks (user_id, num);
     r#"
 CREATE TABLE {s}.otlp_outbox (seq bigserial PRIMARY KEY, task_id text NOT NULL, spans int[] NOT NULL);
 "#,
+    // Exporters on several hosts claim outbox entries, so each batch is sent by one of them.
+    r#"
+ALTER TABLE {s}.otlp_outbox ADD COLUMN claimed_by bigint, ADD COLUMN claimed_until_ms bigint;
+"#,
 ];
 
 /// The schema version this build writes and understands.
