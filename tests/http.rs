@@ -164,6 +164,25 @@ const POLICY_REPLIES: [&str; 5] = [
     r#"{"type": "final", "outcome": "completed", "text": "Refund issued and confirmation sent."}"#,
 ];
 
+/// The spans `worker trace TASK --otlp` writes (OTLP/JSON).
+fn otlp_spans(d: &Path, task: &str) -> Vec<Value> {
+    let file = format!("{task}.otlp.json");
+    okc(d, &["trace", task, "--otlp", &file]);
+    let otlp: Value = serde_json::from_str(&std::fs::read_to_string(d.join(&file)).expect("otlp"))
+        .expect("otlp JSON");
+    otlp["resourceSpans"][0]["scopeSpans"][0]["spans"]
+        .as_array()
+        .expect("spans")
+        .clone()
+}
+
+/// An OTLP/JSON span's attribute `k`, as its typed value.
+fn attr(s: &Value, k: &str) -> Option<Value> {
+    s["attributes"]
+        .as_array()
+        .and_then(|a| a.iter().find(|x| x["key"] == k).map(|x| x["value"].clone()))
+}
+
 #[test]
 fn a_task_completes_over_http_with_the_documents_effects() {
     let dir = TempDir::new("http-e2e");
@@ -236,22 +255,11 @@ fn a_task_completes_over_http_with_the_documents_effects() {
     );
 
     // OTLP export with the GenAI conventions.
-    okc(d, &["trace", "t1", "--otlp", "t1.json"]);
-    let otlp: Value =
-        serde_json::from_str(&std::fs::read_to_string(d.join("t1.json")).expect("otlp"))
-            .expect("otlp JSON");
-    let spans = otlp["resourceSpans"][0]["scopeSpans"][0]["spans"]
-        .as_array()
-        .expect("spans");
+    let spans = otlp_spans(d, "t1");
     let chat = spans
         .iter()
         .find(|s| s["name"] == "chat mock-1")
         .expect("a chat span");
-    let attr = |s: &Value, k: &str| {
-        s["attributes"]
-            .as_array()
-            .and_then(|a| a.iter().find(|x| x["key"] == k).map(|x| x["value"].clone()))
-    };
     assert_eq!(
         attr(chat, "gen_ai.operation.name"),
         Some(json!({"stringValue": "chat"}))
@@ -349,22 +357,11 @@ fn malformed_refused_truncated_and_rate_limited_replies_are_kernel_errors() {
         .collect();
     assert_eq!(statuses, ["ok", "error", "error", "ok"]);
     // The cut-off reply's span says why the provider stopped, and that it failed.
-    okc(d, &["trace", "t1", "--otlp", "t1.json"]);
-    let otlp: Value =
-        serde_json::from_str(&std::fs::read_to_string(d.join("t1.json")).expect("otlp"))
-            .expect("otlp JSON");
-    let cut = otlp["resourceSpans"][0]["scopeSpans"][0]["spans"]
-        .as_array()
-        .expect("spans")
-        .iter()
+    let cut = otlp_spans(d, "t1")
+        .into_iter()
         .find(|s| {
-            s["attributes"].as_array().is_some_and(|a| {
-                a.iter().any(|x| {
-                    x["key"] == "gen_ai.response.finish_reasons"
-                        && x["value"]
-                            == json!({"arrayValue": {"values": [{"stringValue": "length"}]}})
-                })
-            })
+            attr(s, "gen_ai.response.finish_reasons")
+                == Some(json!({"arrayValue": {"values": [{"stringValue": "length"}]}}))
         })
         .expect("a span with finish reason length");
     assert_eq!(cut["status"]["code"], 2, "{cut}");

@@ -80,6 +80,50 @@ fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
     }
 }
 
+/// A test directory with `n` queued tasks of the policy model.
+fn with_tasks(name: &str, n: usize) -> TempDir {
+    let dir = TempDir::new(name);
+    for _ in 0..n {
+        enqueue(dir.path(), &["--model", "policy"]);
+    }
+    dir
+}
+
+/// Waits until every task of `d` finished.
+fn wait_all_finished(d: &Path, what: &str) {
+    wait_for(what, || {
+        json(d, &["list", "--json", "--limit", "100"])
+            .as_array()
+            .is_some_and(|t| t.iter().all(|t| t["status"] == "finished"))
+    });
+}
+
+/// The value of metric `name` on the daemon's `/metrics` at `port` (0 when absent).
+fn metric(port: u16, name: &str) -> f64 {
+    let (_, text) = raw_http(
+        &format!("127.0.0.1:{port}"),
+        b"GET /metrics HTTP/1.0\r\n\r\n",
+        Duration::from_secs(5),
+        false,
+    );
+    text.lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Stops `daemon` with SIGTERM, checks it exited 0, and returns what it logged.
+fn stop(mut daemon: std::process::Child) -> String {
+    signal(daemon.id(), "-TERM");
+    let status = daemon.wait().expect("daemon");
+    assert!(status.success(), "{status}");
+    let mut log = String::new();
+    use std::io::Read;
+    daemon.stderr.take().map(|mut e| e.read_to_string(&mut log));
+    log
+}
+
 fn attr<'a>(s: &'a Value, k: &str) -> &'a Value {
     &s["attributes"][k]
 }
@@ -317,16 +361,12 @@ fn a_daemon_killed_ten_times_loses_no_span() {
 #[test]
 fn a_receiver_that_is_down_costs_no_task_and_gets_its_spans_later() {
     let Some(py) = python() else { return };
-    let dir = TempDir::new("otlp-down");
+    let dir = with_tasks("otlp-down", 6);
     let d = dir.path();
     let out = d.join("spans.jsonl");
-    let port = pg::free_port();
-    let metrics_port = pg::free_port();
-    for _ in 0..6 {
-        enqueue(d, &["--model", "policy"]);
-    }
+    let (port, metrics_port) = (pg::free_port(), pg::free_port());
     // Nothing listens on the endpoint yet.
-    let mut daemon = command(d)
+    let daemon = command(d)
         .args(["run", "--workers", "2", "--recover-every-ms", "200"])
         .args(["--otlp-endpoint", &format!("http://127.0.0.1:{port}")])
         .args(["--metrics", &format!("127.0.0.1:{metrics_port}")])
@@ -334,24 +374,8 @@ fn a_receiver_that_is_down_costs_no_task_and_gets_its_spans_later() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start daemon");
-    wait_for("the tasks to end while the receiver is down", || {
-        json(d, &["list", "--json", "--limit", "100"])
-            .as_array()
-            .is_some_and(|t| t.iter().all(|t| t["status"] == "finished"))
-    });
-    let metrics = |name: &str| -> f64 {
-        let (_, text) = raw_http(
-            &format!("127.0.0.1:{metrics_port}"),
-            b"GET /metrics HTTP/1.0\r\n\r\n",
-            Duration::from_secs(5),
-            false,
-        );
-        text.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().last())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0)
-    };
+    wait_all_finished(d, "the tasks to end while the receiver is down");
+    let metrics = |name: &str| metric(metrics_port, name);
     wait_for("a failed export attempt", || {
         metrics("tether_otlp_export_failures_total") >= 1.0
     });
@@ -371,17 +395,7 @@ fn a_receiver_that_is_down_costs_no_task_and_gets_its_spans_later() {
                     .sum::<usize>()
     });
     assert!(metrics("tether_otlp_spans_exported_total") > 0.0);
-    signal(daemon.id(), "-TERM");
-    let status = daemon.wait().expect("daemon");
-    assert!(status.success());
-    let mut log = String::new();
-    use std::io::Read;
-    daemon
-        .stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut log)
-        .expect("log");
+    let log = stop(daemon);
     assert!(
         log.contains("cannot send spans to the OTLP receiver"),
         "{log}"
@@ -395,16 +409,12 @@ fn a_receiver_that_is_down_costs_no_task_and_gets_its_spans_later() {
 #[test]
 fn a_full_backlog_drops_its_oldest_spans_and_says_how_many() {
     let Some(py) = python() else { return };
-    let dir = TempDir::new("otlp-backlog");
+    let dir = with_tasks("otlp-backlog", 6);
     let d = dir.path();
     let out = d.join("spans.jsonl");
-    let port = pg::free_port();
-    let metrics_port = pg::free_port();
-    for _ in 0..6 {
-        enqueue(d, &["--model", "policy"]);
-    }
+    let (port, metrics_port) = (pg::free_port(), pg::free_port());
     let endpoint = format!("http://127.0.0.1:{port}");
-    let mut daemon = command(d)
+    let daemon = command(d)
         .args(["run", "--workers", "2", "--log-format", "json"])
         .args(["--otlp-endpoint", &endpoint, "--otlp-backlog", "3"])
         .args(["--metrics", &format!("127.0.0.1:{metrics_port}")])
@@ -412,35 +422,11 @@ fn a_full_backlog_drops_its_oldest_spans_and_says_how_many() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start daemon");
-    wait_for("the tasks to end while the receiver is down", || {
-        json(d, &["list", "--json", "--limit", "100"])
-            .as_array()
-            .is_some_and(|t| t.iter().all(|t| t["status"] == "finished"))
+    wait_all_finished(d, "the tasks to end while the receiver is down");
+    wait_for("a trim of the backlog", || {
+        metric(metrics_port, "tether_otlp_spans_dropped_total") > 0.0
     });
-    let dropped_metric = || -> f64 {
-        let (_, text) = raw_http(
-            &format!("127.0.0.1:{metrics_port}"),
-            b"GET /metrics HTTP/1.0\r\n\r\n",
-            Duration::from_secs(5),
-            false,
-        );
-        text.lines()
-            .find(|l| l.starts_with("tether_otlp_spans_dropped_total"))
-            .and_then(|l| l.split_whitespace().last())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0)
-    };
-    wait_for("a trim of the backlog", || dropped_metric() > 0.0);
-    signal(daemon.id(), "-TERM");
-    assert!(daemon.wait().expect("daemon").success());
-    let mut log = String::new();
-    use std::io::Read;
-    daemon
-        .stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut log)
-        .expect("log");
+    let log = stop(daemon);
     let dropped: u64 = log
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
@@ -483,7 +469,7 @@ fn two_exporting_daemons_on_one_database_send_each_span_once() {
         enqueue(d, &["--model", "policy"]);
     }
     let endpoint = format!("http://127.0.0.1:{port}");
-    let mut daemons: Vec<_> = (0..2)
+    let daemons: Vec<_> = (0..2)
         .map(|_| {
             command(d)
                 .args(["run", "--workers", "2", "--otlp-endpoint", &endpoint])
@@ -493,11 +479,7 @@ fn two_exporting_daemons_on_one_database_send_each_span_once() {
                 .expect("start daemon")
         })
         .collect();
-    wait_for("the tasks to end while the receiver is down", || {
-        json(d, &["list", "--json", "--limit", "100"])
-            .as_array()
-            .is_some_and(|t| t.iter().all(|t| t["status"] == "finished"))
-    });
+    wait_all_finished(d, "the tasks to end while the receiver is down");
     let want: usize = (1..=12)
         .map(|i| stored(d, &format!("t{i}")).len() + 1)
         .sum();
@@ -513,9 +495,8 @@ fn two_exporting_daemons_on_one_database_send_each_span_once() {
     });
     // Both exporters keep polling a while: nothing arrives twice.
     std::thread::sleep(Duration::from_secs(2));
-    for daemon in &mut daemons {
-        signal(daemon.id(), "-TERM");
-        assert!(daemon.wait().expect("daemon").success());
+    for daemon in daemons {
+        stop(daemon);
     }
     let spans = received(&out);
     let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
