@@ -128,8 +128,13 @@ fn encode_row_as<R: Serialize>(version: u8, row: &R) -> Result<Vec<u8>, Error> {
 /// An envelope around an arbitrary payload, with a valid checksum: what a fuzzer or a test
 /// uses to reach the row decoder behind the checksum.
 pub fn seal(payload: &[u8]) -> Vec<u8> {
-    let mut out = vec![MAGIC, RECORD_VERSION];
-    out.extend_from_slice(&checksum(RECORD_VERSION, payload));
+    seal_as(RECORD_VERSION, payload)
+}
+
+/// [`seal`] with the format version `version` (a reply row's format 3, say).
+pub fn seal_as(version: u8, payload: &[u8]) -> Vec<u8> {
+    let mut out = vec![MAGIC, version];
+    out.extend_from_slice(&checksum(version, payload));
     out.extend_from_slice(payload);
     out
 }
