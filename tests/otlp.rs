@@ -513,3 +513,28 @@ fn two_exporting_daemons_on_one_database_send_each_span_once() {
     assert_eq!(spans.len(), want);
     check_trees(d, &spans);
 }
+
+/// A daemon that stops while its receiver is down gives up the outbox entries it claimed: the
+/// next daemon sends them at once, not when the claims run out a minute later.
+#[test]
+fn a_stopping_exporter_leaves_its_claims_to_the_next() {
+    let Some(py) = python() else { return };
+    let Some(dir) = TempDir::on("otlp-release", Backend::Postgres) else {
+        missing("PostgreSQL", ".ci/test installs it");
+        return;
+    };
+    let d = dir.path();
+    for _ in 0..3 {
+        enqueue(d, &["--model", "policy"]);
+    }
+    let out = d.join("spans.jsonl");
+    let port = pg::free_port();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    // Nothing listens: the drain claims the spans, fails to send them, and stops.
+    ok(d, &["run", "--drain", "--otlp-endpoint", &endpoint]);
+    assert!(received(&out).is_empty());
+    let _rx = receiver(&py, port, &out);
+    ok(d, &["run", "--drain", "--otlp-endpoint", &endpoint]);
+    let traces = check_trees(d, &received(&out));
+    assert_eq!(traces.len(), 3);
+}

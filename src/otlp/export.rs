@@ -264,6 +264,14 @@ impl Drop for Exporter {
 }
 
 fn run(store: &dyn Backend, t: &Target, stop: &AtomicBool) {
+    send_until_stopped(store, t, stop);
+    // What this exporter claimed and did not send goes to the next one at once.
+    if let Err(e) = store.outbox_release() {
+        tracing::debug!(error = %e, "cannot release the outbox claims; they run out in a minute");
+    }
+}
+
+fn send_until_stopped(store: &dyn Backend, t: &Target, stop: &AtomicBool) {
     let m = crate::metrics::global();
     let agent = crate::net::agent(t.timeout);
     let mut backoff = Duration::ZERO;

@@ -147,6 +147,11 @@ pub trait Backend: Send + Sync {
     /// spans dropped.
     fn outbox_trim(&self, keep: usize) -> Result<(u64, u64)>;
 
+    /// Gives up the entries this process claimed to export and did not send (it stops).
+    fn outbox_release(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Forgets outbox entries that were sent (or dropped).
     fn outbox_done(&self, seqs: &[u64]) -> Result<()>;
 

@@ -490,6 +490,10 @@ impl super::Backend for PgStore {
         PgStore::outbox_trim(self, keep)
     }
 
+    fn outbox_release(&self) -> Result<()> {
+        PgStore::outbox_release(self)
+    }
+
     fn outbox_done(&self, seqs: &[u64]) -> Result<()> {
         PgStore::outbox_done(self, seqs)
     }

@@ -65,14 +65,28 @@ impl PgStore {
     }
 
     pub fn outbox_trim(&self, keep: usize) -> Result<(u64, u64)> {
+        // Entries another exporter holds (it is sending them) are left to it, so that no span
+        // is counted both as dropped and as sent.
         let sql = self.sql(
             "DELETE FROM {s}.otlp_outbox WHERE seq <= (SELECT max(seq) FROM {s}.otlp_outbox) - $1 \
+             AND (claimed_by IS NULL OR claimed_by = $2 OR claimed_until_ms < $3) \
              RETURNING cardinality(spans)",
         );
         let keep = keep as i64;
-        let rows = self.query(&sql, &[&keep])?;
+        let now = super::rows::now_i64();
+        let rows = self.query(&sql, &[&keep, &self.exporter, &now])?;
         let spans: i64 = rows.iter().map(|r| i64::from(r.get::<_, i32>(0))).sum();
         Ok((rows.len() as u64, spans.max(0) as u64))
+    }
+
+    /// Gives up this exporter's claims (it is stopping), so another exporter takes the
+    /// entries at once rather than when the claims run out.
+    pub fn outbox_release(&self) -> Result<()> {
+        let sql = self.sql(
+            "UPDATE {s}.otlp_outbox SET claimed_by = NULL, claimed_until_ms = NULL WHERE claimed_by = $1",
+        );
+        self.query(&sql, &[&self.exporter])?;
+        Ok(())
     }
 
     pub fn outbox_done(&self, seqs: &[u64]) -> Result<()> {
