@@ -129,14 +129,14 @@ enum Sent {
     Failed(String),
 }
 
-fn send(agent: &ureq::Agent, t: &Target, body: Vec<u8>) -> Sent {
+fn send(agent: &ureq::Agent, t: &Target, body: &[u8]) -> Sent {
     let mut r = agent
         .post(&t.url)
         .header("Content-Type", "application/x-protobuf");
     for (k, v) in &t.headers {
         r = r.header(k.as_str(), v.as_str());
     }
-    match r.send(&body[..]) {
+    match r.send(body) {
         Ok(mut resp) => {
             let status = resp.status().as_u16();
             let body = resp
@@ -278,6 +278,7 @@ fn send_until_stopped(store: &dyn Backend, t: &Target, stop: &AtomicBool) {
     let mut failing_since: Option<Instant> = None;
     let mut flush_until: Option<Instant> = None;
     let mut backlog = false;
+    let mut pending: Option<(Vec<u64>, Vec<u8>, usize)> = None;
     loop {
         if stop.load(Ordering::SeqCst) {
             let until = *flush_until.get_or_insert_with(|| Instant::now() + FLUSH_FOR);
@@ -305,9 +306,18 @@ fn send_until_stopped(store: &dyn Backend, t: &Target, stop: &AtomicBool) {
             nap(POLL, stop);
             continue;
         }
-        let (body, spans) = batch(store, &entries);
         let seqs: Vec<u64> = entries.iter().map(|e| e.seq).collect();
-        match send(&agent, t, body) {
+        // A retry of the same entries sends the request already built (a receiver that is
+        // down costs no reads of the tasks and no encoding per attempt).
+        let (body, spans) = match pending.take() {
+            Some((s, body, spans)) if s == seqs => (body, spans),
+            _ => batch(store, &entries),
+        };
+        let sent = send(&agent, t, &body);
+        if matches!(sent, Sent::Failed(_)) {
+            pending = Some((seqs.clone(), body, spans));
+        }
+        match sent {
             Sent::Accepted => {
                 m.otlp_exported.inc_by(spans as u64);
                 if let Some(since) = failing_since.take() {
