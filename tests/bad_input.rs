@@ -182,6 +182,11 @@ fn cli_arguments() {
         (&["--time-scale", "NaN"], "time-scale"),
         (&["--time-scale", "inf"], "time-scale"),
         (&["--drain", "--drain"], "cannot be used multiple times"),
+        (&["--otlp-backlog", "0"], "otlp-backlog"),
+        (
+            &["--otlp-endpoint", "ftp://x"],
+            "must be an http:// or https:// URL",
+        ),
     ] {
         let mut a = vec!["run".to_string()];
         a.extend(extra.iter().map(|s| s.to_string()));
