@@ -89,6 +89,18 @@ fn with_tasks(name: &str, n: usize) -> TempDir {
     dir
 }
 
+/// [`with_tasks`] on PostgreSQL (`None`, said, when it is missing).
+fn pg_with_tasks(name: &str, n: usize) -> Option<TempDir> {
+    let Some(dir) = TempDir::on(name, Backend::Postgres) else {
+        missing("PostgreSQL", ".ci/test installs it");
+        return None;
+    };
+    for _ in 0..n {
+        enqueue(dir.path(), &["--model", "policy"]);
+    }
+    Some(dir)
+}
+
 /// Waits until every task of `d` finished.
 fn wait_all_finished(d: &Path, what: &str) {
     wait_for(what, || {
@@ -458,16 +470,12 @@ fn a_full_backlog_drops_its_oldest_spans_and_says_how_many() {
 #[test]
 fn two_exporting_daemons_on_one_database_send_each_span_once() {
     let Some(py) = python() else { return };
-    let Some(dir) = TempDir::on("otlp-two", Backend::Postgres) else {
-        missing("PostgreSQL", ".ci/test installs it");
+    let Some(dir) = pg_with_tasks("otlp-two", 12) else {
         return;
     };
     let d = dir.path();
     let out = d.join("spans.jsonl");
     let port = pg::free_port();
-    for _ in 0..12 {
-        enqueue(d, &["--model", "policy"]);
-    }
     let endpoint = format!("http://127.0.0.1:{port}");
     let daemons: Vec<_> = (0..2)
         .map(|_| {
@@ -519,14 +527,10 @@ fn two_exporting_daemons_on_one_database_send_each_span_once() {
 #[test]
 fn a_stopping_exporter_leaves_its_claims_to_the_next() {
     let Some(py) = python() else { return };
-    let Some(dir) = TempDir::on("otlp-release", Backend::Postgres) else {
-        missing("PostgreSQL", ".ci/test installs it");
+    let Some(dir) = pg_with_tasks("otlp-release", 3) else {
         return;
     };
     let d = dir.path();
-    for _ in 0..3 {
-        enqueue(d, &["--model", "policy"]);
-    }
     let out = d.join("spans.jsonl");
     let port = pg::free_port();
     let endpoint = format!("http://127.0.0.1:{port}");
