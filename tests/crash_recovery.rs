@@ -15,7 +15,6 @@
 mod common;
 use common::*;
 
-use std::process::Stdio;
 use std::time::Duration;
 
 const TASKS: usize = 60;
@@ -71,18 +70,14 @@ fn daemon_killed_at_random_moments_loses_and_repeats_nothing(dir) {
     }
 
     for _ in 0..KILLS {
-        let mut child = command(&d)
-            .args(["run", "--workers", "4", "--time-scale", "0.004"])
-            // On PostgreSQL a killed daemon's claims are taken over when its heartbeat
-            // runs out (a file judges the dead process at once).
-            .args(["--heartbeat-ttl-ms", "1500", "--recover-every-ms", "200"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start daemon");
-        std::thread::sleep(Duration::from_millis(20 + rng.below(120)));
-        child.kill().expect("SIGKILL the daemon");
-        child.wait().expect("reap the daemon");
+        kill_after(
+            command(&d)
+                .args(["run", "--workers", "4", "--time-scale", "0.004"])
+                // On PostgreSQL a killed daemon's claims are taken over when its heartbeat
+                // runs out (a file judges the dead process at once).
+                .args(["--heartbeat-ttl-ms", "1500", "--recover-every-ms", "200"]),
+            20 + rng.below(120),
+        );
     }
     for e in enqueuers {
         e.join().expect("enqueuer thread");

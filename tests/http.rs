@@ -138,13 +138,7 @@ fn worker_env(dir: &Path, args: &[&str]) -> std::process::Output {
 }
 
 fn okc(dir: &Path, args: &[&str]) -> String {
-    let out = worker_env(dir, args);
-    assert!(
-        out.status.success(),
-        "worker {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    succeeded(worker_env(dir, args), args)
 }
 
 /// Enqueues a task for Ana driven by the mock model profile of the test's config.
@@ -528,19 +522,15 @@ fn daemon_killed_while_http_writes_are_in_flight() {
     okc(d, &["enqueue", "--file", "tasks.jsonl"]);
     let mut rng = 0x2545_f491_4f6c_dd1du64;
     for _ in 0..12 {
-        let mut child = Command::new(bin())
-            .args(["--config", "worker.toml", "run", "--workers", "4"])
-            .current_dir(d)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("daemon");
         rng ^= rng << 13;
         rng ^= rng >> 7;
         rng ^= rng << 17;
-        std::thread::sleep(Duration::from_millis(30 + rng % 90));
-        child.kill().expect("kill");
-        child.wait().expect("wait");
+        kill_after(
+            Command::new(bin())
+                .args(["--config", "worker.toml", "run", "--workers", "4"])
+                .current_dir(d),
+            30 + rng % 90,
+        );
     }
     okc(d, &["run", "--drain"]);
     for _ in 0..4 {

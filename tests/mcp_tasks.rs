@@ -13,8 +13,6 @@ use common::*;
 
 use serde_json::{Value, json};
 use std::path::Path;
-use std::process::Stdio;
-use std::time::Duration;
 
 /// A variable of the worker's own environment that no MCP server may see.
 const CANARY: &str = "sk-canary-7f3a9d";
@@ -35,13 +33,7 @@ fn with_canary(d: &Path, cfg: &str, args: &[&str]) -> String {
         .args(args)
         .output()
         .expect("run worker");
-    assert!(
-        out.status.success(),
-        "worker {args:?} failed ({:?}):\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    succeeded(out, args)
 }
 
 fn enqueue_script(d: &Path, cfg: &str, model: &str, key: &str) -> String {
@@ -544,16 +536,12 @@ fn a_daemon_killed_with_mcp_writes_in_flight_never_sends_a_write_twice() {
     with_canary(d, &cfg, &["enqueue", "--file", "batch.jsonl"]);
     const KILLS: usize = 12;
     for _ in 0..KILLS {
-        let mut child = command(d)
-            .args(["--config", &cfg, "run", "--workers", "4"])
-            .args(["--recover-every-ms", "200"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start daemon");
-        std::thread::sleep(Duration::from_millis(150 + rng.below(600)));
-        child.kill().expect("SIGKILL the daemon");
-        child.wait().expect("reap the daemon");
+        kill_after(
+            command(d)
+                .args(["--config", &cfg, "run", "--workers", "4"])
+                .args(["--recover-every-ms", "200"]),
+            150 + rng.below(600),
+        );
     }
     with_canary(
         d,

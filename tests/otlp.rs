@@ -335,34 +335,16 @@ fn a_daemon_killed_ten_times_loses_no_span() {
     let _rx = receiver(&py, port, &out);
     let endpoint = format!("http://127.0.0.1:{port}");
     for i in 0..24 {
-        ok(
-            d,
-            &[
-                "enqueue",
-                "--user",
-                "cu_ana",
-                "--goal",
-                GOAL,
-                "--model",
-                "policy",
-                "--store-scope",
-                &format!("k{i}"),
-            ],
-        );
+        enqueue(d, &["--model", "policy", "--store-scope", &format!("k{i}")]);
     }
-    let seed = 0x5eed_u64;
-    let mut rng = Rng(seed);
+    let mut rng = Rng(seed("otlp kills"));
     for _ in 0..10 {
-        let mut child = command(d)
-            .args(["run", "--workers", "4", "--time-scale", "0.004"])
-            .args(["--otlp-endpoint", &endpoint])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start daemon");
-        std::thread::sleep(Duration::from_millis(100 + rng.below(400)));
-        child.kill().expect("SIGKILL the daemon");
-        child.wait().expect("reap");
+        kill_after(
+            command(d)
+                .args(["run", "--workers", "4", "--time-scale", "0.004"])
+                .args(["--otlp-endpoint", &endpoint]),
+            100 + rng.below(400),
+        );
     }
     ok(d, &["run", "--drain", "--otlp-endpoint", &endpoint]);
     let spans = received(&out);

@@ -174,7 +174,7 @@ fn batch(store: &dyn Backend, entries: &[OutboxEntry]) -> (Vec<u8>, usize) {
     tasks.sort_unstable();
     tasks.dedup();
     for task in tasks {
-        let wanted: Vec<u32> = entries
+        let wanted: std::collections::BTreeSet<u32> = entries
             .iter()
             .filter(|e| e.task_id == task)
             .flat_map(|e| e.spans.iter().copied())
@@ -189,12 +189,9 @@ fn batch(store: &dyn Backend, entries: &[OutboxEntry]) -> (Vec<u8>, usize) {
                 if wanted.contains(&super::ROOT) {
                     out.push(super::root_of(db, &rec, &spans));
                 }
-                let all = super::spans_of(db, &rec, &spans, &replies);
-                for (s, o) in spans.iter().zip(all) {
-                    if wanted.contains(&s.id) {
-                        out.push(o);
-                    }
-                }
+                out.extend(super::spans_of(db, &rec, &spans, &replies, |id| {
+                    wanted.contains(&id)
+                }));
             }
             Err(e) => {
                 crate::metrics::global()

@@ -151,13 +151,15 @@ fn status_of(status: &str) -> i32 {
     }
 }
 
-/// The OTLP spans of task `rec` of database `db_id`, from its stored spans and recorded
-/// replies (for the messages of failed model calls).
+/// The OTLP spans of task `rec` of database `db_id` whose ids `keep` selects, from its stored
+/// spans and recorded replies (the provider's response and the messages of failed model
+/// calls).
 pub fn spans_of(
     db_id: &str,
     rec: &TaskRecord,
     spans: &[Span],
     replies: &[RecordedReply],
+    keep: impl Fn(u32) -> bool,
 ) -> Vec<OtlpSpan> {
     let trace = trace_id(db_id, &rec.id);
     let base_ns = rec.created_at_ms.saturating_mul(1_000_000);
@@ -166,12 +168,15 @@ pub fn spans_of(
         ModelProfile::OpenAi { temperature, .. } => Some(*temperature),
         _ => None,
     };
-    let step_of = |span: &Span| -> Option<u32> {
-        let parent = spans.iter().find(|p| Some(p.id) == span.parent)?;
-        parent.name.strip_prefix("step ")?.parse().ok()
-    };
+    // The step number of each `step N` span, for its model call's recorded reply.
+    let steps: std::collections::HashMap<u32, u32> = spans
+        .iter()
+        .filter_map(|p| Some((p.id, p.name.strip_prefix("step ")?.parse().ok()?)))
+        .collect();
+    let step_of = |span: &Span| span.parent.and_then(|p| steps.get(&p).copied());
     spans
         .iter()
+        .filter(|sp| keep(sp.id))
         .map(|sp| {
             let mut a: Vec<(String, Attr)> = vec![
                 ("tether.task_id".into(), s(&rec.id)),
@@ -363,7 +368,7 @@ pub fn trace_of(
     replies: &[RecordedReply],
 ) -> Vec<OtlpSpan> {
     let mut out = vec![root_of(db_id, rec, spans)];
-    out.extend(spans_of(db_id, rec, spans, replies));
+    out.extend(spans_of(db_id, rec, spans, replies, |_| true));
     out
 }
 

@@ -82,9 +82,6 @@ impl DecisionTx for RedbTx<'_> {
             self.w.open_table(READY)?.insert((-rec.priority, seq), id)?;
         }
         super::list::Indexes::open(self.w)?.moved(id, was, rec.status)?;
-        if rec.status == QueueStatus::Finished && was != QueueStatus::Finished {
-            super::outbox::queue_root(self.w, id)?;
-        }
         tasks::save(self.w, rec)
     }
 
@@ -109,6 +106,10 @@ impl DecisionTx for RedbTx<'_> {
             .open_table(CALL_KEYS)?
             .insert(c.key.as_str(), encode(c)?.as_slice())?;
         Ok(())
+    }
+
+    fn queue_root(&mut self, id: &str) -> Result<()> {
+        super::outbox::queue_root(self.w, id)
     }
 }
 

@@ -223,6 +223,9 @@ pub trait DecisionTx {
     /// The call record under `key`: `Some(Err)` when it exists but cannot be read.
     fn call(&mut self, key: &str) -> Result<Option<std::result::Result<CallRecord, String>>>;
     fn put_call(&mut self, c: &CallRecord) -> Result<()>;
+    /// Queues the root span of task `id`, which this decision finished, for live export: in
+    /// the decision's transaction, and only if a daemon ever exported from this database.
+    fn queue_root(&mut self, id: &str) -> Result<()>;
 }
 
 /// A decision's result: `Err` of the inner result is an answer the transaction still commits
@@ -247,7 +250,12 @@ fn finish(
     rec.state.status = Status::Stopped;
     rec.status = QueueStatus::Finished;
     rec.updated_at_ms = now_ms;
-    tx.save(rec, was)
+    tx.save(rec, was)?;
+    // The task's root span ends with it (live export; see `crate::otlp::root_of`).
+    if was != QueueStatus::Finished {
+        tx.queue_root(&rec.id)?;
+    }
+    Ok(())
 }
 
 /// Whether the task's write is listed by `held` (and so by `worker reconcile`): held, or

@@ -41,9 +41,9 @@ pub fn ended(c: &Commit) -> Vec<u32> {
     ids
 }
 
-/// Queues the root span of task `id`, which a decision (a cancel, a settlement, an expired
-/// approval wait) finished without a step, if a daemon ever exported from this database (the
-/// outbox's sequence exists): in the decision's transaction, like a commit's spans.
+/// Queues the root span of task `id`, which a decision (a cancel, an expired approval wait)
+/// finished without a step, if a daemon ever exported from this database (the outbox's
+/// sequence exists): in the decision's transaction, like a commit's spans.
 pub(super) fn queue_root(w: &WriteTransaction, id: &str) -> Result<()> {
     let mut meta = w.open_table(super::META)?;
     if meta.get(META_OUTBOX_SEQ)?.is_none() {

@@ -94,7 +94,11 @@ pub fn worker(dir: &Path, args: &[&str]) -> Output {
 }
 
 pub fn ok(dir: &Path, args: &[&str]) -> String {
-    let out = worker(dir, args);
+    succeeded(worker(dir, args), args)
+}
+
+/// The standard output of a `worker ARGS` run that must have succeeded (else its stderr).
+pub fn succeeded(out: Output, args: &[&str]) -> String {
     assert!(
         out.status.success(),
         "worker {args:?} failed ({:?}):\n{}",
@@ -102,6 +106,19 @@ pub fn ok(dir: &Path, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Starts `cmd` (a daemon; its output discarded), lets it run `ms` milliseconds, then
+/// SIGKILLs and reaps it.
+pub fn kill_after(cmd: &mut Command, ms: u64) {
+    let mut child = cmd
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start daemon");
+    std::thread::sleep(std::time::Duration::from_millis(ms));
+    child.kill().expect("SIGKILL the daemon");
+    child.wait().expect("reap the daemon");
 }
 
 pub fn json(dir: &Path, args: &[&str]) -> serde_json::Value {

@@ -122,11 +122,6 @@ impl DecisionTx for PgTx<'_, '_, '_> {
         if v.newly_queued {
             self.s.notify(self.tx)?;
         }
-        if rec.status == QueueStatus::Finished && was != QueueStatus::Finished {
-            self.tx
-                .execute(&self.s.sql(super::outbox::QUEUE_ROOT_SQL), &[&rec.id])
-                .map_err(db_error)?;
-        }
         Ok(())
     }
 
@@ -171,6 +166,13 @@ impl DecisionTx for PgTx<'_, '_, '_> {
                     &c.result_at_ms.map(i64_of),
                 ],
             )
+            .map_err(db_error)?;
+        Ok(())
+    }
+
+    fn queue_root(&mut self, id: &str) -> Result<()> {
+        self.tx
+            .execute(&self.s.sql(super::outbox::QUEUE_ROOT_SQL), &[&id])
             .map_err(db_error)?;
         Ok(())
     }
