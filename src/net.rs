@@ -5,10 +5,14 @@
 use std::time::Duration;
 
 /// An agent whose every request ends within `timeout`; HTTP statuses are answers, not errors.
+/// Redirects are never followed: a 3xx is the answer. Following one would send a tool call
+/// (its Idempotency-Key and approval) or a model request to wherever the answer points, and a
+/// POST would become a GET whose answer says nothing of the write.
 pub fn agent(timeout: Duration) -> ureq::Agent {
     ureq::Agent::config_builder()
         .timeout_global(Some(timeout))
         .http_status_as_error(false)
+        .max_redirects(0)
         .build()
         .into()
 }

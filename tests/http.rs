@@ -934,3 +934,90 @@ fn demo_store_answers_503_beyond_its_connection_limit() {
         "the service answers once the idle clients are gone"
     );
 }
+
+/// A server that answers every request with `status` and `Location: {location}`, and counts
+/// what it was sent.
+fn redirector(status: u16, location: String) -> (String, Arc<Mutex<usize>>) {
+    let server = tiny_http::Server::http("127.0.0.1:0").expect("bind redirector");
+    let url = format!("http://{}", server.server_addr());
+    let hits = Arc::new(Mutex::new(0usize));
+    let seen = Arc::clone(&hits);
+    std::thread::spawn(move || {
+        for req in server.incoming_requests() {
+            *seen.lock().expect("lock") += 1;
+            let h = tiny_http::Header::from_bytes("Location", location.as_bytes()).expect("header");
+            let _ = req.respond(
+                tiny_http::Response::from_string("moved")
+                    .with_status_code(status)
+                    .with_header(h),
+            );
+        }
+    });
+    (url, hits)
+}
+
+/// Review item 11: a tool call never follows a redirect. A 303 used to turn the refund's POST
+/// into a GET to any host, with its Idempotency-Key, and that GET's 404 was taken as a definite
+/// failure, so the applied write was sent again. Now a 3xx on a write is an unknown outcome
+/// (held for reconcile) and on a read an error; the redirect's target receives nothing.
+#[test]
+fn hole_11_redirects_are_never_followed_and_a_redirected_write_is_held() {
+    let dir = TempDir::new("http-redirect");
+    let d = dir.path();
+    let svc = store_service(d, &[]);
+    let (sink, sink_hits) = redirector(404, String::new());
+    let (write_url, write_hits) = redirector(303, format!("{sink}/elsewhere"));
+    let (read_url, read_hits) = redirector(302, format!("{sink}/elsewhere"));
+    let model = mock_model(vec![completion("{}", 1, 1)]);
+    config(d, &svc.url, &model.url);
+    let catalog = std::fs::read_to_string(d.join("tools.toml"))
+        .expect("catalog")
+        .replace(
+            &format!("{}/tools/issue_refund", svc.url),
+            &format!("{write_url}/tools/issue_refund"),
+        )
+        .replace(
+            &format!("{}/tools/search_policy", svc.url),
+            &format!("{read_url}/tools/search_policy"),
+        );
+    std::fs::write(d.join("tools.toml"), catalog).expect("catalog");
+    okc(
+        d,
+        &["enqueue", "--user", "cu_ana", "--goal", "refund", "--model", "policy"],
+    );
+    let script = d.join("search.jsonl");
+    std::fs::write(
+        &script,
+        "{\"type\": \"tool\", \"name\": \"search_policy\", \"args\": {\"q\": \"returns\"}}\n\
+         {\"type\": \"final\", \"outcome\": \"cannot_complete\", \"text\": \"no policy\"}\n",
+    )
+    .expect("script");
+    okc(
+        d,
+        &[
+            "enqueue",
+            "--user",
+            "cu_ana",
+            "--goal",
+            "look up the policy",
+            "--model",
+            &format!("script:{}", script.display()),
+        ],
+    );
+    okc(d, &["run", "--drain"]);
+    let t1 = json(d, &["show", "t1", "--json"]);
+    assert_eq!(t1["stop"], "unknown_outcome", "{t1}");
+    assert_eq!(t1["status"], "held", "{t1}");
+    let held = json(d, &["reconcile", "--json"]);
+    assert_eq!(held[0]["tool"], "issue_refund", "{held}");
+    let t2 = json(d, &["show", "t2", "--json"]);
+    assert_eq!(t2["state"]["last_result"]["status"], "error", "{t2}");
+    assert_eq!(t2["state"]["last_result"]["code"], "http_302", "{t2}");
+    assert_eq!(*write_hits.lock().expect("lock"), 1, "the refund was sent once");
+    assert_eq!(*read_hits.lock().expect("lock"), 1, "the read was sent once");
+    assert_eq!(
+        *sink_hits.lock().expect("lock"),
+        0,
+        "the redirect target received nothing"
+    );
+}

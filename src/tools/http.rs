@@ -1,7 +1,8 @@
 //! Tools called over HTTP with the call key in the `Idempotency-Key` header (and an approval in
 //! `Tether-Approval`), the lookup that `worker reconcile --auto` asks, and the body a tool
 //! service receives. A request is bounded by the tool's timeout and the task's remaining time;
-//! a write whose answer is lost is reported `unknown`, never retried here.
+//! a write whose answer is lost, or that is answered with a redirect (never followed), is
+//! reported `unknown`, never retried here.
 
 use serde_json::{Map, Value, json};
 use std::time::{Duration, Instant};
@@ -86,6 +87,21 @@ fn call_tool(spec: &ToolSpec, req: &ToolRequest<'_>, write: bool) -> Value {
                         format!("unexpected body: {}", clip(&text)),
                     ),
                 },
+                // A redirect is never followed (see `net::agent`): where the call went is not
+                // known, so for a write its outcome is not either.
+                300..=399 => outcome_unknown(
+                    write,
+                    &format!("http_{status}"),
+                    format!(
+                        "the tool answered a redirect to {:?}; tool calls never follow redirects",
+                        clip(
+                            resp.headers()
+                                .get("location")
+                                .and_then(|v| v.to_str().ok())
+                                .unwrap_or("")
+                        )
+                    ),
+                ),
                 // The same key was sent with other arguments: nothing was done for this call.
                 422 => {
                     json!({"status": "error", "code": "idempotency_mismatch", "detail": clip(&text)})
