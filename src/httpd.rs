@@ -1,35 +1,55 @@
 //! A small blocking HTTP/1.1 server with a limit on everything: the project's HTTP edge
 //! (`worker demo-store`, `worker console`, and `/metrics` of `worker run`).
 //!
-//! One thread per connection, at most `connections_max` at once (the next one gets 503 and is
-//! closed); httparse (the parser hyper uses) reads the request head, which may be at most
+//! One thread per connection, at most `connections_max` at once and `per_client_max` from one
+//! client address (the next one gets 503 and is closed), so a client that opens idle
+//! connections takes at most its own share; a new connection must send its first byte within
+//! `first_byte_timeout`. httparse (the parser hyper uses) reads the request head, which may be at most
 //! `head_bytes_max` (431 beyond) with at most 64 headers; a body needs a `Content-Length` of
-//! at most `body_bytes_max` (413 beyond, before a byte of it is read; chunked bodies get 411);
+//! at most `body_bytes_max` (413 beyond, before a byte of it is read; chunked bodies get 411,
+//! two `Content-Length` headers 400);
 //! every request must arrive whole within `request_timeout` of its first byte (408 after), so
 //! a client sending a few bytes at a time holds one connection for a bounded time and never a
 //! handler that others wait for. An idle keep-alive connection is closed after
 //! `idle_timeout`.
 
+use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::sync::Arc;
+use std::net::{IpAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The limits of a server.
 #[derive(Clone, Debug)]
 pub struct Limits {
     pub connections_max: usize,
+    /// Connections from one client address at once (0: a quarter of `connections_max`).
+    pub per_client_max: usize,
+    /// How long a new connection may wait before sending its first byte.
+    pub first_byte_timeout: Duration,
     pub head_bytes_max: usize,
     pub body_bytes_max: usize,
     pub request_timeout: Duration,
     pub idle_timeout: Duration,
 }
 
+impl Limits {
+    fn per_client(&self) -> usize {
+        if self.per_client_max > 0 {
+            self.per_client_max
+        } else {
+            (self.connections_max / 4).max(1)
+        }
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             connections_max: 64,
+            per_client_max: 0,
+            first_byte_timeout: Duration::from_secs(5),
             head_bytes_max: 16 << 10,
             body_bytes_max: crate::limits::HTTP_BODY_BYTES_MAX,
             request_timeout: Duration::from_secs(10),
@@ -145,10 +165,11 @@ pub fn serve(
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
     ready(addr.to_string());
     let open = Arc::new(AtomicUsize::new(0));
+    let per_client: Arc<Mutex<HashMap<IpAddr, usize>>> = Arc::default();
     let limits = Arc::new(limits);
     while !stop.load(Ordering::SeqCst) {
-        let stream = match listener.accept() {
-            Ok((s, _)) => s,
+        let (stream, peer) = match listener.accept() {
+            Ok((s, peer)) => (s, peer.ip()),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 std::thread::sleep(Duration::from_millis(20));
                 continue;
@@ -160,34 +181,70 @@ pub fn serve(
             }
         };
         let _ = stream.set_nonblocking(false);
-        if open.load(Ordering::SeqCst) >= limits.connections_max {
+        let mine = per_client
+            .lock()
+            .map_or(0, |m| m.get(&peer).copied().unwrap_or(0));
+        let busy = if open.load(Ordering::SeqCst) >= limits.connections_max {
+            Some("too many connections")
+        } else if mine >= limits.per_client() {
+            Some("too many connections from this address")
+        } else {
+            None
+        };
+        if let Some(why) = busy {
             let mut s = stream;
             let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
             let _ = write_reply(
                 &mut s,
-                Reply::json(503, &serde_json::json!({"error": "too many connections"})),
+                Reply::json(503, &serde_json::json!({"error": why})),
                 false,
             );
             continue;
         }
         open.fetch_add(1, Ordering::SeqCst);
-        let (open, limits, handler, stop) = (
-            Arc::clone(&open),
-            Arc::clone(&limits),
-            Arc::clone(&handler),
-            Arc::clone(&stop),
-        );
+        if let Ok(mut m) = per_client.lock() {
+            *m.entry(peer).or_default() += 1;
+        }
+        // Released when the connection's thread ends, or at once if it cannot start.
+        let slot = Slot {
+            open: Arc::clone(&open),
+            per_client: Arc::clone(&per_client),
+            peer,
+        };
+        let (limits, handler, stop) =
+            (Arc::clone(&limits), Arc::clone(&handler), Arc::clone(&stop));
         let spawned = std::thread::Builder::new()
             .name("http-conn".into())
             .spawn(move || {
+                let _slot = slot;
                 connection(stream, &limits, &*handler, &stop);
-                open.fetch_sub(1, Ordering::SeqCst);
             });
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "cannot start a connection thread");
         }
     }
     Ok(())
+}
+
+/// A connection's place in the counts, given back when it is dropped.
+struct Slot {
+    open: Arc<AtomicUsize>,
+    per_client: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    peer: IpAddr,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::SeqCst);
+        if let Ok(mut m) = self.per_client.lock()
+            && let Some(n) = m.get_mut(&self.peer)
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                m.remove(&self.peer);
+            }
+        }
+    }
 }
 
 /// Why a request could not be read.
@@ -201,11 +258,16 @@ enum ReadError {
 fn connection(mut s: TcpStream, limits: &Limits, handler: &Handler, stop: &AtomicBool) {
     let _ = s.set_write_timeout(Some(limits.request_timeout));
     let mut buf: Vec<u8> = Vec::new();
+    // A new connection gets `first_byte_timeout` to start; one kept alive after a request
+    // waits up to `idle_timeout` for the next.
+    let mut idle = limits.first_byte_timeout.min(limits.idle_timeout);
     loop {
         if stop.load(Ordering::SeqCst) {
             return;
         }
-        match read_request(&mut s, &mut buf, limits) {
+        let read = read_request(&mut s, &mut buf, limits, idle);
+        idle = limits.idle_timeout;
+        match read {
             Ok((req, keep_alive)) => {
                 let reply = handler(&req);
                 if matches!(reply, Reply::Lose) {
@@ -234,11 +296,12 @@ fn read_request(
     s: &mut TcpStream,
     buf: &mut Vec<u8>,
     limits: &Limits,
+    idle: Duration,
 ) -> Result<(Request, bool), ReadError> {
-    // The head: wait up to the idle timeout for a first byte, then the request timeout.
+    // The head: wait up to `idle` for a first byte, then the request timeout.
     let mut deadline: Option<Instant> =
         (!buf.is_empty()).then(|| Instant::now() + limits.request_timeout);
-    let idle_until = Instant::now() + limits.idle_timeout;
+    let idle_until = Instant::now() + idle;
     let head_len = loop {
         let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
         let mut req = httparse::Request::new(&mut headers);
@@ -290,6 +353,17 @@ fn read_request(
         return Err(ReadError::Status(
             411,
             "send the body with a Content-Length",
+        ));
+    }
+    let lengths = headers
+        .iter()
+        .filter(|(n, _)| n.eq_ignore_ascii_case("Content-Length"))
+        .count();
+    if lengths > 1 {
+        // Two lengths: which one a proxy in front of us believed is anyone's guess.
+        return Err(ReadError::Status(
+            400,
+            "more than one Content-Length header",
         ));
     }
     let body_len = match header("Content-Length") {

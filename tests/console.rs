@@ -391,3 +391,230 @@ conformance! {
         assert_eq!(status, 401, "{login}");
     }
 }
+
+/// `worker console`'s address (`host:port`) from its base URL.
+fn addr_of(c: &Console) -> String {
+    c.base.trim_start_matches("http://").to_string()
+}
+
+/// A request for `path` to the console at `addr` with these headers (a Host of our choosing).
+fn raw(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String) {
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (n, v) in headers {
+        head.push_str(&format!("{n}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    head.push_str(body);
+    raw_http(addr, head.as_bytes(), Duration::from_secs(10), false)
+}
+
+fn form_body(fields: &[(&str, &str)]) -> String {
+    fields
+        .iter()
+        .map(|(k, v)| {
+            let enc: String = v
+                .bytes()
+                .map(|b| {
+                    if b.is_ascii_alphanumeric() {
+                        (b as char).to_string()
+                    } else {
+                        format!("%{b:02X}")
+                    }
+                })
+                .collect();
+            format!("{k}={enc}")
+        })
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+/// Review item 2: a page on attacker.example whose name was rebound to 127.0.0.1 read a task
+/// page with its CSRF token, key and digest, and posted the approval (303, an `approve` event
+/// by the console's operator). Now the loopback console answers only requests addressed to a
+/// loopback name, and refuses a form sent from another site (Origin, Sec-Fetch-Site).
+#[test]
+fn hole_2_a_rebound_page_can_neither_read_nor_approve() {
+    let dir = TempDir::new("console-rebinding");
+    let d = dir.path();
+    suspended(d, "s1", "cu_ana");
+    ok(d, &["run", "--drain"]);
+    let c = console(d, &["--by", "alice"]);
+    let addr = addr_of(&c);
+    let port = addr.rsplit(':').next().expect("port").to_string();
+    let evil = format!("attacker.example:{port}");
+    let (status, body) = raw(&addr, "GET", "/tasks/t1", &[("Host", &evil)], "");
+    assert_eq!(status, 403, "{body}");
+    assert!(!body.contains("csrf"), "{body}");
+    // What the page would have given away, read the honest way.
+    let html = get(&format!("{}/tasks/t1", c.base), None).1;
+    let fields = [
+        ("csrf", field(&html, "csrf")),
+        ("key", field(&html, "key")),
+        ("digest", field(&html, "digest")),
+        ("reason", "rebound".to_string()),
+    ];
+    let fields: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let body = form_body(&fields);
+    let form = ("Content-Type", "application/x-www-form-urlencoded");
+    let own = addr.as_str();
+    for headers in [
+        vec![("Host", evil.as_str()), form],
+        vec![("Host", own), form, ("Origin", "http://attacker.example")],
+        vec![("Host", own), form, ("Origin", "null")],
+        vec![("Host", own), form, ("Sec-Fetch-Site", "cross-site")],
+    ] {
+        let (status, answer) = raw(&addr, "POST", "/tasks/t1/approve", &headers, &body);
+        assert_eq!(status, 403, "{headers:?}: {answer}");
+    }
+    assert_eq!(json(d, &["events", "t1", "--json"]), serde_json::json!([]));
+    let origin = format!("http://{addr}");
+    let (status, answer) = raw(
+        &addr,
+        "POST",
+        "/tasks/t1/approve",
+        &[
+            ("Host", own),
+            form,
+            ("Origin", &origin),
+            ("Sec-Fetch-Site", "same-origin"),
+        ],
+        &body,
+    );
+    assert_eq!(status, 303, "the console's own form is taken: {answer}");
+    assert_eq!(json(d, &["events", "t1", "--json"])[0]["verb"], "approve");
+}
+
+/// A TCP connection to `to` from the local address `from` (another loopback address: Linux
+/// routes all of 127.0.0.0/8 to the loopback interface).
+fn connect_from(from: [u8; 4], to: &str) -> std::net::TcpStream {
+    use std::os::fd::FromRawFd;
+    let to: std::net::SocketAddrV4 = to.parse().expect("an IPv4 address");
+    let sockaddr = |ip: [u8; 4], port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(ip),
+        },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: a fresh socket, bound and connected with well-formed addresses; its descriptor
+    // is handed to a TcpStream that owns it from then on.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+        assert!(fd >= 0, "socket");
+        let local = sockaddr(from, 0);
+        assert_eq!(libc::bind(fd, (&raw const local).cast(), len), 0, "bind");
+        let remote = sockaddr(to.ip().octets(), to.port());
+        assert_eq!(
+            libc::connect(fd, (&raw const remote).cast(), len),
+            0,
+            "connect"
+        );
+        std::net::TcpStream::from_raw_fd(fd)
+    }
+}
+
+/// Review item 8: 64 idle connections locked every operator out of the token console (503
+/// "too many connections") for as long as they were reopened. Now one client address gets at
+/// most a quarter of the connections, and a connection that sends nothing is closed after a
+/// few seconds.
+#[test]
+fn hole_8_idle_connections_do_not_lock_the_operators_out() {
+    use std::io::Read;
+    let dir = TempDir::new("console-idle");
+    let d = dir.path();
+    suspended(d, "s1", "cu_ana");
+    ok(d, &["run", "--drain"]);
+    std::fs::write(d.join("tokens.txt"), "dana 5f1b7c0a9e3d4c2b8a6f\n").expect("token file");
+    let c = console(d, &["--token-file", "tokens.txt"]);
+    let addr = addr_of(&c);
+    let idle: Vec<std::net::TcpStream> = (0..64)
+        .map(|_| connect_from([127, 0, 0, 2], &addr))
+        .collect();
+    // The connections beyond this address's share are answered 503 at once.
+    let mut refused = 0;
+    for mut s in idle.iter().skip(16) {
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+        assert!(answer.contains("from this address"), "{answer}");
+        refused += 1;
+    }
+    assert_eq!(refused, 48);
+    let (status, _) = get(
+        &format!("{}/tasks/t1", c.base),
+        Some("5f1b7c0a9e3d4c2b8a6f"),
+    );
+    assert_eq!(
+        status, 200,
+        "the operator is served beside 64 idle connections"
+    );
+    // An idle connection that sent nothing is closed (an empty answer), well before a minute.
+    let mut first = &idle[0];
+    first
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    let mut rest = Vec::new();
+    assert_eq!(
+        first.read_to_end(&mut rest).expect("closed by the server"),
+        0
+    );
+}
+
+/// Review item 13, the console's part: with a token file, /metrics and /healthz need a token
+/// unless --public-metrics; tokens are compared in constant time (not observable here); a
+/// `?done=` text of the link's own never shows as a success; two Content-Length headers are
+/// refused.
+#[test]
+fn hole_13_the_token_console_guards_metrics_messages_and_lengths() {
+    let dir = TempDir::new("console-smaller");
+    let d = dir.path();
+    suspended(d, "s1", "cu_ana");
+    ok(d, &["run", "--drain"]);
+    std::fs::write(d.join("tokens.txt"), "dana 5f1b7c0a9e3d4c2b8a6f\n").expect("token file");
+    let token = Some("5f1b7c0a9e3d4c2b8a6f");
+    let c = console(d, &["--token-file", "tokens.txt"]);
+    for path in ["/metrics", "/healthz"] {
+        assert_eq!(get(&format!("{}{path}", c.base), None).0, 401, "{path}");
+        assert_eq!(get(&format!("{}{path}", c.base), token).0, 200, "{path}");
+    }
+    let forged = get(
+        &format!("{}/tasks/t1?done=refund%20issued%20to%20attacker", c.base),
+        token,
+    )
+    .1;
+    assert!(!forged.contains("refund issued to attacker"), "{forged}");
+    assert!(!forged.contains("Recorded:"), "{forged}");
+    let addr = addr_of(&c);
+    let (status, body) = raw_http(
+        &addr,
+        b"POST /login HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 40\r\n\r\ntoken",
+        Duration::from_secs(10),
+        false,
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("more than one Content-Length"), "{body}");
+    drop(c);
+    let c = console(d, &["--token-file", "tokens.txt", "--public-metrics"]);
+    assert_eq!(get(&format!("{}/metrics", c.base), None).0, 200);
+    assert_eq!(
+        get(&format!("{}/", c.base), None).0,
+        303,
+        "pages still need a token"
+    );
+    let (code, err) = fails(d, &["console", "--token-file", "no-such-file.txt"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("no-such-file.txt"), "{err}");
+}

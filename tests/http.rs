@@ -983,7 +983,9 @@ fn hole_11_redirects_are_never_followed_and_a_redirected_write_is_held() {
     std::fs::write(d.join("tools.toml"), catalog).expect("catalog");
     okc(
         d,
-        &["enqueue", "--user", "cu_ana", "--goal", "refund", "--model", "policy"],
+        &[
+            "enqueue", "--user", "cu_ana", "--goal", "refund", "--model", "policy",
+        ],
     );
     let script = d.join("search.jsonl");
     std::fs::write(
@@ -1013,8 +1015,16 @@ fn hole_11_redirects_are_never_followed_and_a_redirected_write_is_held() {
     let t2 = json(d, &["show", "t2", "--json"]);
     assert_eq!(t2["state"]["last_result"]["status"], "error", "{t2}");
     assert_eq!(t2["state"]["last_result"]["code"], "http_302", "{t2}");
-    assert_eq!(*write_hits.lock().expect("lock"), 1, "the refund was sent once");
-    assert_eq!(*read_hits.lock().expect("lock"), 1, "the read was sent once");
+    assert_eq!(
+        *write_hits.lock().expect("lock"),
+        1,
+        "the refund was sent once"
+    );
+    assert_eq!(
+        *read_hits.lock().expect("lock"),
+        1,
+        "the read was sent once"
+    );
     assert_eq!(
         *sink_hits.lock().expect("lock"),
         0,

@@ -79,7 +79,7 @@ pub enum Command {
     /// The web console: tasks, a task's trace and budgets, held writes; approve, reject,
     /// reconcile and cancel with the same audit events as the CLI.
     #[command(
-        after_help = "Example:\n  worker console                                   # http://127.0.0.1:8080\n  worker console --listen 0.0.0.0:8080 --token-file tokens.txt\n\nA token file has one `OPERATOR TOKEN` line per operator (tokens of at least 16\ncharacters); the operator is recorded in the audit log of each decision. Without one,\nthe console listens on loopback only and records --by. /metrics and /healthz are\nserved too."
+        after_help = "Example:\n  worker console                                   # http://127.0.0.1:8080\n  worker console --listen 0.0.0.0:8080 --token-file tokens.txt\n\nA token file has one `OPERATOR TOKEN` line per operator (tokens of at least 16\ncharacters); the operator is recorded in the audit log of each decision, and /metrics\nand /healthz need a token too unless --public-metrics. Without a token file, the console\nlistens on loopback only, answers only requests addressed to a loopback name (so a web\npage cannot reach it through DNS rebinding), and records --by. Forms sent from another\nsite (Origin, Sec-Fetch-Site) are refused."
     )]
     Console(ConsoleArgs),
     /// The tools of the MCP servers in the config, as the kernel sees them.
@@ -420,6 +420,10 @@ pub struct ConsoleArgs {
     /// Who may sign in: one `OPERATOR TOKEN` line each.
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
+    /// With --token-file: serve /metrics and /healthz without a token (for a scraper that
+    /// cannot send one). Without this, they need a token like every other page.
+    #[arg(long, requires = "token_file")]
+    pub public_metrics: bool,
     /// The operator recorded for decisions when there is no token file (default: $USER).
     #[arg(long, default_value_t = default_by())]
     pub by: String,

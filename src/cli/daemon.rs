@@ -241,7 +241,9 @@ pub(super) fn cmd_console(cli: &Cli, a: &ConsoleArgs) -> CliResult {
         .map_err(|e| CliError::usage(e).hint("pass --token-file FILE, or listen on 127.0.0.1"))?;
     let access = match &a.token_file {
         Some(path) => {
-            let text = crate::limits::read_file(path, 1 << 20).map_err(CliError::op)?;
+            // A token file that is not there is a wrong argument, named as such.
+            let text = crate::limits::read_file(path, 1 << 20)
+                .map_err(|e| CliError::usage(format!("--token-file {}: {e}", path.display())))?;
             Access::Tokens(
                 read_tokens(&text)
                     .map_err(|e| CliError::usage(format!("{}: {e}", path.display())))?,
@@ -260,7 +262,7 @@ pub(super) fn cmd_console(cli: &Cli, a: &ConsoleArgs) -> CliResult {
         signal_hook::flag::register(sig, Arc::clone(&stop))
             .map_err(|e| CliError::op(format!("cannot install the signal handler: {e}")))?;
     }
-    let console = Console::new(db, store_target(cli), access);
+    let console = Console::new(db, store_target(cli), access, a.public_metrics);
     console
         .serve(&a.listen, stop, |addr| {
             tracing::info!(addr = %addr, "console listening");

@@ -8,6 +8,20 @@ use crate::operator;
 use crate::store::Error;
 use crate::store::ops::{Extension, Reviewed, Settlement};
 
+/// What the task page says after a decision, by the code the decision redirects with.
+pub(super) fn done_message(code: &str) -> Option<&'static str> {
+    Some(match code {
+        "approved" => "the held call was approved; it is sent when the task runs again",
+        "rejected" => "the held call was rejected; it is never sent",
+        "applied" => "the held write was settled as applied",
+        "not_applied" => {
+            "the held write was settled as not applied; it is sent again when the task runs"
+        }
+        "cancelled" => "the task was cancelled",
+        _ => return None,
+    })
+}
+
 impl Console {
     /// A decision from a form: CSRF checked, the reviewed call (key and digest) bound, the
     /// same backend decision as the CLI's; then back to the task's page.
@@ -51,11 +65,11 @@ impl Console {
             "approve" => self
                 .db
                 .approve(&id, &reviewed, &extend, &d)
-                .map(|c| format!("approved {}", c.name)),
+                .map(|_| "approved".to_string()),
             "reject" => self
                 .db
                 .reject(&id, &reviewed, &d)
-                .map(|c| format!("rejected {}", c.name)),
+                .map(|_| "rejected".to_string()),
             "reconcile" => {
                 let settlement = match field("outcome").as_deref() {
                     Some("applied") => {
@@ -74,13 +88,9 @@ impl Console {
                 };
                 settlement.and_then(|s| {
                     let applied = matches!(s, Settlement::Applied(_));
-                    self.db.reconcile(&id, &s, &reviewed, &extend, &d).map(|c| {
-                        format!(
-                            "{} recorded as {}",
-                            c.name,
-                            if applied { "applied" } else { "not applied" }
-                        )
-                    })
+                    self.db
+                        .reconcile(&id, &s, &reviewed, &extend, &d)
+                        .map(|_| if applied { "applied" } else { "not_applied" }.to_string())
                 })
             }
             // Checked in the decision's transaction: refused if the task changed since.

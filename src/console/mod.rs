@@ -15,6 +15,7 @@
 //! task's last change and is refused if the task changed since.
 
 mod actions;
+mod guard;
 mod pages;
 
 use askama::Template;
@@ -41,6 +42,24 @@ pub enum Access {
     Loopback { operator: String },
     /// Tokens from the token file: token -> operator.
     Tokens(BTreeMap<String, String>),
+}
+
+/// The operator of `token`, compared in constant time against every listed token (the time
+/// an answer takes says nothing of how much of a guessed token was right).
+fn token_operator<'a>(tokens: &'a BTreeMap<String, String>, token: &str) -> Option<&'a str> {
+    let given = Sha256::digest(token.as_bytes());
+    let mut found = None;
+    for (t, op) in tokens {
+        let listed = Sha256::digest(t.as_bytes());
+        let diff = given
+            .iter()
+            .zip(listed.iter())
+            .fold(0u8, |a, (x, y)| a | (x ^ y));
+        if diff == 0 {
+            found = Some(op.as_str());
+        }
+    }
+    found
 }
 
 /// Reads a token file: one `OPERATOR TOKEN` per line; `#` starts a comment. Tokens must be at
@@ -90,6 +109,8 @@ pub struct Console {
     db: Arc<dyn Backend>,
     tools_target: String,
     access: Access,
+    /// With tokens: whether `/metrics` and `/healthz` are served without one.
+    public_metrics: bool,
     /// Per-process secret the CSRF tokens are derived from.
     secret: String,
 }
@@ -137,7 +158,13 @@ fn render(t: &impl Template, status: u16) -> Reply {
 }
 
 impl Console {
-    pub fn new(db: Arc<dyn Backend>, tools_target: String, access: Access) -> Console {
+    /// `public_metrics`: with tokens, serve `/metrics` and `/healthz` without one.
+    pub fn new(
+        db: Arc<dyn Backend>,
+        tools_target: String,
+        access: Access,
+        public_metrics: bool,
+    ) -> Console {
         let mut seed = [0u8; 16];
         seed[..8].copy_from_slice(&crate::store::random_u64().to_le_bytes());
         seed[8..].copy_from_slice(&crate::store::random_u64().to_le_bytes());
@@ -145,6 +172,7 @@ impl Console {
             db,
             tools_target,
             access,
+            public_metrics,
             secret: hex(&seed),
         }
     }
@@ -193,7 +221,9 @@ impl Console {
                             .find_map(|kv| kv.trim().strip_prefix("tether_token="))
                     })
                     .map(percent_decode);
-                bearer.or(cookie).and_then(|t| tokens.get(&t).cloned())
+                bearer
+                    .or(cookie)
+                    .and_then(|t| token_operator(tokens, &t).map(str::to_string))
             }
         }
     }
@@ -227,8 +257,23 @@ impl Console {
     }
 
     fn handle(&self, req: &Request) -> Reply {
-        if let Some(r) = crate::metrics::handle(self.db.as_ref(), req) {
-            return r;
+        let loopback = matches!(self.access, Access::Loopback { .. });
+        if let Some(why) = guard::refused(req, loopback) {
+            tracing::warn!(path = %req.path, reason = %why, "console: request refused");
+            return Reply::html(403, format!("<p>{}</p>", guard::escape(&why)));
+        }
+        if req.path == "/metrics" || req.path == "/healthz" {
+            if loopback || self.public_metrics || self.operator(req).is_some() {
+                if let Some(r) = crate::metrics::handle(self.db.as_ref(), req) {
+                    return r;
+                }
+            } else {
+                return Reply::json(
+                    401,
+                    &json!({"error": "a token is needed (Authorization: Bearer TOKEN), or start the console with --public-metrics"}),
+                )
+                .with_header("WWW-Authenticate", "Bearer");
+            }
         }
         if req.path == "/login" {
             return self.login(req);
@@ -282,7 +327,7 @@ impl Console {
             return render(&LoginPage { failed: false }, 200);
         }
         let token = form(req).remove("token").unwrap_or_default();
-        if !tokens.contains_key(&token) {
+        if token_operator(tokens, &token).is_none() {
             tracing::warn!("console: a sign-in with an unknown token");
             return render(&LoginPage { failed: true }, 401);
         }
@@ -364,7 +409,12 @@ impl Console {
     fn task(&self, op: &str, id: &str, done: Option<String>) -> crate::store::Result<Reply> {
         let id = self.db.resolve(&percent_decode(id))?;
         let d = operator::detail(self.db.as_ref(), &id)?;
-        let flash = done.map(|v| format!("Recorded: {v}."));
+        // Only the console's own outcomes are shown: a link with any other `done` text shows
+        // nothing, so nobody can make the page announce what did not happen.
+        let flash = done
+            .as_deref()
+            .and_then(actions::done_message)
+            .map(|m| format!("Recorded: {m}."));
         Ok(render(
             &TaskPage::new(self.frame(op), &d, self.csrf(op), flash),
             200,
