@@ -152,15 +152,9 @@ fn read(path: &Path) -> Result<String, String> {
     })
 }
 
-/// An http:// or https:// URL with a host.
+/// An http:// or https:// URL with a host (see [`crate::net::check_url`]).
 fn is_url(u: &str) -> bool {
-    let rest = u
-        .strip_prefix("http://")
-        .or_else(|| u.strip_prefix("https://"));
-    rest.is_some_and(|r| {
-        let host = r.split(['/', '?', '#']).next().unwrap_or("");
-        !host.is_empty() && !host.starts_with(':') && !r.chars().any(char::is_whitespace)
-    })
+    crate::net::check_url(u).is_ok()
 }
 
 pub fn load_catalog(path: &Path) -> Result<Catalog, String> {

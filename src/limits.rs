@@ -71,18 +71,99 @@ pub fn parse_json_input(text: &str, what: &str, max_bytes: usize) -> Result<Valu
 }
 
 /// Parses JSON text (serde_json's own 128-level bound applies; no depth check of ours). For
-/// values that were checked before they were stored.
+/// values that were checked before they were stored. A field named twice in one object is
+/// refused, never resolved by keeping one of them: `{"user": "u", "user": "v"}` means nothing
+/// a reader can be sure of.
 pub fn parse_json(text: &str, what: &str) -> Result<Value, LimitError> {
-    serde_json::from_str(text).map_err(|e| {
+    strict_json(text).map_err(|e| {
         let e = e.to_string();
         if e.contains("recursion limit") {
             LimitError(format!(
                 "{what} nests deeper than {JSON_DEPTH_MAX} levels of arrays and objects"
             ))
+        } else if let Some(rest) = e.strip_prefix(DUPLICATE) {
+            LimitError(format!("{what} names the field {rest}"))
         } else {
             LimitError(format!("{what} is not valid JSON: {e}"))
         }
     })
+}
+
+const DUPLICATE: &str = "duplicate field ";
+
+/// JSON text as a value, refusing an object that names a field twice.
+pub fn strict_json(text: &str) -> Result<Value, serde_json::Error> {
+    use serde::de::DeserializeSeed;
+    let mut de = serde_json::Deserializer::from_str(text);
+    let v = Strict.deserialize(&mut de)?;
+    de.end()?;
+    Ok(v)
+}
+
+/// A `serde_json::Value` read by a visitor that refuses duplicate object keys.
+struct Strict;
+
+impl<'de> serde::de::DeserializeSeed<'de> for Strict {
+    type Value = Value;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(Strict)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Strict {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::Number(v.into()))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::Number(v.into()))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_string()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(Strict)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+        while let Some(v) = seq.next_element_seed(Strict)? {
+            out.push(v);
+        }
+        Ok(Value::Array(out))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = serde_json::Map::new();
+        while let Some(k) = map.next_key::<String>()? {
+            if out.contains_key(&k) {
+                return Err(serde::de::Error::custom(format!(
+                    "{DUPLICATE}{:?} twice",
+                    printable(&k)
+                )));
+            }
+            let v = map.next_value_seed(Strict)?;
+            out.insert(k, v);
+        }
+        Ok(Value::Object(out))
+    }
 }
 
 /// How deep arrays and objects nest in `v` (a scalar is 0), without recursion.
@@ -178,6 +259,24 @@ pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
             out.extend(c.escape_default());
         } else {
             out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// Text for one field of one line of output (a table cell): newlines, carriage returns and
+/// tabs shown escaped too, so a stored goal or note can never print a row of its own.
+pub fn one_line(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(|c| matches!(c, '\n' | '\r' | '\t')) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c => out.push(c),
         }
     }
     std::borrow::Cow::Owned(out)

@@ -1,5 +1,6 @@
 //! The blocking HTTP client (ureq) shared by the model and tool adapters: an agent bounded by
-//! a timeout, the retry backoff, bounded body reads and clipped error texts. It fits the
+//! a timeout that never follows redirects, the check every configured URL passes, the retry
+//! backoff, bounded body reads and clipped error texts. It fits the
 //! thread-per-task daemon: no async runtime.
 
 use std::time::Duration;
@@ -37,6 +38,35 @@ pub fn read_body(
             }
             e => format!("the response body could not be read: {e}"),
         })
+}
+
+/// Whether `u` is an absolute `http://` or `https://` URL with a host, as the HTTP client will
+/// read it: no whitespace or control characters, a host that is not empty, a port that is a
+/// number. `Err` says what is wrong (the URL shown escaped).
+pub fn check_url(u: &str) -> Result<(), String> {
+    let shown = crate::limits::printable(u);
+    if u.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(format!("{shown:?} contains a space or a control character"));
+    }
+    let uri: http::Uri = u
+        .parse()
+        .map_err(|e| format!("{shown:?} is not a URL: {e}"))?;
+    match uri.scheme_str() {
+        Some("http" | "https") => {}
+        _ => return Err(format!("{shown:?} must be an http:// or https:// URL")),
+    }
+    let Some(auth) = uri.authority() else {
+        return Err(format!("{shown:?} has no host"));
+    };
+    if auth.host().is_empty() || auth.host() == "[]" {
+        return Err(format!("{shown:?} has no host"));
+    }
+    if auth.as_str().contains('@') {
+        return Err(format!(
+            "{shown:?} carries a user name or password; give credentials another way"
+        ));
+    }
+    Ok(())
 }
 
 /// At most 200 characters of a text, for error messages and logs.

@@ -727,6 +727,7 @@ fn config_and_catalog_files() {
         wrong.len(),
         wrong.join("\n")
     );
+    // A --config that is not there is a wrong argument, as a --file that is not there.
     refused(
         d,
         &[
@@ -738,7 +739,7 @@ fn config_and_catalog_files() {
             "--goal",
             "g",
         ],
-        1,
+        2,
         "cannot read",
     );
     intact(d, &base, "config");
@@ -1246,4 +1247,182 @@ fn model_replies_script_lines_and_tool_results() {
         replies.len() - 1 - (expect.len() - model_cases.len() - tool_cases.len())
     );
     assert!(expect.len() >= 60, "{} cases", expect.len());
+}
+
+/// Review items 13 and 14: bad input that still got through. A batch line (or script line,
+/// or `--result`) naming a field twice ran with the last one; a newline in a goal or a note
+/// printed a row of its own; an OTLP endpoint without a host, or with an escape character,
+/// was accepted; `--metrics not-an-address` and a missing `--config` file exited 1; a FIFO as
+/// `--db` was called a truncated database; `migrate` and `check` adopted the demo store's
+/// file as a worker database; the reconcile hint named one exhausted limit at a time.
+#[test]
+fn hole_14_bad_input_that_got_through() {
+    let (dir, base) = bench("bad-review");
+    let d = dir.path();
+    for line in [
+        r#"{"user": "u", "user": "v", "goal": "g"}"#,
+        r#"{"user": "u", "goal": "g", "goal": "h"}"#,
+        r#"{"user": "u", "goal": "g", "key": "a", "key": "b"}"#,
+        r#"{"user": "u", "goal": "g", "budget": {"steps_max": 3, "steps_max": 9}}"#,
+    ] {
+        std::fs::write(d.join("dup.jsonl"), format!("{line}\n")).expect("batch");
+        refused(d, &["enqueue", "--file", "dup.jsonl"], 2, "twice");
+    }
+    std::fs::write(
+        d.join("dup-script.jsonl"),
+        "{\"type\": \"final\", \"type\": \"plan\", \"outcome\": \"completed\", \"text\": \"x\"}\n",
+    )
+    .expect("script");
+    refused(
+        d,
+        &[
+            "enqueue",
+            "--user",
+            "u",
+            "--goal",
+            "g",
+            "--model",
+            "script:dup-script.jsonl",
+        ],
+        2,
+        "twice",
+    );
+    intact(d, &base, "duplicate fields");
+
+    // Newlines in stored text never print a row of their own.
+    let fake = "refund\nt99      finished   done forged row";
+    ok(d, &["enqueue", "--user", "cu_ana", "--goal", fake]);
+    ok(
+        d,
+        &[
+            "memory",
+            "add",
+            "--user",
+            "cu_ana",
+            "--source",
+            "user_message",
+            "--text",
+            fake,
+        ],
+    );
+    for args in [&["list"][..], &["memory", "list", "--user", "cu_ana"]] {
+        let out = ok(d, args);
+        assert!(
+            !out.lines().any(|l| l.starts_with("t99")),
+            "{args:?} printed a forged row:\n{out}"
+        );
+        assert!(out.contains("refund\\nt99"), "{args:?}:\n{out}");
+    }
+
+    // URLs and addresses are checked at start, before anything is opened.
+    let fresh = TempDir::new("bad-review-fresh");
+    let f = fresh.path();
+    for (args, want) in [
+        (
+            &["run", "--drain", "--otlp-endpoint", "http://:4318"][..],
+            "has no host",
+        ),
+        (
+            &[
+                "run",
+                "--drain",
+                "--otlp-endpoint",
+                "http://col\u{1b}[31mlector:4318",
+            ],
+            "control character",
+        ),
+        (
+            &["run", "--drain", "--otlp-endpoint", "http://a b:4318"],
+            "space",
+        ),
+        (
+            &["run", "--drain", "--metrics", "not-an-address"],
+            "not an address",
+        ),
+        (
+            &["--config", "no-such.toml", "run", "--drain"],
+            "no-such.toml",
+        ),
+        (
+            &[
+                "--config",
+                "no-such.toml",
+                "enqueue",
+                "--user",
+                "u",
+                "--goal",
+                "g",
+            ],
+            "no-such.toml",
+        ),
+    ] {
+        refused(f, args, 2, want);
+        let err = String::from_utf8_lossy(&worker(f, args).stderr).into_owned();
+        assert!(
+            !err.contains('\u{1b}'),
+            "{args:?}: an escape character printed raw: {err:?}"
+        );
+    }
+    assert!(
+        !f.join("worker.redb").exists(),
+        "a usage error created the database"
+    );
+
+    // A FIFO is no database, and neither is the demo store's file.
+    let fifo = f.join("fifo.redb");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    let fifo_s = fifo.display().to_string();
+    refused(f, &["--db", &fifo_s, "list"], 1, "not a regular file");
+    refused(
+        f,
+        &["--db", &fifo_s, "run", "--drain"],
+        1,
+        "not a regular file",
+    );
+    let store_file = d.join("worker.store.redb");
+    assert!(store_file.exists(), "the bench ran the demo store");
+    let store_s = store_file.display().to_string();
+    for verb in [&["migrate"][..], &["check"], &["run", "--drain"], &["list"]] {
+        let mut args = vec!["--db", &store_s];
+        args.extend_from_slice(verb);
+        refused(d, &args, 1, "another kind");
+    }
+    ok(d, &["--store", "worker.store.redb", "store", "ledger"]);
+
+    // A held write whose tool calls and active time are both spent: one hint names both.
+    let held = TempDir::new("bad-review-held");
+    let h = held.path();
+    enqueue(
+        h,
+        &[
+            "--tool-latency",
+            "issue_refund=40000",
+            "--budget",
+            "tool_calls_max=2",
+        ],
+    );
+    ok(h, &["run", "--drain"]);
+    let (code, err) = fails(h, &["reconcile", "t1", "--not-applied", "--by", "bob"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("tool calls are used up") && err.contains("active time is used up"),
+        "{err}"
+    );
+    assert!(
+        err.contains("--extend tool_calls=1,deadline_ms=10000"),
+        "{err}"
+    );
+    ok(
+        h,
+        &[
+            "reconcile",
+            "t1",
+            "--not-applied",
+            "--by",
+            "bob",
+            "--extend",
+            "tool_calls=1,deadline_ms=10000",
+        ],
+    );
 }

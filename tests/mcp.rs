@@ -314,3 +314,27 @@ fn calls_are_answered_lost_and_cancelled_as_the_server_behaves() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// Review item 14: a server that answers every page of `tools/list` with another
+/// `nextCursor` drove `worker tools list` to 834 MB before its timeout. Now the pages and the
+/// tools taken from one server are bounded, and the listing fails with a message naming it.
+#[test]
+fn hole_14_an_endless_tool_list_is_refused_not_followed() {
+    let Some(py) = python() else { return };
+    let dir = TempDir::new("mcp-endless");
+    let d = dir.path();
+    std::fs::write(
+        d.join("endless.toml"),
+        format!(
+            "[mcp.servers.endless]\ncommand = {:?}\nargs = [{:?}]\nenv = {{ LIST = \"endless\" }}\ntrusted = true\n",
+            py.display().to_string(),
+            server_py()
+        ),
+    )
+    .expect("config");
+    let (code, err) = fails(d, &["--config", "endless.toml", "tools", "list"]);
+    assert_eq!(code, 1, "{err}");
+    // Refused for its pages, not cut off by the timeout after reading without a bound.
+    assert!(err.contains("MCP server endless"), "{err}");
+    assert!(err.contains("pages of tools/list"), "{err}");
+}

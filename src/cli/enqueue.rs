@@ -122,7 +122,13 @@ pub(super) fn load_config(cli: &Cli) -> Result<Option<crate::config::Config>, Cl
     match &cli.config {
         None => Ok(None),
         Some(p) => crate::config::load(p).map(Some).map_err(|e| {
-            let code = if e.starts_with("cannot read") { 1 } else { 2 };
+            // A file that is not there is a wrong argument (as for --file); one that cannot
+            // be read for another reason is operational.
+            let code = if e.starts_with("cannot read") && p.exists() {
+                1
+            } else {
+                2
+            };
             CliError {
                 message: e,
                 cause: None,

@@ -148,6 +148,7 @@ pub(super) fn cmd_list(cli: &Cli, a: &ListArgs) -> CliResult {
         match l {
             Listed::Task(t) => {
                 let goal: String = t.goal.chars().take(48).collect();
+                let goal = crate::limits::one_line(&goal);
                 outln!(
                     "{:8} {:10} {:16} {:>5} {:>5} {:>6} {:>6.1}  {:10} {:9} {}",
                     t.id,
@@ -202,8 +203,8 @@ pub(super) fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
         r.status.as_str(),
         r.runs
     );
-    outln!("user      {}", st.user_id);
-    outln!("goal      {}", st.goal);
+    outln!("user      {}", crate::limits::one_line(&st.user_id));
+    outln!("goal      {}", crate::limits::one_line(&st.goal));
     outln!(
         "created   {}  updated {}",
         rfc3339(r.created_at_ms),
@@ -211,7 +212,7 @@ pub(super) fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
     );
     outln!("stop      {}", st.stop.map_or("-", |s| s.as_str()));
     if let Some(ans) = &st.answer {
-        outln!("answer    {ans}");
+        outln!("answer    {}", crate::limits::one_line(ans));
     }
     outln!("plan");
     if st.plan.is_empty() {
@@ -352,9 +353,10 @@ pub(super) fn cmd_events(cli: &Cli, a: &EventsArgs) -> CliResult {
             e.task.as_deref().unwrap_or("-"),
             e.verb,
             e.by,
-            e.reason
-                .as_deref()
-                .map_or(String::new(), |r| format!("({r})")),
+            e.reason.as_deref().map_or(String::new(), |r| format!(
+                "({})",
+                crate::limits::one_line(r)
+            )),
             e.detail
         );
     }

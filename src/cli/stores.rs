@@ -136,7 +136,7 @@ pub(super) fn cmd_memory(cli: &Cli, c: &MemoryCommand) -> CliResult {
                         n.user,
                         n.source,
                         n.expires_at_s,
-                        n.text
+                        crate::limits::one_line(&n.text)
                     );
                 }
             }
@@ -174,7 +174,8 @@ pub(super) fn cmd_check(cli: &Cli, a: &JsonArgs) -> CliResult {
                 records.insert(k.to_string(), v);
             }
         }
-        Err(e @ store::Error::Missing(_)) => return Err(e.into()),
+        // Not there, or not a worker database at all: nothing to check.
+        Err(e @ (store::Error::Missing(_) | store::Error::Io { .. })) => return Err(e.into()),
         Err(e) => damaged.push(e.to_string()),
     }
     let sp = store_target(cli);

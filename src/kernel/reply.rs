@@ -60,7 +60,7 @@ pub fn parse_owned(raw: RawReply) -> Result<Reply, String> {
                     limits::REPLY_BYTES_MAX
                 ));
             }
-            serde_json::from_str::<Value>(&t).map_err(|e| format!("reply is not JSON: {e}"))?
+            limits::strict_json(&t).map_err(|e| format!("reply is not JSON: {e}"))?
         }
     };
     // Checked before anything of the reply reaches the state, a call record or a span.

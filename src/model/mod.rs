@@ -199,7 +199,7 @@ pub fn parse_script(text: &str) -> Result<Vec<Value>, String> {
                 crate::limits::REPLY_BYTES_MAX
             ));
         }
-        let v = match serde_json::from_str::<Value>(l) {
+        let v = match crate::limits::strict_json(l) {
             Ok(v) => v,
             Err(e) if e.to_string().contains("recursion limit") => {
                 return Err(format!(
@@ -207,6 +207,10 @@ pub fn parse_script(text: &str) -> Result<Vec<Value>, String> {
                     n + 1,
                     crate::limits::JSON_DEPTH_MAX
                 ));
+            }
+            // A reply that names a field twice is no reply a reader can be sure of.
+            Err(e) if e.to_string().starts_with("duplicate field") => {
+                return Err(format!("line {}: {e}", n + 1));
             }
             Err(_) => Value::String(l.to_string()),
         };

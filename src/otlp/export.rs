@@ -55,11 +55,9 @@ impl Target {
                 None => return Ok(None),
             },
         };
-        if !(url.starts_with("http://") || url.starts_with("https://")) {
-            return Err(format!(
-                "OTLP endpoint {url:?} must be an http:// or https:// URL (OTLP over HTTP, e.g. http://127.0.0.1:4318)"
-            ));
-        }
+        crate::net::check_url(&url).map_err(|e| {
+            format!("OTLP endpoint {e} (OTLP over HTTP, e.g. http://127.0.0.1:4318)")
+        })?;
         let headers = match var("OTEL_EXPORTER_OTLP_HEADERS") {
             Some(h) => parse_headers(&h)?,
             None => Vec::new(),

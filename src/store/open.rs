@@ -189,50 +189,76 @@ impl Store {
                 supported: SCHEMA_VERSION,
             }),
             Some(SCHEMA_VERSION) if self.has_every_table()? => Ok(()),
-            _ => {
-                // A new file, or one of version 1: create what is missing and rewrite every
-                // version-1 record, in one transaction, so the file is never half migrated.
-                let w = self.db.begin_write()?;
-                {
-                    let mut meta = w.open_table(META)?;
-                    let was = meta.get(META_SCHEMA)?.map(|g| g.value());
-                    let v1 = was == Some(1);
-                    meta.insert(META_SCHEMA, SCHEMA_VERSION)?;
-                    w.open_table(READY)?;
-                    w.open_table(RUNNING)?;
-                    w.open_table(ENQUEUE_KEYS)?;
-                    w.open_table(WAITING)?;
-                    w.open_table(HELD)?;
-                    w.open_table(DAMAGED)?;
-                    w.open_table(CALL_KEYS)?;
-                    w.open_table(SPANS)?;
-                    w.open_table(REPLIES)?;
-                    w.open_table(EVENTS)?;
-                    w.open_table(NOTES)?;
-                    let mut tables = super::tasks::Tables::open(&w)?;
-                    if v1 {
-                        let n = migrate_v1(&w, &mut tables)?;
-                        tracing::info!(
-                            path = %self.path.display(),
-                            records = n,
-                            "migrated the database from record format 1 (JSON) to 2"
-                        );
-                    }
-                    drop(tables);
-                    let mut idx = super::list::Indexes::open(&w)?;
-                    if was.is_some_and(|v| v < 3) {
-                        let n = idx.rebuild(&w)?;
-                        tracing::info!(
-                            path = %self.path.display(),
-                            tasks = n,
-                            "built the list indexes (schema version 3)"
-                        );
-                    }
+            _ => self.create_tables(),
+        }
+    }
+
+    /// Creates what is missing and rewrites every version-1 record, in one transaction, so
+    /// the file is never half migrated. A file with tables but no schema version is a redb
+    /// file of another kind (the demo store's, say): refused, never adopted (judged inside the
+    /// write, so a process that just created the file beside us is not mistaken for one).
+    fn create_tables(&self) -> Result<()> {
+        let w = self.db.begin_write()?;
+        {
+            let was = match w.open_table(META) {
+                Ok(t) => t.get(META_SCHEMA)?.map(|g| g.value()),
+                Err(e) => return Err(e.into()),
+            };
+            if was.is_none() {
+                use redb::TableHandle;
+                let others: Vec<String> = w
+                    .list_tables()
+                    .map_err(redb::Error::from)?
+                    .map(|t| t.name().to_string())
+                    .filter(|n| n != META.name())
+                    .collect();
+                if !others.is_empty() {
+                    drop(w);
+                    return Err(Error::Io {
+                        path: self.path.clone(),
+                        source: std::io::Error::other(format!(
+                            "it is a redb database of another kind, not a Tether worker database (it has the tables {}); is it the store file (--store)?",
+                            others.join(", ")
+                        )),
+                    });
                 }
-                w.commit()?;
-                Ok(())
+            }
+            let mut meta = w.open_table(META)?;
+            let v1 = was == Some(1);
+            meta.insert(META_SCHEMA, SCHEMA_VERSION)?;
+            w.open_table(READY)?;
+            w.open_table(RUNNING)?;
+            w.open_table(ENQUEUE_KEYS)?;
+            w.open_table(WAITING)?;
+            w.open_table(HELD)?;
+            w.open_table(DAMAGED)?;
+            w.open_table(CALL_KEYS)?;
+            w.open_table(SPANS)?;
+            w.open_table(REPLIES)?;
+            w.open_table(EVENTS)?;
+            w.open_table(NOTES)?;
+            let mut tables = super::tasks::Tables::open(&w)?;
+            if v1 {
+                let n = migrate_v1(&w, &mut tables)?;
+                tracing::info!(
+                    path = %self.path.display(),
+                    records = n,
+                    "migrated the database from record format 1 (JSON) to 2"
+                );
+            }
+            drop(tables);
+            let mut idx = super::list::Indexes::open(&w)?;
+            if was.is_some_and(|v| v < 3) {
+                let n = idx.rebuild(&w)?;
+                tracing::info!(
+                    path = %self.path.display(),
+                    tasks = n,
+                    "built the list indexes (schema version 3)"
+                );
             }
         }
+        w.commit()?;
+        Ok(())
     }
 }
 
@@ -290,6 +316,17 @@ fn migrate_v1(w: &redb::WriteTransaction, tables: &mut super::tasks::Tables<'_>)
 /// another process has just created is empty only until redb writes its header, so an empty
 /// file is looked at again for up to a second before it is called truncated.
 pub(crate) fn check_not_empty(path: &Path) -> Result<()> {
+    if let Ok(m) = std::fs::metadata(path)
+        && !m.is_file()
+    {
+        // A FIFO, a device or a socket: reading it would block or mean nothing.
+        return Err(Error::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::other(
+                "it is not a regular file (a FIFO, a device or a socket?); give the path of a database file",
+            ),
+        });
+    }
     for _ in 0..20 {
         match std::fs::metadata(path) {
             Ok(m) if m.len() == 0 => std::thread::sleep(std::time::Duration::from_millis(50)),

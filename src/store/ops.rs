@@ -182,26 +182,32 @@ fn budget_value(b: &Budget, name: &str) -> u64 {
 /// would stop the re-sent call before it goes out, and say how to extend it.
 fn check_can_send(rec: &TaskRecord, verb: &str) -> Result<()> {
     let (st, b) = (&rec.state, &rec.budget);
-    let short = if st.tool_calls >= b.tool_calls_max {
-        Some(format!(
-            "its tool calls are used up ({} / {}); try --extend tool_calls=1",
+    // Every limit that would stop the re-send, named at once with the extension for each.
+    let mut why = Vec::new();
+    let mut extend = Vec::new();
+    if st.tool_calls >= b.tool_calls_max {
+        why.push(format!(
+            "its tool calls are used up ({} / {})",
             st.tool_calls, b.tool_calls_max
-        ))
-    } else if st.elapsed_ms >= b.deadline_ms {
-        Some(format!(
-            "its active time is used up ({} ms / {} ms); try --extend deadline_ms=10000",
-            st.elapsed_ms, b.deadline_ms
-        ))
-    } else {
-        None
-    };
-    match short {
-        Some(why) => Err(Error::Conflict(format!(
-            "{verb} would re-send the held call of task {}, but {why}",
-            rec.id
-        ))),
-        None => Ok(()),
+        ));
+        extend.push("tool_calls=1");
     }
+    if st.elapsed_ms >= b.deadline_ms {
+        why.push(format!(
+            "its active time is used up ({} ms / {} ms)",
+            st.elapsed_ms, b.deadline_ms
+        ));
+        extend.push("deadline_ms=10000");
+    }
+    if why.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Conflict(format!(
+        "{verb} would re-send the held call of task {}, but {}; try --extend {}",
+        rec.id,
+        why.join(" and "),
+        extend.join(",")
+    )))
 }
 
 /// One transaction of a backend, as an operator decision sees it. Each backend implements
