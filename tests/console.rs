@@ -178,7 +178,7 @@ fn a_browser_drives_the_console() {
     b.type_in("#approve-reason", "damage confirmed by photo");
     b.click("#approve");
     assert!(
-        b.text("#flash").contains("approved issue_refund"),
+        b.text("#flash").contains("held call was approved"),
         "{}",
         b.text("#flash")
     );
@@ -213,7 +213,7 @@ fn a_browser_drives_the_console() {
     b.screenshot(&shots.join("console-held.png"));
     b.click("#reconcile-applied");
     assert!(
-        b.text("#flash").contains("recorded as applied"),
+        b.text("#flash").contains("settled as applied"),
         "{}",
         b.text("#flash")
     );

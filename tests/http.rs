@@ -72,6 +72,9 @@ fn mock_model(answers: Vec<Answer>) -> MockModel {
     MockModel { url, seen }
 }
 
+/// The approval secret the tests' worker and `demo-store` share (data/tools.toml names it).
+const APPROVAL_SECRET: &str = "test-approval-secret-5b1e";
+
 /// `worker demo-store` on a free port; killed when dropped.
 struct StoreService {
     child: Child,
@@ -96,6 +99,7 @@ fn store_service(dir: &Path, extra: &[&str]) -> StoreService {
         ])
         .args(extra)
         .current_dir(dir)
+        .env("TETHER_APPROVAL_SECRET", APPROVAL_SECRET)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -131,6 +135,7 @@ fn worker_env(dir: &Path, args: &[&str]) -> std::process::Output {
         .args(args)
         .current_dir(dir)
         .env("TETHER_TEST_KEY", "sk-test-123")
+        .env("TETHER_APPROVAL_SECRET", APPROVAL_SECRET)
         .env_remove("WORKER_DB")
         .env_remove("WORKER_STORE")
         .output()
@@ -679,16 +684,43 @@ fn an_approval_reaches_an_http_tool() {
         .filter_map(|a| a["outcome"].as_str())
         .collect();
     assert_eq!(refund_arrivals, ["needs_approval", "applied"]);
-    // A request carrying an approval for other arguments is not approved.
-    let body = r#"{"user_id": "cu_ana", "args": {"order_id": "ord_1004", "amount_cents": 7000}}"#;
-    let resp = ureq::post(&format!("{}/tools/issue_refund", svc.url))
-        .header("Idempotency-Key", "other-db:t9:s2")
-        .header("Tether-Approval", digest.as_str())
-        .send(body)
-        .expect("post");
-    let v: serde_json::Value =
-        serde_json::from_str(&resp.into_body().read_to_string().expect("body")).expect("json");
-    assert_eq!(v["status"], "needs_approval", "{v}");
+    // Review item 12: an approval anyone could make approves nothing. The digest alone (what
+    // any client of the service can compute), a header signed with another secret, one
+    // signed for another call key, and one past its expiry are all refused.
+    // (7000: what is left to refund on ord_1004, above the automatic limit.)
+    let args = json!({"order_id": "ord_1004", "amount_cents": 7000});
+    let own = tether::kernel::state::digest("issue_refund", args.as_object().expect("args"));
+    let later = tether::clock::now_ms() / 1000 + 300;
+    let sign = |secret: &str, key: &str, t: u64| {
+        tether::tools::approval::sign(secret.as_bytes(), key, &own, t)
+    };
+    for (n, header) in [
+        own.clone(),
+        sign("a-guessed-secret", "other-db:t9:s2", later),
+        sign(APPROVAL_SECRET, "other-db:t1:s2", later),
+        sign(APPROVAL_SECRET, "other-db:t9:s2", 1_000_000),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let body = json!({"user_id": "cu_ana", "args": args}).to_string();
+        let resp = ureq::post(&format!("{}/tools/issue_refund", svc.url))
+            .header("Idempotency-Key", &format!("other-db:t9:s{n}"))
+            .header("Tether-Approval", header.as_str())
+            .send(body)
+            .expect("post");
+        let v: serde_json::Value =
+            serde_json::from_str(&resp.into_body().read_to_string().expect("body")).expect("json");
+        assert_eq!(v["status"], "needs_approval", "{header}: {v}");
+    }
+    assert_eq!(
+        refund_amounts(&json_list(
+            d,
+            &["--store", "store.redb", "store", "ledger", "--json"]
+        )),
+        [8000],
+        "nothing forged was applied"
+    );
 }
 
 /// Defect 8 over HTTP: two worker databases, each with its own t1, send their refunds to one
@@ -935,25 +967,83 @@ fn demo_store_answers_503_beyond_its_connection_limit() {
     );
 }
 
-/// A server that answers every request with `status` and `Location: {location}`, and counts
-/// what it was sent.
-fn redirector(status: u16, location: String) -> (String, Arc<Mutex<usize>>) {
-    let server = tiny_http::Server::http("127.0.0.1:0").expect("bind redirector");
+/// A server that answers every request with `status`, `body` and (unless empty) `Location:
+/// {location}`, and counts what it was sent.
+fn answering(status: u16, body: String, location: String) -> (String, Arc<Mutex<usize>>) {
+    let server = tiny_http::Server::http("127.0.0.1:0").expect("bind a tool server");
     let url = format!("http://{}", server.server_addr());
     let hits = Arc::new(Mutex::new(0usize));
     let seen = Arc::clone(&hits);
     std::thread::spawn(move || {
         for req in server.incoming_requests() {
             *seen.lock().expect("lock") += 1;
-            let h = tiny_http::Header::from_bytes("Location", location.as_bytes()).expect("header");
-            let _ = req.respond(
-                tiny_http::Response::from_string("moved")
-                    .with_status_code(status)
-                    .with_header(h),
-            );
+            let mut resp = tiny_http::Response::from_string(body.clone()).with_status_code(status);
+            if !location.is_empty() {
+                resp = resp.with_header(
+                    tiny_http::Header::from_bytes("Location", location.as_bytes()).expect("header"),
+                );
+            }
+            let _ = req.respond(resp);
         }
     });
     (url, hits)
+}
+
+fn redirector(status: u16, location: String) -> (String, Arc<Mutex<usize>>) {
+    answering(status, "moved".into(), location)
+}
+
+/// A catalog (of the test's config) whose `tool` is served at `url` instead.
+fn reroute(d: &Path, store_url: &str, tool: &str, url: &str) {
+    let catalog = std::fs::read_to_string(d.join("tools.toml"))
+        .expect("catalog")
+        .replace(
+            &format!("{store_url}/tools/{tool}"),
+            &format!("{url}/tools/{tool}"),
+        );
+    std::fs::write(d.join("tools.toml"), catalog).expect("catalog");
+}
+
+/// Must-show 2 of the review, over HTTP: a refund applied by a service that then answers with
+/// a body over 1 MiB, with a 500, or with a body that is not a result is held (unknown
+/// outcome), never sent again, even when the task runs again.
+#[test]
+fn hole_1_http_answers_that_cannot_be_used_hold_the_write() {
+    for (name, status, body) in [
+        (
+            "oversized",
+            200,
+            format!(
+                "{{\"status\": \"ok\", \"pad\": \"{}\"}}",
+                "x".repeat(1100 << 10)
+            ),
+        ),
+        (
+            "server-error",
+            500,
+            "internal error after the refund was applied".to_string(),
+        ),
+        ("not-a-result", 200, "<html>refunded</html>".to_string()),
+    ] {
+        let dir = TempDir::new(&format!("http-unusable-{name}"));
+        let d = dir.path();
+        let svc = store_service(d, &[]);
+        let (tool_url, hits) = answering(status, body, String::new());
+        let model = mock_model(vec![completion("{}", 1, 1)]);
+        config(d, &svc.url, &model.url);
+        reroute(d, &svc.url, "issue_refund", &tool_url);
+        okc(
+            d,
+            &[
+                "enqueue", "--user", "cu_ana", "--goal", "refund", "--model", "policy",
+            ],
+        );
+        okc(d, &["run", "--drain"]);
+        okc(d, &["run", "--drain"]);
+        let t = json(d, &["show", "t1", "--json"]);
+        assert_eq!(t["stop"], "unknown_outcome", "{name}: {t}");
+        assert_eq!(*hits.lock().expect("lock"), 1, "{name}: sent once");
+    }
 }
 
 /// Review item 11: a tool call never follows a redirect. A 303 used to turn the refund's POST
@@ -970,17 +1060,8 @@ fn hole_11_redirects_are_never_followed_and_a_redirected_write_is_held() {
     let (read_url, read_hits) = redirector(302, format!("{sink}/elsewhere"));
     let model = mock_model(vec![completion("{}", 1, 1)]);
     config(d, &svc.url, &model.url);
-    let catalog = std::fs::read_to_string(d.join("tools.toml"))
-        .expect("catalog")
-        .replace(
-            &format!("{}/tools/issue_refund", svc.url),
-            &format!("{write_url}/tools/issue_refund"),
-        )
-        .replace(
-            &format!("{}/tools/search_policy", svc.url),
-            &format!("{read_url}/tools/search_policy"),
-        );
-    std::fs::write(d.join("tools.toml"), catalog).expect("catalog");
+    reroute(d, &svc.url, "issue_refund", &write_url);
+    reroute(d, &svc.url, "search_policy", &read_url);
     okc(
         d,
         &[
@@ -1030,4 +1111,106 @@ fn hole_11_redirects_are_never_followed_and_a_redirected_write_is_held() {
         0,
         "the redirect target received nothing"
     );
+}
+
+/// The Python reference of docs/approvals.md, from between its markers.
+fn approval_reference() -> String {
+    let doc = std::fs::read_to_string(format!("{}/docs/approvals.md", env!("CARGO_MANIFEST_DIR")))
+        .expect("docs/approvals.md");
+    let block = doc
+        .split("<!-- reference:begin -->")
+        .nth(1)
+        .and_then(|r| r.split("<!-- reference:end -->").next())
+        .expect("the reference block");
+    block
+        .lines()
+        .filter(|l| !l.starts_with("```"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Review item 12, the service's side: the header the worker really sends for an approved
+/// call verifies with the reference implementation of docs/approvals.md, and only for that
+/// call, that secret and before its expiry.
+#[test]
+fn hole_12_the_documented_check_verifies_the_header_the_worker_sends() {
+    let dir = TempDir::new("http-approval-doc");
+    let d = dir.path();
+    let svc = store_service(d, &[]);
+    // A refund service that asks for approval, then keeps the approved call's headers.
+    let server = tiny_http::Server::http("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", server.server_addr());
+    let seen: Arc<Mutex<Vec<(String, String, String)>>> = Arc::default();
+    let keep = Arc::clone(&seen);
+    std::thread::spawn(move || {
+        for mut req in server.incoming_requests() {
+            let mut body = String::new();
+            let _ = req.as_reader().read_to_string(&mut body);
+            let header = |n: &'static str| {
+                req.headers()
+                    .iter()
+                    .find(|h| h.field.equiv(n))
+                    .map(|h| h.value.to_string())
+            };
+            let answer = match header("Tether-Approval") {
+                Some(a) => {
+                    let key = header("Idempotency-Key").unwrap_or_default();
+                    keep.lock().expect("lock").push((a, key, body));
+                    r#"{"status": "ok", "refunded_cents": 8000}"#
+                }
+                None => r#"{"status": "needs_approval"}"#,
+            };
+            let _ = req.respond(tiny_http::Response::from_string(answer));
+        }
+    });
+    let model = mock_model(vec![completion("{}", 1, 1)]);
+    config(d, &svc.url, &model.url);
+    reroute(d, &svc.url, "issue_refund", &url);
+    okc(
+        d,
+        &[
+            "enqueue",
+            "--user",
+            "cu_ana",
+            "--goal",
+            "refund",
+            "--model",
+            "policy:ord_1004:8000",
+        ],
+    );
+    okc(d, &["run", "--drain"]);
+    let digest = json(d, &["show", "t1", "--json"])["held"]["digest"]
+        .as_str()
+        .expect("digest")
+        .to_string();
+    okc(d, &["approve", "t1", "--digest", &digest, "--by", "alice"]);
+    okc(d, &["run", "--drain"]);
+    let (header, key, body) = seen
+        .lock()
+        .expect("lock")
+        .first()
+        .cloned()
+        .expect("the approved call");
+    let args: Value = serde_json::from_str::<Value>(&body).expect("body")["args"].clone();
+    let script = format!(
+        "{}\nimport sys\nh, k, a, s = sys.argv[1:5]\nargs = json.loads(a)\nprint(approval_ok(h, k, 'issue_refund', args, s.encode()),\n      approval_ok(h, k, 'issue_refund', args, b'another secret'),\n      approval_ok(h, k + 'x', 'issue_refund', args, s.encode()),\n      approval_ok(h, k, 'issue_refund', {{**args, 'amount_cents': 9000}}, s.encode()),\n      approval_ok(h, k, 'issue_refund', args, s.encode(), now=2**40))\n",
+        approval_reference()
+    );
+    std::fs::write(d.join("check.py"), script).expect("script");
+    let out = Command::new("python3")
+        .arg(d.join("check.py"))
+        .args([&header, &key, &args.to_string(), APPROVAL_SECRET])
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "True False False False False",
+        "header {header}"
+    );
+    assert_eq!(json(d, &["show", "t1", "--json"])["stop"], "done");
 }

@@ -613,3 +613,92 @@ fn a_daemon_killed_with_mcp_writes_in_flight_never_sends_a_write_twice() {
     let statuses = arrivals_of(&log, "set_status").len();
     assert!(statuses >= TASKS, "every status was set: {statuses}");
 }
+
+/// Review item 1: an applied MCP write was sent again. A non-idempotent write whose server
+/// applied it and then answered with a result over 1 MiB, or with a JSON-RPC internal error,
+/// was recorded as an error ("was not done"), and the model's next proposal sent it again; a
+/// write that succeeded was sent again when the model proposed the same plan step once more.
+/// Now an answer that arrived but cannot be used holds a write (unknown outcome), and a repeat
+/// under a key with a recorded result is answered from the call record, never sent.
+#[test]
+fn hole_1_an_applied_mcp_write_is_never_sent_again() {
+    let Some(py) = python() else { return };
+    let dir = TempDir::new("mcp-applied");
+    let d = dir.path();
+    let log = d.join("arrivals.jsonl");
+    let logs = log.display().to_string();
+    let note = |order: &str, text: &str| json!({"type": "tool", "name": "add_note", "args": {"order_id": order, "text": text}, "plan_step": "s2"});
+    // The write, then the same plan step proposed again, then a final answer.
+    let twice = |order: &str, again: Value| {
+        let mut lines = one_write("add_note", json!({"order_id": order, "text": "hello"}));
+        lines.insert(3, again);
+        lines
+    };
+    for (mode, order) in [("big", "o-big"), ("rpc_error", "o-rpc")] {
+        let cfg = shop_config(
+            d,
+            &format!("{mode}.toml"),
+            &child_server(
+                &py,
+                &[
+                    ("ARRIVALS", logs.clone()),
+                    ("MODE", mode.into()),
+                    ("MODE_TOOLS", "add_note".into()),
+                ],
+            ),
+            true,
+            "",
+        );
+        let model = script(
+            d,
+            &format!("{mode}.jsonl"),
+            &twice(order, note(order, "hello")),
+        );
+        let t = enqueue_script(d, &cfg, &model, mode);
+        with_canary(d, &cfg, &["run", "--drain", "--workers", "1"]);
+        let s = show(d, &t);
+        assert_eq!(s["stop"], "unknown_outcome", "{mode}: {s:#}");
+        assert_eq!(s["status"], "held", "{mode}: {s:#}");
+        with_canary(d, &cfg, &["run", "--drain", "--workers", "1"]);
+        assert_eq!(
+            sent(&log, "add_note", order),
+            1,
+            "{mode}: applied once, never re-sent"
+        );
+        let held = json(d, &["reconcile", "--json"]);
+        assert!(
+            held.as_array()
+                .expect("held")
+                .iter()
+                .any(|h| h["task"] == t.as_str()),
+            "{mode}: {held:#}"
+        );
+    }
+    // A write that succeeded, proposed again under its plan step: answered from the call
+    // record with the same arguments, refused with others; sent once.
+    let cfg = shop_config(
+        d,
+        "ok.toml",
+        &child_server(&py, &[("ARRIVALS", logs.clone())]),
+        true,
+        "",
+    );
+    let same = script(d, "same.jsonl", &twice("o-same", note("o-same", "hello")));
+    let t = enqueue_script(d, &cfg, &same, "same");
+    with_canary(d, &cfg, &["run", "--drain", "--workers", "1"]);
+    let s = show(d, &t);
+    assert_eq!(s["stop"], "done", "{s:#}");
+    assert_eq!(sent(&log, "add_note", "o-same"), 1, "{s:#}");
+    let calls = s["calls"].as_array().expect("calls");
+    assert_eq!(calls.len(), 1, "{s:#}");
+    let other = script(
+        d,
+        "other.jsonl",
+        &twice("o-other", note("o-other", "changed")),
+    );
+    let t = enqueue_script(d, &cfg, &other, "other");
+    with_canary(d, &cfg, &["run", "--drain", "--workers", "1"]);
+    let trace = ok(d, &["trace", &t]);
+    assert!(trace.contains("key_conflict"), "{trace}");
+    assert_eq!(sent(&log, "add_note", "o-other"), 1, "{trace}");
+}

@@ -452,6 +452,11 @@ pub struct DemoStoreArgs {
     /// Seed of the fault draws.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// The environment variable holding the secret approvals are signed with (the workers'
+    /// catalog names the same one as the tool's approval_secret_env). Unset: no approved
+    /// call is accepted.
+    #[arg(long, default_value = "TETHER_APPROVAL_SECRET", value_name = "VAR")]
+    pub approval_secret_env: String,
 }
 
 #[derive(Args, Debug)]

@@ -10,6 +10,22 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
             a.time_scale
         )));
     }
+    if let Some(addr) = &a.metrics {
+        use std::net::ToSocketAddrs;
+        addr.to_socket_addrs().map_err(|e| {
+            CliError::usage(format!(
+                "--metrics {addr:?} is not an address to listen on: {e}"
+            ))
+            .hint("give HOST:PORT, e.g. --metrics 127.0.0.1:9464")
+        })?;
+    }
+    // Every argument is checked before the database is opened (or created).
+    let otlp = crate::otlp::export::Target::configured(a.otlp_endpoint.as_deref())
+        .map_err(CliError::usage)?
+        .map(|t| crate::otlp::export::Target {
+            backlog_max: a.otlp_backlog,
+            ..t
+        });
     // MCP servers named by the config: one set of sessions for the whole daemon, each started
     // when a task first calls one of its tools.
     let mcp = match super::enqueue::load_config(cli)? {
@@ -37,12 +53,7 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
         heartbeat_ttl_ms: a.heartbeat_ttl_ms,
         recover_every_ms: a.recover_every_ms,
         mcp,
-        otlp: crate::otlp::export::Target::configured(a.otlp_endpoint.as_deref())
-            .map_err(CliError::usage)?
-            .map(|t| crate::otlp::export::Target {
-                backlog_max: a.otlp_backlog,
-                ..t
-            }),
+        otlp,
         ..Config::default()
     };
     if let Some(addr) = &a.metrics {
@@ -219,19 +230,24 @@ pub(super) fn cmd_demo_store(cli: &Cli, a: &DemoStoreArgs) -> CliResult {
         error_rate: a.error_rate,
         seed: a.seed,
     };
-    crate::tools::service::serve(
-        tools,
-        &a.listen,
+    let approval_secret = match std::env::var(&a.approval_secret_env) {
+        Ok(v) if !v.is_empty() => Some(v.into_bytes()),
+        _ => {
+            tracing::warn!(var = %a.approval_secret_env, "no approval secret: approved calls will be refused");
+            None
+        }
+    };
+    let opts = crate::tools::service::Options {
         faults,
-        a.connections as usize,
-        std::time::Duration::from_millis(a.read_timeout_ms),
-        stop,
-        |addr| {
-            use std::io::Write;
-            let _ = writeln!(std::io::stdout(), "listening on http://{addr}");
-            let _ = std::io::stdout().flush();
-        },
-    )
+        connections: a.connections as usize,
+        read_timeout: std::time::Duration::from_millis(a.read_timeout_ms),
+        approval_secret,
+    };
+    crate::tools::service::serve(tools, &a.listen, opts, stop, |addr| {
+        use std::io::Write;
+        let _ = writeln!(std::io::stdout(), "listening on http://{addr}");
+        let _ = std::io::stdout().flush();
+    })
     .map_err(CliError::op)
 }
 

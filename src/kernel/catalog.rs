@@ -102,6 +102,11 @@ pub struct HttpSpec {
     /// Answers whether a call key was applied: `GET {lookup_url}?key=K`.
     #[serde(default)]
     pub lookup_url: Option<String>,
+    /// The environment variable (of the daemon) holding this service's approval secret: an
+    /// approved call is re-sent with a `Tether-Approval` header signed with it, which the
+    /// service verifies. Without one, an approved call is not sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_secret_env: Option<String>,
 }
 
 fn default_method() -> String {

@@ -120,20 +120,52 @@ impl Mcp {
         Ok(session)
     }
 
-    /// The tools `server` offers (`tools/list`, every page).
+    /// The tools `server` offers (`tools/list`, every page), bounded: at most
+    /// [`LIST_PAGES_MAX`] pages and [`LIST_TOOLS_MAX`] tools, so a server that answers every
+    /// page with another `nextCursor` is an error, not a list that grows until memory runs out.
     pub fn list_tools(&self, server: &str, timeout: Duration) -> Result<Vec<Tool>, String> {
         let session = self.session(server, timeout)?;
+        let pages = async {
+            let mut tools = Vec::new();
+            let mut cursor: Option<String> = None;
+            for _ in 0..LIST_PAGES_MAX {
+                let params = cursor
+                    .take()
+                    .map(|c| rmcp::model::PaginatedRequestParams::default().with_cursor(Some(c)));
+                let page = session
+                    .list_tools(params)
+                    .await
+                    .map_err(|e| format!("MCP server {server}: tools/list failed: {e}"))?;
+                tools.extend(page.tools);
+                if tools.len() > LIST_TOOLS_MAX {
+                    return Err(format!(
+                        "MCP server {server} lists more than {LIST_TOOLS_MAX} tools; this worker takes at most that many from one server"
+                    ));
+                }
+                match page.next_cursor {
+                    Some(c) => cursor = Some(c),
+                    None => return Ok(tools),
+                }
+            }
+            Err(format!(
+                "MCP server {server} answered {LIST_PAGES_MAX} pages of tools/list and still named another; this worker reads at most that many"
+            ))
+        };
         self.rt
-            .block_on(async { tokio::time::timeout(timeout, session.list_all_tools()).await })
+            .block_on(async { tokio::time::timeout(timeout, pages).await })
             .map_err(|_| {
                 format!(
                     "MCP server {server}: tools/list gave no answer within {} ms",
                     timeout.as_millis()
                 )
             })?
-            .map_err(|e| format!("MCP server {server}: tools/list failed: {e}"))
     }
 }
+
+/// The most pages of `tools/list` read from one server.
+pub const LIST_PAGES_MAX: usize = 64;
+/// The most tools taken from one server.
+pub const LIST_TOOLS_MAX: usize = 1024;
 
 impl Mcp {
     /// The definition of `tool` as `server` offers it now (`tools/list`, which the SDK caches
@@ -156,15 +188,26 @@ impl Mcp {
 pub enum CallOutcome {
     /// The server answered: the result as the kernel takes a tool result (an object with a
     /// string `status`): `structuredContent` when present, the text content otherwise, and
-    /// `isError` an error result.
+    /// `isError` an error result. Also a JSON-RPC error that says the request was refused
+    /// before the tool ran (parse error, invalid request, unknown method or tool, invalid
+    /// parameters): the tool did not run.
     Answered(serde_json::Value),
     /// No answer: timed out (the request was cancelled), or the session or server died. The
     /// call may or may not have taken effect.
     Lost(String),
+    /// An answer arrived but says nothing usable of what the tool did: a result over the
+    /// input limits, or a JSON-RPC error other than a refusal (an internal error, a
+    /// server-defined one), which a server may send after the tool had its effect. For a write
+    /// this is an unknown outcome, as a lost answer is.
+    Unusable(String),
 }
 
-/// A `tools/call` result as a tool result for the kernel, bounded by the input limits.
-pub fn tool_result(raw: &serde_json::Value) -> serde_json::Value {
+/// JSON-RPC error codes that mean the request was refused before any tool ran.
+const REFUSALS: [i32; 4] = [-32700, -32600, -32601, -32602];
+
+/// A `tools/call` result as a tool result for the kernel, bounded by the input limits; `Err`
+/// when it is over them (the answer cannot be used).
+pub fn tool_result(raw: &serde_json::Value) -> Result<serde_json::Value, String> {
     use serde_json::{Value, json};
     let text: String = raw["content"]
         .as_array()
@@ -192,14 +235,12 @@ pub fn tool_result(raw: &serde_json::Value) -> serde_json::Value {
         }
     };
     // Like every other input: bounded in size and depth before anything keeps it.
-    match crate::limits::parse_json_input(
+    crate::limits::parse_json_input(
         &out.to_string(),
         "the MCP result",
         crate::limits::TOOL_RESULT_BYTES_MAX,
-    ) {
-        Ok(v) => v,
-        Err(e) => json!({"status": "error", "code": "invalid_result", "detail": e.0}),
-    }
+    )
+    .map_err(|e| e.0)
 }
 
 impl Mcp {
@@ -238,15 +279,23 @@ impl Mcp {
                 );
                 CallOutcome::Lost(format!("no answer within {} ms", timeout.as_millis()))
             }
-            // A JSON-RPC error is an answer: the server refused the request (an unknown tool,
-            // invalid parameters), so the tool did not run.
+            // A refusal (an unknown tool, invalid parameters) says the tool did not run; any
+            // other JSON-RPC error may come after the tool had its effect.
             Ok(Err(rmcp::ServiceError::McpError(e))) => {
-                tracing::warn!(server, tool, code = e.code.0, error = %e.message, "MCP call refused");
-                CallOutcome::Answered(serde_json::json!({
-                    "status": "error",
-                    "code": "mcp_error",
-                    "detail": crate::net::clip(&format!("{} ({})", e.message, e.code.0)),
-                }))
+                let detail = crate::net::clip(&format!("{} ({})", e.message, e.code.0));
+                if REFUSALS.contains(&e.code.0) {
+                    tracing::warn!(server, tool, code = e.code.0, error = %e.message, "MCP call refused");
+                    CallOutcome::Answered(serde_json::json!({
+                        "status": "error",
+                        "code": "mcp_error",
+                        "detail": detail,
+                    }))
+                } else {
+                    tracing::warn!(server, tool, code = e.code.0, error = %e.message, "MCP call answered with an error that does not say whether the tool ran");
+                    CallOutcome::Unusable(format!(
+                        "the server answered the JSON-RPC error {detail}"
+                    ))
+                }
             }
             Ok(Err(e)) => {
                 tracing::warn!(server, tool, error = %e, "MCP call lost");
@@ -257,7 +306,13 @@ impl Mcp {
             }
             Ok(Ok(result)) => {
                 let raw = serde_json::to_value(&result).unwrap_or_default();
-                CallOutcome::Answered(tool_result(&raw))
+                match tool_result(&raw) {
+                    Ok(v) => CallOutcome::Answered(v),
+                    Err(e) => {
+                        tracing::warn!(server, tool, error = %e, "MCP result cannot be used");
+                        CallOutcome::Unusable(e)
+                    }
+                }
             }
         }
     }

@@ -3,9 +3,11 @@
 //! approval of this call's key and digest, and the server's definition must still be the one
 //! the task was enqueued with. The task's user id goes into the tool's `user_arg`. A call is
 //! bounded by the task's remaining active time. `tools/call` has no idempotency key, so a lost
-//! answer (a timeout, a dropped connection, a crashed server) is re-sent only for a tool that
-//! is idempotent; for any other write it is an `unknown` outcome, which the kernel holds for
-//! `worker reconcile`.
+//! answer (a timeout, a dropped connection, a crashed server) or one that cannot be used (over
+//! the limits, a JSON-RPC error that is not a refusal) is re-sent only for a tool that is
+//! idempotent; for any other write it is an `unknown` outcome, which the kernel holds for
+//! `worker reconcile`. (A write already answered under its call key is never sent again: the
+//! driver answers a repeat from the call record, being the idempotency layer MCP lacks.)
 
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
@@ -101,27 +103,27 @@ impl McpTools<'_> {
         } else {
             1
         };
-        let mut lost = String::from("no time was left for the call");
+        let mut lost = ("lost", String::from("no time was left for the call"));
         for attempt in 1..=attempts {
             let time = left();
             if time.is_zero() {
                 break;
             }
-            match mcp.call(&m.server, name, args.clone(), time) {
+            lost = match mcp.call(&m.server, name, args.clone(), time) {
                 CallOutcome::Answered(v) => return v,
-                CallOutcome::Lost(why) => {
-                    if attempt < attempts {
-                        tracing::warn!(server = %m.server, tool = name, key = req.key, attempt, error = %why, "MCP answer lost; re-sending (the tool is idempotent)");
-                    }
-                    lost = why;
-                }
+                CallOutcome::Lost(why) => ("lost", why),
+                CallOutcome::Unusable(why) => ("unusable_answer", why),
+            };
+            if attempt < attempts {
+                tracing::warn!(server = %m.server, tool = name, key = req.key, attempt, error = %lost.1, "MCP answer lost or unusable; re-sending (the tool is idempotent)");
             }
         }
+        let (code, detail) = lost;
         if req.access == Access::Write {
             // It may have been applied: the kernel holds it (non-idempotent) for reconcile.
-            json!({"status": "unknown", "code": "lost", "detail": lost})
+            json!({"status": "unknown", "code": code, "detail": detail})
         } else {
-            json!({"status": "error", "code": "lost", "detail": lost})
+            json!({"status": "error", "code": code, "detail": detail})
         }
     }
 }

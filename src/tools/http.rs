@@ -1,5 +1,5 @@
-//! Tools called over HTTP with the call key in the `Idempotency-Key` header (and an approval in
-//! `Tether-Approval`), the lookup that `worker reconcile --auto` asks, and the body a tool
+//! Tools called over HTTP with the call key in the `Idempotency-Key` header (and an approval,
+//! signed with the tool's secret, in `Tether-Approval`: see [`super::approval`]), the lookup that `worker reconcile --auto` asks, and the body a tool
 //! service receives. A request is bounded by the tool's timeout and the task's remaining time;
 //! a write whose answer is lost, or that is answered with a redirect (never followed), is
 //! reported `unknown`, never retried here.
@@ -7,11 +7,11 @@
 use serde_json::{Map, Value, json};
 use std::time::{Duration, Instant};
 
-use crate::kernel::catalog::{Access, ToolSpec};
+use crate::kernel::catalog::{Access, HttpSpec, ToolSpec};
 use crate::kernel::{Catalog, ToolReply, ToolRequest};
 use crate::limits;
 use crate::net::{agent, clip, read_body};
-use crate::tools::Tools;
+use crate::tools::{Tools, approval};
 
 /// Tools called over HTTP: `POST url` with `{"user_id", "args"}` and the call key in the
 /// `Idempotency-Key` header. The user id comes from the task, never from the model.
@@ -42,6 +42,20 @@ fn outcome_unknown(write: bool, code: &str, detail: String) -> Value {
     }
 }
 
+/// The `Tether-Approval` header for the approved call under `key` with `digest`, signed with
+/// the tool's approval secret; `Err` (nothing is sent) when the catalog names none or the
+/// daemon's environment lacks it.
+fn signed_approval(http: &HttpSpec, key: &str, digest: &str) -> Result<String, String> {
+    let Some(var) = &http.approval_secret_env else {
+        return Err("the call was approved, but its catalog entry names no approval_secret_env, so the service could not tell the approval from a forgery; nothing was sent (see docs/approvals.md)".into());
+    };
+    let secret = std::env::var(var).ok().filter(|s| !s.is_empty()).ok_or_else(|| {
+        format!("the call was approved, but {var} (its approval_secret_env) is not set in this worker's environment; nothing was sent")
+    })?;
+    let expires_s = crate::clock::now_ms() / 1000 + approval::VALIDITY_S;
+    Ok(approval::sign(secret.as_bytes(), key, digest, expires_s))
+}
+
 fn call_tool(spec: &ToolSpec, req: &ToolRequest<'_>, write: bool) -> Value {
     let Some(http) = &spec.http else {
         return json!({"status": "error", "code": "not_http", "detail": "the tool has no URL"});
@@ -57,9 +71,16 @@ fn call_tool(spec: &ToolSpec, req: &ToolRequest<'_>, write: bool) -> Value {
     let mut r = r
         .header("Content-Type", "application/json")
         .header("Idempotency-Key", req.key);
-    if let Some(approval) = req.approval {
-        // The approval recorded in the worker database travels with the call it covers.
-        r = r.header("Tether-Approval", approval);
+    if let Some(digest) = req.approval {
+        // The approval recorded in the worker database travels with the call it covers,
+        // signed so that the service can tell it from a digest anyone could compute.
+        match signed_approval(http, req.key, digest) {
+            Ok(header) => r = r.header(approval::HEADER, &header),
+            Err(e) => {
+                tracing::error!(tool = %spec.name, key = req.key, error = %e, "approved call not sent");
+                return json!({"status": "error", "code": "approval_not_signed", "detail": e});
+            }
+        }
     }
     match r.send(body.to_string()) {
         Ok(mut resp) => {
@@ -166,7 +187,7 @@ pub fn lookup(url: &str, key: &str) -> Lookup {
 
 /// The body a tool service receives, parsed.
 pub fn parse_tool_body(text: &str) -> Result<(String, Map<String, Value>), String> {
-    let v: Value = serde_json::from_str(text).map_err(|e| format!("body is not JSON: {e}"))?;
+    let v: Value = limits::strict_json(text).map_err(|e| format!("body is not JSON: {e}"))?;
     let user = v["user_id"]
         .as_str()
         .ok_or("body needs a string user_id")?

@@ -240,6 +240,7 @@ impl Tools for DemoStore {
     }
 }
 
+pub mod approval;
 pub mod durable;
 pub mod http;
 pub mod service;

@@ -6,8 +6,10 @@
 //!   a different payload is refused with 422; a request whose key is still in flight gets 409.
 //! - `GET /lookup/NAME?key=K` answers `{"applied": true, "result": ...}` or `{"applied": false}`
 //!   (409 while the key is in flight): what `worker reconcile --auto` asks.
-//! - An approved call carries `Tether-Approval: DIGEST` (the digest of tool and args the
-//!   operator approved, from the worker database); it counts only if it is this call's digest.
+//! - An approved call carries `Tether-Approval: t=..,d=..,v1=..`, signed by the worker with
+//!   the approval secret this service shares with it (`--approval-secret-env`); it counts only
+//!   if it verifies for this call's key and digest and has not expired
+//!   ([`super::approval::verify`]). A digest alone, which anyone can compute, approves nothing.
 //!   A `needs_approval` answer is never stored as the key's response, so the approved call
 //!   that follows under the same key is decided afresh.
 //! - Every write request is logged in the store's arrivals log, whatever was done with it.
@@ -45,9 +47,19 @@ const TOOLS: [&str; 4] = [
     "send_status_email",
 ];
 
+/// How `worker demo-store` serves.
+pub struct Options {
+    pub faults: Faults,
+    pub connections: usize,
+    pub read_timeout: Duration,
+    /// The secret approvals are signed with; `None`: no approval is ever accepted.
+    pub approval_secret: Option<Vec<u8>>,
+}
+
 struct Service {
     store: DurableStore,
     faults: Faults,
+    approval_secret: Option<Vec<u8>>,
     in_flight: Mutex<HashSet<String>>,
     rng: AtomicU64,
 }
@@ -75,16 +87,21 @@ fn payload_digest(name: &str, user: &str, args: &serde_json::Map<String, Value>)
 pub fn serve(
     store: DurableStore,
     listen: &str,
-    faults: Faults,
-    connections: usize,
-    read_timeout: Duration,
+    opts: Options,
     stop: Arc<AtomicBool>,
     ready: impl FnOnce(String),
 ) -> Result<(), String> {
+    let Options {
+        faults,
+        connections,
+        read_timeout,
+        approval_secret,
+    } = opts;
     let svc = Arc::new(Service {
         store,
         rng: AtomicU64::new(faults.seed),
         faults,
+        approval_secret,
         in_flight: Mutex::new(HashSet::new()),
     });
     let limits = crate::httpd::Limits {
@@ -178,9 +195,22 @@ fn handle(svc: &Service, req: &Request) -> Reply {
     };
     let digest = payload_digest(&name, &user, &args);
     let call_digest = crate::kernel::state::digest(&name, &args);
-    let approval = req
-        .header("Tether-Approval")
-        .map(|v| String::from_utf8_lossy(v).into_owned());
+    // An approval counts only if it verifies: then the store sees this call's digest.
+    let approval = req.header(super::approval::HEADER).and_then(|v| {
+        let header = String::from_utf8_lossy(v);
+        let Some(secret) = &svc.approval_secret else {
+            tracing::warn!(key = %key, "an approval arrived, but this service has no approval secret");
+            return None;
+        };
+        let now_s = crate::clock::now_ms() / 1000;
+        match super::approval::verify(secret, &header, &key, &call_digest, now_s) {
+            Ok(()) => Some(call_digest.clone()),
+            Err(e) => {
+                tracing::warn!(key = %key, error = %e, "approval refused");
+                None
+            }
+        }
+    });
     let arrive = |outcome: &str| {
         if write {
             let _ = svc.store.arrive(&key, &name, &call_digest, outcome);

@@ -138,6 +138,31 @@ struct Routed<'a> {
     mcp: McpTools<'a>,
 }
 
+/// Whether `tool` is reached by a route that carries no idempotency key (MCP), so a repeated
+/// call under a key would reach the service as a new one.
+fn keyless(catalog: &Catalog, tool: &str) -> bool {
+    catalog.get(tool).is_some_and(|s| s.mcp.is_some())
+}
+
+/// The answer to a repeat of the write recorded in `c`, if it was applied: its recorded
+/// result (marked replayed) for the same arguments, a `key_conflict` for others.
+fn answered_from_record(c: &CallRecord, digest: &str) -> Option<serde_json::Value> {
+    let result = c.result.as_ref()?;
+    if result["status"] != "ok" {
+        return None;
+    }
+    Some(if c.digest == digest {
+        let mut r = result.clone();
+        if let Some(m) = r.as_object_mut() {
+            m.insert("replayed".into(), serde_json::Value::Bool(true));
+        }
+        r
+    } else {
+        json!({"status": "error", "code": "key_conflict",
+            "detail": format!("this plan step's write was already applied (digest {}) with other arguments; nothing was sent", c.digest)})
+    })
+}
+
 impl Tools for Routed<'_> {
     fn call(&mut self, req: &crate::kernel::ToolRequest<'_>) -> ToolReply {
         match self.catalog.get(&req.call.name) {
@@ -336,6 +361,21 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
                         Err(e) => return Err(failed("call key", e)),
                     };
                     let in_flight = existing.as_ref().is_some_and(|c| c.result.is_none());
+                    // A route without an idempotency key of its own (MCP): this worker is the
+                    // idempotency layer. A write already applied under this key is answered
+                    // from its call record, never sent again.
+                    if let Some(answer) = existing
+                        .as_ref()
+                        .filter(|_| keyless(&catalog, &tool_name))
+                        .and_then(|c| answered_from_record(c, &digest))
+                    {
+                        tracing::info!(task = %rec.id, key = %key, tool = %tool_name, "write already applied under this key; answered from its call record, not sent");
+                        session.on_tool(ToolReply {
+                            result: answer,
+                            latency_ms: 0,
+                        });
+                        continue;
+                    }
                     if damaged || (in_flight && !idempotent) {
                         // Sent before a crash (a fresh call or a resumed held one), outcome
                         // never learned, and not safe to re-send: hold it for reconcile.

@@ -10,9 +10,11 @@ Every call that arrives is appended to the file named by ARRIVALS (one JSON line
 before anything else happens, so a test can count arrivals. MODE changes the behaviour of
 the tools named in MODE_TOOLS (comma-separated; default the three writes): normal; drop
 (apply, then never answer); crash (apply, then exit at once); slow (sleep SLOW_S seconds
-first). With ONCE_FILE set, the mode applies to the first such call only (the file marks it
+first); big (apply, then answer with a result over 1 MiB); rpc_error (apply, then answer
+with a JSON-RPC internal error, -32603). With ONCE_FILE set, the mode applies to the first such call only (the file marks it
 done, across restarts). VARIANT=2 changes add_note's description (a changed definition).
-TRANSPORT is stdio (default) or http (PORT).
+TRANSPORT is stdio (default) or http (PORT). LIST=endless answers every page of tools/list
+with another nextCursor (a server that never ends its list).
 """
 
 import json
@@ -21,13 +23,23 @@ import sys
 import time
 
 from mcp.server.mcpserver import MCPServer
+from mcp.shared.exceptions import MCPError
 from mcp_types import ToolAnnotations
 
 ARRIVALS = os.environ.get("ARRIVALS", "")
 MODE = os.environ.get("MODE", "normal")
 STATE = {"refunded": {}, "status": {}, "notes": []}
 
-server = MCPServer("tether-test")
+class TestServer(MCPServer):
+    async def _handle_list_tools(self, ctx, params):
+        result = await super()._handle_list_tools(ctx, params)
+        if os.environ.get("LIST") == "endless":
+            page = int((params.cursor if params and params.cursor else "0")) + 1
+            result.next_cursor = str(page)
+        return result
+
+
+server = TestServer("tether-test")
 
 
 def arrived(tool, args):
@@ -70,6 +82,15 @@ def after_apply(act):
         os._exit(3)
     if MODE == "drop":
         time.sleep(3600)
+    if MODE == "rpc_error":
+        raise MCPError(-32603, "internal error after the write was applied")
+
+
+def answer(act, result):
+    """The result, or with MODE=big a result of over 1 MiB (the write was applied)."""
+    if act and MODE == "big":
+        return {**result, "padding": "x" * (1100 * 1024)}
+    return result
 
 
 @server.tool(annotations=ToolAnnotations(readOnlyHint=True))
@@ -88,7 +109,7 @@ def set_status(order_id: str, status: str) -> dict:
     act = write_mode("set_status")
     STATE["status"][order_id] = status
     after_apply(act)
-    return {"status": "ok", "order_id": order_id, "order_status": status}
+    return answer(act, {"status": "ok", "order_id": order_id, "order_status": status})
 
 
 @server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=False))
@@ -99,7 +120,7 @@ def issue_refund(order_id: str, amount_cents: int, customer_id: str = "") -> dic
     act = write_mode("issue_refund")
     STATE["refunded"][order_id] = STATE["refunded"].get(order_id, 0) + amount_cents
     after_apply(act)
-    return {"status": "ok", "order_id": order_id, "refunded_cents": amount_cents}
+    return answer(act, {"status": "ok", "order_id": order_id, "refunded_cents": amount_cents})
 
 
 NOTE_DESCRIPTION = ("Adds a note to an order, and emails the customer."
@@ -115,7 +136,7 @@ def add_note(order_id: str, text: str) -> dict:
     act = write_mode("add_note")
     STATE["notes"].append((order_id, text))
     after_apply(act)
-    return {"status": "ok", "notes": len(STATE["notes"])}
+    return answer(act, {"status": "ok", "notes": len(STATE["notes"])})
 
 
 if __name__ == "__main__":
