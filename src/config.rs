@@ -64,12 +64,120 @@ struct CatalogFile {
 }
 
 /// A loaded config: model profiles by name, and the tool catalog if one is configured.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq)]
 pub struct Config {
     pub models: BTreeMap<String, ModelProfile>,
     pub catalog: Option<Catalog>,
     /// MCP servers (`[mcp.servers.NAME]`).
     pub mcp: crate::mcp::McpConfig,
+}
+
+impl Config {
+    /// What the model a task stored means to this process, resolved in this config: a
+    /// profile by name; a profile stored whole by an older version only if this config has
+    /// one equal to it (a task never makes this process call an endpoint, or send a key, its
+    /// config does not name); a scripted model as it is. `Err` says what is missing.
+    pub fn model_for(&self, stored: &ModelProfile) -> Result<ModelProfile, String> {
+        let known = || {
+            if self.models.is_empty() {
+                "it has none".to_string()
+            } else {
+                format!(
+                    "it has {}",
+                    self.models.keys().cloned().collect::<Vec<_>>().join(", ")
+                )
+            }
+        };
+        match stored {
+            ModelProfile::Profile { name } => self.models.get(name).cloned().ok_or_else(|| {
+                format!(
+                    "this worker's config has no model profile {name:?} ({}); run it with the config the task was enqueued with (--config or WORKER_CONFIG)",
+                    known()
+                )
+            }),
+            ModelProfile::OpenAi { base_url, .. } => {
+                if self.models.values().any(|p| p == stored) {
+                    Ok(stored.clone())
+                } else {
+                    Err(format!(
+                        "the task names a model endpoint of its own ({base_url}), as older versions stored it; this worker calls only the endpoints of its config's profiles ({}): enqueue it again with --model NAME",
+                        known()
+                    ))
+                }
+            }
+            other => Ok(other.clone()),
+        }
+    }
+}
+
+/// The tools of a task as this process calls them (see [`Config::catalog_for`]).
+pub struct Resolved {
+    pub catalog: Catalog,
+    /// Tools this process cannot call, with why: nothing is sent to them.
+    pub unavailable: BTreeMap<String, String>,
+}
+
+impl Config {
+    /// The catalog a task stored, as this process calls it: this config is the authority on
+    /// every tool's definition. An HTTP tool is this config's tool of that name (its URL,
+    /// kind, schema, facts, approval secret), whatever the task stored; a tool of the demo shop
+    /// is the built-in one; an MCP tool keeps its snapshot, which is checked against this
+    /// config's reading of the server's definition before each call (`McpTools`). A tool
+    /// this config lacks stays in the catalog (the plan may name it) but is never called.
+    pub fn catalog_for(&self, stored: Option<&Catalog>) -> Resolved {
+        let Some(stored) = stored else {
+            return Resolved {
+                catalog: Catalog::demo(),
+                unavailable: BTreeMap::new(),
+            };
+        };
+        let demo = Catalog::demo();
+        let mut unavailable = BTreeMap::new();
+        let tools = stored
+            .tools
+            .iter()
+            .map(|t| {
+                if t.mcp.is_some() {
+                    return t.clone();
+                }
+                let own = if t.http.is_some() {
+                    self.catalog
+                        .as_ref()
+                        .and_then(|c| c.get(&t.name))
+                        .filter(|o| o.http.is_some())
+                } else {
+                    demo.get(&t.name)
+                };
+                match own {
+                    Some(o) => o.clone(),
+                    None => {
+                        let why = if t.http.is_some() {
+                            format!("this worker's tool catalog has no HTTP tool {:?} (the task was enqueued with one): start it with the catalog the task was enqueued with; nothing was sent", t.name)
+                        } else {
+                            format!("{:?} is not a tool of the demo shop; nothing was sent", t.name)
+                        };
+                        unavailable.insert(t.name.clone(), why);
+                        t.clone()
+                    }
+                }
+            })
+            .collect();
+        Resolved {
+            catalog: Catalog { tools },
+            unavailable,
+        }
+    }
+
+    /// The lookup URL of `tool` in this config's catalog.
+    pub fn lookup_url(&self, tool: &str) -> Option<&str> {
+        self.catalog
+            .as_ref()?
+            .get(tool)?
+            .http
+            .as_ref()?
+            .lookup_url
+            .as_deref()
+    }
 }
 
 /// The catalog format this build reads.
@@ -229,4 +337,46 @@ pub fn parse_catalog(text: &str, path: &Path) -> Result<Catalog, String> {
         return Err(format!("{}: the catalog declares no tools", path.display()));
     }
     Ok(Catalog { tools: file.tools })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stored_model_runs_only_as_this_config_names_it() {
+        let cfg = parse(
+            "[models.openai]\nkind = \"openai\"\nbase_url = \"https://api.openai.com/v1\"\nmodel = \"gpt-4o-mini\"\napi_key_env = \"OPENAI_API_KEY\"\n",
+            Path::new("worker.toml"),
+        )
+        .expect("config");
+        let mine = cfg.models["openai"].clone();
+        let named = ModelProfile::Profile {
+            name: "openai".into(),
+        };
+        assert_eq!(cfg.model_for(&named), Ok(mine.clone()));
+        let other = ModelProfile::Profile {
+            name: "exfil".into(),
+        };
+        assert!(
+            cfg.model_for(&other)
+                .unwrap_err()
+                .contains("no model profile \"exfil\"")
+        );
+        // A whole profile stored by an older version: only one this config has too.
+        assert_eq!(cfg.model_for(&mine), Ok(mine.clone()));
+        let elsewhere = ModelProfile::OpenAi {
+            base_url: "http://attacker.example/v1".into(),
+            model: "gpt-4o-mini".into(),
+            api_key_env: Some("PGPASSWORD".into()),
+            max_retries: 3,
+            temperature: 0.0,
+        };
+        let e = cfg.model_for(&elsewhere).unwrap_err();
+        assert!(e.contains("http://attacker.example/v1"), "{e}");
+        assert_eq!(
+            Config::default().model_for(&ModelProfile::policy()),
+            Ok(ModelProfile::policy())
+        );
+    }
 }

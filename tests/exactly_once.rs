@@ -230,7 +230,7 @@ fn approved_call_in_flight(d: &Path) -> String {
     let rec = store.claim(&dead, 1, now).expect("claim").remove(0);
     let token = rec.lease.as_ref().expect("lease").token;
     let call = rec.state.pending.clone().expect("held call");
-    let key = store.call_key(&call, &rec.id, rec.state.step);
+    let key = store.call_key(&rec, &call);
     let intent = tether::store::CallRecord {
         key: key.clone(),
         task_id: rec.id.clone(),
@@ -478,6 +478,64 @@ conformance! {
             json(d, &["list", "--json", "--limit", "10000"]).as_array().map(Vec::len),
             Some(1)
         );
+    }
+}
+
+conformance! {
+    /// Review item 10: a restored backup reused call keys the tool service had already seen.
+    /// The file (or schema) kept its database id and task counter, so the next t2 got the
+    /// lost t2's keys, and the service answered with a conflict (the legitimate refund never
+    /// issued) or a silent replay. Each task's keys now carry 48 random bits made at enqueue.
+    fn hole_10_a_restored_backup_never_reuses_call_keys(d) {
+        enqueue(d, &["--model", "policy:ord_1001:1000"]); // t1
+        ok(d, &["run", "--drain"]);
+        let backup = Backup::take(d);
+        enqueue(d, &["--model", "policy:ord_1001:1000"]); // t2, in the timeline that is lost
+        ok(d, &["run", "--drain"]);
+        let lost = json(d, &["show", "t2", "--json"]);
+        assert_eq!(lost["stop"], "done", "{lost}");
+        backup.restore(d);
+        assert_eq!(fails(d, &["show", "t2"]).0, 1, "t2 is gone with the restore");
+        enqueue(d, &["--model", "policy:ord_1001:1500"]); // a new t2
+        ok(d, &["run", "--drain"]);
+        let t2 = json(d, &["show", "t2", "--json"]);
+        assert_eq!(t2["stop"], "done", "{t2}");
+        assert_eq!(refund_amounts(&ledger(d)), [1000, 1000, 1500]);
+        let keys: std::collections::BTreeSet<String> = arrivals(d)
+            .iter()
+            .filter(|a| a["tool"] == "issue_refund")
+            .map(|a| a["key"].as_str().expect("key").to_string())
+            .collect();
+        assert_eq!(keys.len(), 3, "three refunds, three keys: {keys:?}");
+        assert_ne!(lost["calls"][0]["key"], t2["calls"][0]["key"]);
+    }
+}
+
+conformance! {
+    /// Review item 15: a job's retried `enqueue --key` was refused ("with another budget")
+    /// after an operator's `reconcile --extend` on its task, because the key was compared
+    /// with the task's extended budget, not with the request it was made by.
+    fn hole_15_a_retried_enqueue_returns_its_task_after_an_extension(d) {
+        let job = ["--key", "job-7", "--tool-latency", "issue_refund=40000"];
+        let first = enqueue(d, &job);
+        ok(d, &["run", "--drain"]);
+        assert_eq!(json(d, &["show", "t1", "--json"])["stop"], "unknown_outcome");
+        ok(d, &[
+            "reconcile", "t1", "--not-applied", "--by", "bob",
+            "--extend", "tool_calls=1,deadline_ms=60000",
+        ]);
+        assert_eq!(json(d, &["show", "t1", "--json"])["budget"]["deadline_ms"], 90000);
+        assert_eq!(
+            enqueue(d, &job),
+            format!("{} (already enqueued with this key)\n", first.trim()),
+            "the retry returns its task"
+        );
+        let (code, err) = fails(d, &[
+            "enqueue", "--user", "cu_ana", "--goal", GOAL, "--key", "job-7",
+            "--tool-latency", "issue_refund=40000", "--budget", "deadline_ms=90000",
+        ]);
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains("another budget"), "{err}");
     }
 }
 

@@ -702,3 +702,42 @@ fn hole_1_an_applied_mcp_write_is_never_sent_again() {
     assert!(trace.contains("key_conflict"), "{trace}");
     assert_eq!(sent(&log, "add_note", "o-other"), 1, "{trace}");
 }
+
+/// Review item 3, for MCP tools: a task's snapshot of its tools comes from the enqueuer's
+/// config, whose overrides could turn a destructive write into one that needs no approval.
+/// The daemon compares the snapshot with what its own config makes of the server's
+/// definition before each call, and sends nothing when they differ.
+#[test]
+fn hole_3_an_enqueuers_tool_kinds_are_checked_against_the_daemons() {
+    let Some(py) = python() else { return };
+    let dir = TempDir::new("mcp-trust");
+    let d = dir.path();
+    let log = d.join("arrivals.jsonl");
+    let server = child_server(&py, &[("ARRIVALS", log.display().to_string())]);
+    let lax = shop_config(
+        d,
+        "lax.toml",
+        &server,
+        true,
+        "[mcp.servers.shop.tools.issue_refund]\napproval = \"never\"\n",
+    );
+    let strict = shop_config(d, "strict.toml", &server, true, "");
+    let refund = script(
+        d,
+        "refund.jsonl",
+        &one_write(
+            "issue_refund",
+            json!({"order_id": "o9", "amount_cents": 900}),
+        ),
+    );
+    let t = enqueue_script(d, &lax, &refund, "lax");
+    with_canary(d, &strict, &["run", "--drain", "--workers", "1"]);
+    assert!(
+        arrivals_of(&log, "issue_refund").is_empty(),
+        "{:?}",
+        arrived(&log)
+    );
+    let trace = ok(d, &["trace", &t]);
+    assert!(trace.contains("tool_mismatch"), "{trace}");
+    assert_eq!(show(d, &t)["state"]["plan"][1]["status"], "pending");
+}

@@ -188,7 +188,13 @@ conformance! {
         let held = json(d, &["reconcile", "--json"]);
         assert_eq!(held.as_array().map(Vec::len), Some(2), "{held}");
         let key = held[0]["key"].as_str().expect("key").to_string();
-        assert!(key.ends_with(":t1:s2") && key.len() == 12 + 6, "{key}");
+        // The database id, then 48 random bits of the task's own: `DBID-NS:t1:s2`.
+        let (ns, rest) = key.split_once(':').expect("a namespace");
+        assert_eq!(rest, "t1:s2", "{key}");
+        assert!(
+            ns.len() == 25 && ns.as_bytes()[12] == b'-' && ns.replace('-', "").bytes().all(|b| b.is_ascii_hexdigit()),
+            "{key}"
+        );
         assert_eq!(held[0]["tool"], "issue_refund");
         assert_eq!(held[0]["known"]["status"], "unknown");
         assert!(ok(d, &["reconcile"]).contains(&key));

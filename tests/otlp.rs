@@ -256,13 +256,15 @@ conformance! {
             );
         }
         for dir in [d, e] {
-            ok(dir, &["run", "--drain", "--otlp-endpoint", &endpoint]);
+            // The daemon resolves the profiles in its own config, the one they were named in.
+            let run = ["--config", "dead.toml", "run", "--drain", "--otlp-endpoint", &endpoint];
+            ok(dir, &run);
             // Suspended tasks: their runs arrived, their roots did not (not ended yet).
             check_trees(dir, &received(&out));
             let digest = held_digest(dir, "t2");
             ok(dir, &["approve", "t2", "--digest", &digest, "--by", "alice"]);
             ok(dir, &["cancel", "t4", "--by", "alice"]);
-            ok(dir, &["run", "--drain", "--otlp-endpoint", &endpoint]);
+            ok(dir, &run);
         }
         let spans = received(&out);
         let a = check_trees(d, &spans);

@@ -216,6 +216,7 @@ impl Sim {
             clock: Arc::new(move || clock.load(Ordering::SeqCst)),
             hook: Some(Arc::new(move |p: Point| hook_gate(p == Point::Commit))),
             mcp: None,
+            trusted: Arc::default(),
             export: false,
             identity: me.clone(),
             store: self.store.clone(),
@@ -343,7 +344,7 @@ impl Sim {
             return;
         };
         if let Some(p) = &rec.state.pending {
-            let key = self.store.call_key(p, &rec.id, rec.state.step);
+            let key = self.store.call_key(&rec, p);
             self.reviews.push((id, key, p.digest()));
         }
     }

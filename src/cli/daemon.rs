@@ -19,20 +19,25 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
             .hint("give HOST:PORT, e.g. --metrics 127.0.0.1:9464")
         })?;
     }
+    // The daemon's own config: its model profiles, tool catalog and MCP servers are what a
+    // task's names mean here (a task names them; it never supplies an endpoint or a secret).
+    let trusted = Arc::new(super::enqueue::load_config(cli)?.unwrap_or_default());
     // Every argument is checked before the database is opened (or created).
     let otlp = crate::otlp::export::Target::configured(a.otlp_endpoint.as_deref())
         .map_err(CliError::usage)?
         .map(|t| crate::otlp::export::Target {
             backlog_max: a.otlp_backlog,
+            config: Arc::clone(&trusted),
             ..t
         });
     // MCP servers named by the config: one set of sessions for the whole daemon, each started
     // when a task first calls one of its tools.
-    let mcp = match super::enqueue::load_config(cli)? {
-        Some(c) if !c.mcp.servers.is_empty() => Some(Arc::new(
-            crate::mcp::Mcp::new(c.mcp).map_err(CliError::usage)?,
-        )),
-        _ => None,
+    let mcp = if trusted.mcp.servers.is_empty() {
+        None
+    } else {
+        Some(Arc::new(
+            crate::mcp::Mcp::new(trusted.mcp.clone()).map_err(CliError::usage)?,
+        ))
     };
     // A pool connection for each worker thread, the committer and the dispatcher.
     let store = open_created(cli, a.workers as usize + 2)?;
@@ -54,6 +59,7 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
         recover_every_ms: a.recover_every_ms,
         mcp,
         otlp,
+        trusted,
         ..Config::default()
     };
     if let Some(addr) = &a.metrics {
@@ -183,7 +189,7 @@ fn run_demo(store: Db, tools: Arc<DurableStore>, a: &DemoArgs) -> CliResult {
             scenario_row(
                 sc.name,
                 &r.state,
-                &effects_to_python(&task_effects(&ledger, store.db_id(), &e.id))
+                &effects_to_python(&task_effects(&ledger, store.db_id(), &r))
             )
         );
     }
@@ -278,7 +284,8 @@ pub(super) fn cmd_console(cli: &Cli, a: &ConsoleArgs) -> CliResult {
         signal_hook::flag::register(sig, Arc::clone(&stop))
             .map_err(|e| CliError::op(format!("cannot install the signal handler: {e}")))?;
     }
-    let console = Console::new(db, store_target(cli), access, a.public_metrics);
+    let config = super::enqueue::load_config(cli)?.unwrap_or_default();
+    let console = Console::new(db, store_target(cli), config, access, a.public_metrics);
     console
         .serve(&a.listen, stop, |addr| {
             tracing::info!(addr = %addr, "console listening");

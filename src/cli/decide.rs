@@ -176,7 +176,8 @@ pub(super) fn cmd_cancel(cli: &Cli, a: &DecideArgs) -> CliResult {
 /// Settles held writes from each tool's lookup, only on a definite answer.
 fn auto(cli: &Cli, store: &dyn Backend, a: &ReconcileArgs) -> CliResult {
     let mut tools = || Ok(Arc::new(DurableStore::open_target(&store_target(cli))?));
-    let rows = reconcile_auto(store, &mut tools, &a.by, a.reason.as_deref())?;
+    let config = super::enqueue::load_config(cli)?.unwrap_or_default();
+    let rows = reconcile_auto(store, &config, &mut tools, &a.by, a.reason.as_deref())?;
     if a.json {
         return print_json(&serde_json::to_value(&rows).unwrap_or_default());
     }

@@ -83,8 +83,11 @@ fn new_task(l: TaskLine, cfg: Option<&crate::config::Config>) -> Result<NewTask,
         }
     }
     let name = l.model.as_deref().unwrap_or("policy");
+    // A profile of the config is stored by name: the daemon resolves it in its own config.
     let model = match cfg.and_then(|c| c.models.get(name)) {
-        Some(profile) => profile.clone(),
+        Some(_) => ModelProfile::Profile {
+            name: name.to_string(),
+        },
         None => parse_model(name)?,
     };
     Ok(NewTask {

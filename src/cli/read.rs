@@ -191,7 +191,7 @@ pub(super) fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
         };
         if let Some(p) = &r.state.pending {
             v["held"] = json!({"tool": p.name, "args": p.args,
-                "key": store.call_key(p, &r.id, r.state.step), "digest": p.digest()});
+                "key": store.call_key(&r, p), "digest": p.digest()});
         }
         print_json(&v)?;
         return Ok(());
@@ -242,7 +242,7 @@ pub(super) fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
             "held      {} {} key {} digest {}",
             p.name,
             Value::Object(p.args.clone()),
-            store.call_key(p, &st.task_id, st.step),
+            store.call_key(&r, p),
             p.digest()
         );
     }
@@ -252,9 +252,15 @@ pub(super) fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
 
 pub(super) fn cmd_trace(cli: &Cli, a: &TraceArgs) -> CliResult {
     let store = open_reader(cli)?;
-    let rec = store.task(&store.resolve(&a.task)?)?;
+    let mut rec = store.task(&store.resolve(&a.task)?)?;
     let spans = store.spans(&rec.id)?;
     if let Some(path) = &a.otlp {
+        // The model and provider of a profile, as this config names them.
+        if let Some(m) =
+            super::enqueue::load_config(cli)?.and_then(|c| c.model_for(&rec.model).ok())
+        {
+            rec.model = m;
+        }
         let replies = store.replies(&rec.id)?;
         let db = store.db_id();
         let trace = crate::otlp::trace_of(db, &rec, &spans, &replies);
@@ -295,7 +301,7 @@ pub(super) fn cmd_replay(cli: &Cli, a: &TaskArgs) -> CliResult {
         )));
     }
     let ledger = open_tools(cli)?.ledger()?;
-    let stored = task_effects(&ledger, store.db_id(), &rec.id);
+    let stored = task_effects(&ledger, store.db_id(), &rec);
     let report = crate::replay::replay(
         &rec,
         store.replies(&rec.id)?,

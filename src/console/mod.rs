@@ -108,6 +108,8 @@ pub fn is_loopback(listen: &str) -> bool {
 pub struct Console {
     db: Arc<dyn Backend>,
     tools_target: String,
+    /// The console's config: its catalog has the tools' lookup URLs.
+    config: crate::config::Config,
     access: Access,
     /// With tokens: whether `/metrics` and `/healthz` are served without one.
     public_metrics: bool,
@@ -162,6 +164,7 @@ impl Console {
     pub fn new(
         db: Arc<dyn Backend>,
         tools_target: String,
+        config: crate::config::Config,
         access: Access,
         public_metrics: bool,
     ) -> Console {
@@ -171,6 +174,7 @@ impl Console {
         Console {
             db,
             tools_target,
+            config,
             access,
             public_metrics,
             secret: hex(&seed),
@@ -439,7 +443,7 @@ impl Console {
                     status: r.status,
                     tool: p.name.clone(),
                     args: serde_json::Value::Object(p.args.clone()),
-                    key: self.db.call_key(p, &r.id, r.state.step),
+                    key: self.db.call_key(&r, p),
                     digest: p.digest(),
                     since_ms: r.suspended_at_ms.unwrap_or(r.updated_at_ms),
                     known: None,
@@ -478,7 +482,7 @@ impl Console {
             )?))
         };
         let tool = match self.db.task(&c.task_id) {
-            Ok(rec) => match operator::ask_tool(&rec, &c.tool, key, &mut open) {
+            Ok(rec) => match operator::ask_tool(&rec, &c.tool, key, &self.config, &mut open) {
                 Ok(crate::tools::http::Lookup::Applied(v)) => format!("applied, with result {v}"),
                 Ok(crate::tools::http::Lookup::NotApplied) => "not applied".into(),
                 Ok(crate::tools::http::Lookup::Unknown(why)) => {

@@ -49,6 +49,11 @@ impl Mcp {
         self.config.servers.iter()
     }
 
+    /// How this process's config declares the server `name`.
+    pub fn server_config(&self, name: &str) -> Option<&ServerConfig> {
+        self.config.servers.get(name)
+    }
+
     async fn connect(name: &str, s: &ServerConfig) -> Result<Session, String> {
         if let Some(cmd) = &s.command {
             let mut c = tokio::process::Command::new(cmd);

@@ -74,6 +74,22 @@ impl McpTools<'_> {
         match mcp.definition(&m.server, name, left()) {
             Ok(Some(now)) => {
                 let digest = definition_digest(&now);
+                // The task's snapshot must be what this worker's own config makes of the
+                // definition: its kinds (read, idempotent, approval), facts and user argument
+                // come from the daemon's trust in the server, never from whoever enqueued.
+                let here = mcp
+                    .server_config(&m.server)
+                    .map(|cfg| super::resolve(&m.server, cfg, &now).to_spec());
+                if digest == m.digest && here.as_ref() != Some(spec) {
+                    tracing::warn!(server = %m.server, tool = name, "MCP tool snapshot differs from this worker's reading of it; call refused");
+                    return refused(
+                        "tool_mismatch",
+                        format!(
+                            "the task's snapshot of {name} (from its enqueue) is not what this worker's config makes of MCP server {}'s definition (kind, approval, facts or user argument differ); nothing was sent",
+                            m.server
+                        ),
+                    );
+                }
                 if digest != m.digest {
                     tracing::warn!(server = %m.server, tool = name, enqueued = %m.digest, now = %digest, "MCP tool changed since enqueue; call refused");
                     return refused(

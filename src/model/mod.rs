@@ -42,7 +42,9 @@ pub enum ModelProfile {
         latency_ms: u64,
     },
     /// An OpenAI-compatible Chat Completions endpoint. The API key is read from the named
-    /// environment variable when the model is built; it is never stored.
+    /// environment variable when the model is built; it is never stored. This is a profile as
+    /// a config file declares it; a task stores [`ModelProfile::Profile`] instead (tasks of
+    /// older versions stored this, and run only where a profile of the config equals it).
     OpenAi {
         base_url: String,
         model: String,
@@ -50,6 +52,10 @@ pub enum ModelProfile {
         max_retries: u32,
         temperature: f64,
     },
+    /// A model profile of the config, by name: what `worker enqueue --model NAME` stores.
+    /// The daemon that runs the task resolves the name in its own config, so the endpoint a
+    /// request goes to and the secret it carries are the daemon's, never the enqueuer's.
+    Profile { name: String },
 }
 
 pub const DEFAULT_LATENCY_MS: u64 = 1500;
@@ -64,6 +70,7 @@ impl ModelProfile {
             ModelProfile::SearchLoop { .. } => "search_loop",
             ModelProfile::Script { .. } => "script",
             ModelProfile::OpenAi { model, .. } => model,
+            ModelProfile::Profile { name } => name,
         }
     }
 
@@ -129,6 +136,11 @@ impl ModelProfile {
                 latency_ms,
             }),
             ModelProfile::OpenAi { .. } => self.build_for(&crate::kernel::Catalog::demo()),
+            // Only a config resolves a name (`Config::model_for`); unresolved, every call
+            // fails saying so.
+            ModelProfile::Profile { name } => Box::new(Unavailable(format!(
+                "model profile {name:?} was not resolved by a config"
+            ))),
         }
     }
 
@@ -221,6 +233,21 @@ pub fn parse_script(text: &str) -> Result<Vec<Value>, String> {
         return Err("the script has no replies (one JSON reply per line)".into());
     }
     Ok(replies)
+}
+
+/// A model that cannot be called here (a profile this process's config does not have): every
+/// call fails with the reason, as a provider's error would, and nothing is sent.
+pub struct Unavailable(pub String);
+
+impl Model for Unavailable {
+    fn next(&mut self, _req: &ModelRequest<'_>) -> ModelReply {
+        ModelReply {
+            outcome: Err(ModelError::Failed(self.0.clone())),
+            latency_ms: 0,
+            usage: None,
+            response: None,
+        }
+    }
 }
 
 /// The document's Policy: decides the next call from the facts and plan in its view.

@@ -65,7 +65,7 @@ pub fn held_writes(db: &dyn Backend) -> Result<Vec<HeldWrite>> {
             status: r.status,
             tool: p.name.clone(),
             args: Value::Object(p.args.clone()),
-            key: db.call_key(p, &r.id, r.state.step),
+            key: db.call_key(&r, p),
             digest: p.digest(),
             since_ms: record.map_or(r.updated_at_ms, |c| c.intent_at_ms),
             known: record.and_then(|c| c.result.clone()),
@@ -92,6 +92,7 @@ pub struct AutoSettled {
 /// answer; the key looked up is checked again in the transaction that settles it.
 pub fn reconcile_auto(
     db: &dyn Backend,
+    config: &crate::config::Config,
     tools: &mut dyn FnMut() -> Result<Arc<DurableStore>>,
     by: &str,
     reason: Option<&str>,
@@ -104,8 +105,8 @@ pub fn reconcile_auto(
         let Some(call) = rec.state.pending.clone() else {
             continue;
         };
-        let key = db.call_key(&call, &rec.id, rec.state.step);
-        let answer = ask_tool(&rec, &call.name, &key, &mut || {
+        let key = db.call_key(&rec, &call);
+        let answer = ask_tool(&rec, &call.name, &key, config, &mut || {
             if demo.is_none() {
                 demo = Some(tools()?);
             }
@@ -141,19 +142,27 @@ pub fn reconcile_auto(
     Ok(out)
 }
 
-/// Asks the tool of a task's call whether `key` was applied: an HTTP tool's `lookup_url`, or
-/// the document's store (opened by `tools`) for a task without a catalog.
+/// Asks the tool of a task's call whether `key` was applied: an HTTP tool's `lookup_url` from
+/// `config`'s catalog (the operator's own; never a URL the task stored, whose answer would
+/// settle the write), or the document's store (opened by `tools`) for a task without a
+/// catalog.
 pub fn ask_tool(
     rec: &TaskRecord,
     tool: &str,
     key: &str,
+    config: &crate::config::Config,
     tools: &mut dyn FnMut() -> Result<Arc<DurableStore>>,
 ) -> Result<Lookup> {
     let spec = rec.catalog.as_ref().map(|c| c.get(tool));
     Ok(match spec {
-        Some(Some(spec)) => match spec.http.as_ref().and_then(|h| h.lookup_url.as_ref()) {
+        Some(Some(_)) => match config.lookup_url(tool) {
             Some(url) => lookup(url, key),
-            None => Lookup::Unknown(format!("tool {tool} has no lookup_url")),
+            None if config.catalog.is_none() => Lookup::Unknown(format!(
+                "no tool catalog to find tool {tool}'s lookup_url in: pass --config with the catalog the task runs with"
+            )),
+            None => Lookup::Unknown(format!(
+                "tool {tool} has no lookup_url in the config's catalog"
+            )),
         },
         Some(None) => Lookup::Unknown(format!("tool {tool} is not in the task's catalog")),
         None => match tools()?.lookup(key, tool) {
@@ -182,7 +191,7 @@ pub fn detail(db: &dyn Backend, id: &str) -> Result<TaskDetail> {
         .state
         .pending
         .as_ref()
-        .map(|p| db.call_key(p, &record.id, record.state.step));
+        .map(|p| db.call_key(&record, p));
     Ok(TaskDetail {
         spans: db.spans(id)?,
         replies: db.replies(id)?,
@@ -193,9 +202,10 @@ pub fn detail(db: &dyn Backend, id: &str) -> Result<TaskDetail> {
     })
 }
 
-/// The effects of one task of the database whose id is `db_id` (keys are `db_id:task:step`).
-pub fn task_effects(ledger: &[LedgerEntry], db_id: &str, task_id: &str) -> Vec<Effect> {
-    let prefix = format!("{db_id}:{task_id}:");
+/// The effects of task `rec` of the database whose id is `db_id` (its keys are
+/// `NS:task:step`, in the task's namespace).
+pub fn task_effects(ledger: &[LedgerEntry], db_id: &str, rec: &TaskRecord) -> Vec<Effect> {
+    let prefix = format!("{}:{}:", rec.key_namespace(db_id), rec.id);
     ledger
         .iter()
         .filter(|e| e.key.starts_with(&prefix))

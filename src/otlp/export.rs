@@ -35,6 +35,8 @@ pub struct Target {
     /// The most commits whose spans wait in the database for the receiver; past it the
     /// oldest are dropped (counted), so a receiver down for days cannot fill the disk.
     pub backlog_max: usize,
+    /// The daemon's config, which resolves a task's model profile (its model and provider).
+    pub config: Arc<crate::config::Config>,
 }
 
 /// The default of [`Target::backlog_max`]: about 50 MB of outbox.
@@ -67,6 +69,7 @@ impl Target {
             headers,
             timeout: Duration::from_secs(10),
             backlog_max: BACKLOG_MAX,
+            config: Arc::default(),
         }))
     }
 }
@@ -165,7 +168,7 @@ fn send(agent: &ureq::Agent, t: &Target, body: &[u8]) -> Sent {
 
 /// The spans of `entries`, read from the database, as one encoded request. Entries whose task
 /// or spans cannot be read are counted as dropped (and removed with the batch).
-fn batch(store: &dyn Backend, entries: &[OutboxEntry]) -> (Vec<u8>, usize) {
+fn batch(store: &dyn Backend, entries: &[OutboxEntry], t: &Target) -> (Vec<u8>, usize) {
     let db = store.db_id();
     let mut out = Vec::new();
     let mut tasks: Vec<&str> = entries.iter().map(|e| e.task_id.as_str()).collect();
@@ -177,7 +180,10 @@ fn batch(store: &dyn Backend, entries: &[OutboxEntry]) -> (Vec<u8>, usize) {
             .filter(|e| e.task_id == task)
             .flat_map(|e| e.spans.iter().copied())
             .collect();
-        let read = store.task(task).and_then(|rec| {
+        let read = store.task(task).and_then(|mut rec| {
+            if let Ok(m) = t.config.model_for(&rec.model) {
+                rec.model = m;
+            }
             let spans = store.spans(task)?;
             let replies = store.replies(task)?;
             Ok((rec, spans, replies))
@@ -306,7 +312,7 @@ fn send_until_stopped(store: &dyn Backend, t: &Target, stop: &AtomicBool) {
         // down costs no reads of the tasks and no encoding per attempt).
         let (body, spans) = match pending.take() {
             Some((s, body, spans)) if s == seqs => (body, spans),
-            _ => batch(store, &entries),
+            _ => batch(store, &entries, t),
         };
         let sent = send(&agent, t, &body);
         if matches!(sent, Sent::Failed(_)) {

@@ -101,6 +101,8 @@ fn model_of(p: &ModelProfile) -> (String, String) {
         ModelProfile::NewIds { .. } => ("new_ids".into(), "tether.scripted".into()),
         ModelProfile::SearchLoop { .. } => ("search_loop".into(), "tether.scripted".into()),
         ModelProfile::Script { .. } => ("script".into(), "tether.scripted".into()),
+        // A profile the reader's config did not resolve: its name, the provider unknown.
+        ModelProfile::Profile { name } => (name.clone(), "unknown".into()),
     }
 }
 
@@ -161,6 +163,9 @@ pub fn spans_of(
     replies: &[RecordedReply],
     keep: impl Fn(u32) -> bool,
 ) -> Vec<OtlpSpan> {
+    // A task's ids are in its call-key namespace (the database id for older tasks), so a
+    // task made in a restored copy never shares a trace with one of the lost timeline.
+    let db_id = rec.key_namespace(db_id);
     let trace = trace_id(db_id, &rec.id);
     let base_ns = rec.created_at_ms.saturating_mul(1_000_000);
     let (model, provider) = model_of(&rec.model);
@@ -301,6 +306,7 @@ pub fn spans_of(
 /// finished `done`, an error named by the stop reason when it finished otherwise, unset while
 /// it waits (suspended, held) or runs.
 pub fn root_of(db_id: &str, rec: &TaskRecord, spans: &[Span]) -> OtlpSpan {
+    let db_id = rec.key_namespace(db_id);
     let base_ns = rec.created_at_ms.saturating_mul(1_000_000);
     let end_ms = spans
         .iter()

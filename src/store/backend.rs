@@ -193,9 +193,9 @@ pub trait Backend: Send + Sync {
     /// transaction, with one `purge` event per transaction. Returns the ids deleted.
     fn purge(&self, before_ms: u64, batch: usize, d: &Decision) -> Result<Vec<String>>;
 
-    /// The call key of `call` made at `step` of task `task_id`, in this database's namespace.
-    fn call_key(&self, call: &ToolCall, task_id: &str, step: u32) -> String {
-        call.key_in(self.db_id(), task_id, step)
+    /// The call key of `call` made at the current step of task `rec`, in its namespace.
+    fn call_key(&self, rec: &TaskRecord, call: &ToolCall) -> String {
+        rec.call_key(self.db_id(), call)
     }
 
     /// Stops every suspended task whose approval wait ran out, with its audit event.
@@ -225,7 +225,7 @@ pub trait Backend: Send + Sync {
                 continue;
             }
             let call = self
-                .call(&self.call_key(c, &rec.id, rec.state.step))
+                .call(&self.call_key(&rec, c))
                 .map_err(|e| e.to_string());
             out.push((rec, call));
         }

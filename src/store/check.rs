@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use super::codec::{decode, decode_row};
 use super::ops::{Decision, Event};
-use super::rows::{Blob, ModelRow, SpecRow};
+use super::rows::{Blob, ModelRow};
 use super::schema::*;
 use super::{CallRecord, Error, QueueStatus, Result, Store, tasks};
 use crate::kernel::Span;
@@ -113,7 +113,7 @@ impl Store {
                 if t.get(k.value())?.is_none() {
                     bad.push(format!("task {}: a spec without its task", k.value()));
                 }
-                if let Ok(spec) = decode_row::<SpecRow>("spec", v.value()) {
+                if let Ok(spec) = super::rows::decode_spec("spec", v.value()) {
                     if let ModelRow::Script { replies, .. } = &spec.model {
                         *uses.entry(replies.clone()).or_default() += 1;
                     }
@@ -166,7 +166,9 @@ impl Store {
         let batch = batch.clamp(1, 10_000);
         let mut purged = Vec::new();
         loop {
-            let ids: Vec<(String, Option<String>)> = {
+            // (id, enqueue key, call-key namespace) of each task to delete.
+            type Doomed = (String, Option<String>, Option<String>);
+            let ids: Vec<Doomed> = {
                 let r = self.begin_read()?;
                 let t = r.open_table(TASKS)?;
                 let s = r.open_table(TASK_SPECS)?;
@@ -183,11 +185,11 @@ impl Store {
                         && row.updated_at_ms < before_ms
                         && held.get(id)?.is_none()
                     {
-                        let key = s
+                        let spec = s
                             .get(id)?
-                            .and_then(|g| decode_row::<SpecRow>("spec", g.value()).ok())
-                            .and_then(|sp| sp.key);
-                        out.push((id.to_string(), key));
+                            .and_then(|g| super::rows::decode_spec("spec", g.value()).ok());
+                        let (key, ns) = spec.map_or((None, None), |sp| (sp.key, sp.key_ns));
+                        out.push((id.to_string(), key, ns));
                         if out.len() == batch {
                             break;
                         }
@@ -208,7 +210,7 @@ impl Store {
                 let mut keys = w.open_table(ENQUEUE_KEYS)?;
                 let held = w.open_table(HELD)?;
                 let mut idx = super::list::Indexes::open(&w)?;
-                for (id, key) in &ids {
+                for (id, key, ns) in &ids {
                     // Checked again inside the write: an operator may have acted meanwhile.
                     let user = match tasks::read_row(&tables.tasks, id) {
                         Ok(Some(row))
@@ -224,10 +226,9 @@ impl Store {
                     idx.removed(id, QueueStatus::Finished, Some(&user))?;
                     remove_range(&mut spans, id)?;
                     remove_range(&mut replies, id)?;
-                    let (lo, hi) = (
-                        format!("{}:{id}:", self.db_id()),
-                        format!("{}:{id};", self.db_id()),
-                    );
+                    // Its call keys are `NS:id:...`, in its own namespace (or the database id's).
+                    let ns = ns.as_deref().unwrap_or(self.db_id());
+                    let (lo, hi) = (format!("{ns}:{id}:"), format!("{ns}:{id};"));
                     calls.retain_in(lo.as_str()..hi.as_str(), |_, _| false)?;
                     if let Some(k) = key {
                         keys.remove(k.as_str())?;

@@ -17,9 +17,11 @@
 //! only be appended.
 //!
 //! A row type changes by a new format version of its own ([`Record::FORMAT`]): its older
-//! rows stay readable through [`Record::older_row`], and a build that meets a version larger
-//! than it knows refuses the record as newer. Format 3 of a model reply adds the provider's
-//! response id, model and finish reasons; every other row is still written in format 2.
+//! rows stay readable through [`Record::older_row`] (or [`decode_row_versioned`]), and a build
+//! that meets a version larger than it knows refuses the record as newer. Format 3 of a model
+//! reply adds the provider's response id, model and finish reasons; format 3 of a task's spec
+//! adds its call-key namespace, the budget its enqueue asked for, and a model named by its
+//! profile; every other row is still written in format 2.
 //!
 //! Decoding checks the magic, the version and the checksum before bincode sees a byte, refuses
 //! trailing bytes, and bounds every length bincode reads. A record that fails any check is an
@@ -110,7 +112,7 @@ pub fn encode_row<R: Serialize>(row: &R) -> Result<Vec<u8>, Error> {
 }
 
 /// Encodes a row into an envelope of format `version`.
-fn encode_row_as<R: Serialize>(version: u8, row: &R) -> Result<Vec<u8>, Error> {
+pub fn encode_row_as<R: Serialize>(version: u8, row: &R) -> Result<Vec<u8>, Error> {
     let mut out = vec![MAGIC, version, 0, 0, 0, 0, 0, 0, 0, 0];
     bincode::serde::encode_into_std_write(row, &mut out, CONFIG)
         .map_err(|e| Error::Corrupt(format!("cannot encode a record: {e}")))?;
@@ -144,6 +146,22 @@ pub fn seal_as(version: u8, payload: &[u8]) -> Vec<u8> {
 pub fn decode_row<R: DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<R, Error> {
     let (_, payload) = open_envelope(what, bytes, RECORD_VERSION)?;
     decode_payload(what, payload)
+}
+
+/// Decodes a row of a type whose current format is `newest`: a record of that format as it
+/// is, an older one through `older` (given its format and payload).
+pub fn decode_row_versioned<R: DeserializeOwned>(
+    what: &str,
+    bytes: &[u8],
+    newest: u8,
+    older: impl FnOnce(u8, &[u8]) -> Result<R, Error>,
+) -> Result<R, Error> {
+    let (version, payload) = open_envelope(what, bytes, newest)?;
+    if version == newest {
+        decode_payload(what, payload)
+    } else {
+        older(version, payload)
+    }
 }
 
 /// Decodes the bincode payload of an envelope, refusing trailing bytes.

@@ -11,7 +11,7 @@
 use redb::{ReadTransaction, ReadableTable, Table, TableDefinition, WriteTransaction};
 use serde::Serialize;
 
-use super::codec::{decode_row, is_legacy};
+use super::codec::is_legacy;
 use super::rows::{SpecRow, TaskRow};
 use super::schema::TASKS;
 use super::{QueueStatus, Result, tasks};
@@ -242,7 +242,9 @@ where
     let row: TaskRow =
         tasks::read_row(tasks, id)?.ok_or_else(|| super::Error::NoTask(id.to_string()))?;
     let spec: SpecRow = match specs.get(id)? {
-        Some(g) if !is_legacy(g.value()) => decode_row(&format!("task {id} spec"), g.value())?,
+        Some(g) if !is_legacy(g.value()) => {
+            super::rows::decode_spec(&format!("task {id} spec"), g.value())?
+        }
         _ => {
             return Err(super::Error::Corrupt(format!(
                 "task {id}: its spec record is missing"

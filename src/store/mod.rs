@@ -157,7 +157,7 @@ impl Store {
                     continue;
                 }
                 let id = format!("t{}", next_seq(&mut meta, META_TASK_SEQ)?);
-                let rec = new_record(&id, t, &notes, now_ms);
+                let rec = new_record(&self.db_id, &id, t, &notes, now_ms);
                 tables.insert_new(&rec)?;
                 idx.added(&id, &rec.state.user_id, rec.status, rec.created_at_ms)?;
                 let seq = next_seq(&mut meta, META_READY_SEQ)?;
@@ -466,16 +466,17 @@ impl Store {
         }
     }
 
-    /// The call key of `call` made at `step` of task `task_id`, in this database's namespace.
-    pub fn call_key(&self, call: &crate::kernel::ToolCall, task_id: &str, step: u32) -> String {
-        call.key_in(&self.db_id, task_id, step)
-    }
-
-    /// Every call-key record of a task (keys are `db_id:task_id:...`).
+    /// Every call-key record of a task (keys are `NS:task_id:...`, in the task's namespace).
     pub fn calls(&self, task_id: &str) -> Result<Vec<CallRecord>> {
         let r = self.db.begin_read()?;
+        let ns = match r.open_table(TASK_SPECS)?.get(task_id)? {
+            Some(g) if !codec::is_legacy(g.value()) => {
+                rows::decode_spec(&format!("task {task_id} spec"), g.value())?.key_ns
+            }
+            _ => None,
+        };
+        let ns = ns.as_deref().unwrap_or(&self.db_id);
         let t = r.open_table(CALL_KEYS)?;
-        let ns = &self.db_id;
         let (lo, hi) = (format!("{ns}:{task_id}:"), format!("{ns}:{task_id};"));
         let mut out = Vec::new();
         for entry in t.range(lo.as_str()..hi.as_str())? {

@@ -60,7 +60,7 @@ fn held_call(rec: &TaskRecord) -> Result<ToolCall> {
 }
 
 fn call_json(ns: &str, rec: &TaskRecord, call: &ToolCall) -> Value {
-    json!({"tool": call.name, "args": call.args, "key": call.key_in(ns, &rec.id, rec.state.step), "digest": call.digest()})
+    json!({"tool": call.name, "args": call.args, "key": rec.call_key(ns, call), "digest": call.digest()})
 }
 
 fn approval_expired(rec: &TaskRecord, now_ms: u64) -> bool {
@@ -214,7 +214,7 @@ fn check_can_send(rec: &TaskRecord, verb: &str) -> Result<()> {
 /// it over its own transaction; the decisions below are written once, against it, so both
 /// backends check and apply every decision the same way.
 pub trait DecisionTx {
-    /// The id that prefixes this database's call keys.
+    /// This database's id (a task's call keys are in its namespace: `TaskRecord::call_key`).
     fn db_id(&self) -> &str;
     /// The task `id`, read for update (a concurrent decision on it waits or is refused).
     fn load(&mut self, id: &str) -> Result<TaskRecord>;
@@ -303,7 +303,7 @@ pub fn approve(
         return Err(not_in(&rec, "waiting for approval"));
     }
     let call = held_call(&rec)?;
-    let key = call.key_in(&ns, &rec.id, rec.state.step);
+    let key = rec.call_key(&ns, &call);
     reviewed.check(id, &call, &key)?;
     extend.apply(&mut rec.budget)?;
     check_can_send(&rec, "the approval")?;
@@ -338,7 +338,7 @@ pub fn reject(
         return Err(not_in(&rec, "waiting for approval"));
     }
     let call = held_call(&rec)?;
-    reviewed.check(id, &call, &call.key_in(&ns, &rec.id, rec.state.step))?;
+    reviewed.check(id, &call, &rec.call_key(&ns, &call))?;
     let result = json!({"status": "rejected", "code": "rejected",
         "detail": d.reason.clone().unwrap_or_else(|| "rejected by an operator".into())});
     rec.settle = Some(result.clone());
@@ -370,7 +370,7 @@ pub fn reconcile(
         return Err(not_in(&rec, "held for reconcile"));
     }
     let call = held_call(&rec)?;
-    let key = call.key_in(&ns, &rec.id, rec.state.step);
+    let key = rec.call_key(&ns, &call);
     reviewed.check(id, &call, &key)?;
     let mut detail = call_json(&ns, &rec, &call);
     let (verb, recorded) = match s {

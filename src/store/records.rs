@@ -119,6 +119,34 @@ pub struct TaskRecord {
     /// The approval this task runs under. It lives here only; the re-sent call carries it.
     #[serde(default)]
     pub approval: Option<Approval>,
+    /// The namespace of this task's call keys (`NS:task:step`): the database id and 48 random
+    /// bits made at enqueue, so that a task made after a backup was restored (or in a copy of
+    /// the file) never reuses the keys of a task the tool services saw from the lost
+    /// timeline. `None`: a task from before, whose keys use the database id alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_ns: Option<String>,
+    /// The budget the enqueue asked for (an operator's `--extend` changes `budget`, never
+    /// this): what a retried enqueue under the same key is compared with. `None`: a task from
+    /// before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enqueued_budget: Option<Budget>,
+}
+
+impl TaskRecord {
+    /// The namespace of this task's call keys, in the database whose id is `db_id`.
+    pub fn key_namespace<'a>(&'a self, db_id: &'a str) -> &'a str {
+        self.key_ns.as_deref().unwrap_or(db_id)
+    }
+
+    /// The call key of `call` made at this task's current step.
+    pub fn call_key(&self, db_id: &str, call: &crate::kernel::ToolCall) -> String {
+        call.key_in(self.key_namespace(db_id), &self.id, self.state.step)
+    }
+}
+
+/// A new task's key namespace in the database `db_id`: the id and 48 random bits.
+pub(crate) fn new_key_ns(db_id: &str) -> String {
+    format!("{db_id}-{:012x}", super::random_u64() & ((1 << 48) - 1))
 }
 
 /// An operator's approval of exactly one held call: its call key and digest, who and when.
@@ -226,8 +254,15 @@ pub struct Enqueued {
     pub created: bool,
 }
 
-/// A new task's record, queued, with the notes of its user that its goal recalls.
-pub(crate) fn new_record(id: &str, t: &NewTask, notes: &[Note], now_ms: u64) -> TaskRecord {
+/// A new task's record in the database `db_id`, queued, with the notes of its user that its
+/// goal recalls.
+pub(crate) fn new_record(
+    db_id: &str,
+    id: &str,
+    t: &NewTask,
+    notes: &[Note],
+    now_ms: u64,
+) -> TaskRecord {
     let mut state = TaskState::new(id, &t.user, &t.goal);
     state.remembered = select(notes, &t.user, &t.goal, now_ms / 1000, 3)
         .into_iter()
@@ -254,6 +289,8 @@ pub(crate) fn new_record(id: &str, t: &NewTask, notes: &[Note], now_ms: u64) -> 
         approval_wait_ms: t.approval_wait_ms,
         suspended_at_ms: None,
         approval: None,
+        key_ns: Some(new_key_ns(db_id)),
+        enqueued_budget: Some(t.budget),
     }
 }
 
@@ -265,7 +302,8 @@ pub(crate) fn differs(rec: &TaskRecord, t: &NewTask) -> Option<&'static str> {
         Some("goal")
     } else if rec.model != t.model {
         Some("model")
-    } else if rec.budget != t.budget {
+    } else if rec.enqueued_budget.unwrap_or(rec.budget) != t.budget {
+        // The request's budget, not the task's: an operator may have extended it since.
         Some("budget")
     } else if rec.priority != t.priority {
         Some("priority")

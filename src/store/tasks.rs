@@ -6,7 +6,9 @@ use redb::{ReadableTable, Table, WriteTransaction};
 use std::collections::HashMap;
 
 use super::codec::{decode_legacy, decode_row, encode_row, is_legacy};
-use super::rows::{Blob, ModelRow, SpecRow, TaskRow, join, split, task_row};
+use super::rows::{
+    Blob, ModelRow, SpecRow, TaskRow, decode_spec, encode_spec, join, split, task_row,
+};
 use super::schema::*;
 use super::{Error, Result, TaskRecord};
 
@@ -68,7 +70,7 @@ where
     pub fn with_row(&mut self, row: TaskRow) -> Result<TaskRecord> {
         let what = format!("task {}", row.id);
         let spec: SpecRow = match self.specs.get(row.id.as_str())? {
-            Some(g) => decode_row(&format!("{what} spec"), g.value())?,
+            Some(g) => decode_spec(&format!("{what} spec"), g.value())?,
             None => {
                 return Err(Error::Corrupt(format!(
                     "{what}: its spec record is missing"
@@ -134,7 +136,7 @@ impl<'w> Tables<'w> {
             self.refs.insert(d.as_str(), n + 1)?;
         }
         self.specs
-            .insert(rec.id.as_str(), encode_row(&s.spec)?.as_slice())?;
+            .insert(rec.id.as_str(), encode_spec(&s.spec)?.as_slice())?;
         save_row(&mut self.tasks, &s.row)
     }
 
@@ -144,7 +146,7 @@ impl<'w> Tables<'w> {
         let spec = self.specs.remove(id)?.map(|g| g.value().to_vec());
         let Some(bytes) = spec else { return Ok(()) };
         // A damaged spec's blobs stay; `worker check` reports blobs no task refers to.
-        let Ok(spec) = decode_row::<SpecRow>("spec", &bytes) else {
+        let Ok(spec) = decode_spec("spec", &bytes) else {
             return Ok(());
         };
         let mut digests = Vec::new();

@@ -50,6 +50,8 @@ pub struct Context {
     pub hook: Option<Hook>,
     /// The daemon's MCP sessions, if its config names servers.
     pub mcp: Option<Arc<crate::mcp::Mcp>>,
+    /// The daemon's config: a task's model profile and tools are resolved in it.
+    pub trusted: Arc<crate::config::Config>,
     /// Spans are exported live: each commit queues the spans it ends in the outbox.
     pub export: bool,
     /// This process as a lease owner, for the claim made with a task's final commit.
@@ -130,9 +132,10 @@ fn observe_tool(task: &str, key: &str, tool: &str, reply: &ToolReply) {
 }
 
 /// A task's tools, each call sent where its catalog entry says the tool lives: an MCP server,
-/// an HTTP URL, or (neither) the document's store.
+/// an HTTP URL, or (neither) the document's store; a tool the daemon's config lacks, nowhere.
 struct Routed<'a> {
     catalog: &'a Catalog,
+    unavailable: &'a std::collections::BTreeMap<String, String>,
     demo: DurableTools<'a>,
     http: HttpTools<'a>,
     mcp: McpTools<'a>,
@@ -165,6 +168,12 @@ fn answered_from_record(c: &CallRecord, digest: &str) -> Option<serde_json::Valu
 
 impl Tools for Routed<'_> {
     fn call(&mut self, req: &crate::kernel::ToolRequest<'_>) -> ToolReply {
+        if let Some(why) = self.unavailable.get(&req.call.name) {
+            return ToolReply {
+                result: json!({"status": "error", "code": "tool_unavailable", "detail": why}),
+                latency_ms: 0,
+            };
+        }
         match self.catalog.get(&req.call.name) {
             Some(spec) if spec.mcp.is_some() => self.mcp.call(req),
             Some(spec) if spec.http.is_some() => self.http.call(req),
@@ -212,10 +221,24 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
         })?;
         return Ok(Ended::Released);
     }
-    let catalog = rec.catalog.clone().unwrap_or_else(Catalog::demo);
-    let mut model = rec.model.build_for(&catalog);
+    // What the task's tools and model mean here is the daemon's config's to say.
+    let crate::config::Resolved {
+        catalog,
+        unavailable,
+    } = ctx.trusted.catalog_for(rec.catalog.as_ref());
+    for (tool, why) in &unavailable {
+        tracing::warn!(task = %rec.id, tool = %tool, reason = %why, "tool unavailable to this worker");
+    }
+    let mut model: Box<dyn crate::model::Model> = match ctx.trusted.model_for(&rec.model) {
+        Ok(profile) => profile.build_for(&catalog),
+        Err(why) => {
+            tracing::error!(task = %rec.id, reason = %why, "model unavailable to this worker");
+            Box::new(crate::model::Unavailable(why))
+        }
+    };
     let mut routed = Routed {
         catalog: &catalog,
+        unavailable: &unavailable,
         demo: DurableTools {
             store: &ctx.tools,
             scope: &rec.store_scope,
@@ -252,7 +275,7 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
         rec.budget,
         &catalog,
         rec.next_span_id,
-        Keys::durable(ctx.store.db_id()),
+        Keys::durable(rec.key_namespace(ctx.store.db_id())),
     );
     if rec.cancel_requested.is_some() {
         // Cancelled while its worker was gone: stop before anything runs.

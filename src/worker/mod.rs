@@ -47,6 +47,9 @@ pub struct Config {
     pub mcp: Option<Arc<crate::mcp::Mcp>>,
     /// Where to export spans live (OTLP/HTTP), if anywhere.
     pub otlp: Option<crate::otlp::export::Target>,
+    /// The daemon's own config: what a task's model profile and tools mean here (the
+    /// endpoints, secrets and tool definitions are the daemon's, never the enqueuer's).
+    pub trusted: Arc<crate::config::Config>,
 }
 
 impl std::fmt::Debug for Config {
@@ -76,6 +79,7 @@ impl Default for Config {
             hook: None,
             mcp: None,
             otlp: None,
+            trusted: Arc::default(),
         }
     }
 }
@@ -356,6 +360,7 @@ pub fn run(
             clock: Arc::new(now_ms),
             hook: cfg.hook.clone(),
             mcp: cfg.mcp.clone(),
+            trusted: Arc::clone(&cfg.trusted),
             export: cfg.otlp.is_some(),
             lease_ms: cfg.lease_ms,
             time_scale: cfg.time_scale,

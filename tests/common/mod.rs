@@ -88,6 +88,36 @@ pub fn command(dir: &Path) -> Command {
     c
 }
 
+/// A backup of a test directory's worker database: the file's bytes, or a dump of its
+/// PostgreSQL schema. The demo store (its own file, or schema) is left out: it stands for a
+/// tool service, which a restore of the worker's database does not roll back.
+pub enum Backup {
+    File(Vec<u8>),
+    Schema(String, String),
+}
+
+impl Backup {
+    pub fn take(dir: &Path) -> Backup {
+        match db_url(dir) {
+            None => Backup::File(std::fs::read(dir.join("worker.redb")).expect("read the file")),
+            Some(url) => {
+                let schema = url.rsplit("schema=").next().expect("a schema").to_string();
+                let dump = pg::shared().expect("the cluster").dump_schema(&schema);
+                Backup::Schema(schema, dump)
+            }
+        }
+    }
+
+    pub fn restore(&self, dir: &Path) {
+        match self {
+            Backup::File(bytes) => std::fs::write(dir.join("worker.redb"), bytes).expect("restore"),
+            Backup::Schema(schema, dump) => pg::shared()
+                .expect("the cluster")
+                .restore_schema(schema, dump),
+        }
+    }
+}
+
 /// Runs `worker ARGS` in `dir` on its database.
 pub fn worker(dir: &Path, args: &[&str]) -> Output {
     command(dir).args(args).output().expect("run worker")

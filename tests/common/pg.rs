@@ -196,6 +196,45 @@ impl PgCluster {
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
 
+    /// The SQL text of `pg_dump` of one schema (a backup of it).
+    pub fn dump_schema(&self, schema: &str) -> String {
+        let out = Command::new(self.bin.join("pg_dump"))
+            .args(["-d", &self.url(), "-n", schema, "--no-owner"])
+            .output()
+            .expect("pg_dump");
+        assert!(
+            out.status.success(),
+            "pg_dump: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Replaces schema `schema` with a dump of it made by [`PgCluster::dump_schema`] (a restore).
+    pub fn restore_schema(&self, schema: &str, dump: &str) {
+        self.psql(&format!("DROP SCHEMA {schema} CASCADE"));
+        let mut child = Command::new(self.bin.join("psql"))
+            .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", &self.url()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("psql");
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(dump.as_bytes())
+            .expect("feed the dump");
+        let out = child.wait_with_output().expect("psql");
+        assert!(
+            out.status.success(),
+            "restore: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// `tool` of the cluster's binaries, run as the `postgres` user when the tests are root.
     fn command(&self, tool: &str) -> Command {
         let exe = self.bin.join(tool);

@@ -93,7 +93,7 @@ impl PgStore {
                     }
                     let num: i64 = tx.query_one(&seq, &[]).map_err(db_error)?.get(0);
                     let id = format!("t{num}");
-                    let rec = new_record(&id, t, &notes, now_ms);
+                    let rec = new_record(self.db_id(), &id, t, &notes, now_ms);
                     tx.execute(
                         &insert,
                         &[

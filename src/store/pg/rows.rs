@@ -27,6 +27,10 @@ pub struct Spec {
     pub catalog: Option<Catalog>,
     #[serde(default)]
     pub store_scope: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_ns: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enqueued_budget: Option<crate::kernel::Budget>,
 }
 
 /// A lease as stored: the owner's identity and the token; the expiry is its own column.
@@ -117,6 +121,8 @@ pub fn from_row_at(r: &Row, o: usize) -> Result<TaskRecord> {
         tool_latency_ms: spec.tool_latency_ms,
         catalog: spec.catalog,
         store_scope: spec.store_scope,
+        key_ns: spec.key_ns,
+        enqueued_budget: spec.enqueued_budget,
         id,
     })
 }
@@ -128,6 +134,8 @@ pub fn spec_of(rec: &TaskRecord) -> Result<Value> {
             tool_latency_ms: rec.tool_latency_ms.clone(),
             catalog: rec.catalog.clone(),
             store_scope: rec.store_scope.clone(),
+            key_ns: rec.key_ns.clone(),
+            enqueued_budget: rec.enqueued_budget,
         },
         "the task's spec",
     )

@@ -144,6 +144,7 @@ pub struct TaskRow {
 }
 
 /// What enqueue fixes: written once. Script replies and catalogs are blobs, by digest.
+/// Format 3 ([`SPEC_FORMAT`]): format 2 and the task's call-key namespace and enqueued budget.
 #[derive(Serialize, Deserialize)]
 pub struct SpecRow {
     pub key: Option<String>,
@@ -152,6 +153,50 @@ pub struct SpecRow {
     pub catalog: Option<String>,
     pub store_scope: String,
     pub created_at_ms: u64,
+    pub key_ns: Option<String>,
+    pub enqueued_budget: Option<Budget>,
+}
+
+/// The format a spec row is written in.
+pub const SPEC_FORMAT: u8 = 3;
+
+/// A spec row of format 2 (before namespaces and enqueued budgets were kept).
+#[derive(Serialize, Deserialize)]
+pub struct SpecRowV2 {
+    pub key: Option<String>,
+    pub model: ModelRow,
+    pub tool_latency_ms: BTreeMap<String, u64>,
+    pub catalog: Option<String>,
+    pub store_scope: String,
+    pub created_at_ms: u64,
+}
+
+/// A spec row as stored.
+pub fn encode_spec(spec: &SpecRow) -> std::result::Result<Vec<u8>, crate::store::Error> {
+    super::codec::encode_row_as(SPEC_FORMAT, spec)
+}
+
+/// A stored spec row of format 3, or of format 2 read as one (without a namespace or an
+/// enqueued budget: the task's keys use the database id).
+pub fn decode_spec(what: &str, bytes: &[u8]) -> std::result::Result<SpecRow, crate::store::Error> {
+    super::codec::decode_row_versioned(what, bytes, SPEC_FORMAT, |version, payload| {
+        if version != 2 {
+            return Err(crate::store::Error::Corrupt(format!(
+                "{what} record: unknown record format {version}"
+            )));
+        }
+        let old: SpecRowV2 = super::codec::decode_payload(what, payload)?;
+        Ok(SpecRow {
+            key: old.key,
+            model: old.model,
+            tool_latency_ms: old.tool_latency_ms,
+            catalog: old.catalog,
+            store_scope: old.store_scope,
+            created_at_ms: old.created_at_ms,
+            key_ns: None,
+            enqueued_budget: None,
+        })
+    })
 }
 
 #[derive(Serialize, Deserialize)]
@@ -181,6 +226,10 @@ pub enum ModelRow {
         api_key_env: Option<String>,
         max_retries: u32,
         temperature: f64,
+    },
+    /// A profile of the daemon's config, by name (spec format 3).
+    Profile {
+        name: String,
     },
 }
 
@@ -289,6 +338,7 @@ pub fn split(rec: &TaskRecord) -> Split {
             max_retries: *max_retries,
             temperature: *temperature,
         },
+        ModelProfile::Profile { name } => ModelRow::Profile { name: name.clone() },
     };
     let catalog = rec.catalog.as_ref().map(|c| {
         let text = serde_json::to_value(c).map_or_else(|_| Json("null".into()), |v| Json::of(&v));
@@ -303,6 +353,8 @@ pub fn split(rec: &TaskRecord) -> Split {
             catalog,
             store_scope: rec.store_scope.clone(),
             created_at_ms: rec.created_at_ms,
+            key_ns: rec.key_ns.clone(),
+            enqueued_budget: rec.enqueued_budget,
         },
         blobs,
     }
@@ -346,6 +398,7 @@ pub fn join(row: TaskRow, spec: SpecRow, blob: &mut dyn FnMut(&str) -> R<Blob>) 
             max_retries,
             temperature,
         },
+        ModelRow::Profile { name } => ModelProfile::Profile { name },
     };
     let catalog = match &spec.catalog {
         None => None,
@@ -378,6 +431,8 @@ pub fn join(row: TaskRow, spec: SpecRow, blob: &mut dyn FnMut(&str) -> R<Blob>) 
         approval_wait_ms: row.approval_wait_ms,
         suspended_at_ms: row.suspended_at_ms,
         approval: row.approval,
+        key_ns: spec.key_ns,
+        enqueued_budget: spec.enqueued_budget,
     })
 }
 
