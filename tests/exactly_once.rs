@@ -965,3 +965,82 @@ fn a_panicking_run_neither_stalls_a_drain_nor_loses_its_task() {
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
 }
+
+/// Review item 15, second part: on PostgreSQL a demo-store write whose connection dropped
+/// before its COMMIT (nothing of it can have landed) was reported as a database error, and the
+/// driver held the task with `unknown_outcome`. The store's transaction now runs again on a
+/// new connection, and the write is applied once.
+#[test]
+fn hole_15_a_store_write_cut_before_its_commit_runs_again() {
+    let Some(dir) = TempDir::on("store-cut", common::Backend::Postgres) else {
+        return;
+    };
+    let url = db_url(dir.path()).expect("a PostgreSQL directory");
+    let pg = common::pg::shared().expect("the cluster");
+    let store = Arc::new(tether::tools::durable::DurableStore::open_target(&url).expect("store"));
+    let key = format!("cut-{}:t1:s2", std::process::id());
+    // Another session holds the advisory lock the store's transaction takes on the key, so
+    // the write waits inside its transaction, where the test cuts its connection.
+    let lock = format!("hashtextextended('tether-store:key:{key}', 0)");
+    let holder = {
+        let cluster_url = pg.url();
+        let lock = lock.clone();
+        std::thread::spawn(move || {
+            let _ = std::process::Command::new("psql")
+                .args(["-X", "-q", "-d", &cluster_url, "-c"])
+                .arg(format!(
+                    "SELECT pg_advisory_lock({lock}); SELECT pg_sleep(120)"
+                ))
+                .output();
+        })
+    };
+    let waiting = |what: &str| {
+        pg.psql(&format!(
+            "SELECT pid FROM pg_stat_activity WHERE {what} AND pid <> pg_backend_pid() ORDER BY pid LIMIT 1"
+        ))
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while waiting("wait_event = 'PgSleep'").is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lock holder never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let args = serde_json::json!({"order_id": "ord_1001", "amount_cents": 1200, "reason": "cut"});
+    let call = {
+        let (store, key) = (Arc::clone(&store), key.clone());
+        let args = args.as_object().expect("args").clone();
+        std::thread::spawn(move || {
+            store.call_once("", "cu_ana", "issue_refund", &args, &key, true, None)
+        })
+    };
+    let writer = loop {
+        if call.is_finished() {
+            panic!("the call did not wait: {:?}", call.join());
+        }
+        let pid = waiting("wait_event = 'advisory' AND query LIKE '%pg_advisory_xact_lock%'");
+        if !pid.is_empty() {
+            break pid;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the store's write never waited"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    // The write's connection is cut inside its transaction; then the lock is let go.
+    pg.psql(&format!("SELECT pg_terminate_backend({writer})"));
+    let sleeper = waiting("wait_event = 'PgSleep'");
+    pg.psql(&format!("SELECT pg_terminate_backend({sleeper})"));
+    let _ = holder.join();
+    let (result, _) = call
+        .join()
+        .expect("the call")
+        .expect("the write ran again and was applied");
+    assert_eq!(result["status"], "ok", "{result}");
+    let arrivals = store.arrivals().expect("arrivals");
+    assert_eq!(arrivals.iter().filter(|a| a.key == key).count(), 1);
+    let ledger = store.ledger().expect("ledger");
+    assert_eq!(ledger.iter().filter(|e| e.key == key).count(), 1);
+}

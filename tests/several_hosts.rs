@@ -377,3 +377,184 @@ fn the_database_restarting_and_lost_answers_lose_and_repeat_nothing() {
     );
     settle_with_oracle(&d, seed);
 }
+
+/// How many server processes are waiting on `what` (`wait_event` or `wait_event_type`).
+fn waiting_on(pg: &PgCluster, what: &str) -> usize {
+    pg.psql(&format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE (wait_event = '{what}' OR wait_event_type = '{what}') AND pid <> pg_backend_pid()"
+    ))
+    .parse()
+    .unwrap_or(0)
+}
+
+/// Review item 4: one enqueue made two tasks on PostgreSQL with a synchronous standby. A
+/// COMMIT waiting for the standby is durable on the primary but not yet visible; when its
+/// acknowledgment was lost, the marker read back as "not landed", the transaction ran again,
+/// and when the standby answered both landed. The read-back now waits for a transaction that
+/// is still in progress and settles exactly whether it landed: one task.
+#[test]
+fn hole_4_an_enqueue_waiting_for_a_standby_lands_once() {
+    let Some(pg) = PgCluster::start("sync-standby") else {
+        return;
+    };
+    let dir = TempDir::new("pg-sync-standby");
+    let d = dir.path();
+    let proxy = Proxy::start(pg.port);
+    let via_proxy = format!(
+        "postgres://tether@127.0.0.1:{}/postgres?schema=sync",
+        proxy.port
+    );
+    let direct = format!("{}?schema=sync", pg.url());
+    ok(d, &["--db", &direct, "migrate"]);
+    // From now on every commit waits for a standby that is not there.
+    pg.psql("ALTER SYSTEM SET synchronous_standby_names = 'absent_standby'");
+    pg.psql("SELECT pg_reload_conf()");
+    let enqueue = command(d)
+        .args([
+            "--db", &via_proxy, "enqueue", "--user", "cu_ana", "--goal", GOAL,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("enqueue");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while waiting_on(&pg, "SyncRep") == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the COMMIT never waited for the standby"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The COMMIT's acknowledgment is lost: the connection drops while it waits.
+    proxy.cut();
+    proxy.restore();
+    // The client reads back whether it landed: it waits for the transaction in progress
+    // (a lock wait), where the code before ran the transaction again (a second COMMIT
+    // waiting for the standby).
+    while waiting_on(&pg, "SyncRep") + waiting_on(&pg, "Lock") < 2 {
+        assert!(Instant::now() < deadline, "the client never came back");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The standby "answers": every waiting COMMIT lands.
+    pg.psql("ALTER SYSTEM SET synchronous_standby_names = ''");
+    pg.psql("SELECT pg_reload_conf()");
+    let out = enqueue.wait_with_output().expect("enqueue");
+    let printed = succeeded(out, &["enqueue"]);
+    assert_eq!(printed.trim(), "t1", "{printed}");
+    let tasks = pg.psql("SELECT string_agg(id, ',' ORDER BY id) FROM sync.tasks");
+    assert_eq!(tasks, "t1", "one enqueue, one task");
+}
+
+/// A shared library that moves a process's wall clock `SKEW_MS` ahead (`clock_gettime` of
+/// the realtime clocks, and `gettimeofday`), for `LD_PRELOAD`; compiled here with gcc.
+fn clock_skew_library(dir: &Path) -> Option<std::path::PathBuf> {
+    let src = dir.join("skew.c");
+    std::fs::write(
+        &src,
+        r#"#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <sys/time.h>
+#include <time.h>
+static long long skew(void) { const char *s = getenv("SKEW_MS"); return s ? atoll(s) : 0; }
+static void add(struct timespec *ts) {
+    long long ns = ts->tv_nsec + (skew() % 1000) * 1000000LL;
+    ts->tv_sec += skew() / 1000 + ns / 1000000000LL;
+    ts->tv_nsec = ns % 1000000000LL;
+}
+int clock_gettime(clockid_t id, struct timespec *ts) {
+    static int (*real)(clockid_t, struct timespec *);
+    if (!real) real = dlsym(RTLD_NEXT, "clock_gettime");
+    int r = real(id, ts);
+    if (r == 0 && (id == CLOCK_REALTIME || id == CLOCK_REALTIME_COARSE)) add(ts);
+    return r;
+}
+int gettimeofday(struct timeval *tv, void *tz) {
+    struct timespec ts;
+    int r = clock_gettime(CLOCK_REALTIME, &ts);
+    if (r == 0 && tv) { tv->tv_sec = ts.tv_sec; tv->tv_usec = ts.tv_nsec / 1000; }
+    (void)tz;
+    return r;
+}
+"#,
+    )
+    .expect("write skew.c");
+    let lib = dir.join("skew.so");
+    let built = std::process::Command::new("gcc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .arg("-ldl")
+        .status();
+    if !built.is_ok_and(|s| s.success()) {
+        missing(
+            "gcc (to build the clock-skew library)",
+            ".ci/run's machine has it",
+        );
+        return None;
+    }
+    Some(lib)
+}
+
+/// Review item 6: heartbeats were written with each daemon's own wall clock and compared with
+/// another's, so a host 60 s ahead took over every running task of a healthy daemon. Leases,
+/// heartbeats and recovery now use the server's clock.
+#[test]
+fn hole_6_a_host_whose_clock_runs_ahead_takes_over_nothing() {
+    let Some((pg, _proxy, _via, dir)) = setup("skew") else {
+        return;
+    };
+    let d = dir.path();
+    let Some(lib) = clock_skew_library(d) else {
+        return;
+    };
+    for _ in 0..3 {
+        enqueue(d, &["--model", "policy"]);
+    }
+    // A healthy daemon runs all three (each model call takes 1.5 s of real time).
+    let url = db_url(d).expect("url");
+    let log = std::fs::File::create(d.join("healthy.log")).expect("log");
+    let mut healthy = command(d)
+        .env("WORKER_DB", &url)
+        .env("RUST_LOG", "warn")
+        .args(["run", "--workers", "3", "--time-scale", "1"])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start the healthy daemon");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while pg.psql("SELECT count(*) FROM skew.tasks WHERE status = 'running'") != "3" {
+        assert!(
+            Instant::now() < deadline,
+            "the healthy daemon never ran all three: {}\n{}",
+            pg.psql("SELECT string_agg(id || ' ' || status, ', ') FROM skew.tasks"),
+            std::fs::read_to_string(d.join("healthy.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // A second daemon whose clock is two minutes ahead, past every lease and heartbeat.
+    let log = std::fs::File::create(d.join("ahead.log")).expect("log");
+    let mut ahead = command(d)
+        .env("WORKER_DB", &url)
+        .env("RUST_LOG", "warn")
+        .env("LD_PRELOAD", &lib)
+        .env("SKEW_MS", "120000")
+        .args(["run", "--workers", "1", "--recover-every-ms", "200"])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start the daemon that is ahead");
+    // It recovers at start and every 200 ms; give it a few rounds while the three run.
+    std::thread::sleep(Duration::from_secs(2));
+    signal(ahead.id(), "-TERM");
+    let _ = ahead.wait();
+    let running = pg.psql("SELECT count(*) FROM skew.tasks WHERE status = 'running'");
+    let runs = pg.psql("SELECT string_agg(token::text, ',' ORDER BY id) FROM skew.tasks");
+    stop(&mut healthy);
+    assert_eq!(count_in_logs(d, "ahead", "lease takeover"), 0, "{runs}");
+    assert_eq!(
+        running, "3",
+        "the healthy daemon still runs its three tasks"
+    );
+    assert_eq!(runs, "1,1,1", "each task was claimed once");
+}

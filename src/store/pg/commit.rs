@@ -8,18 +8,18 @@ use serde_json::Value;
 use std::time::Instant;
 
 use super::pool::{db_error, is_connection_error};
-use super::queue::{CLAIM_SQL, decode_claimed, returning};
+use super::queue::{claim_sql, decode_claimed, lease_len, returning};
 use super::rows::{TASK_COLUMNS, from_row, from_row_at, i64_of, lease_of, ms_col};
 use super::{PgStore, random_i64};
 use crate::store::{Commit, CommitKind, CommitOutcome, Error, QueueStatus, Result, TaskRecord};
 
 type Param<'a> = &'a (dyn ToSql + Sync);
 
-/// The common part of a step commit: the fenced update (its `SET` per kind, and the commit's
-/// marker in `last_commit`), then the call record, the reply and the spans, each written only
-/// if the update matched.
-const COMMIT_SQL: &str = "WITH u AS (UPDATE {s}.tasks SET last_commit = $3::bigint, {set} \
+/// The common part of a step commit: the fenced update (its `SET` per kind), then the commit's
+/// marker, the call record, the reply and the spans, each written only if the update matched.
+const COMMIT_SQL: &str = "WITH u AS (UPDATE {s}.tasks SET {set} \
         WHERE id = $1::text AND status = 'running' AND token = $2::bigint RETURNING cancel_requested), \
+    m AS (INSERT INTO {s}.commits (id, at_ms) SELECT $3::bigint, $4::bigint FROM u), \
     c AS (INSERT INTO {s}.calls (key, task_id, step, tool, args, digest, intent_at_ms, result, result_at_ms) \
         SELECT $5::text, $1, $6::int, $7::text, $8::json, $9::text, $10::bigint, $11::json, $12::bigint \
         FROM u WHERE $5::text IS NOT NULL ON CONFLICT (key) DO UPDATE SET task_id = EXCLUDED.task_id, \
@@ -32,6 +32,8 @@ const COMMIT_SQL: &str = "WITH u AS (UPDATE {s}.tasks SET last_commit = $3::bigi
     {ob} SELECT cancel_requested FROM u";
 
 /// What a step writes into the task row (`$16..`): state, span counter, settlement, elapsed.
+/// (In every commit statement `$4::bigint` stands for "now", the server's clock plus the
+/// caller's offset, which `$4` carries: see [`super::offset_of`].)
 const STEP_SET: &str = "state = $16::json, next_span_id = $17::int, \
     settle = CASE WHEN $18::bool THEN NULL ELSE settle END, elapsed_ms = $19::bigint, updated_at_ms = $4::bigint";
 
@@ -64,14 +66,15 @@ pub(super) fn commit_statements(s: &str, t: &str) -> [String; 10] {
 
 /// The end of a final commit that claims the thread's next task in the same statement (one
 /// round trip, one flush): a queued task is taken only if the final commit was accepted, under
-/// the lease `$23`/`$24` expiring at `$25`, marked with the commit's marker `$3`.
+/// the lease `$23`/`$24` for `$25` ms plus the task's remaining active time, marked with the
+/// commit's marker `$3`.
 fn final_and_claim() -> String {
     format!(
         "nx AS (SELECT id FROM {{s}}.tasks WHERE status = 'queued' AND EXISTS (SELECT 1 FROM u) \
          ORDER BY priority DESC, ready_seq LIMIT 1 FOR UPDATE SKIP LOCKED), \
          cl AS (UPDATE {{s}}.tasks t SET status = 'running', token = t.token + 1, lease = $23::jsonb, \
          lease_owner = $24::text, \
-         lease_expires_ms = GREATEST($25::bigint, $4::bigint) + GREATEST(t.deadline_ms - t.elapsed_ms, 0), \
+         lease_expires_ms = $4::bigint + $25::bigint + GREATEST(t.deadline_ms - t.elapsed_ms, 0), \
          updated_at_ms = $4::bigint, claim_commit = $3::bigint, ready_seq = NULL \
          FROM nx WHERE t.id = nx.id RETURNING {}) \
          SELECT u.cancel_requested, cl.* FROM u LEFT JOIN cl ON true",
@@ -111,7 +114,11 @@ fn commit_sql(kind: CommitKind, ob: &str) -> String {
         "{root}",
         super::outbox::root_when(matches!(kind, CommitKind::Final(_))),
     );
-    COMMIT_SQL.replace("{set}", &set).replace("{ob}", &ob)
+    // "Now" is the server's clock plus the offset `$4` carries.
+    COMMIT_SQL
+        .replace("{set}", &set)
+        .replace("{ob}", &ob)
+        .replace("$4::bigint", &super::now_sql(4))
 }
 
 /// The parameters of one commit, its JSON values serialized straight from the commit.
@@ -149,7 +156,7 @@ impl<'c> CommitParams<'c> {
         };
         Ok(CommitParams {
             marker,
-            now: i64_of(c.now_ms),
+            now: super::offset_of(c.now_ms),
             key: call.map(|k| k.key.clone()),
             step: call.map(|k| k.step as i32),
             tool: call.map(|k| k.tool.clone()),
@@ -297,7 +304,7 @@ impl PgStore {
             (
                 Json(lease_of(&Some(l.clone())).unwrap_or(Value::Null)),
                 l.owner.clone(),
-                i64_of(l.expires_at_ms),
+                lease_len(l, commit.now_ms),
             )
         });
         if let Some((lease, owner, expires)) = &claim {
@@ -341,7 +348,7 @@ impl PgStore {
         commits: &[&Commit],
         params: &[CommitParams],
     ) -> std::result::Result<Vec<Option<CommitOutcome>>, Tried> {
-        let claim = self.sql(&format!("{CLAIM_SQL}{}", returning("t.")));
+        let claim = self.sql(&format!("{}{}", claim_sql(), returning("t.")));
         let mut statements = Vec::new();
         for cm in commits {
             statements.push(
@@ -375,7 +382,7 @@ impl PgStore {
                             &1i64,
                             &lease_json,
                             &lease.owner,
-                            &i64_of(lease.expires_at_ms),
+                            &lease_len(lease, cm.now_ms),
                             &p.now,
                             &p.marker,
                         ],
@@ -411,28 +418,27 @@ impl PgStore {
         Ok(got.into_iter().next())
     }
 
-    /// After a lost acknowledgment: a commit landed if its task's row carries its marker (a
-    /// refused commit never wrote one, and refusing it again gives the same answer). `None`:
-    /// nothing of the batch landed, so it is simply committed again.
+    /// After a lost acknowledgment: a commit landed if its marker is in `commits`, which
+    /// [`PgStore::landed`] settles exactly (it waits for a transaction still in progress, and
+    /// makes sure one that did not land never will). A refused commit never wrote one, and
+    /// refusing it again gives the same answer. `None`: nothing of the batch landed, so it is
+    /// committed again (under new markers).
     fn read_back(
         &self,
         commits: &[&Commit],
         params: &[CommitParams],
     ) -> Result<Option<Vec<Option<CommitOutcome>>>> {
-        let row_sql = self.sql("SELECT last_commit, cancel_requested FROM {s}.tasks WHERE id = $1");
+        let row_sql = self.sql("SELECT cancel_requested FROM {s}.tasks WHERE id = $1");
         let next_sql = self.sql(&format!(
             "SELECT {TASK_COLUMNS} FROM {{s}}.tasks WHERE claim_commit = $1 AND status = 'running'"
         ));
         let mut out = Vec::with_capacity(commits.len());
         for (cm, p) in commits.iter().zip(params) {
-            let row = self.query(&row_sql, &[&cm.task_id])?;
-            let landed = row
-                .first()
-                .is_some_and(|r| r.get::<_, Option<i64>>(0) == Some(p.marker));
-            if !landed {
+            if !self.landed(p.marker)? {
                 out.push(None);
                 continue;
             }
+            let row = self.query(&row_sql, &[&cm.task_id])?;
             let next = if cm.claim_next.is_some() {
                 let rows = self.query(&next_sql, &[&p.marker])?;
                 rows.first().map(from_row).transpose()?
@@ -440,7 +446,7 @@ impl PgStore {
                 None
             };
             out.push(Some(CommitOutcome {
-                cancel_requested: row.first().and_then(|r| r.get(1)),
+                cancel_requested: row.first().and_then(|r| r.get(0)),
                 next,
             }));
         }

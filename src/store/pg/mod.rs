@@ -7,9 +7,14 @@
 //! idle daemon `LISTEN`s for. Lease owners prove they are alive with heartbeats.
 //!
 //! A lost COMMIT acknowledgment is an unknown outcome, not a failure: every write transaction
-//! inserts a random commit marker, and after a connection drops during a commit the backend
-//! reconnects and looks the marker up before it answers, so a commit that landed is reported
-//! as landed and one that did not is run again. Files: `pool` (connections, timeouts,
+//! (enqueues, decisions, notes, step commits) inserts a random commit marker into `commits`,
+//! and after a connection drops during a commit the backend reconnects and inserts that marker
+//! itself ([`PgStore::landed`]). The insert waits while the first transaction is still in
+//! progress (a COMMIT waiting for a synchronous standby holds its marker), then either finds
+//! the marker (the commit landed: the result stands) or inserts it, which also makes sure the
+//! first transaction can never land afterwards (its marker would conflict): run again. A
+//! commit still in progress when the retry time runs out is reported as not known, never run
+//! again. Files: `pool` (connections, timeouts,
 //! reconnection), `schema` (migrations), `rows` (a task as a row), `queue` (enqueue, claim,
 //! recovery, heartbeats), `commit` (step commits and their read-back), `reads` (decisions,
 //! reads, notes, purge, check).
@@ -18,7 +23,7 @@ mod commit;
 mod list;
 mod listen;
 mod outbox;
-pub(crate) use rows::{now_i64, random_i64};
+pub(crate) use rows::random_i64;
 mod pool;
 mod queue;
 mod reads;
@@ -32,8 +37,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-pub use pool::{Conn, Pooled};
-use pool::{Pool, Settings, db_error, is_connection_error};
+pub use pool::{Conn, Pooled, db_error};
+use pool::{Pool, Settings, is_connection_error};
 
 use super::{Error, Result};
 
@@ -60,6 +65,24 @@ impl Drop for PgStore {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
     }
+}
+
+/// The server's clock in milliseconds since the epoch, as SQL.
+pub(crate) const SERVER_NOW_MS: &str = "(extract(epoch from now()) * 1000)::bigint";
+
+/// "Now" in a statement whose parameter `$n` is the caller's clock offset (see [`offset_of`]):
+/// the server's clock plus that offset. Leases, heartbeats, recovery and step-commit times are
+/// stamped and compared with it, so that hosts whose clocks disagree agree on every expiry.
+pub(crate) fn now_sql(n: u8) -> String {
+    format!("({SERVER_NOW_MS} + ${n}::bigint)")
+}
+
+/// The clock of a caller that passed `now_ms`, as its offset from this process's wall clock:
+/// about zero for a daemon, whose `now_ms` is its wall clock (so PostgreSQL's times are the
+/// server's, whatever this host's clock says), and the lead of simulated time in the seeded
+/// simulation (so its clock jumps move leases on PostgreSQL too).
+pub(crate) fn offset_of(now_ms: u64) -> i64 {
+    rows::i64_of(now_ms).saturating_sub(rows::now_i64())
 }
 
 /// Whether `db` names a PostgreSQL database (`postgres://...` or `postgresql://...`).
@@ -277,7 +300,9 @@ impl PgStore {
     ) -> Result<T> {
         let started = Instant::now();
         let mut attempt = 0;
-        let marker_sql = self.sql("INSERT INTO {s}.commits (id, at_ms) VALUES ($1, $2)");
+        let marker_sql = self.sql(&format!(
+            "INSERT INTO {{s}}.commits (id, at_ms) VALUES ($1, {SERVER_NOW_MS})"
+        ));
         loop {
             let marker = random_i64();
             let mut c = self.pool.get()?;
@@ -328,7 +353,7 @@ impl PgStore {
             Err(Error::Unavailable(m)) => return Ok(Attempt::Retry(m)),
             Err(e) => return Err(e),
         };
-        match tx.execute(marker_sql, &[&marker, &now_i64()]) {
+        match tx.execute(marker_sql, &[&marker]) {
             Ok(_) => {}
             Err(e) if is_connection_error(&e) => return Ok(Attempt::Retry(e.to_string())),
             Err(e) => return Err(db_error(e)),
@@ -340,10 +365,34 @@ impl PgStore {
         }
     }
 
-    /// Whether the transaction that inserted commit marker `marker` landed.
+    /// Whether the transaction that inserts commit marker `marker` landed, after its COMMIT's
+    /// acknowledgment was lost: exact, whatever that transaction is doing. Inserting the marker
+    /// waits for a transaction still in progress (its uncommitted marker holds the key); then
+    /// the marker is there (it landed) or this insert puts it there, after which that
+    /// transaction can never land (its own insert would conflict). While it stays in progress
+    /// (each wait ends at the `lock_timeout`), this keeps waiting up to the retry time, then
+    /// says the outcome is not known: the caller must not run it again.
     pub(crate) fn landed(&self, marker: i64) -> Result<bool> {
-        let sql = self.sql("SELECT 1 FROM {s}.commits WHERE id = $1");
-        self.read(|c| Ok(!c.client.query(&sql, &[&marker])?.is_empty()))
+        let sql = self.sql(&format!(
+            "INSERT INTO {{s}}.commits (id, at_ms) VALUES ($1, {SERVER_NOW_MS})              ON CONFLICT (id) DO NOTHING RETURNING id"
+        ));
+        let started = Instant::now();
+        loop {
+            match self.read(|c| c.client.query(&sql, &[&marker])) {
+                Ok(rows) => return Ok(rows.is_empty()),
+                // 55P03: the lock timeout ran out while the transaction was still in progress.
+                Err(Error::Postgres(m)) if m.starts_with("55P03") => {
+                    if started.elapsed() >= self.pool.settings.retry_for {
+                        return Err(Error::Unavailable(format!(
+                            "the outcome of a commit is not known: its transaction is still in progress on {} (is a synchronous standby away?); it was not run again, and lands or not on its own",
+                            self.display()
+                        )));
+                    }
+                    tracing::warn!(server = %self.display(), "a commit whose acknowledgment was lost is still in progress (waiting for a synchronous standby?); waiting for its outcome");
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Tells idle daemons that a task may be ready (delivered when the transaction commits).

@@ -11,15 +11,26 @@ use super::{PgStore, random_i64};
 use crate::kernel::memory::Note;
 use crate::store::{Enqueued, Error, Lease, NewTask, Result, TaskRecord, differs, new_record};
 
-/// Takes up to `$1` ready tasks under the lease `$2`/`$3` (owner), expiring at `$4` (at the
-/// earliest `$5`, now) plus each task's remaining active time; `$6` marks the claim.
-pub(super) const CLAIM_SQL: &str = "WITH c AS (SELECT id FROM {s}.tasks WHERE status = 'queued' \
-    ORDER BY priority DESC, ready_seq LIMIT $1::bigint FOR UPDATE SKIP LOCKED) \
-    UPDATE {s}.tasks t SET status = 'running', token = t.token + 1, lease = $2::jsonb, \
-    lease_owner = $3::text, \
-    lease_expires_ms = GREATEST($4::bigint, $5::bigint) + GREATEST(t.deadline_ms - t.elapsed_ms, 0), \
-    updated_at_ms = $5::bigint, claim_commit = $6::bigint, ready_seq = NULL \
-    FROM c WHERE t.id = c.id RETURNING ";
+/// Takes up to `$1` ready tasks under the lease `$2`/`$3` (owner), for `$4` ms (a lease's
+/// length) plus each task's remaining active time from now by the server's clock (`$5`: the
+/// caller's clock offset); `$6` marks the claim.
+pub(super) fn claim_sql() -> String {
+    let now = super::now_sql(5);
+    format!(
+        "WITH c AS (SELECT id FROM {{s}}.tasks WHERE status = 'queued' \
+         ORDER BY priority DESC, ready_seq LIMIT $1::bigint FOR UPDATE SKIP LOCKED) \
+         UPDATE {{s}}.tasks t SET status = 'running', token = t.token + 1, lease = $2::jsonb, \
+         lease_owner = $3::text, \
+         lease_expires_ms = {now} + $4::bigint + GREATEST(t.deadline_ms - t.elapsed_ms, 0), \
+         updated_at_ms = {now}, claim_commit = $6::bigint, ready_seq = NULL \
+         FROM c WHERE t.id = c.id RETURNING "
+    )
+}
+
+/// The length of `lease`, taken at `now_ms`.
+pub(super) fn lease_len(lease: &Lease, now_ms: u64) -> i64 {
+    i64_of(lease.expires_at_ms.saturating_sub(now_ms))
+}
 
 fn to_json<T: serde::Serialize>(v: &T) -> Result<Value> {
     serde_json::to_value(v).map_err(|e| Error::Invalid(format!("cannot encode a commit: {e}")))
@@ -128,10 +139,10 @@ impl PgStore {
             return Ok(Vec::new());
         }
         let marker = random_i64();
-        let sql = self.sql(&format!("{CLAIM_SQL}{}", returning("t.")));
+        let sql = self.sql(&format!("{}{}", claim_sql(), returning("t.")));
         let lease_json = Json(lease_of(&Some(lease.clone())).unwrap_or(Value::Null));
         let limit = i64::try_from(max).unwrap_or(i64::MAX);
-        let (expires, now) = (i64_of(lease.expires_at_ms), i64_of(now_ms));
+        let (expires, now) = (lease_len(lease, now_ms), super::offset_of(now_ms));
         let mut c = self.conn()?;
         let rows = match c.prepared(&sql).and_then(|st| {
             c.client.query(
@@ -171,50 +182,54 @@ impl PgStore {
         is_dead: &dyn Fn(&Lease) -> bool,
         live: &dyn Fn(&str, &Lease) -> bool,
     ) -> Result<Vec<String>> {
-        let now = i64_of(now_ms);
+        // Expiries are the server's times, compared with the server's clock.
+        let off = super::offset_of(now_ms);
+        let now = super::now_sql(1);
         // Only what the decision needs: never the state, spec or script of a running task.
-        let candidates = self.sql(
-            "SELECT id, token, lease, lease_expires_ms, NOT EXISTS (SELECT 1 FROM {s}.workers w \
-             WHERE w.owner = t.lease_owner AND w.expires_at_ms > $1) FROM {s}.tasks t \
-             WHERE status = 'running'",
-        );
-        let rows = self.read(|c| c.client.query(&candidates, &[&now]))?;
+        let candidates = self.sql(&format!(
+            "SELECT id, token, lease, lease_expires_ms, NOT EXISTS (SELECT 1 FROM {{s}}.workers w \
+             WHERE w.owner = t.lease_owner AND w.expires_at_ms > {now}), \
+             coalesce(lease_expires_ms <= {now}, true) FROM {{s}}.tasks t WHERE status = 'running'"
+        ));
+        let rows = self.read(|c| c.client.query(&candidates, &[&off]))?;
         let mut take: Vec<(String, i64)> = Vec::new();
         for r in &rows {
             let id: String = r.get(0);
             let token: i64 = r.get(1);
             let owner_gone: bool = r.get(4);
+            let expired: bool = r.get(5);
             // A lease that cannot be read, or none, leaves nobody running the task.
             let over = match lease_at(r, 1, &id) {
-                Ok(Some(l)) => {
-                    (l.expires_at_ms <= now_ms || owner_gone || is_dead(&l)) && !live(&id, &l)
-                }
+                Ok(Some(l)) => (expired || owner_gone || is_dead(&l)) && !live(&id, &l),
                 _ => true,
             };
             if over {
                 take.push((id, token));
             }
         }
-        let requeue = self.sql(
-            "UPDATE {s}.tasks SET status = 'queued', ready_seq = nextval('{s}.ready_seq'), \
-             lease = NULL, lease_owner = NULL, lease_expires_ms = NULL, updated_at_ms = $3 \
+        let requeue = self.sql(&format!(
+            "UPDATE {{s}}.tasks SET status = 'queued', ready_seq = nextval('{{s}}.ready_seq'), \
+             lease = NULL, lease_owner = NULL, lease_expires_ms = NULL, updated_at_ms = {} \
              WHERE id = $1 AND status = 'running' AND token = $2",
-        );
-        let tidy_commits = self.sql("DELETE FROM {s}.commits WHERE at_ms < $1");
-        let tidy_workers = self.sql("DELETE FROM {s}.workers WHERE expires_at_ms < $1");
-        let hour_ago = now.saturating_sub(3_600_000);
-        let day_ago = now.saturating_sub(86_400_000);
+            super::now_sql(3)
+        ));
+        let tidy_commits = self.sql(&format!(
+            "DELETE FROM {{s}}.commits WHERE at_ms < {now} - 3600000"
+        ));
+        let tidy_workers = self.sql(&format!(
+            "DELETE FROM {{s}}.workers WHERE expires_at_ms < {now} - 86400000"
+        ));
         if take.is_empty() {
             let _ = self.read(|c| {
-                c.client.execute(&tidy_commits, &[&hour_ago])?;
-                c.client.execute(&tidy_workers, &[&day_ago])
+                c.client.execute(&tidy_commits, &[&off])?;
+                c.client.execute(&tidy_workers, &[&off])
             });
             return Ok(Vec::new());
         }
         self.write(|tx| {
             let mut done = Vec::new();
             for (id, token) in &take {
-                if tx.execute(&requeue, &[id, token, &now]).map_err(db_error)? == 1 {
+                if tx.execute(&requeue, &[id, token, &off]).map_err(db_error)? == 1 {
                     done.push(id.clone());
                 }
             }
@@ -225,13 +240,18 @@ impl PgStore {
         })
     }
 
+    /// Vouches for `owner`'s claims until `until_ms - now_ms` from now, by the server's clock.
     pub fn heartbeat(&self, owner: &str, now_ms: u64, until_ms: u64) -> Result<()> {
-        let sql = self.sql(
-            "INSERT INTO {s}.workers (owner, beat_at_ms, expires_at_ms) VALUES ($1, $2, $3) \
-             ON CONFLICT (owner) DO UPDATE SET beat_at_ms = $2, expires_at_ms = $3",
+        let now = super::now_sql(2);
+        let sql = self.sql(&format!(
+            "INSERT INTO {{s}}.workers (owner, beat_at_ms, expires_at_ms) VALUES ($1, {now}, {now} + $3) \
+             ON CONFLICT (owner) DO UPDATE SET beat_at_ms = EXCLUDED.beat_at_ms, expires_at_ms = EXCLUDED.expires_at_ms"
+        ));
+        let (off, ttl) = (
+            super::offset_of(now_ms),
+            i64_of(until_ms.saturating_sub(now_ms)),
         );
-        let (now, until) = (i64_of(now_ms), i64_of(until_ms));
-        self.read(|c| c.client.execute(&sql, &[&owner, &now, &until]))?;
+        self.read(|c| c.client.execute(&sql, &[&owner, &off, &ttl]))?;
         Ok(())
     }
 

@@ -275,8 +275,12 @@ impl PgStore {
     }
 
     pub fn due_approvals(&self, now_ms: u64) -> Result<Vec<String>> {
-        let sql = self.sql("SELECT id FROM {s}.tasks WHERE wait_until_ms <= $1 ORDER BY num");
-        let now = i64_of(now_ms);
+        // A final commit stamps the wait with the server's clock; it is compared with it.
+        let sql = self.sql(&format!(
+            "SELECT id FROM {{s}}.tasks WHERE wait_until_ms <= {} ORDER BY num",
+            super::now_sql(1)
+        ));
+        let now = super::offset_of(now_ms);
         let rows = self.read(|c| c.client.query(&sql, &[&now]))?;
         Ok(rows.iter().map(|r| r.get(0)).collect())
     }

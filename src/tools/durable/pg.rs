@@ -21,8 +21,11 @@ pub struct PgBookStore {
     pg: PgStore,
 }
 
+/// A PostgreSQL error inside a store transaction: a lost connection is `Unavailable`, which
+/// makes [`PgStore::write`] run the transaction again (nothing of it can have landed before
+/// its COMMIT); an error the server answered is final.
 fn db(e: postgres::Error) -> Error {
-    Error::Postgres(e.to_string())
+    crate::store::pg::db_error(e)
 }
 
 fn from_json<T: serde::de::DeserializeOwned>(v: Value, what: &str) -> Result<T> {
