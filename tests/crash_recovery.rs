@@ -75,7 +75,7 @@ fn daemon_killed_at_random_moments_loses_and_repeats_nothing(dir) {
                 .args(["run", "--workers", "4", "--time-scale", "0.004"])
                 // On PostgreSQL a killed daemon's claims are taken over when its heartbeat
                 // runs out (a file judges the dead process at once).
-                .args(["--heartbeat-ttl-ms", "1500", "--recover-every-ms", "200"]),
+                .args(["--heartbeat-ttl-ms", "3000", "--recover-every-ms", "200"]),
             20 + rng.below(120),
         );
     }

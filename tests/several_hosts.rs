@@ -53,7 +53,7 @@ fn daemon(d: &Path, url: &str, log: &Path, extra: &[&str]) -> Child {
         .env("WORKER_DB", url)
         .env("RUST_LOG", "warn,tether::store::pg=info")
         .args(["run", "--workers", "3", "--time-scale", "0.02"])
-        .args(["--heartbeat-ttl-ms", "1500", "--recover-every-ms", "200"])
+        .args(["--heartbeat-ttl-ms", "3000", "--recover-every-ms", "200"])
         .args(extra)
         .stdout(Stdio::null())
         .stderr(log)
@@ -557,4 +557,52 @@ fn hole_6_a_host_whose_clock_runs_ahead_takes_over_nothing() {
         "the healthy daemon still runs its three tasks"
     );
     assert_eq!(runs, "1,1,1", "each task was claimed once");
+}
+
+/// Review item 7: `--heartbeat-ttl-ms 1000` was accepted but could not be kept: heartbeats
+/// were written by the dispatcher between its waits, so a dispatcher held up by the database
+/// let its heartbeat run out and two healthy daemons took tasks from each other. The heartbeat
+/// now has a thread (and a connection) of its own, and a TTL under 3000 ms is refused.
+#[test]
+fn hole_7_a_busy_dispatcher_never_lets_its_heartbeat_run_out() {
+    let Some((pg, _proxy, _via, dir)) = setup("beat") else {
+        return;
+    };
+    let d = dir.path();
+    let (code, err) = fails(d, &["run", "--drain", "--heartbeat-ttl-ms", "1000"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("1000") && err.contains("3000"), "{err}");
+    for _ in 0..3 {
+        enqueue(d, &["--model", "policy"]);
+    }
+    let url = db_url(d).expect("url");
+    let start = |name: &str, workers: &str| {
+        let log = std::fs::File::create(d.join(format!("{name}.log"))).expect("log");
+        command(d)
+            .env("WORKER_DB", &url)
+            .env("RUST_LOG", "warn")
+            .args(["run", "--workers", workers, "--time-scale", "1"])
+            .args(["--heartbeat-ttl-ms", "3000", "--recover-every-ms", "200"])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start a daemon")
+    };
+    // Daemon a runs the three tasks and has a thread free, so its dispatcher keeps claiming.
+    let mut a = start("a", "4");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while pg.psql("SELECT count(*) FROM beat.tasks WHERE status = 'running'") != "3" {
+        assert!(Instant::now() < deadline, "daemon a never ran all three");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut b = start("b", "1");
+    // Every claim waits on the tasks table for 6 s (twice the TTL): so does a's dispatcher.
+    pg.psql("BEGIN; LOCK TABLE beat.tasks IN EXCLUSIVE MODE; SELECT pg_sleep(6); COMMIT");
+    std::thread::sleep(Duration::from_secs(1));
+    let tokens = pg.psql("SELECT string_agg(token::text, ',' ORDER BY id) FROM beat.tasks");
+    signal(b.id(), "-TERM");
+    let _ = b.wait();
+    stop(&mut a);
+    assert_eq!(count_in_logs(d, "b", "lease takeover"), 0, "{tokens}");
+    assert_eq!(tokens, "1,1,1", "each task was claimed once");
 }

@@ -275,8 +275,10 @@ pub struct RunArgs {
     pub time_scale: f64,
     /// With PostgreSQL: how long this daemon's heartbeat vouches for its claims; a daemon
     /// silent for longer (killed, or cut off) has its tasks taken over by the others.
+    /// A thread of its own beats every third of it; the least is 3000 (a beat is a database
+    /// write, which a busy or briefly unreachable server can hold up for a second or two).
     #[arg(long, default_value_t = 30_000,
-          value_parser = clap::value_parser!(u64).range(1000..=crate::limits::LEASE_MS_MAX as u64))]
+          value_parser = clap::value_parser!(u64).range(crate::worker::HEARTBEAT_TTL_MS_MIN..=crate::limits::LEASE_MS_MAX as u64))]
     pub heartbeat_ttl_ms: u64,
     /// How often to look for tasks whose lease expired or whose daemon is gone.
     #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]

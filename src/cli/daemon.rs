@@ -39,8 +39,9 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
             crate::mcp::Mcp::new(trusted.mcp.clone()).map_err(CliError::usage)?,
         ))
     };
-    // A pool connection for each worker thread, the committer and the dispatcher.
-    let store = open_created(cli, a.workers as usize + 2)?;
+    // A pool connection for each worker thread, the committer, the dispatcher and the
+    // heartbeat (which must never wait behind the others).
+    let store = open_created(cli, a.workers as usize + 3)?;
     let tools = Arc::new(DurableStore::open_sized(
         &store_target(cli),
         a.workers as usize + 1,

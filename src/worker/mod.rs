@@ -84,6 +84,95 @@ impl Default for Config {
     }
 }
 
+/// The shortest heartbeat TTL a daemon accepts: its heartbeat thread beats every third of
+/// the TTL, and one beat is a database write that a loaded server can delay.
+pub const HEARTBEAT_TTL_MS_MIN: u64 = 3_000;
+
+/// This daemon's heartbeat on a shared database, in a thread of its own (the dispatcher may
+/// wait on the database for seconds): it beats every third of the TTL until stopped, and
+/// keeps when its last beat was sent (monotonic), so the claims it vouches for are known to
+/// hold until then plus the TTL.
+pub struct Heartbeat {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// Milliseconds since `epoch` at which the last successful beat was sent.
+    last_sent_ms: Arc<AtomicU64>,
+    epoch: std::time::Instant,
+    ttl_ms: u64,
+}
+
+impl Heartbeat {
+    /// Beats once (an error if that fails: a daemon that cannot vouch for itself does not
+    /// start), then every `ttl_ms / 3` in a thread.
+    pub fn start(store: Arc<dyn Backend>, owner: String, ttl_ms: u64) -> Result<Heartbeat> {
+        let epoch = std::time::Instant::now();
+        let last_sent_ms = Arc::new(AtomicU64::new(0));
+        let beat = {
+            let (store, owner) = (Arc::clone(&store), owner.clone());
+            move || {
+                let now = now_ms();
+                store.heartbeat(&owner, now, now.saturating_add(ttl_ms))
+            }
+        };
+        beat()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = if store.local_owners() {
+            // A file judges owners by their process: no beats needed.
+            None
+        } else {
+            let (stop, last) = (Arc::clone(&stop), Arc::clone(&last_sent_ms));
+            let every = Duration::from_millis(ttl_ms / 3);
+            Some(
+                std::thread::Builder::new()
+                    .name("heartbeat".into())
+                    .spawn(move || {
+                        let mut next = std::time::Instant::now() + every;
+                        while !stop.load(Ordering::SeqCst) {
+                            let left = next.saturating_duration_since(std::time::Instant::now());
+                            std::thread::sleep(left.min(Duration::from_millis(100)));
+                            if std::time::Instant::now() < next {
+                                continue;
+                            }
+                            next += every;
+                            let sent = epoch.elapsed().as_millis() as u64;
+                            match beat() {
+                                Ok(()) => last.store(sent, Ordering::SeqCst),
+                                Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
+                            }
+                        }
+                    })
+                    .map_err(|e| {
+                        Error::Conflict(format!("cannot start the heartbeat thread: {e}"))
+                    })?,
+            )
+        };
+        Ok(Heartbeat {
+            stop,
+            thread,
+            last_sent_ms,
+            epoch,
+            ttl_ms,
+        })
+    }
+
+    /// How much longer the last beat vouches for this daemon's claims, by this process's
+    /// monotonic clock (the beat was sent no earlier than it was recorded).
+    pub fn left_ms(&self) -> u64 {
+        let since = (self.epoch.elapsed().as_millis() as u64)
+            .saturating_sub(self.last_sent_ms.load(Ordering::SeqCst));
+        self.ttl_ms.saturating_sub(since)
+    }
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// Counters of one daemon run.
 #[derive(Debug, Default)]
 pub struct Stats {
@@ -288,11 +377,11 @@ pub fn run(
     } else {
         &never
     };
-    let beat = || {
-        let now = now_ms();
-        store.heartbeat(&me.owner(), now, now.saturating_add(cfg.heartbeat_ttl_ms))
-    };
-    beat()?;
+    let heartbeat = Arc::new(Heartbeat::start(
+        Arc::clone(&store),
+        me.owner(),
+        cfg.heartbeat_ttl_ms.max(HEARTBEAT_TTL_MS_MIN),
+    )?);
     // Live export reads committed spans from the outbox; it stops after the workers, sending
     // what is left for a bounded time.
     let exporter = match &cfg.otlp {
@@ -420,8 +509,6 @@ pub fn run(
         cfg.poll_ms
     });
     let wake = wake.unwrap_or_else(crossbeam_channel::never);
-    let beat_every = Duration::from_millis((cfg.heartbeat_ttl_ms / 3).max(100));
-    let mut last_beat = std::time::Instant::now();
     let mut in_flight = 0usize;
     // In-process intervals run on the monotonic clock; the wall clock (`now_ms`) is only for
     // expiries that other processes compare.
@@ -434,12 +521,6 @@ pub fn run(
             in_flight -= 1;
         }
         let now = now_ms();
-        if last_beat.elapsed() >= beat_every {
-            last_beat = std::time::Instant::now();
-            if let Err(e) = beat() {
-                tracing::warn!(error = %e, "heartbeat failed");
-            }
-        }
         if last_recover.elapsed() >= Duration::from_millis(cfg.recover_every_ms) {
             last_recover = std::time::Instant::now();
             match store.recover(now, is_dead, &is_live) {
@@ -526,6 +607,7 @@ pub fn run(
     }
     let _ = committer.join();
     drop(exporter);
+    drop(heartbeat);
     if let Err(e) = store.sign_off(&me.owner()) {
         tracing::warn!(error = %e, "could not remove this daemon's heartbeat");
     }
