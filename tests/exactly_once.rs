@@ -1044,3 +1044,113 @@ fn hole_15_a_store_write_cut_before_its_commit_runs_again() {
     let ledger = store.ledger().expect("ledger");
     assert_eq!(ledger.iter().filter(|e| e.key == key).count(), 1);
 }
+
+/// A driver context for `store` and `tools` as worker `n` of a test, with `clock`.
+fn test_context(
+    store: &Arc<dyn Backend>,
+    tools: &Arc<tether::tools::durable::DurableStore>,
+    clock: &Arc<std::sync::atomic::AtomicU64>,
+    n: u64,
+    hook: Option<tether::worker::driver::Hook>,
+) -> tether::worker::driver::Context {
+    let clock = Arc::clone(clock);
+    tether::worker::driver::Context {
+        clock: Arc::new(move || clock.load(Ordering::SeqCst)),
+        hook,
+        mcp: None,
+        trusted: Arc::default(),
+        export: false,
+        identity: tether::worker::Identity {
+            host: "test".into(),
+            pid: n as u32,
+            start_ticks: 0,
+            instance: n,
+        },
+        store: Arc::clone(store),
+        tools: Arc::clone(tools),
+        committer: tether::worker::Committer::direct(Arc::clone(store)),
+        lease_ms: 1_000,
+        heartbeat_ttl_ms: u64::MAX / 4,
+        time_scale: 0.0,
+        shutdown: Arc::new(AtomicBool::new(false)),
+        stats: Arc::new(tether::worker::Stats::default()),
+    }
+}
+
+conformance! {
+    /// Review item 5: a daemon that lost its claim still sent its in-flight write. Paused
+    /// between the refund's intent and its send, it was taken over; the new owner held the
+    /// write, an operator settled it `--not-applied`, the new owner sent it; then the first
+    /// resumed and sent it again. The claim is now proved current right before a write goes
+    /// out: the resumed run stops and sends nothing.
+    fn hole_5_a_run_whose_claim_was_taken_over_never_sends_its_write(d) {
+        let store = backend(d);
+        let tools = Arc::new(match db_url(d) {
+            Some(url) => tether::tools::durable::DurableStore::open_target(&url),
+            None => tether::tools::durable::DurableStore::open(&d.join("worker.store.redb")),
+        }.expect("store"));
+        let clock = Arc::new(std::sync::atomic::AtomicU64::new(tether::clock::now_ms()));
+        let mut t = new_task("cu_ana", GOAL, Some("paused"));
+        t.model = ModelProfile::parse("policy", None).expect("model");
+        store.enqueue(&[t], clock.load(Ordering::SeqCst)).expect("enqueue");
+        // Worker 1 stops at its first write's send (the refund, after its intent) until let go.
+        let (at_send, paused) = std::sync::mpsc::channel::<()>();
+        let (resume, go) = std::sync::mpsc::channel::<()>();
+        let go = std::sync::Mutex::new(go);
+        // (Its first send is the order's read, its second the refund.)
+        let sends = std::sync::atomic::AtomicU32::new(0);
+        let hook: tether::worker::driver::Hook = Arc::new(move |p| {
+            if p == tether::worker::driver::Point::Send && sends.fetch_add(1, Ordering::SeqCst) == 1 {
+                let _ = at_send.send(());
+                let _ = go.lock().expect("lock").recv();
+            }
+            true
+        });
+        let first = test_context(&store, &tools, &clock, 1, Some(hook));
+        let now = clock.load(Ordering::SeqCst);
+        let rec = store
+            .claim(&first.identity.lease(now, 1_000), 1, now)
+            .expect("claim")
+            .remove(0);
+        let worker1 = std::thread::spawn(move || tether::worker::driver::run_task(&first, rec));
+        paused.recv().expect("worker 1 reached the refund's send");
+        // Past every lease: worker 2 takes the task over; the refund's intent has no result,
+        // so the write is held. An operator settles it as not applied; worker 2 sends it.
+        clock.fetch_add(120_000, Ordering::SeqCst);
+        let now = clock.load(Ordering::SeqCst);
+        assert_eq!(store.recover(now, &|_| false, &|_, _| false).expect("recover").len(), 1);
+        let second = test_context(&store, &tools, &clock, 2, None);
+        let claim = |store: &Arc<dyn Backend>| {
+            let now = clock.load(Ordering::SeqCst);
+            store.claim(&second.identity.lease(now, 1_000), 1, now).expect("claim").remove(0)
+        };
+        assert!(tether::worker::driver::run_task(&second, claim(&store)).is_none());
+        let held = store.task("t1").expect("t1");
+        assert_eq!(held.status, tether::store::QueueStatus::Held, "{:?}", held.state.stop);
+        let decision = tether::store::ops::Decision {
+            by: "bob".into(),
+            reason: None,
+            now_ms: clock.load(Ordering::SeqCst),
+        };
+        store
+            .reconcile(
+                "t1",
+                &tether::store::ops::Settlement::NotApplied,
+                &tether::store::ops::Reviewed::default(),
+                &tether::store::ops::Extension::parse("tool_calls=1,deadline_ms=30000").expect("extend"),
+                &decision,
+            )
+            .expect("reconcile");
+        assert!(tether::worker::driver::run_task(&second, claim(&store)).is_none());
+        let refunds = |tools: &tether::tools::durable::DurableStore| {
+            tools.arrivals().expect("arrivals").iter().filter(|a| a.tool == "issue_refund").count()
+        };
+        assert_eq!(refunds(&tools), 1, "the new owner sent the refund");
+        assert_eq!(store.task("t1").expect("t1").state.stop, Some(tether::kernel::StopReason::Done));
+        // Worker 1 resumes where it stood: about to send the refund under a claim long gone.
+        resume.send(()).expect("resume");
+        assert!(worker1.join().expect("worker 1").is_none());
+        assert_eq!(refunds(&tools), 1, "the resumed run sent the refund again");
+        assert_eq!(tools.ledger().expect("ledger").iter().filter(|e| e.key.contains(":t1:s2")).count(), 1);
+    }
+}

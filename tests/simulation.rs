@@ -5,7 +5,8 @@
 //! Each worker is a thread that runs the real driver (`worker::driver::run_task`) and stops at
 //! every point where the driver calls out (model call, tool send, tool answer, commit) until
 //! the scheduler lets it go on, so exactly one thread runs at a time and a seed fixes the whole
-//! schedule. The scheduler also moves the clock (and jumps it past every lease), crashes
+//! schedule. On PostgreSQL, some step commits lose their acknowledgment, after landing or
+//! while still in progress. The scheduler also moves the clock (and jumps it past every lease), crashes
 //! workers at those points (the crashed worker's memory is dropped and a new incarnation with
 //! a new identity starts), pauses workers while others take their tasks over and lets them
 //! resume, and runs operators who review a held call and decide on it later (approve with or
@@ -15,7 +16,8 @@
 //! Invariants, checked after every scheduler step (the logs of the sink, which only grow, after
 //! each phase) and at the end:
 //! - no refund key arrives at the store more than once, plus once per `--not-applied`
-//!   decision for it (arrivals log, not the deduplicating ledger);
+//!   decision for it (arrivals log, not the deduplicating ledger), and never more than once
+//!   between two such decisions (a run that sends after a takeover breaks that);
 //! - every applied refund above the automatic limit has an approval event for its key;
 //! - a task's committed step, tool calls and active time never go back (a superseded claim
 //!   never commits);
@@ -41,7 +43,7 @@ use std::time::Duration;
 use tether::kernel::Budget;
 use tether::model::ModelProfile;
 use tether::store::ops::{Decision, Extension, Reviewed, Settlement};
-use tether::store::pg::PgStore;
+use tether::store::pg::{CommitFault, PgStore};
 use tether::store::{Backend, Error, NewTask, QueueStatus, Store, TaskRecord};
 use tether::tools::durable::DurableStore;
 use tether::worker::driver::{self, Point};
@@ -81,6 +83,9 @@ struct Sim {
     reviews: Vec<(String, String, String)>,
     /// Highest (step, tool calls, active ms) committed per task.
     seen: BTreeMap<String, (u32, u32, u64)>,
+    /// Per refund key: (arrivals seen, `--not-applied` decisions seen, arrivals since the
+    /// latest of those decisions).
+    sends: BTreeMap<String, (usize, usize, usize)>,
     ids: Vec<String>,
 }
 
@@ -136,10 +141,23 @@ impl Sim {
                 Arc::new(Store::open(&dir.join("worker.redb"), true).expect("open")),
                 DurableStore::open(&dir.join("store.redb")).expect("store"),
             ),
-            SimDb::Pg(url) => (
-                Arc::new(PgStore::open(url, true, 8, Duration::from_secs(5)).expect("open")),
-                DurableStore::open_target(url).expect("store"),
-            ),
+            SimDb::Pg(url) => {
+                let pg = PgStore::open(url, true, 8, Duration::from_secs(5)).expect("open");
+                // Some step commits lose their acknowledgment: after landing, or while their
+                // transaction is still in progress (it commits or rolls back a moment later,
+                // as a COMMIT waiting for a synchronous standby does). The read-back must
+                // settle each exactly: the invariants below see a commit applied twice or lost.
+                let mut faults = Rng(seed ^ 0x5eed_fa17);
+                pg.inject_commit_faults(move || match faults.below(100) {
+                    0..=4 => CommitFault::LostAck,
+                    5..=9 => CommitFault::InProgress {
+                        lands: faults.chance(50),
+                        resolve_after: Duration::from_millis(faults.below(30)),
+                    },
+                    _ => CommitFault::None,
+                });
+                (Arc::new(pg), DurableStore::open_target(url).expect("store"))
+            }
         };
         let tools = Arc::new(tools);
         let n = 2 + rng.below(3) as usize;
@@ -163,6 +181,7 @@ impl Sim {
             incarnations: 0,
             reviews: Vec::new(),
             seen: BTreeMap::new(),
+            sends: BTreeMap::new(),
             ids,
         };
         let workers = 2 + sim.rng.below(2) as usize;
@@ -223,6 +242,7 @@ impl Sim {
             tools: Arc::clone(&self.tools),
             committer: Committer::direct(self.store.clone()),
             lease_ms: LEASE_MS,
+            heartbeat_ttl_ms: u64::MAX / 4,
             time_scale: 0.0,
             shutdown: Arc::new(AtomicBool::new(false)),
             stats: Arc::new(Stats::default()),
@@ -539,6 +559,39 @@ impl Sim {
         }
     }
 
+    /// After every scheduler step: a refund key arrives at most once before the first
+    /// `--not-applied` decision for it, and at most once after each such decision (the
+    /// re-send it asked for). A run that sends after its claim was taken over breaks this
+    /// even when the total stays within one per decision: the new owner's re-send and the
+    /// late send both come after the decision.
+    fn check_sends(&mut self) {
+        let seed = self.seed;
+        let events = self.store.events(None).expect("events");
+        let mut now: BTreeMap<String, usize> = BTreeMap::new();
+        for a in self.tools.arrivals().expect("arrivals") {
+            if a.tool == "issue_refund" && a.outcome != "needs_approval" {
+                *now.entry(a.key).or_default() += 1;
+            }
+        }
+        for (key, n) in now {
+            let decided = events
+                .iter()
+                .filter(|e| e.verb == "reconcile_not_applied" && e.detail["key"] == key.as_str())
+                .count();
+            let (seen, decisions, since) = self.sends.entry(key.clone()).or_default();
+            if decided > *decisions {
+                *decisions = decided;
+                *since = 0;
+            }
+            *since += n - *seen;
+            *seen = n;
+            assert!(
+                *since <= 1,
+                "seed {seed}: refund {key} arrived {since} times since its last not-applied decision ({decided} of them)"
+            );
+        }
+    }
+
     /// The sink's logs only grow, so a violation stays visible: checked after each phase.
     fn check_sink(&self) {
         let seed = self.seed;
@@ -581,6 +634,7 @@ impl Sim {
             if self.chaos() {
                 self.check();
             }
+            self.check_sends();
         }
         self.check_sink();
         let mut steps = 0;
@@ -599,6 +653,7 @@ impl Sim {
             );
             self.settle();
             self.check();
+            self.check_sends();
         }
         self.check_sink();
         if std::env::var("TETHER_SIM_VERBOSE").is_ok() {

@@ -71,6 +71,17 @@ pub trait Backend: Send + Sync {
     /// (its claim count); a task that cannot be read is quarantined, never returned.
     fn claim(&self, lease: &Lease, max: usize, now_ms: u64) -> Result<Vec<TaskRecord>>;
 
+    /// How long the claim `token` of task `id` is certain to stay the caller's, in ms by the
+    /// database's clock: the least of its lease and (on a shared backend) its owner's
+    /// heartbeat. `None` when it is not the task's current claim any more (taken over,
+    /// requeued, superseded): nothing may be sent under it. A daemon asks right before a
+    /// write goes out.
+    fn claim_left(&self, id: &str, token: u64, now_ms: u64) -> Result<Option<u64>>;
+
+    /// Renews the lease of claim `token` of task `id` to `lease_ms` plus the task's remaining
+    /// active time from now; `false` when it is not the task's current claim.
+    fn renew_claim(&self, id: &str, token: u64, now_ms: u64, lease_ms: u64) -> Result<bool>;
+
     /// How many tasks wait in the ready queue.
     fn ready_count(&self) -> Result<u64>;
 

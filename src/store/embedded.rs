@@ -134,6 +134,14 @@ impl Backend for Store {
         Store::ready_count(self)
     }
 
+    fn claim_left(&self, id: &str, token: u64, now_ms: u64) -> Result<Option<u64>> {
+        Store::claim_left(self, id, token, now_ms)
+    }
+
+    fn renew_claim(&self, id: &str, token: u64, now_ms: u64, lease_ms: u64) -> Result<bool> {
+        Store::renew_claim(self, id, token, now_ms, lease_ms)
+    }
+
     fn running_count(&self) -> Result<u64> {
         use redb::ReadableTableMetadata;
         Ok(self.begin_read()?.open_table(RUNNING)?.len()?)

@@ -14,6 +14,9 @@
 //!   otherwise its outcome is unknown and the task is held for reconcile.
 //! - A read of the database that fails is never taken for "nothing recorded": the run stops
 //!   here (nothing is sent) and the task is recovered later.
+//! - Right before a write is sent, the claim is proved current and held for at least
+//!   [`SEND_MARGIN_MS`] more (renewed if it would run out sooner); a run whose claim was
+//!   taken over while it waited (a paused process) stops there and sends nothing.
 
 use serde_json::json;
 use std::sync::Arc;
@@ -44,6 +47,12 @@ pub type Hook = Arc<dyn Fn(Point) -> bool + Send + Sync>;
 /// Wall-clock milliseconds since the epoch (simulated in a simulation).
 pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
 
+/// How long, at the least, a claim must be certain to stay this run's when a write is sent:
+/// a takeover needs the lease or the heartbeat to run out first, so only a pause of longer
+/// than this between the check and the request leaving the process can let a new owner send
+/// the same write too.
+pub const SEND_MARGIN_MS: u64 = 5_000;
+
 pub struct Context {
     pub clock: Clock,
     /// None in the daemon.
@@ -60,6 +69,8 @@ pub struct Context {
     pub tools: Arc<DurableStore>,
     pub committer: Committer,
     pub lease_ms: u64,
+    /// How long this daemon's heartbeat vouches for its claims (a shared backend).
+    pub heartbeat_ttl_ms: u64,
     pub time_scale: f64,
     pub shutdown: Arc<AtomicBool>,
     pub stats: Arc<Stats>,
@@ -188,6 +199,41 @@ enum Ended {
     Stopped(StopReason, Option<Box<TaskRecord>>),
     /// Handed back at shutdown.
     Released,
+}
+
+/// Proves the claim `token` of task `id` current and held for [`SEND_MARGIN_MS`] more before a
+/// write goes out: renews the lease and the heartbeat when less is left. `LeaseLost` when the
+/// claim was taken over (nothing may be sent), or is still short after renewing.
+fn hold_claim(ctx: &Context, id: &str, token: u64) -> Result<(), CommitFail> {
+    let failed = |e: crate::store::Error| {
+        CommitFail::Failed(format!("cannot check the claim of task {id}: {e}"))
+    };
+    for renewed in [false, true] {
+        let now = (ctx.clock)();
+        match ctx.store.claim_left(id, token, now).map_err(failed)? {
+            None => return Err(CommitFail::LeaseLost),
+            Some(left) if left >= SEND_MARGIN_MS => return Ok(()),
+            Some(_) if renewed => break,
+            Some(left) => {
+                tracing::info!(task = %id, left_ms = left, "the claim runs out soon; renewing it before a write");
+                if !ctx
+                    .store
+                    .renew_claim(id, token, now, ctx.lease_ms)
+                    .map_err(failed)?
+                {
+                    return Err(CommitFail::LeaseLost);
+                }
+                ctx.store
+                    .heartbeat(
+                        &ctx.identity.owner(),
+                        now,
+                        now.saturating_add(ctx.heartbeat_ttl_ms),
+                    )
+                    .map_err(failed)?;
+            }
+        }
+    }
+    Err(CommitFail::LeaseLost)
 }
 
 /// Passes `point`, or crashes here if the hook says so.
@@ -430,6 +476,14 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
                     step_call = Some(call);
                 }
                 pass(ctx, Point::Send)?;
+                if write {
+                    // This run may have waited (paused, descheduled) since its intent: send
+                    // only under a claim that is still its own, for a while yet.
+                    if let Err(e) = hold_claim(ctx, &rec.id, token) {
+                        tracing::warn!(task = %rec.id, key = %key, "the claim is not held any more; the write is not sent");
+                        return Err(e);
+                    }
+                }
                 let req_name = tool_name.clone();
                 let reply = match session.poll() {
                     Action::Tool(req) => {

@@ -452,6 +452,7 @@ pub fn run(
             trusted: Arc::clone(&cfg.trusted),
             export: cfg.otlp.is_some(),
             lease_ms: cfg.lease_ms,
+            heartbeat_ttl_ms: cfg.heartbeat_ttl_ms.max(HEARTBEAT_TTL_MS_MIN),
             time_scale: cfg.time_scale,
             shutdown: Arc::clone(&shutdown),
             stats: Arc::clone(&stats),

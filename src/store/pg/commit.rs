@@ -245,6 +245,25 @@ impl PgStore {
                 .map(|c| CommitParams::of(c, random_i64()))
                 .collect::<Result<_>>()
                 .map_err(|e| e.to_string())?;
+            let fault = match commits {
+                [c] if c.claim_next.is_none() => self.next_commit_fault(),
+                _ => super::CommitFault::None,
+            };
+            if fault != super::CommitFault::None {
+                match self.commit_with_fault(commits[0], &params[0], fault) {
+                    Ok(()) => {}
+                    Err(e) => return Err(e.to_string()),
+                }
+                tracing::warn!(db = %self.display(), ?fault, "injected: the commit's acknowledgment is lost; reading back whether it landed");
+                match self.read_back(commits, &params) {
+                    Ok(Some(out)) => return Ok(out),
+                    Ok(None) => {
+                        attempt += 1;
+                        continue;
+                    }
+                    Err(e) => return Err(e.to_string()),
+                }
+            }
             let mut c = self.conn().map_err(|e| e.to_string())?;
             let tried = if commits.len() == 1 {
                 self.commit_one(&mut c, commits[0], &params[0])
@@ -281,6 +300,42 @@ impl PgStore {
                 }
             }
         }
+    }
+
+    /// A commit under an injected fault, on a connection of its own: committed at once
+    /// (its answer then "lost"), or left in progress and resolved `resolve_after` later by a
+    /// thread of its own.
+    fn commit_with_fault(
+        &self,
+        commit: &Commit,
+        p: &CommitParams,
+        fault: super::CommitFault,
+    ) -> Result<()> {
+        let mut client = self
+            .pool
+            .settings
+            .config
+            .connect(postgres::NoTls)
+            .map_err(super::db_error)?;
+        let export = if commit.export { 5 } else { 0 };
+        let sql = &self.commit_sql[kind_index(commit.kind) + export];
+        client.batch_execute("BEGIN").map_err(super::db_error)?;
+        client
+            .query(sql.as_str(), &p.params(commit))
+            .map_err(super::db_error)?;
+        match fault {
+            super::CommitFault::InProgress {
+                lands,
+                resolve_after,
+            } => {
+                std::thread::spawn(move || {
+                    std::thread::sleep(resolve_after);
+                    let _ = client.batch_execute(if lands { "COMMIT" } else { "ROLLBACK" });
+                });
+            }
+            _ => client.batch_execute("COMMIT").map_err(super::db_error)?,
+        }
+        Ok(())
     }
 
     fn commit_one(

@@ -59,6 +59,24 @@ pub struct PgStore {
     commit_sql: [String; 10],
     /// Who this process is when it claims outbox entries to export (random).
     exporter: i64,
+    /// Faults a test injects into step commits (the seeded simulation); none otherwise.
+    commit_faults: Mutex<Option<FaultSource>>,
+}
+
+/// What decides the fault of each step commit (see [`PgStore::inject_commit_faults`]).
+type FaultSource = Box<dyn FnMut() -> CommitFault + Send>;
+
+/// A fault injected into one step commit, for tests: the commit's acknowledgment is lost,
+/// once the commit landed, or while its transaction is still in progress (it commits or
+/// rolls back `resolve_after` later, as a COMMIT waiting for a synchronous standby would).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CommitFault {
+    None,
+    LostAck,
+    InProgress {
+        lands: bool,
+        resolve_after: Duration,
+    },
 }
 
 impl Drop for PgStore {
@@ -223,11 +241,28 @@ impl PgStore {
             wake: Mutex::new(None),
             stop: Arc::default(),
             exporter: random_i64(),
+            commit_faults: Mutex::new(None),
         })
     }
 
     pub fn db_id(&self) -> &str {
         &self.db_id
+    }
+
+    /// For tests: `source` decides a fault for each step commit of a single task (not one
+    /// that claims the next task), so that a seeded simulation meets lost acknowledgments and
+    /// commits still in progress when their answer is lost.
+    pub fn inject_commit_faults(&self, source: impl FnMut() -> CommitFault + Send + 'static) {
+        if let Ok(mut f) = self.commit_faults.lock() {
+            *f = Some(Box::new(source));
+        }
+    }
+
+    fn next_commit_fault(&self) -> CommitFault {
+        match self.commit_faults.lock() {
+            Ok(mut f) => f.as_mut().map_or(CommitFault::None, |f| f()),
+            Err(_) => CommitFault::None,
+        }
     }
 
     /// Drops this database's schemas, the worker's and the store's, with everything in them.
@@ -456,6 +491,14 @@ impl super::Backend for PgStore {
 
     fn ready_count(&self) -> Result<u64> {
         PgStore::ready_count(self)
+    }
+
+    fn claim_left(&self, id: &str, token: u64, now_ms: u64) -> Result<Option<u64>> {
+        PgStore::claim_left(self, id, token, now_ms)
+    }
+
+    fn renew_claim(&self, id: &str, token: u64, now_ms: u64, lease_ms: u64) -> Result<bool> {
+        PgStore::renew_claim(self, id, token, now_ms, lease_ms)
     }
 
     fn running_count(&self) -> Result<u64> {

@@ -170,6 +170,34 @@ impl PgStore {
         }))
     }
 
+    /// How long claim `token` of task `id` is held, by the server's clock: the least of its
+    /// lease and its owner's heartbeat. `None`: not current.
+    pub fn claim_left(&self, id: &str, token: u64, now_ms: u64) -> Result<Option<u64>> {
+        let now = super::now_sql(3);
+        let sql = self.sql(&format!(
+            "SELECT LEAST(t.lease_expires_ms, coalesce((SELECT w.expires_at_ms FROM {{s}}.workers w \
+             WHERE w.owner = t.lease_owner), 0)) - {now} FROM {{s}}.tasks t \
+             WHERE t.id = $1 AND t.status = 'running' AND t.token = $2"
+        ));
+        let (token, off) = (i64_of(token), super::offset_of(now_ms));
+        let rows = self.query(&sql, &[&id, &token, &off])?;
+        Ok(rows
+            .first()
+            .map(|r| super::rows::u64_of(r.get::<_, Option<i64>>(0).unwrap_or(0))))
+    }
+
+    /// Renews the lease of claim `token` of task `id`, by the server's clock.
+    pub fn renew_claim(&self, id: &str, token: u64, now_ms: u64, lease_ms: u64) -> Result<bool> {
+        let now = super::now_sql(3);
+        let sql = self.sql(&format!(
+            "UPDATE {{s}}.tasks SET lease_expires_ms = {now} + $4 + GREATEST(deadline_ms - elapsed_ms, 0) \
+             WHERE id = $1 AND status = 'running' AND token = $2"
+        ));
+        let (token, off, len) = (i64_of(token), super::offset_of(now_ms), i64_of(lease_ms));
+        let n = self.read(|c| c.client.execute(&sql, &[&id, &token, &off, &len]))?;
+        Ok(n == 1)
+    }
+
     pub fn ready_count(&self) -> Result<u64> {
         let sql = self.sql("SELECT count(*) FROM {s}.tasks WHERE status = 'queued'");
         let n: i64 = self.read(|c| Ok(c.client.query_one(&sql, &[])?.get(0)))?;
