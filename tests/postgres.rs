@@ -134,3 +134,191 @@ fn an_idle_daemon_is_woken_by_notify() {
     assert_eq!(status, "finished", "the idle daemon never started {id}");
     daemon.join().expect("daemon");
 }
+
+/// Runs `openssl ARGS` in `dir`, which must succeed.
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Review item 9: there was no TLS to PostgreSQL: `sslmode=require` could not connect
+/// ("error performing TLS handshake"), `sslmode=prefer` sent everything in clear, and the
+/// server's refusals printed as a bare "db error". Against a server that takes TLS
+/// connections only: prefer and require connect encrypted, verify-ca and verify-full check the
+/// certificate (verify-full its name too), a wrong root is refused, and a refusal quotes the
+/// server.
+#[test]
+fn hole_9_tls_to_postgresql_with_libpqs_sslmodes() {
+    if std::process::Command::new("openssl")
+        .arg("version")
+        .output()
+        .is_err()
+    {
+        missing(
+            "openssl (to make the test's certificates)",
+            "Debian's openssl package",
+        );
+        return;
+    }
+    let Some(pg) = PgCluster::start("tls") else {
+        return;
+    };
+    let dir = TempDir::new("pg-tls");
+    let d = dir.path();
+    // A certificate authority, and the server's certificate for the name localhost.
+    openssl(
+        d,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=test ca",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+        ],
+    );
+    openssl(
+        d,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=other ca",
+            "-keyout",
+            "other.key",
+            "-out",
+            "other.pem",
+        ],
+    );
+    openssl(
+        d,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=localhost",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        ],
+    );
+    std::fs::write(d.join("san.ext"), "subjectAltName=DNS:localhost\n").expect("ext");
+    openssl(
+        d,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+            "-out",
+            "server.crt",
+        ],
+    );
+    let data = pg.data_dir();
+    for f in ["server.crt", "server.key"] {
+        std::fs::copy(d.join(f), data.join(f)).expect("copy");
+        pg.own(&data.join(f));
+    }
+    // TLS connections only, from here on.
+    std::fs::write(
+        data.join("pg_hba.conf"),
+        "local all all trust\nhostssl all all 127.0.0.1/32 trust\nhostnossl all all 127.0.0.1/32 reject\n",
+    )
+    .expect("pg_hba.conf");
+    pg.psql("ALTER SYSTEM SET ssl = on");
+    pg.psql("SELECT pg_reload_conf()");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let url = |host: &str, params: &str| {
+        format!(
+            "postgres://tether@{host}:{}/postgres?schema=tls&{params}",
+            pg.port
+        )
+    };
+    let ca = d.join("ca.pem").display().to_string();
+    let other = d.join("other.pem").display().to_string();
+    for (host, params) in [
+        ("127.0.0.1", String::new()),
+        ("127.0.0.1", "sslmode=prefer".to_string()),
+        ("127.0.0.1", "sslmode=require".to_string()),
+        ("127.0.0.1", format!("sslmode=require&sslrootcert={ca}")),
+        ("127.0.0.1", format!("sslmode=verify-ca&sslrootcert={ca}")),
+        ("localhost", format!("sslmode=verify-full&sslrootcert={ca}")),
+    ] {
+        let db = url(host, &params);
+        ok(d, &["--db", &db, "migrate"]);
+        ok(
+            d,
+            &["--db", &db, "enqueue", "--user", "cu_ana", "--goal", GOAL],
+        );
+    }
+    assert_eq!(
+        pg.psql("SELECT count(*) FROM tls.tasks"),
+        "6",
+        "every one connected over TLS"
+    );
+    for (host, params, want) in [
+        ("127.0.0.1", "sslmode=disable".to_string(), "no encryption"),
+        (
+            "127.0.0.1",
+            format!("sslmode=verify-full&sslrootcert={ca}"),
+            "certificate",
+        ),
+        (
+            "localhost",
+            format!("sslmode=verify-ca&sslrootcert={other}"),
+            "certificate",
+        ),
+        (
+            "127.0.0.1",
+            "sslmode=verify-full".to_string(),
+            "sslrootcert",
+        ),
+        ("127.0.0.1", "sslmode=sometimes".to_string(), "sslmode"),
+    ] {
+        let db = url(host, &params);
+        let (code, err) = fails(d, &["--db", &db, "list"]);
+        assert!(code == 1 || code == 2, "{params}: {code} {err}");
+        assert!(err.contains(want), "{params}: {err}");
+        assert!(!err.contains("db error\n"), "{params}: {err}");
+    }
+    // A role that does not exist: the server's own message, at once.
+    let nobody = format!(
+        "postgres://nobody@127.0.0.1:{}/postgres?schema=tls",
+        pg.port
+    );
+    let (code, err) = fails(d, &["--db", &nobody, "list"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("role \"nobody\" does not exist"), "{err}");
+}

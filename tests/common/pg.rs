@@ -165,6 +165,25 @@ impl PgCluster {
         );
     }
 
+    /// The cluster's data directory.
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    /// Gives `path` (in the data directory) to the server's user, readable by it alone.
+    pub fn own(&self, path: &Path) {
+        if self.as_postgres {
+            let ok = Command::new("chown")
+                .arg("postgres:postgres")
+                .arg(path)
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "chown {}", path.display());
+        }
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    }
+
     /// `postgres://tether@127.0.0.1:PORT/postgres`.
     pub fn url(&self) -> String {
         format!("postgres://tether@127.0.0.1:{}/postgres", self.port)

@@ -311,12 +311,7 @@ impl PgStore {
         p: &CommitParams,
         fault: super::CommitFault,
     ) -> Result<()> {
-        let mut client = self
-            .pool
-            .settings
-            .config
-            .connect(postgres::NoTls)
-            .map_err(super::db_error)?;
+        let mut client = self.pool.settings.connect().map_err(super::db_error)?;
         let export = if commit.export { 5 } else { 0 };
         let sql = &self.commit_sql[kind_index(commit.kind) + export];
         client.batch_execute("BEGIN").map_err(super::db_error)?;

@@ -28,8 +28,7 @@ impl PgStore {
                 let mut delay = Duration::from_millis(100);
                 loop {
                     let session = settings
-                        .config
-                        .connect(postgres::NoTls)
+                        .connect()
                         .and_then(|mut c| c.batch_execute(&format!("LISTEN {channel}")).map(|()| c));
                     let mut c = match session {
                         Ok(c) => c,

@@ -29,6 +29,7 @@ mod queue;
 mod reads;
 pub mod rows;
 pub mod schema;
+mod tls;
 
 use crossbeam_channel::Receiver;
 use postgres::Transaction;
@@ -118,13 +119,23 @@ pub const CLI_RETRY: Duration = Duration::from_secs(5);
 pub fn parse_url(url: &str, retry_for: Duration, max: usize) -> Result<(Settings, String)> {
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
     let mut schema = "tether".to_string();
+    let (mut sslmode, mut sslrootcert) = (None, None);
     let mut rest = Vec::new();
     for part in query.split('&').filter(|p| !p.is_empty()) {
         match part.split_once('=') {
             Some(("schema", v)) => schema = v.to_string(),
+            // TLS is Tether's to set up (see `tls`): libpq's names, libpq's meaning.
+            Some(("sslmode", v)) => sslmode = Some(crate::httpd::percent_decode(v)),
+            Some(("sslrootcert", v)) => sslrootcert = Some(crate::httpd::percent_decode(v)),
+            Some((k @ ("sslcert" | "sslkey" | "sslpassword" | "sslcrl"), _)) => {
+                return Err(Error::Invalid(format!(
+                    "{k} in the database URL: client certificates are not supported; authenticate with a password"
+                )));
+            }
             _ => rest.push(part),
         }
     }
+    let (tls, ssl_mode) = tls::Connector::new(sslmode.as_deref(), sslrootcert.as_deref())?;
     let valid = !schema.is_empty()
         && schema.len() <= 40
         && schema.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
@@ -143,6 +154,7 @@ pub fn parse_url(url: &str, retry_for: Duration, max: usize) -> Result<(Settings
     };
     let mut config = postgres::Config::from_str(&cleaned)
         .map_err(|e| Error::Invalid(format!("the database URL is not valid: {e}")))?;
+    config.ssl_mode(ssl_mode);
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(Duration::from_secs(5));
     }
@@ -166,6 +178,7 @@ pub fn parse_url(url: &str, retry_for: Duration, max: usize) -> Result<(Settings
             display,
             max: max.max(1),
             retry_for,
+            tls,
         },
         schema,
     ))

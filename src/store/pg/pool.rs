@@ -3,7 +3,7 @@
 //! rule that tells a lost connection (the outcome of an in-flight COMMIT is unknown) from an
 //! error the server answered (nothing was written).
 
-use postgres::{Client, Config, NoTls, Statement};
+use postgres::{Client, Config, Statement};
 use std::collections::HashMap;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -20,6 +20,38 @@ pub struct Settings {
     pub max: usize,
     /// How long an operation keeps reconnecting before it gives up with `Unavailable`.
     pub retry_for: Duration,
+    /// TLS, as the URL's `sslmode` and `sslrootcert` say.
+    pub tls: super::tls::Connector,
+}
+
+impl Settings {
+    /// A new connection (outside the pool).
+    pub fn connect(&self) -> std::result::Result<Client, postgres::Error> {
+        self.config.connect(self.tls.clone())
+    }
+}
+
+/// What a PostgreSQL error says, with the server's own words: its severity, SQLSTATE,
+/// message, detail and hint when the server answered, else the client's error and its cause
+/// (`postgres::Error` prints only "db error" or "error performing TLS handshake").
+pub fn describe(e: &postgres::Error) -> String {
+    if let Some(d) = e.as_db_error() {
+        let mut out = format!("{} {}: {}", d.severity(), d.code().code(), d.message());
+        if let Some(detail) = d.detail() {
+            out.push_str(&format!(" (detail: {detail})"));
+        }
+        if let Some(hint) = d.hint() {
+            out.push_str(&format!(" (hint: {hint})"));
+        }
+        return out;
+    }
+    let mut out = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        out.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    out
 }
 
 /// One connection with the statements prepared on it.
@@ -113,13 +145,36 @@ pub fn is_connection_error(e: &postgres::Error) -> bool {
 /// A PostgreSQL error as a store error: a lost connection is `Unavailable`.
 pub fn db_error(e: postgres::Error) -> Error {
     if is_connection_error(&e) {
-        Error::Unavailable(e.to_string())
+        Error::Unavailable(describe(&e))
     } else {
+        // The SQLSTATE first: callers tell errors apart by it (23505, 55P03, ...).
         let msg = match e.as_db_error() {
-            Some(d) => format!("{}: {}", d.code().code(), d.message()),
-            None => e.to_string(),
+            Some(d) => {
+                let mut m = format!("{}: {}", d.code().code(), d.message());
+                if let Some(detail) = d.detail() {
+                    m.push_str(&format!(" (detail: {detail})"));
+                }
+                if let Some(hint) = d.hint() {
+                    m.push_str(&format!(" (hint: {hint})"));
+                }
+                m
+            }
+            None => describe(&e),
         };
         Error::Postgres(msg)
+    }
+}
+
+/// Whether a failed connect is the server's refusal (authentication, a role or database that
+/// does not exist, TLS the server or the URL refuses), which no retry changes.
+fn refused_at_connect(e: &postgres::Error) -> bool {
+    match e.code().map(|c| c.code()) {
+        // Starting up or shutting down, too many connections: worth waiting for.
+        Some(c) => !matches!(c, "57P01" | "57P02" | "57P03" | "53300"),
+        None => {
+            let text = describe(e);
+            text.contains("TLS") || text.contains("certificate") || text.contains("ssl")
+        }
     }
 }
 
@@ -159,7 +214,7 @@ impl Pool {
                 }
                 st.open += 1;
             }
-            match self.settings.config.connect(NoTls) {
+            match self.settings.connect() {
                 Ok(client) => {
                     let mut st = self.lock();
                     if std::mem::take(&mut st.down) {
@@ -180,13 +235,20 @@ impl Pool {
                     st.down = true;
                     drop(st);
                     self.freed.notify_one();
-                    if started.elapsed() + delay > self.settings.retry_for {
-                        return Err(Error::Unavailable(format!(
-                            "cannot connect to PostgreSQL at {}: {e}",
+                    let why = describe(&e);
+                    if refused_at_connect(&e) {
+                        return Err(Error::Postgres(format!(
+                            "PostgreSQL at {} refused the connection: {why}",
                             self.settings.display
                         )));
                     }
-                    tracing::warn!(server = %self.settings.display, error = %e, retry_in_ms = delay.as_millis() as u64, "cannot connect to PostgreSQL; retrying");
+                    if started.elapsed() + delay > self.settings.retry_for {
+                        return Err(Error::Unavailable(format!(
+                            "cannot connect to PostgreSQL at {}: {why}",
+                            self.settings.display
+                        )));
+                    }
+                    tracing::warn!(server = %self.settings.display, error = %why, retry_in_ms = delay.as_millis() as u64, "cannot connect to PostgreSQL; retrying");
                     std::thread::sleep(delay);
                     delay = (delay * 2).min(Duration::from_secs(2));
                 }
