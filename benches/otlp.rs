@@ -77,6 +77,7 @@ fn main() {
         headers: Vec::new(),
         timeout: Duration::from_secs(10),
         backlog_max: tether::otlp::export::BACKLOG_MAX,
+        config: Arc::default(),
     };
     let (mut off, mut on, mut dead) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..ROUNDS {
