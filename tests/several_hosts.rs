@@ -140,7 +140,8 @@ fn three_daemons_killed_and_one_cut_off_lose_and_repeat_nothing() {
             }
             proxy.cut();
             cuts += 1;
-            std::thread::sleep(Duration::from_millis(3_000));
+            // Past its heartbeat (3 s) and a recovery round of the others.
+            std::thread::sleep(Duration::from_millis(4_500));
             // Its claims were taken over: each task moved on to a newer token (or ended).
             for claim in claims.split(',').filter(|c| !c.is_empty()) {
                 let (id, token) = claim.split_once('=').expect("id=token");

@@ -134,12 +134,40 @@ impl Backend for Store {
         Store::ready_count(self)
     }
 
+    /// A claim's lease time left (processes on one host share its clock, and the caller's own
+    /// process is alive). `None`: not the task's current claim.
     fn claim_left(&self, id: &str, token: u64, now_ms: u64) -> Result<Option<u64>> {
-        Store::claim_left(self, id, token, now_ms)
+        let r = self.begin_read()?;
+        let row = super::tasks::read_row(&r.open_table(TASKS)?, id)?;
+        Ok(row.and_then(|row| {
+            let lease = row
+                .lease
+                .filter(|l| row.status == QueueStatus::Running && l.token == token)?;
+            Some(lease.expires_at_ms.saturating_sub(now_ms))
+        }))
     }
 
     fn renew_claim(&self, id: &str, token: u64, now_ms: u64, lease_ms: u64) -> Result<bool> {
-        Store::renew_claim(self, id, token, now_ms, lease_ms)
+        let w = self.begin_write()?;
+        let renewed = {
+            let mut tables = super::tasks::Tables::open(&w)?;
+            match tables.get(id)? {
+                Some(mut rec)
+                    if rec.status == QueueStatus::Running
+                        && rec.lease.as_ref().is_some_and(|l| l.token == token) =>
+                {
+                    let left = rec.budget.deadline_ms.saturating_sub(rec.state.elapsed_ms);
+                    if let Some(l) = rec.lease.as_mut() {
+                        l.expires_at_ms = now_ms.saturating_add(lease_ms).saturating_add(left);
+                    }
+                    tables.save(&rec)?;
+                    true
+                }
+                _ => false,
+            }
+        };
+        w.commit()?;
+        Ok(renewed)
     }
 
     fn running_count(&self) -> Result<u64> {

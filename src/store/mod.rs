@@ -183,43 +183,6 @@ impl Store {
         Ok(out)
     }
 
-    /// How long claim `token` of task `id` is held: its lease's time left (processes on one
-    /// host share its clock, and the caller's own process is alive). `None`: not current.
-    pub fn claim_left(&self, id: &str, token: u64, now_ms: u64) -> Result<Option<u64>> {
-        let r = self.db.begin_read()?;
-        let row = tasks::read_row(&r.open_table(TASKS)?, id)?;
-        Ok(row.and_then(|row| {
-            let lease = row
-                .lease
-                .filter(|l| row.status == QueueStatus::Running && l.token == token)?;
-            Some(lease.expires_at_ms.saturating_sub(now_ms))
-        }))
-    }
-
-    /// Renews the lease of claim `token` of task `id` (see [`Backend::renew_claim`]).
-    pub fn renew_claim(&self, id: &str, token: u64, now_ms: u64, lease_ms: u64) -> Result<bool> {
-        let w = self.db.begin_write()?;
-        let renewed = {
-            let mut tables = tasks::Tables::open(&w)?;
-            match tables.get(id)? {
-                Some(mut rec)
-                    if rec.status == QueueStatus::Running
-                        && rec.lease.as_ref().is_some_and(|l| l.token == token) =>
-                {
-                    let left = rec.budget.deadline_ms.saturating_sub(rec.state.elapsed_ms);
-                    if let Some(l) = rec.lease.as_mut() {
-                        l.expires_at_ms = now_ms.saturating_add(lease_ms).saturating_add(left);
-                    }
-                    tables.save(&rec)?;
-                    true
-                }
-                _ => false,
-            }
-        };
-        w.commit()?;
-        Ok(renewed)
-    }
-
     pub fn ready_count(&self) -> Result<u64> {
         let r = self.db.begin_read()?;
         Ok(r.open_table(READY)?.len()?)

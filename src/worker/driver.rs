@@ -47,10 +47,11 @@ pub type Hook = Arc<dyn Fn(Point) -> bool + Send + Sync>;
 /// Wall-clock milliseconds since the epoch (simulated in a simulation).
 pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
 
-/// How long, at the least, a claim must be certain to stay this run's when a write is sent:
-/// a takeover needs the lease or the heartbeat to run out first, so only a pause of longer
-/// than this between the check and the request leaving the process can let a new owner send
-/// the same write too.
+/// How long, at the least, a claim must be certain to stay this run's when a write is sent
+/// (or a third of the heartbeat TTL when that is shorter: a healthy heartbeat thread keeps
+/// two thirds of it left): a takeover needs the lease or the heartbeat to run out first, so
+/// only a pause of longer than this between the check and the request leaving the process
+/// can let a new owner send the same write too.
 pub const SEND_MARGIN_MS: u64 = 5_000;
 
 pub struct Context {
@@ -201,18 +202,20 @@ enum Ended {
     Released,
 }
 
-/// Proves the claim `token` of task `id` current and held for [`SEND_MARGIN_MS`] more before a
+/// Proves the claim `token` of task `id` current and held for [`SEND_MARGIN_MS`] (or a third of
+/// the heartbeat TTL) more before a
 /// write goes out: renews the lease and the heartbeat when less is left. `LeaseLost` when the
 /// claim was taken over (nothing may be sent), or is still short after renewing.
 fn hold_claim(ctx: &Context, id: &str, token: u64) -> Result<(), CommitFail> {
     let failed = |e: crate::store::Error| {
         CommitFail::Failed(format!("cannot check the claim of task {id}: {e}"))
     };
+    let margin = SEND_MARGIN_MS.min(ctx.heartbeat_ttl_ms / 3);
     for renewed in [false, true] {
         let now = (ctx.clock)();
         match ctx.store.claim_left(id, token, now).map_err(failed)? {
             None => return Err(CommitFail::LeaseLost),
-            Some(left) if left >= SEND_MARGIN_MS => return Ok(()),
+            Some(left) if left >= margin => return Ok(()),
             Some(_) if renewed => break,
             Some(left) => {
                 tracing::info!(task = %id, left_ms = left, "the claim runs out soon; renewing it before a write");
