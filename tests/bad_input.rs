@@ -1249,15 +1249,10 @@ fn model_replies_script_lines_and_tool_results() {
     assert!(expect.len() >= 60, "{} cases", expect.len());
 }
 
-/// Review items 13 and 14: bad input that still got through. A batch line (or script line,
-/// or `--result`) naming a field twice ran with the last one; a newline in a goal or a note
-/// printed a row of its own; an OTLP endpoint without a host, or with an escape character,
-/// was accepted; `--metrics not-an-address` and a missing `--config` file exited 1; a FIFO as
-/// `--db` was called a truncated database; `migrate` and `check` adopted the demo store's
-/// file as a worker database; the reconcile hint named one exhausted limit at a time.
+/// Review item 14: a batch line (or a script line) naming a field twice ran with the last one.
 #[test]
-fn hole_14_bad_input_that_got_through() {
-    let (dir, base) = bench("bad-review");
+fn hole_14_a_field_named_twice_is_refused() {
+    let (dir, base) = bench("bad-review-dup");
     let d = dir.path();
     for line in [
         r#"{"user": "u", "user": "v", "goal": "g"}"#,
@@ -1288,8 +1283,14 @@ fn hole_14_bad_input_that_got_through() {
         "twice",
     );
     intact(d, &base, "duplicate fields");
+}
 
-    // Newlines in stored text never print a row of their own.
+/// Review item 14: a goal or note with a newline printed a forged row in `list` and
+/// `memory list`.
+#[test]
+fn hole_14_a_newline_in_stored_text_prints_no_row_of_its_own() {
+    let (dir, _) = bench("bad-review-newline");
+    let d = dir.path();
     let fake = "refund\nt99      finished   done forged row";
     ok(d, &["enqueue", "--user", "cu_ana", "--goal", fake]);
     ok(
@@ -1313,8 +1314,12 @@ fn hole_14_bad_input_that_got_through() {
         );
         assert!(out.contains("refund\\nt99"), "{args:?}:\n{out}");
     }
+}
 
-    // URLs and addresses are checked at start, before anything is opened.
+/// Review item 14: `--otlp-endpoint http://:4318` and an endpoint with an escape character
+/// were accepted; `--metrics not-an-address` and a missing `--config` file exited 1.
+#[test]
+fn hole_14_urls_addresses_and_files_are_usage_errors_at_start() {
     let fresh = TempDir::new("bad-review-fresh");
     let f = fresh.path();
     for (args, want) in [
@@ -1367,8 +1372,13 @@ fn hole_14_bad_input_that_got_through() {
         !f.join("worker.redb").exists(),
         "a usage error created the database"
     );
+}
 
-    // A FIFO is no database, and neither is the demo store's file.
+/// Review item 13: a FIFO given as `--db` was called a truncated database.
+#[test]
+fn hole_13_a_fifo_is_not_a_database() {
+    let fresh = TempDir::new("bad-review-fifo");
+    let f = fresh.path();
     let fifo = f.join("fifo.redb");
     let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
     assert!(made.success());
@@ -1380,6 +1390,14 @@ fn hole_14_bad_input_that_got_through() {
         1,
         "not a regular file",
     );
+}
+
+/// Review item 14: `worker migrate` adopted the demo store's redb file as a worker database,
+/// and `check` said "ok: 0 records".
+#[test]
+fn hole_14_a_redb_file_of_another_kind_is_refused() {
+    let (dir, _) = bench("bad-review-foreign");
+    let d = dir.path();
     let store_file = d.join("worker.store.redb");
     assert!(store_file.exists(), "the bench ran the demo store");
     let store_s = store_file.display().to_string();
@@ -1389,8 +1407,12 @@ fn hole_14_bad_input_that_got_through() {
         refused(d, &args, 1, "another kind");
     }
     ok(d, &["--store", "worker.store.redb", "store", "ledger"]);
+}
 
-    // A held write whose tool calls and active time are both spent: one hint names both.
+/// Review item 13: the reconcile hint named one exhausted limit at a time (`try --extend
+/// tool_calls=1`, then `try --extend deadline_ms=10000`).
+#[test]
+fn hole_13_one_hint_names_every_limit_a_resend_needs() {
     let held = TempDir::new("bad-review-held");
     let h = held.path();
     enqueue(
