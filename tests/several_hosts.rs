@@ -607,3 +607,36 @@ fn hole_7_a_busy_dispatcher_never_lets_its_heartbeat_run_out() {
     assert_eq!(count_in_logs(d, "b", "lease takeover"), 0, "{tokens}");
     assert_eq!(tokens, "1,1,1", "each task was claimed once");
 }
+
+/// The read-back of item 4 must not trust its own answer: the review had the enqueue's COMMIT
+/// never reach the server (the transaction rolled back) and the read-back's insert of the
+/// marker land with its answer lost; the read-back, run again, found its own marker and said
+/// "landed": `enqueue` printed t2 for a task that does not exist. Each read-back's marker now
+/// carries its nonce.
+#[test]
+fn hole_4_a_read_back_whose_own_answer_is_lost_still_knows() {
+    let Some((pg, proxy, via, dir)) = setup("readback") else {
+        return;
+    };
+    let d = dir.path();
+    ok(d, &["enqueue", "--user", "cu_ana", "--goal", GOAL]); // t1, directly
+    // The enqueue transaction's COMMIT (after its marker's insert) never arrives; the
+    // read-back's insert of the marker lands and its answer is lost.
+    proxy.drop_request_after("commits (id, at_ms) VALUES", "COMMIT");
+    proxy.lose_answer_to("ON CONFLICT (id) DO NOTHING");
+    let out = command(d)
+        .env("WORKER_DB", &via)
+        .args(["enqueue", "--user", "cu_ana", "--goal", "the second"])
+        .output()
+        .expect("enqueue");
+    let printed = succeeded(out, &["enqueue"]);
+    let tasks = pg.psql(
+        "SELECT string_agg(id || ' ' || (state->>'goal'), ', ' ORDER BY num) FROM readback.tasks",
+    );
+    assert_eq!(
+        tasks,
+        format!("t1 {GOAL}, {} the second", printed.trim()),
+        "the acknowledged task exists, once"
+    );
+    assert!(proxy.lost() >= 1, "the read-back's answer was lost");
+}

@@ -21,6 +21,26 @@ struct State {
     /// How many answers were lost.
     lost: AtomicU64,
     conns: Mutex<Vec<TcpStream>>,
+    /// The next request containing this is never delivered: its connection drops (once a
+    /// request containing `drop_after` went through, if that is set).
+    drop_request: Mutex<Option<Vec<u8>>>,
+    drop_after: Mutex<Option<Vec<u8>>>,
+    /// The next request containing this is delivered, and its answer lost with the connection.
+    lose_answer_to: Mutex<Option<Vec<u8>>>,
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Takes the pattern in `slot` if `chunk` contains it (each pattern acts once).
+fn takes(slot: &Mutex<Option<Vec<u8>>>, chunk: &[u8]) -> bool {
+    let mut p = slot.lock().expect("proxy pattern");
+    if p.as_deref().is_some_and(|p| contains(chunk, p)) {
+        *p = None;
+        return true;
+    }
+    false
 }
 
 impl State {
@@ -64,10 +84,13 @@ impl Proxy {
                     (Ok(c), Ok(s)) => (c, s),
                     _ => continue,
                 };
-                let up = Arc::clone(&st);
-                std::thread::spawn(move || pump(client, server, &up, false));
+                // Set by the client side when an answer to come is to be lost: how many
+                // answers go through first, plus one.
+                let armed = Arc::new(AtomicU64::new(0));
+                let (up, a) = (Arc::clone(&st), Arc::clone(&armed));
+                std::thread::spawn(move || pump(client, server, &up, false, &a));
                 let down = Arc::clone(&st);
-                std::thread::spawn(move || pump(s2, c2, &down, true));
+                std::thread::spawn(move || pump(s2, c2, &down, true, &armed));
             }
         });
         Proxy { port, state }
@@ -92,22 +115,58 @@ impl Proxy {
     pub fn lost(&self) -> u64 {
         self.state.lost.load(Ordering::SeqCst)
     }
+
+    /// The next request whose bytes contain `pattern` never reaches the server: its connection
+    /// drops instead.
+    pub fn drop_request(&self, pattern: &str) {
+        *self.state.drop_request.lock().expect("proxy pattern") = Some(pattern.into());
+    }
+
+    /// [`Proxy::drop_request`], for the first such request after one containing `after`.
+    pub fn drop_request_after(&self, after: &str, pattern: &str) {
+        *self.state.drop_after.lock().expect("proxy pattern") = Some(after.into());
+        self.drop_request(pattern);
+    }
+
+    /// The next statement whose text contains `pattern` reaches the server and runs, and the
+    /// answer to its execution (the round trip after the one that carried its text) is lost
+    /// with its connection.
+    pub fn lose_answer_to(&self, pattern: &str) {
+        *self.state.lose_answer_to.lock().expect("proxy pattern") = Some(pattern.into());
+    }
 }
 
 /// Copies `from` to `to` until either side closes. On the server's side, an answer may be
 /// lost instead: the request reached the server, the reply never reaches the client.
-fn pump(mut from: TcpStream, mut to: TcpStream, st: &State, answers: bool) {
+fn pump(mut from: TcpStream, mut to: TcpStream, st: &State, answers: bool, armed: &AtomicU64) {
     let mut buf = [0u8; 16 * 1024];
     loop {
         let n = match from.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        if !answers && !st.drop_after.lock().expect("proxy pattern").is_some() {
+            if takes(&st.drop_request, &buf[..n]) {
+                break;
+            }
+        } else if !answers {
+            takes(&st.drop_after, &buf[..n]);
+        }
+        if !answers && takes(&st.lose_answer_to, &buf[..n]) {
+            // The statement's text goes with its Parse; the answer that says what it did
+            // comes after the next round trip (Bind and Execute).
+            armed.store(2, Ordering::SeqCst);
+        }
+        let lose_this = answers
+            && armed
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |a| a.checked_sub(1))
+                .is_ok_and(|a| a == 1);
         if answers
-            && st
-                .lose
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |l| l.checked_sub(1))
-                .is_ok()
+            && (lose_this
+                || st
+                    .lose
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |l| l.checked_sub(1))
+                    .is_ok())
         {
             st.lost.fetch_add(1, Ordering::SeqCst);
             break;

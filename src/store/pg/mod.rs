@@ -417,29 +417,41 @@ impl PgStore {
     /// Whether the transaction that inserts commit marker `marker` landed, after its COMMIT's
     /// acknowledgment was lost: exact, whatever that transaction is doing. Inserting the marker
     /// waits for a transaction still in progress (its uncommitted marker holds the key); then
-    /// the marker is there (it landed) or this insert puts it there, after which that
-    /// transaction can never land (its own insert would conflict). While it stays in progress
-    /// (each wait ends at the `lock_timeout`), this keeps waiting up to the retry time, then
-    /// says the outcome is not known: the caller must not run it again.
+    /// the marker is there (it landed) or this insert puts it there, marked with this
+    /// read-back's nonce, after which that transaction can never land (its own insert would
+    /// conflict). The marker read afterwards says which: a read-back whose own answer was lost
+    /// (and that is retried) finds its nonce, never mistakes its marker for the commit's.
+    /// While the transaction stays in progress (each wait ends at the `lock_timeout`), this
+    /// keeps waiting up to the retry time, then says the outcome is not known: the caller must
+    /// not run it again.
     pub(crate) fn landed(&self, marker: i64) -> Result<bool> {
-        let sql = self.sql(&format!(
-            "INSERT INTO {{s}}.commits (id, at_ms) VALUES ($1, {SERVER_NOW_MS})              ON CONFLICT (id) DO NOTHING RETURNING id"
+        let insert = self.sql(&format!(
+            "INSERT INTO {{s}}.commits (id, at_ms, read_back) VALUES ($1, {SERVER_NOW_MS}, $2) \
+             ON CONFLICT (id) DO NOTHING"
         ));
+        let check = self.sql("SELECT read_back FROM {s}.commits WHERE id = $1");
+        let nonce = random_i64();
         let started = Instant::now();
         loop {
-            match self.read(|c| c.client.query(&sql, &[&marker])) {
-                Ok(rows) => return Ok(rows.is_empty()),
+            let read = self.read(|c| {
+                c.client.execute(&insert, &[&marker, &nonce])?;
+                c.client.query_opt(&check, &[&marker])
+            });
+            match read {
+                Ok(Some(row)) => return Ok(row.get::<_, Option<i64>>(0) != Some(nonce)),
+                // Gone between the insert and the read (tidied): try again.
+                Ok(None) => {}
                 // 55P03: the lock timeout ran out while the transaction was still in progress.
                 Err(Error::Postgres(m)) if m.starts_with("55P03") => {
-                    if started.elapsed() >= self.pool.settings.retry_for {
-                        return Err(Error::Unavailable(format!(
-                            "the outcome of a commit is not known: its transaction is still in progress on {} (is a synchronous standby away?); it was not run again, and lands or not on its own",
-                            self.display()
-                        )));
-                    }
                     tracing::warn!(server = %self.display(), "a commit whose acknowledgment was lost is still in progress (waiting for a synchronous standby?); waiting for its outcome");
                 }
                 Err(e) => return Err(e),
+            }
+            if started.elapsed() >= self.pool.settings.retry_for {
+                return Err(Error::Unavailable(format!(
+                    "the outcome of a commit is not known: its transaction is still in progress on {} (is a synchronous standby away?); it was not run again, and lands or not on its own",
+                    self.display()
+                )));
             }
         }
     }

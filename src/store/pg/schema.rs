@@ -115,6 +115,11 @@ CREATE TABLE {s}.otlp_outbox (seq bigserial PRIMARY KEY, task_id text NOT NULL, 
     r#"
 ALTER TABLE {s}.otlp_outbox ADD COLUMN claimed_by bigint, ADD COLUMN claimed_until_ms bigint;
 "#,
+    // A marker inserted by a read-back after a lost acknowledgment carries that read-back's
+    // nonce, so a read-back whose own answer was lost never takes its marker for the commit's.
+    r#"
+ALTER TABLE {s}.commits ADD COLUMN read_back bigint;
+"#,
 ];
 
 /// The schema version this build writes and understands.
