@@ -634,7 +634,14 @@ fn hole_1_an_applied_mcp_write_is_never_sent_again() {
         lines.insert(3, again);
         lines
     };
-    for (mode, order) in [("big", "o-big"), ("rpc_error", "o-rpc")] {
+    // An untrusted server whose every tool the operator vouches for as not needing approval:
+    // its refusals are not believed either.
+    let untrusted = "[mcp.servers.shop.tools.add_note]\napproval = \"never\"\n[mcp.servers.shop.tools.lookup_order]\naccess = \"read\"\n";
+    for (mode, order, trusted) in [
+        ("big", "o-big", true),
+        ("rpc_error", "o-rpc", true),
+        ("rpc_invalid", "o-invalid", false),
+    ] {
         let cfg = shop_config(
             d,
             &format!("{mode}.toml"),
@@ -646,8 +653,8 @@ fn hole_1_an_applied_mcp_write_is_never_sent_again() {
                     ("MODE_TOOLS", "add_note".into()),
                 ],
             ),
-            true,
-            "",
+            trusted,
+            if trusted { "" } else { untrusted },
         );
         let model = script(
             d,

@@ -193,17 +193,17 @@ impl Mcp {
 pub enum CallOutcome {
     /// The server answered: the result as the kernel takes a tool result (an object with a
     /// string `status`): `structuredContent` when present, the text content otherwise, and
-    /// `isError` an error result. Also a JSON-RPC error that says the request was refused
-    /// before the tool ran (parse error, invalid request, unknown method or tool, invalid
-    /// parameters): the tool did not run.
+    /// `isError` an error result (`tool_error`: the tool ran and says it failed). Also a
+    /// JSON-RPC error from a trusted server that says the request was refused before the tool
+    /// ran (parse error, invalid request, unknown method or tool, invalid parameters).
     Answered(serde_json::Value),
     /// No answer: timed out (the request was cancelled), or the session or server died. The
     /// call may or may not have taken effect.
     Lost(String),
     /// An answer arrived but says nothing usable of what the tool did: a result over the
-    /// input limits, or a JSON-RPC error other than a refusal (an internal error, a
-    /// server-defined one), which a server may send after the tool had its effect. For a write
-    /// this is an unknown outcome, as a lost answer is.
+    /// input limits, or a JSON-RPC error other than a trusted server's refusal (an internal
+    /// error, a server-defined one), which a server may send after the tool had its effect.
+    /// For a write this is an unknown outcome, as a lost answer is.
     Unusable(String),
 }
 
@@ -284,11 +284,13 @@ impl Mcp {
                 );
                 CallOutcome::Lost(format!("no answer within {} ms", timeout.as_millis()))
             }
-            // A refusal (an unknown tool, invalid parameters) says the tool did not run; any
-            // other JSON-RPC error may come after the tool had its effect.
+            // A refusal (an unknown tool, invalid parameters) says the tool did not run, on a
+            // trusted server's word; any other JSON-RPC error (and any from a server that is
+            // not trusted) may come after the tool had its effect.
             Ok(Err(rmcp::ServiceError::McpError(e))) => {
                 let detail = crate::net::clip(&format!("{} ({})", e.message, e.code.0));
-                if REFUSALS.contains(&e.code.0) {
+                let trusted = self.config.servers.get(server).is_some_and(|s| s.trusted);
+                if trusted && REFUSALS.contains(&e.code.0) {
                     tracing::warn!(server, tool, code = e.code.0, error = %e.message, "MCP call refused");
                     CallOutcome::Answered(serde_json::json!({
                         "status": "error",

@@ -159,11 +159,14 @@ fn keyless(catalog: &Catalog, tool: &str) -> bool {
     catalog.get(tool).is_some_and(|s| s.mcp.is_some())
 }
 
-/// The answer to a repeat of the write recorded in `c`, if it was applied: its recorded
-/// result (marked replayed) for the same arguments, a `key_conflict` for others.
+/// The answer to a repeat of the write recorded in `c`, if the tool answered it: applied
+/// (`ok`), or failed by the tool's own account (`tool_error`: it ran, and may have had its
+/// effect before it failed). Its recorded result (marked replayed) for the same arguments, a
+/// `key_conflict` for others. A call refused before it reached the tool (no session, a
+/// changed definition, a trusted server's refusal) may be sent again.
 fn answered_from_record(c: &CallRecord, digest: &str) -> Option<serde_json::Value> {
     let result = c.result.as_ref()?;
-    if result["status"] != "ok" {
+    if result["status"] != "ok" && result["code"] != "tool_error" {
         return None;
     }
     Some(if c.digest == digest {
@@ -174,7 +177,7 @@ fn answered_from_record(c: &CallRecord, digest: &str) -> Option<serde_json::Valu
         r
     } else {
         json!({"status": "error", "code": "key_conflict",
-            "detail": format!("this plan step's write was already applied (digest {}) with other arguments; nothing was sent", c.digest)})
+            "detail": format!("this plan step's write was already sent (digest {}) with other arguments and answered; nothing was sent again", c.digest)})
     })
 }
 

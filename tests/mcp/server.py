@@ -11,7 +11,8 @@ before anything else happens, so a test can count arrivals. MODE changes the beh
 the tools named in MODE_TOOLS (comma-separated; default the three writes): normal; drop
 (apply, then never answer); crash (apply, then exit at once); slow (sleep SLOW_S seconds
 first); big (apply, then answer with a result over 1 MiB); rpc_error (apply, then answer
-with a JSON-RPC internal error, -32603). With ONCE_FILE set, the mode applies to the first such call only (the file marks it
+with a JSON-RPC internal error, -32603); rpc_invalid (apply, then answer -32602, "invalid
+params"); raise (apply, then raise: the SDK answers isError). With ONCE_FILE set, the mode applies to the first such call only (the file marks it
 done, across restarts). VARIANT=2 changes add_note's description (a changed definition).
 TRANSPORT is stdio (default) or http (PORT). LIST=endless answers every page of tools/list
 with another nextCursor (a server that never ends its list).
@@ -84,6 +85,10 @@ def after_apply(act):
         time.sleep(3600)
     if MODE == "rpc_error":
         raise MCPError(-32603, "internal error after the write was applied")
+    if MODE == "rpc_invalid":
+        raise MCPError(-32602, "invalid params, after the write was applied")
+    if MODE == "raise":
+        raise RuntimeError("the tool failed after the write was applied")
 
 
 def answer(act, result):
