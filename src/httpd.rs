@@ -1,10 +1,12 @@
 //! A small blocking HTTP/1.1 server with a limit on everything: the project's HTTP edge
 //! (`worker demo-store`, `worker console`, and `/metrics` of `worker run`).
 //!
-//! One thread per connection, at most `connections_max` at once and `per_client_max` from one
-//! client address (the next one gets 503 and is closed), so a client that opens idle
-//! connections takes at most its own share; a new connection must send its first byte within
-//! `first_byte_timeout`. httparse (the parser hyper uses) reads the request head, which may be at most
+//! One thread per connection, at most `connections_max` at once. When all are open, a new
+//! connection takes the place of the one that has waited longest for a request (idle, or
+//! sending its request slowly): that one is closed. So idle or slow connections, from one
+//! address or many, never keep a client with a request to make out; only when every
+//! connection is inside a handler is the next one answered 503. A new connection must send
+//! its first byte within `first_byte_timeout`. httparse (the parser hyper uses) reads the request head, which may be at most
 //! `head_bytes_max` (431 beyond) with at most 64 headers; a body needs a `Content-Length` of
 //! at most `body_bytes_max` (413 beyond, before a byte of it is read; chunked bodies get 411,
 //! two `Content-Length` headers 400);
@@ -13,10 +15,9 @@
 //! handler that others wait for. An idle keep-alive connection is closed after
 //! `idle_timeout`.
 
-use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::net::{IpAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -24,8 +25,6 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Debug)]
 pub struct Limits {
     pub connections_max: usize,
-    /// Connections from one client address at once (0: a quarter of `connections_max`).
-    pub per_client_max: usize,
     /// How long a new connection may wait before sending its first byte.
     pub first_byte_timeout: Duration,
     pub head_bytes_max: usize,
@@ -34,21 +33,10 @@ pub struct Limits {
     pub idle_timeout: Duration,
 }
 
-impl Limits {
-    fn per_client(&self) -> usize {
-        if self.per_client_max > 0 {
-            self.per_client_max
-        } else {
-            (self.connections_max / 4).max(1)
-        }
-    }
-}
-
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             connections_max: 64,
-            per_client_max: 0,
             first_byte_timeout: Duration::from_secs(5),
             head_bytes_max: 16 << 10,
             body_bytes_max: crate::limits::HTTP_BODY_BYTES_MAX,
@@ -164,12 +152,12 @@ pub fn serve(
         .set_nonblocking(true)
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
     ready(addr.to_string());
-    let open = Arc::new(AtomicUsize::new(0));
-    let per_client: Arc<Mutex<HashMap<IpAddr, usize>>> = Arc::default();
+    let live: Arc<Mutex<Live>> = Arc::default();
+    let epoch = Instant::now();
     let limits = Arc::new(limits);
     while !stop.load(Ordering::SeqCst) {
-        let (stream, peer) = match listener.accept() {
-            Ok((s, peer)) => (s, peer.ip()),
+        let stream = match listener.accept() {
+            Ok((s, _)) => s,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 std::thread::sleep(Duration::from_millis(20));
                 continue;
@@ -181,35 +169,25 @@ pub fn serve(
             }
         };
         let _ = stream.set_nonblocking(false);
-        let mine = per_client
+        let now = stamp(epoch);
+        let admitted = live
             .lock()
-            .map_or(0, |m| m.get(&peer).copied().unwrap_or(0));
-        let busy = if open.load(Ordering::SeqCst) >= limits.connections_max {
-            Some("too many connections")
-        } else if mine >= limits.per_client() {
-            Some("too many connections from this address")
-        } else {
-            None
-        };
-        if let Some(why) = busy {
+            .map(|mut l| l.admit(&stream, limits.connections_max, now))
+            .unwrap_or(None);
+        let Some((id, waiting)) = admitted else {
             let mut s = stream;
             let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
             let _ = write_reply(
                 &mut s,
-                Reply::json(503, &serde_json::json!({"error": why})),
+                Reply::json(503, &serde_json::json!({"error": "too many connections"})),
                 false,
             );
             continue;
-        }
-        open.fetch_add(1, Ordering::SeqCst);
-        if let Ok(mut m) = per_client.lock() {
-            *m.entry(peer).or_default() += 1;
-        }
-        // Released when the connection's thread ends, or at once if it cannot start.
+        };
+        // Given back when the connection's thread ends, or at once if it cannot start.
         let slot = Slot {
-            open: Arc::clone(&open),
-            per_client: Arc::clone(&per_client),
-            peer,
+            live: Arc::clone(&live),
+            id,
         };
         let (limits, handler, stop) =
             (Arc::clone(&limits), Arc::clone(&handler), Arc::clone(&stop));
@@ -217,7 +195,11 @@ pub fn serve(
             .name("http-conn".into())
             .spawn(move || {
                 let _slot = slot;
-                connection(stream, &limits, &*handler, &stop);
+                let waits = Waits {
+                    since: waiting,
+                    epoch,
+                };
+                connection(stream, &limits, &*handler, &stop, &waits);
             });
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "cannot start a connection thread");
@@ -226,24 +208,70 @@ pub fn serve(
     Ok(())
 }
 
-/// A connection's place in the counts, given back when it is dropped.
+/// The open connections: for each, a handle to close it and since when it waits for a
+/// request (ms since the server started, plus one; 0 while inside a handler).
+#[derive(Default)]
+struct Live {
+    next_id: u64,
+    conns: Vec<(u64, TcpStream, Arc<AtomicU64>)>,
+}
+
+impl Live {
+    /// Admits `stream` under a new id, waiting since `now`, closing the connection that has
+    /// waited longest for a request when `max` are open; `None` when every open connection is
+    /// inside a handler.
+    fn admit(&mut self, stream: &TcpStream, max: usize, now: u64) -> Option<(u64, Arc<AtomicU64>)> {
+        if self.conns.len() >= max {
+            let oldest = self
+                .conns
+                .iter()
+                .enumerate()
+                .filter(|(_, (_, _, w))| w.load(Ordering::SeqCst) > 0)
+                .min_by_key(|(_, (_, _, w))| w.load(Ordering::SeqCst))
+                .map(|(i, _)| i)?;
+            let (_, evicted, _) = self.conns.swap_remove(oldest);
+            let _ = evicted.shutdown(std::net::Shutdown::Both);
+        }
+        let handle = stream.try_clone().ok()?;
+        self.next_id += 1;
+        let waiting = Arc::new(AtomicU64::new(now));
+        self.conns
+            .push((self.next_id, handle, Arc::clone(&waiting)));
+        Some((self.next_id, waiting))
+    }
+}
+
+/// A connection's place among the open ones, given back when it is dropped.
 struct Slot {
-    open: Arc<AtomicUsize>,
-    per_client: Arc<Mutex<HashMap<IpAddr, usize>>>,
-    peer: IpAddr,
+    live: Arc<Mutex<Live>>,
+    id: u64,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.open.fetch_sub(1, Ordering::SeqCst);
-        if let Ok(mut m) = self.per_client.lock()
-            && let Some(n) = m.get_mut(&self.peer)
-        {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                m.remove(&self.peer);
-            }
+        if let Ok(mut l) = self.live.lock() {
+            l.conns.retain(|(id, _, _)| *id != self.id);
         }
+    }
+}
+
+/// Where a connection says since when it waits for a request.
+struct Waits {
+    since: Arc<AtomicU64>,
+    epoch: Instant,
+}
+
+/// Now as a wait's start: ms since `epoch`, plus one (0 means "inside a handler").
+fn stamp(epoch: Instant) -> u64 {
+    (epoch.elapsed().as_millis() as u64).saturating_add(1)
+}
+
+impl Waits {
+    fn waiting(&self) {
+        self.since.store(stamp(self.epoch), Ordering::SeqCst);
+    }
+    fn busy(&self) {
+        self.since.store(0, Ordering::SeqCst);
     }
 }
 
@@ -255,7 +283,13 @@ enum ReadError {
     Status(u16, &'static str),
 }
 
-fn connection(mut s: TcpStream, limits: &Limits, handler: &Handler, stop: &AtomicBool) {
+fn connection(
+    mut s: TcpStream,
+    limits: &Limits,
+    handler: &Handler,
+    stop: &AtomicBool,
+    waits: &Waits,
+) {
     let _ = s.set_write_timeout(Some(limits.request_timeout));
     let mut buf: Vec<u8> = Vec::new();
     // A new connection gets `first_byte_timeout` to start; one kept alive after a request
@@ -269,6 +303,7 @@ fn connection(mut s: TcpStream, limits: &Limits, handler: &Handler, stop: &Atomi
         idle = limits.idle_timeout;
         match read {
             Ok((req, keep_alive)) => {
+                waits.busy();
                 let reply = handler(&req);
                 if matches!(reply, Reply::Lose) {
                     let _ = s.write_all(b"HTTP/1.1 2\r\n\r\n");
@@ -277,6 +312,7 @@ fn connection(mut s: TcpStream, limits: &Limits, handler: &Handler, stop: &Atomi
                 if write_reply(&mut s, reply, keep_alive).is_err() || !keep_alive {
                     return;
                 }
+                waits.waiting();
             }
             Err(ReadError::Closed) => return,
             Err(ReadError::Status(status, why)) => {

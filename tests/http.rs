@@ -931,40 +931,48 @@ fn demo_store_bounds_bodies_heads_keys_connections_and_read_time() {
 fn demo_store_answers_503_beyond_its_connection_limit() {
     let dir = TempDir::new("http-conns");
     let d = dir.path();
-    let svc = store_service(d, &["--connections", "2"]);
+    let svc = store_service(d, &["--connections", "2", "--latency-ms", "3000"]);
     let addr = svc.url.trim_start_matches("http://").to_string();
     let health = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
     let wait = Duration::from_secs(20);
-    // Two clients connect and say nothing: they hold both connections.
+    // Two clients connect and say nothing: a third takes the place of the one that waited
+    // longest, so idle connections never keep a client with a request out.
     let idle: Vec<_> = (0..2)
         .map(|_| std::net::TcpStream::connect(&addr).expect("connect"))
         .collect();
-    // The server takes them in order; a third gets 503 once both are counted.
+    std::thread::sleep(Duration::from_millis(200));
+    let (st, text) = raw_http(&addr, health.as_bytes(), wait, true);
+    assert_eq!(st, 200, "{text}");
+    drop(idle);
+    // Two requests inside their handlers (each tool call takes 3 s): a third gets 503.
+    let body = r#"{"user_id": "cu_ana", "args": {"order_id": "ord_1001"}}"#;
+    let call = |n: usize| {
+        format!(
+            "POST /tools/send_status_email HTTP/1.1\r\nHost: x\r\nIdempotency-Key: busy-{n}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let busy: Vec<_> = (0..2)
+        .map(|n| {
+            let (addr, call) = (addr.clone(), call(n));
+            std::thread::spawn(move || raw_http(&addr, call.as_bytes(), wait, false))
+        })
+        .collect();
     let mut refused = None;
-    for _ in 0..200 {
+    for _ in 0..100 {
+        std::thread::sleep(Duration::from_millis(20));
         let (st, text) = raw_http(&addr, health.as_bytes(), wait, true);
         if st == 503 {
             refused = Some(text);
             break;
         }
-        std::thread::sleep(Duration::from_millis(10));
     }
-    let text = refused.expect("a third connection is refused while two are open");
+    let text = refused.expect("a third connection is refused while two are in handlers");
     assert!(text.contains("too many connections"), "{text}");
-    drop(idle);
-    // Once they close, the service answers again.
-    let mut answered = false;
-    for _ in 0..500 {
-        if raw_http(&addr, health.as_bytes(), wait, true).0 == 200 {
-            answered = true;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(10));
+    for b in busy {
+        assert_eq!(b.join().expect("a busy client").0, 200);
     }
-    assert!(
-        answered,
-        "the service answers once the idle clients are gone"
-    );
+    assert_eq!(raw_http(&addr, health.as_bytes(), wait, true).0, 200);
 }
 
 /// A server that answers every request with `status`, `body` and (unless empty) `Location:

@@ -106,8 +106,6 @@ pub fn serve(
     });
     let limits = crate::httpd::Limits {
         connections_max: connections.max(1),
-        // Its clients are worker daemons, a few hosts with many threads each.
-        per_client_max: connections.max(1),
         request_timeout: read_timeout,
         ..Default::default()
     };
