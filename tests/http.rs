@@ -689,16 +689,24 @@ fn an_approval_reaches_an_http_tool() {
     // signed for another call key, and one past its expiry are all refused.
     // (7000: what is left to refund on ord_1004, above the automatic limit.)
     let args = json!({"order_id": "ord_1004", "amount_cents": 7000});
-    let own = tether::kernel::state::digest("issue_refund", args.as_object().expect("args"));
+    let hash = tether::kernel::state::call_hash("issue_refund", args.as_object().expect("args"));
+    let own = hash[..10].to_string();
     let later = tether::clock::now_ms() / 1000 + 300;
-    let sign = |secret: &str, key: &str, t: u64| {
-        tether::tools::approval::sign(secret.as_bytes(), key, &own, t)
+    let sign = |secret: &str, key: &str, user: &str, t: u64| {
+        let call = tether::tools::approval::Call {
+            key,
+            user,
+            hash: &hash,
+        };
+        tether::tools::approval::sign(secret.as_bytes(), &call, t)
     };
+    // (The requests below are sent under the keys other-db:t9:s0 ... s4, for cu_ana.)
     for (n, header) in [
         own.clone(),
-        sign("a-guessed-secret", "other-db:t9:s2", later),
-        sign(APPROVAL_SECRET, "other-db:t1:s2", later),
-        sign(APPROVAL_SECRET, "other-db:t9:s2", 1_000_000),
+        sign("a-guessed-secret", "other-db:t9:s1", "cu_ana", later),
+        sign(APPROVAL_SECRET, "other-db:t1:s2", "cu_ana", later),
+        sign(APPROVAL_SECRET, "other-db:t9:s3", "cu_ana", 1_000_000),
+        sign(APPROVAL_SECRET, "other-db:t9:s4", "cu_bo", later),
     ]
     .into_iter()
     .enumerate()
@@ -1199,15 +1207,19 @@ fn hole_12_the_documented_check_verifies_the_header_the_worker_sends() {
         .first()
         .cloned()
         .expect("the approved call");
-    let args: Value = serde_json::from_str::<Value>(&body).expect("body")["args"].clone();
+    let body: Value = serde_json::from_str(&body).expect("body");
+    let (args, user) = (
+        body["args"].clone(),
+        body["user_id"].as_str().expect("user").to_string(),
+    );
     let script = format!(
-        "{}\nimport sys\nh, k, a, s = sys.argv[1:5]\nargs = json.loads(a)\nprint(approval_ok(h, k, 'issue_refund', args, s.encode()),\n      approval_ok(h, k, 'issue_refund', args, b'another secret'),\n      approval_ok(h, k + 'x', 'issue_refund', args, s.encode()),\n      approval_ok(h, k, 'issue_refund', {{**args, 'amount_cents': 9000}}, s.encode()),\n      approval_ok(h, k, 'issue_refund', args, s.encode(), now=2**40))\n",
+        "{}\nimport sys\nh, k, u, a, s = sys.argv[1:6]\nargs = json.loads(a)\nprint(approval_ok(h, k, u, 'issue_refund', args, s.encode()),\n      approval_ok(h, k, u, 'issue_refund', args, b'another secret'),\n      approval_ok(h, k + 'x', u, 'issue_refund', args, s.encode()),\n      approval_ok(h, k, u, 'issue_refund', {{**args, 'amount_cents': 9000}}, s.encode()),\n      approval_ok(h, k, u, 'issue_refund', args, s.encode(), now=2**40),\n      approval_ok(h, k, 'cu_mallory', 'issue_refund', args, s.encode()))\n",
         approval_reference()
     );
     std::fs::write(d.join("check.py"), script).expect("script");
     let out = Command::new("python3")
         .arg(d.join("check.py"))
-        .args([&header, &key, &args.to_string(), APPROVAL_SECRET])
+        .args([&header, &key, &user, &args.to_string(), APPROVAL_SECRET])
         .output()
         .expect("python3");
     assert!(
@@ -1217,7 +1229,7 @@ fn hole_12_the_documented_check_verifies_the_header_the_worker_sends() {
     );
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
-        "True False False False False",
+        "True False False False False False",
         "header {header}"
     );
     assert_eq!(json(d, &["show", "t1", "--json"])["stop"], "done");

@@ -248,13 +248,23 @@ impl ToolCall {
 }
 
 pub fn digest(name: &str, args: &Map<String, Value>) -> String {
+    hex_prefix(call_sha256(name, args).as_ref(), 10)
+}
+
+/// The whole SHA-256 of `json.dumps([name, args], sort_keys=True)`, in hex: what a signed
+/// approval covers (the 10-digit digest is for people to compare; 40 bits are too few to sign).
+pub fn call_hash(name: &str, args: &Map<String, Value>) -> String {
+    hex_prefix(call_sha256(name, args).as_ref(), 64)
+}
+
+fn call_sha256(name: &str, args: &Map<String, Value>) -> impl AsRef<[u8]> {
     let mut text = String::with_capacity(64);
     text.push('[');
     json::write_str(&mut text, name);
     text.push_str(", ");
     json::write_map(&mut text, args);
     text.push(']');
-    hex_prefix(&Sha256::digest(text.as_bytes()), 10)
+    Sha256::digest(text.as_bytes())
 }
 
 pub fn hex_prefix(bytes: &[u8], n: usize) -> String {

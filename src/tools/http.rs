@@ -42,10 +42,10 @@ fn outcome_unknown(write: bool, code: &str, detail: String) -> Value {
     }
 }
 
-/// The `Tether-Approval` header for the approved call under `key` with `digest`, signed with
+/// The `Tether-Approval` header for the approved `call`, signed with
 /// the tool's approval secret; `Err` (nothing is sent) when the catalog names none or the
 /// daemon's environment lacks it.
-fn signed_approval(http: &HttpSpec, key: &str, digest: &str) -> Result<String, String> {
+fn signed_approval(http: &HttpSpec, call: &approval::Call<'_>) -> Result<String, String> {
     let Some(var) = &http.approval_secret_env else {
         return Err("the call was approved, but its catalog entry names no approval_secret_env, so the service could not tell the approval from a forgery; nothing was sent (see docs/approvals.md)".into());
     };
@@ -53,7 +53,7 @@ fn signed_approval(http: &HttpSpec, key: &str, digest: &str) -> Result<String, S
         format!("the call was approved, but {var} (its approval_secret_env) is not set in this worker's environment; nothing was sent")
     })?;
     let expires_s = crate::clock::now_ms() / 1000 + approval::VALIDITY_S;
-    Ok(approval::sign(secret.as_bytes(), key, digest, expires_s))
+    Ok(approval::sign(secret.as_bytes(), call, expires_s))
 }
 
 fn call_tool(spec: &ToolSpec, req: &ToolRequest<'_>, write: bool) -> Value {
@@ -71,10 +71,16 @@ fn call_tool(spec: &ToolSpec, req: &ToolRequest<'_>, write: bool) -> Value {
     let mut r = r
         .header("Content-Type", "application/json")
         .header("Idempotency-Key", req.key);
-    if let Some(digest) = req.approval {
+    if req.approval.is_some() {
         // The approval recorded in the worker database travels with the call it covers,
         // signed so that the service can tell it from a digest anyone could compute.
-        match signed_approval(http, req.key, digest) {
+        let hash = crate::kernel::state::call_hash(&req.call.name, &req.call.args);
+        let call = approval::Call {
+            key: req.key,
+            user: req.user_id,
+            hash: &hash,
+        };
+        match signed_approval(http, &call) {
             Ok(header) => r = r.header(approval::HEADER, &header),
             Err(e) => {
                 tracing::error!(tool = %spec.name, key = req.key, error = %e, "approved call not sent");

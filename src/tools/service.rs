@@ -201,7 +201,13 @@ fn handle(svc: &Service, req: &Request) -> Reply {
             return None;
         };
         let now_s = crate::clock::now_ms() / 1000;
-        match super::approval::verify(secret, &header, &key, &call_digest, now_s) {
+        let hash = crate::kernel::state::call_hash(&name, &args);
+        let call = super::approval::Call {
+            key: &key,
+            user: &user,
+            hash: &hash,
+        };
+        match super::approval::verify(secret, &header, &call, now_s) {
             Ok(()) => Some(call_digest.clone()),
             Err(e) => {
                 tracing::warn!(key = %key, error = %e, "approval refused");
