@@ -592,13 +592,18 @@ fn hole_13_the_token_console_guards_metrics_messages_and_lengths() {
         assert_eq!(get(&format!("{}{path}", c.base), None).0, 401, "{path}");
         assert_eq!(get(&format!("{}{path}", c.base), token).0, 200, "{path}");
     }
-    let forged = get(
-        &format!("{}/tasks/t1?done=refund%20issued%20to%20attacker", c.base),
-        token,
-    )
-    .1;
-    assert!(!forged.contains("refund issued to attacker"), "{forged}");
-    assert!(!forged.contains("Recorded:"), "{forged}");
+    // A link cannot announce a decision: neither text of its own, nor a decision that was
+    // not made on this task (an event number of another task, or none).
+    for query in [
+        "done=refund%20issued%20to%20attacker",
+        "done=approved",
+        "event=1",
+        "event=99",
+    ] {
+        let page = get(&format!("{}/tasks/t1?{query}", c.base), token).1;
+        assert!(!page.contains("Recorded:"), "{query}: {page}");
+        assert!(!page.contains("refund issued to attacker"), "{query}");
+    }
     let addr = addr_of(&c);
     let (status, body) = raw_http(
         &addr,

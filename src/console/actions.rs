@@ -8,16 +8,16 @@ use crate::operator;
 use crate::store::Error;
 use crate::store::ops::{Extension, Reviewed, Settlement};
 
-/// What the task page says after a decision, by the code the decision redirects with.
-pub(super) fn done_message(code: &str) -> Option<&'static str> {
-    Some(match code {
-        "approved" => "the held call was approved; it is sent when the task runs again",
-        "rejected" => "the held call was rejected; it is never sent",
-        "applied" => "the held write was settled as applied",
-        "not_applied" => {
+/// What the task page says of a decision's audit event, by its verb.
+pub(super) fn done_message(verb: &str) -> Option<&'static str> {
+    Some(match verb {
+        "approve" => "the held call was approved; it is sent when the task runs again",
+        "reject" => "the held call was rejected; it is never sent",
+        "reconcile_applied" => "the held write was settled as applied",
+        "reconcile_not_applied" => {
             "the held write was settled as not applied; it is sent again when the task runs"
         }
-        "cancelled" => "the task was cancelled",
+        "cancel" => "the task was cancelled",
         _ => return None,
     })
 }
@@ -54,7 +54,7 @@ impl Console {
             Ok(e) => e.unwrap_or_default(),
             Err(e) => return self.message(op, 400, "Refused", format!("extend: {e}"), back),
         };
-        let outcome: Result<String, Error> = match verb {
+        let outcome: Result<(), Error> = match verb {
             "approve" | "reject" | "reconcile"
                 if reviewed.key.is_none() || reviewed.digest.is_none() =>
             {
@@ -62,14 +62,8 @@ impl Console {
                     "the form does not name the call it was rendered with (key and digest)".into(),
                 ))
             }
-            "approve" => self
-                .db
-                .approve(&id, &reviewed, &extend, &d)
-                .map(|_| "approved".to_string()),
-            "reject" => self
-                .db
-                .reject(&id, &reviewed, &d)
-                .map(|_| "rejected".to_string()),
+            "approve" => self.db.approve(&id, &reviewed, &extend, &d).map(|_| ()),
+            "reject" => self.db.reject(&id, &reviewed, &d).map(|_| ()),
             "reconcile" => {
                 let settlement = match field("outcome").as_deref() {
                     Some("applied") => {
@@ -87,18 +81,14 @@ impl Console {
                     _ => Err(Error::Invalid("say whether the write was applied".into())),
                 };
                 settlement.and_then(|s| {
-                    let applied = matches!(s, Settlement::Applied(_));
                     self.db
                         .reconcile(&id, &s, &reviewed, &extend, &d)
-                        .map(|_| if applied { "applied" } else { "not_applied" }.to_string())
+                        .map(|_| ())
                 })
             }
             // Checked in the decision's transaction: refused if the task changed since.
             "cancel" => match field("seen").and_then(|s| s.parse::<u64>().ok()) {
-                Some(seen) => self
-                    .db
-                    .cancel_seen(&id, seen, &d)
-                    .map(|_| "cancelled".to_string()),
+                Some(seen) => self.db.cancel_seen(&id, seen, &d).map(|_| ()),
                 None => Err(Error::Invalid(
                     "the form does not say when the task was last seen".into(),
                 )),
@@ -114,11 +104,18 @@ impl Console {
             }
         };
         match outcome {
-            Ok(done) => Reply::see_other(&format!(
-                "/tasks/{}?done={}",
-                url_encode(&id),
-                url_encode(&done)
-            )),
+            // Back to the task, naming the audit event the decision wrote.
+            Ok(()) => {
+                let event = self
+                    .db
+                    .events(Some(&id))
+                    .ok()
+                    .and_then(|e| e.last().map(|e| e.seq));
+                Reply::see_other(&match event {
+                    Some(n) => format!("/tasks/{}?event={n}", url_encode(&id)),
+                    None => format!("/tasks/{}", url_encode(&id)),
+                })
+            }
             Err(e) => {
                 let status = match e {
                     Error::NoTask(_) => 404,

@@ -292,7 +292,7 @@ impl Console {
         let segments: Vec<&str> = req.path.trim_matches('/').split('/').collect();
         let result = match (req.method.as_str(), segments.as_slice()) {
             ("GET", [""]) => self.tasks(&op, req),
-            ("GET", ["tasks", id]) => self.task(&op, id, req.param("done")),
+            ("GET", ["tasks", id]) => self.task(&op, id, req.param("event")),
             ("GET", ["held"]) => self.held(&op, req),
             ("GET", ["memory"]) => self.memory(&op, req),
             ("POST", ["tasks", id, verb]) => return self.act(&op, id, verb, req),
@@ -410,15 +410,18 @@ impl Console {
         ))
     }
 
-    fn task(&self, op: &str, id: &str, done: Option<String>) -> crate::store::Result<Reply> {
+    fn task(&self, op: &str, id: &str, event: Option<String>) -> crate::store::Result<Reply> {
         let id = self.db.resolve(&percent_decode(id))?;
         let d = operator::detail(self.db.as_ref(), &id)?;
-        // Only the console's own outcomes are shown: a link with any other `done` text shows
-        // nothing, so nobody can make the page announce what did not happen.
-        let flash = done
-            .as_deref()
-            .and_then(actions::done_message)
-            .map(|m| format!("Recorded: {m}."));
+        // A decision redirects here with its audit event's number; the message is made from
+        // that event of this task's audit log, so no link can announce what did not happen.
+        let flash = event
+            .and_then(|n| n.parse::<u64>().ok())
+            .and_then(|n| d.events.iter().find(|e| e.seq == n))
+            .and_then(|e| {
+                actions::done_message(&e.verb)
+                    .map(|m| format!("Recorded: {m} (by {}, {}).", e.by, rfc3339(e.at_ms)))
+            });
         Ok(render(
             &TaskPage::new(self.frame(op), &d, self.csrf(op), flash),
             200,
