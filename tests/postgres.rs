@@ -313,6 +313,81 @@ fn hole_9_tls_to_postgresql_with_libpqs_sslmodes() {
         assert!(err.contains(want), "{params}: {err}");
         assert!(!err.contains("db error\n"), "{params}: {err}");
     }
+    // A self-signed server certificate, given as its own root, is trusted as it is (libpq's
+    // way), its name still checked by verify-full.
+    openssl(
+        d,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost",
+            "-keyout",
+            "self.key",
+            "-out",
+            "self.pem",
+        ],
+    );
+    std::fs::copy(d.join("self.pem"), data.join("server.crt")).expect("copy");
+    std::fs::copy(d.join("self.key"), data.join("server.key")).expect("copy");
+    pg.own(&data.join("server.crt"));
+    pg.own(&data.join("server.key"));
+    pg.psql("SELECT pg_reload_conf()");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let own = d.join("self.pem").display().to_string();
+    ok(
+        d,
+        &[
+            "--db",
+            &url(
+                "localhost",
+                &format!("sslmode=verify-full&sslrootcert={own}"),
+            ),
+            "list",
+        ],
+    );
+    ok(
+        d,
+        &[
+            "--db",
+            &url("127.0.0.1", &format!("sslmode=verify-ca&sslrootcert={own}")),
+            "list",
+        ],
+    );
+    let (_, err) = fails(
+        d,
+        &[
+            "--db",
+            &url(
+                "127.0.0.1",
+                &format!("sslmode=verify-full&sslrootcert={own}"),
+            ),
+            "list",
+        ],
+    );
+    assert!(
+        err.contains("certificate of the PostgreSQL server"),
+        "{err}"
+    );
+    let (_, err) = fails(
+        d,
+        &[
+            "--db",
+            &url("localhost", &format!("sslmode=verify-ca&sslrootcert={ca}")),
+            "list",
+        ],
+    );
+    assert!(
+        err.contains("certificate of the PostgreSQL server") && !err.contains("PostgreSQL error"),
+        "{err}"
+    );
     // A role that does not exist: the server's own message, at once.
     let nobody = format!(
         "postgres://nobody@127.0.0.1:{}/postgres?schema=tls",
@@ -321,4 +396,5 @@ fn hole_9_tls_to_postgresql_with_libpqs_sslmodes() {
     let (code, err) = fails(d, &["--db", &nobody, "list"]);
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("role \"nobody\" does not exist"), "{err}");
+    assert!(err.contains("refused the connection"), "{err}");
 }

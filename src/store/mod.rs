@@ -83,6 +83,10 @@ pub enum Error {
     /// PostgreSQL refused a statement (SQLSTATE and message).
     #[error("PostgreSQL error {0}")]
     Postgres(String),
+    /// A connection was refused for good: by the server (authentication, a role or database
+    /// that does not exist) or by our check of its certificate. Trying again would not help.
+    #[error("{0}")]
+    Refused(String),
 }
 
 macro_rules! from_redb {

@@ -34,21 +34,25 @@ pub(super) const QUEUE_ROOT_SQL: &str = "INSERT INTO {s}.otlp_outbox (task_id, s
 /// How long an exporter's claim on the entries it read lasts: longer than a send (10 s).
 pub const CLAIM_MS: i64 = 60_000;
 
-/// Claims the oldest `$1` entries that are free, this exporter's (`$2`) or whose claim ran out
-/// (before `$3`), until `$4`; entries another exporter holds are skipped, not waited for.
-const CLAIM_SQL: &str = "WITH c AS (SELECT seq FROM {s}.otlp_outbox \
-    WHERE claimed_by IS NULL OR claimed_by = $2 OR claimed_until_ms < $3 \
-    ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED) \
-    UPDATE {s}.otlp_outbox o SET claimed_by = $2, claimed_until_ms = $4 FROM c \
-    WHERE o.seq = c.seq RETURNING o.seq, o.task_id, o.spans";
+/// Claims the oldest `$1` entries that are free, this exporter's (`$2`) or whose claim ran out,
+/// for `$3` ms; entries another exporter holds are skipped, not waited for. Claims are the
+/// server's times, so exporters whose clocks disagree agree on when one runs out.
+fn claim_sql() -> String {
+    let now = super::SERVER_NOW_MS;
+    format!(
+        "WITH c AS (SELECT seq FROM {{s}}.otlp_outbox \
+         WHERE claimed_by IS NULL OR claimed_by = $2 OR claimed_until_ms < {now} \
+         ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED) \
+         UPDATE {{s}}.otlp_outbox o SET claimed_by = $2, claimed_until_ms = {now} + $3 FROM c \
+         WHERE o.seq = c.seq RETURNING o.seq, o.task_id, o.spans"
+    )
+}
 
 impl PgStore {
     pub fn outbox(&self, max: usize) -> Result<Vec<OutboxEntry>> {
-        let sql = self.sql(CLAIM_SQL);
+        let sql = self.sql(&claim_sql());
         let limit = max as i64;
-        let now = super::rows::now_i64();
-        let until = now.saturating_add(CLAIM_MS);
-        let mut rows = self.query(&sql, &[&limit, &self.exporter, &now, &until])?;
+        let mut rows = self.query(&sql, &[&limit, &self.exporter, &CLAIM_MS])?;
         rows.sort_by_key(|r| r.get::<_, i64>(0));
         Ok(rows
             .iter()
@@ -67,14 +71,14 @@ impl PgStore {
     pub fn outbox_trim(&self, keep: usize) -> Result<(u64, u64)> {
         // Entries another exporter holds (it is sending them) are left to it, so that no span
         // is counted both as dropped and as sent.
-        let sql = self.sql(
-            "DELETE FROM {s}.otlp_outbox WHERE seq <= (SELECT max(seq) FROM {s}.otlp_outbox) - $1 \
-             AND (claimed_by IS NULL OR claimed_by = $2 OR claimed_until_ms < $3) \
+        let sql = self.sql(&format!(
+            "DELETE FROM {{s}}.otlp_outbox WHERE seq <= (SELECT max(seq) FROM {{s}}.otlp_outbox) - $1 \
+             AND (claimed_by IS NULL OR claimed_by = $2 OR claimed_until_ms < {}) \
              RETURNING cardinality(spans)",
-        );
+            super::SERVER_NOW_MS
+        ));
         let keep = keep as i64;
-        let now = super::rows::now_i64();
-        let rows = self.query(&sql, &[&keep, &self.exporter, &now])?;
+        let rows = self.query(&sql, &[&keep, &self.exporter])?;
         let spans: i64 = rows.iter().map(|r| i64::from(r.get::<_, i32>(0))).sum();
         Ok((rows.len() as u64, spans.max(0) as u64))
     }

@@ -165,16 +165,25 @@ pub fn db_error(e: postgres::Error) -> Error {
     }
 }
 
-/// Whether a failed connect is the server's refusal (authentication, a role or database that
-/// does not exist, TLS the server or the URL refuses), which no retry changes.
-fn refused_at_connect(e: &postgres::Error) -> bool {
+/// Why a failed connect will fail again however often it is tried, if it will: the server
+/// refused it (authentication, a role or database that does not exist), or TLS cannot be had
+/// (the server does not offer it, or its certificate is not the one the URL trusts). A
+/// connection dropped during the handshake, a server starting up or too busy are worth
+/// waiting for.
+fn refused_at_connect(e: &postgres::Error, display: &str) -> Option<String> {
+    let why = describe(e);
     match e.code().map(|c| c.code()) {
-        // Starting up or shutting down, too many connections: worth waiting for.
-        Some(c) => !matches!(c, "57P01" | "57P02" | "57P03" | "53300"),
-        None => {
-            let text = describe(e);
-            text.contains("TLS") || text.contains("certificate") || text.contains("ssl")
-        }
+        Some("57P01" | "57P02" | "57P03" | "53300") => None,
+        Some(_) => Some(format!(
+            "the PostgreSQL server at {display} refused the connection: {why}"
+        )),
+        None if why.contains("invalid peer certificate") => Some(format!(
+            "the certificate of the PostgreSQL server at {display} is not one the URL's sslmode and sslrootcert accept: {why}"
+        )),
+        None if why.contains("does not support TLS") => Some(format!(
+            "the PostgreSQL server at {display} does not offer TLS, which the URL's sslmode requires: {why}"
+        )),
+        None => None,
     }
 }
 
@@ -236,11 +245,8 @@ impl Pool {
                     drop(st);
                     self.freed.notify_one();
                     let why = describe(&e);
-                    if refused_at_connect(&e) {
-                        return Err(Error::Postgres(format!(
-                            "PostgreSQL at {} refused the connection: {why}",
-                            self.settings.display
-                        )));
+                    if let Some(refused) = refused_at_connect(&e, &self.settings.display) {
+                        return Err(Error::Refused(refused));
                     }
                     if started.elapsed() + delay > self.settings.retry_for {
                         return Err(Error::Unavailable(format!(

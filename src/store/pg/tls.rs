@@ -9,7 +9,9 @@
 //! | `verify-ca` | always | chains to `sslrootcert` (default `~/.postgresql/root.crt`) |
 //! | `verify-full` | always | as verify-ca, and names the host of the URL |
 //!
-//! `sslrootcert=system` trusts the operating system's roots. `tokio-postgres` reads only
+//! `sslrootcert=system` trusts the operating system's roots. A server certificate that is
+//! itself in `sslrootcert` (a self-signed one) is trusted as it is, as libpq trusts it.
+//! `tokio-postgres` reads only
 //! `disable`, `prefer` and `require`; the other modes and `sslrootcert` are taken out of the
 //! URL here and mapped onto `require` with the matching certificate check. No channel binding
 //! is offered (SCRAM authenticates without it, as libpq's `channel_binding=prefer` allows).
@@ -95,17 +97,23 @@ impl Connector {
         let verifier: Arc<dyn ServerCertVerifier> = match roots {
             None => Arc::new(Unchecked(provider)),
             Some(roots) => {
+                let mut store = RootCertStore::empty();
+                for cert in &roots {
+                    store
+                        .add(cert.clone())
+                        .map_err(|e| Error::Invalid(format!("sslrootcert: {e}")))?;
+                }
                 let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(
-                    Arc::new(roots),
+                    Arc::new(store),
                     Arc::clone(&provider),
                 )
                 .build()
                 .map_err(|e| Error::Invalid(format!("sslrootcert: {e}")))?;
-                if mode == Mode::VerifyFull {
-                    webpki
-                } else {
-                    Arc::new(AnyName(webpki))
-                }
+                Arc::new(Trusted {
+                    webpki,
+                    roots,
+                    check_name: mode == Mode::VerifyFull,
+                })
             }
         };
         let config = builder
@@ -128,14 +136,11 @@ impl Connector {
 }
 
 /// The certificates of `path` (PEM), or the system's roots for `system`.
-fn load_roots(path: &str) -> Result<RootCertStore> {
+fn load_roots(path: &str) -> Result<Vec<CertificateDer<'static>>> {
     use rustls::pki_types::pem::PemObject;
-    let mut roots = RootCertStore::empty();
+    let mut roots = Vec::new();
     if path == "system" {
-        let found = rustls_native_certs::load_native_certs();
-        for cert in found.certs {
-            let _ = roots.add(cert);
-        }
+        roots = rustls_native_certs::load_native_certs().certs;
         if roots.is_empty() {
             return Err(Error::Invalid(
                 "sslrootcert=system: no certificates were found in the system's store".into(),
@@ -146,10 +151,7 @@ fn load_roots(path: &str) -> Result<RootCertStore> {
     let certs = CertificateDer::pem_file_iter(path)
         .map_err(|e| Error::Invalid(format!("sslrootcert {path}: {e}")))?;
     for cert in certs {
-        let cert = cert.map_err(|e| Error::Invalid(format!("sslrootcert {path}: {e}")))?;
-        roots
-            .add(cert)
-            .map_err(|e| Error::Invalid(format!("sslrootcert {path}: {e}")))?;
+        roots.push(cert.map_err(|e| Error::Invalid(format!("sslrootcert {path}: {e}")))?);
     }
     if roots.is_empty() {
         return Err(Error::Invalid(format!(
@@ -159,11 +161,16 @@ fn load_roots(path: &str) -> Result<RootCertStore> {
     Ok(roots)
 }
 
-/// `verify-ca`: the chain is checked, the name is not (libpq's meaning).
+/// A certificate checked against `sslrootcert`: it chains to one of the roots, or is one of
+/// them (a self-signed server certificate); with `verify-full` it also names the host.
 #[derive(Debug)]
-struct AnyName(Arc<rustls::client::WebPkiServerVerifier>);
+struct Trusted {
+    webpki: Arc<rustls::client::WebPkiServerVerifier>,
+    roots: Vec<CertificateDer<'static>>,
+    check_name: bool,
+}
 
-impl ServerCertVerifier for AnyName {
+impl ServerCertVerifier for Trusted {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -172,14 +179,25 @@ impl ServerCertVerifier for AnyName {
         ocsp: &[u8],
         now: UnixTime,
     ) -> std::result::Result<ServerCertVerified, rustls::Error> {
+        if self.roots.iter().any(|r| r.as_ref() == end_entity.as_ref()) {
+            if self.check_name {
+                webpki::EndEntityCert::try_from(end_entity)
+                    .and_then(|c| c.verify_is_valid_for_subject_name(server_name))
+                    .map_err(|_| {
+                        rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName)
+                    })?;
+            }
+            return Ok(ServerCertVerified::assertion());
+        }
         match self
-            .0
+            .webpki
             .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
         {
+            // verify-ca: the chain is checked, the name is not (libpq's meaning).
             Err(rustls::Error::InvalidCertificate(
                 rustls::CertificateError::NotValidForName
                 | rustls::CertificateError::NotValidForNameContext { .. },
-            )) => Ok(ServerCertVerified::assertion()),
+            )) if !self.check_name => Ok(ServerCertVerified::assertion()),
             other => other,
         }
     }
@@ -189,7 +207,7 @@ impl ServerCertVerifier for AnyName {
         c: &CertificateDer<'_>,
         d: &DigitallySignedStruct,
     ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(m, c, d)
+        self.webpki.verify_tls12_signature(m, c, d)
     }
     fn verify_tls13_signature(
         &self,
@@ -197,10 +215,10 @@ impl ServerCertVerifier for AnyName {
         c: &CertificateDer<'_>,
         d: &DigitallySignedStruct,
     ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(m, c, d)
+        self.webpki.verify_tls13_signature(m, c, d)
     }
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
+        self.webpki.supported_verify_schemes()
     }
 }
 
