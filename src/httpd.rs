@@ -402,11 +402,21 @@ fn read_request(
             "more than one Content-Length header",
         ));
     }
+    if headers
+        .iter()
+        .filter(|(n, _)| n.eq_ignore_ascii_case("Host"))
+        .count()
+        > 1
+    {
+        return Err(ReadError::Status(400, "more than one Host header"));
+    }
     let body_len = match header("Content-Length") {
         None => 0,
         Some(v) => std::str::from_utf8(v)
             .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(str::trim)
+            .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|v| v.parse::<u64>().ok())
             .ok_or(ReadError::Status(400, "Content-Length is not a number"))?,
     };
     if body_len > limits.body_bytes_max as u64 {

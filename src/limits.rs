@@ -249,7 +249,7 @@ pub fn check_name(s: &str, what: &str) -> Result<(), LimitError> {
 /// that stored text can never move the cursor, recolour or retitle an operator's terminal.
 /// `--json` output does not go through this; JSON escapes them itself.
 pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
-    let unsafe_char = |c: char| c.is_control() && c != '\n' && c != '\t';
+    let unsafe_char = |c: char| (c.is_control() && c != '\n' && c != '\t') || reorders(c);
     if !s.chars().any(unsafe_char) {
         return std::borrow::Cow::Borrowed(s);
     }
@@ -262,6 +262,13 @@ pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
         }
     }
     std::borrow::Cow::Owned(out)
+}
+
+/// Characters that reorder or break a line without being control characters: the
+/// bidirectional overrides, embeddings, isolates and marks, and the line and paragraph
+/// separators. A stored text could use them to make a row read as another.
+fn reorders(c: char) -> bool {
+    matches!(c, '\u{200E}' | '\u{200F}' | '\u{061C}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{2028}' | '\u{2029}')
 }
 
 /// Text for one field of one line of output (a table cell): newlines, carriage returns and

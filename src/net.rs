@@ -58,8 +58,28 @@ pub fn check_url(u: &str) -> Result<(), String> {
     let Some(auth) = uri.authority() else {
         return Err(format!("{shown:?} has no host"));
     };
-    if auth.host().is_empty() || auth.host() == "[]" {
+    let host = auth.host();
+    if host.is_empty() || host == "[]" {
         return Err(format!("{shown:?} has no host"));
+    }
+    let name_ok = host.starts_with('[')
+        || (host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+            && !host.starts_with(['-', '.'])
+            && !host.ends_with('-'));
+    if !name_ok {
+        return Err(format!("{shown:?}: {host:?} is not a host name or address"));
+    }
+    if auth.port().is_some() && auth.port_u16().is_none() {
+        return Err(format!(
+            "{shown:?}: the port is not a number from 0 to 65535"
+        ));
+    }
+    if u.contains('#') {
+        return Err(format!(
+            "{shown:?} has a fragment (#...), which a request never sends"
+        ));
     }
     if auth.as_str().contains('@') {
         return Err(format!(

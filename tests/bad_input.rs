@@ -1291,7 +1291,7 @@ fn hole_14_a_field_named_twice_is_refused() {
 fn hole_14_a_newline_in_stored_text_prints_no_row_of_its_own() {
     let (dir, _) = bench("bad-review-newline");
     let d = dir.path();
-    let fake = "refund\nt99      finished   done forged row";
+    let fake = "refund\nt99      finished   done forged row \u{202E}wor degrof";
     ok(d, &["enqueue", "--user", "cu_ana", "--goal", fake]);
     ok(
         d,
@@ -1313,6 +1313,10 @@ fn hole_14_a_newline_in_stored_text_prints_no_row_of_its_own() {
             "{args:?} printed a forged row:\n{out}"
         );
         assert!(out.contains("refund\\nt99"), "{args:?}:\n{out}");
+        assert!(
+            !out.contains('\u{202E}'),
+            "{args:?}: a right-to-left override printed raw"
+        );
     }
 }
 
@@ -1407,6 +1411,13 @@ fn hole_14_a_redb_file_of_another_kind_is_refused() {
         refused(d, &args, 1, "another kind");
     }
     ok(d, &["--store", "worker.store.redb", "store", "ledger"]);
+    // And the other way round: the worker database is not a store file.
+    for verb in [&["store", "orders"][..], &["store", "ledger"]] {
+        let mut args = vec!["--store", "worker.redb"];
+        args.extend_from_slice(verb);
+        refused(d, &args, 1, "not the demo store's file");
+    }
+    ok(d, &["list"]);
 }
 
 /// Review item 13: the reconcile hint named one exhausted limit at a time (`try --extend

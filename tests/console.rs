@@ -613,6 +613,28 @@ fn hole_13_the_token_console_guards_metrics_messages_and_lengths() {
     );
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("more than one Content-Length"), "{body}");
+    for (head, want) in [
+        (
+            "POST /login HTTP/1.1\r\nHost: x\r\nContent-Length: +5\r\n\r\ntoken",
+            "not a number",
+        ),
+        (
+            "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: attacker.example\r\n\r\n",
+            "more than one Host",
+        ),
+    ] {
+        let (status, body) = raw_http(&addr, head.as_bytes(), Duration::from_secs(10), false);
+        assert_eq!(status, 400, "{head}: {body}");
+        assert!(body.contains(want), "{body}");
+    }
+    // The scheme of an Authorization header is case-insensitive (RFC 9110).
+    let (status, _) = raw_http(
+        &addr,
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nAuthorization: bearer 5f1b7c0a9e3d4c2b8a6f\r\nConnection: close\r\n\r\n",
+        Duration::from_secs(10),
+        false,
+    );
+    assert_eq!(status, 200);
     drop(c);
     let c = console(d, &["--token-file", "tokens.txt", "--public-metrics"]);
     assert_eq!(get(&format!("{}/metrics", c.base), None).0, 200);

@@ -127,7 +127,7 @@ pub(super) fn load_config(cli: &Cli) -> Result<Option<crate::config::Config>, Cl
         Some(p) => crate::config::load(p).map(Some).map_err(|e| {
             // A file that is not there is a wrong argument (as for --file); one that cannot
             // be read for another reason is operational.
-            let code = if e.starts_with("cannot read") && p.exists() {
+            let code = if e.starts_with("cannot read") && p.is_file() {
                 1
             } else {
                 2

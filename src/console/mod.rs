@@ -215,7 +215,10 @@ impl Console {
                 let bearer = req
                     .header("authorization")
                     .and_then(|v| std::str::from_utf8(v).ok())
-                    .and_then(|v| v.strip_prefix("Bearer "))
+                    .and_then(|v| {
+                        let (scheme, token) = v.split_once(' ')?;
+                        scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+                    })
                     .map(str::to_string);
                 let cookie = req
                     .header("cookie")

@@ -49,11 +49,21 @@ impl Target {
     /// values percent-encoded). `None`: export is off.
     pub fn configured(flag: Option<&str>) -> Result<Option<Target>, String> {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        // A base endpoint gets /v1/traces added, so it may not end in a query.
+        let base_url = |base: &str| {
+            if base.contains('?') {
+                return Err(format!(
+                    "OTLP endpoint {:?} has a query: give the base URL, to which /v1/traces is added",
+                    crate::limits::printable(base)
+                ));
+            }
+            Ok(traces_url(base.trim()))
+        };
         let url = match (flag, var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")) {
-            (Some(base), _) => traces_url(base.trim()),
+            (Some(base), _) => base_url(base)?,
             (None, Some(full)) => full.trim().to_string(),
             (None, None) => match var("OTEL_EXPORTER_OTLP_ENDPOINT") {
-                Some(base) => traces_url(base.trim()),
+                Some(base) => base_url(&base)?,
                 None => return Ok(None),
             },
         };

@@ -100,7 +100,7 @@ pub fn run_task(ctx: &Context, rec: TaskRecord) -> Option<TaskRecord> {
         }
         Err(CommitFail::Failed(e)) => {
             ctx.stats.abandoned.fetch_add(1, Ordering::Relaxed);
-            tracing::error!(task = %id, error = %e, "commit failed; the task will be recovered when its lease expires");
+            tracing::error!(task = %id, error = %e, "the run stopped (a commit or a read of the database failed); the task will be recovered when its lease expires");
         }
     }
     None

@@ -3,7 +3,7 @@
 //! is not the dispatcher's to write, since the dispatcher may wait on the database for seconds.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::now_ms;
@@ -14,24 +14,18 @@ use crate::store::{Backend, Error, Result};
 pub const HEARTBEAT_TTL_MS_MIN: u64 = 3_000;
 
 /// This daemon's heartbeat on a shared database, in a thread of its own (the dispatcher may
-/// wait on the database for seconds): it beats every third of the TTL until stopped, and
-/// keeps when its last beat was sent (monotonic), so the claims it vouches for are known to
-/// hold until then plus the TTL.
+/// wait on the database for seconds): it beats every third of the TTL until stopped. (Before
+/// a write the driver asks the database how long the heartbeat has left:
+/// `Backend::claim_left`.)
 pub struct Heartbeat {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
-    /// Milliseconds since `epoch` at which the last successful beat was sent.
-    last_sent_ms: Arc<AtomicU64>,
-    epoch: std::time::Instant,
-    ttl_ms: u64,
 }
 
 impl Heartbeat {
     /// Beats once (an error if that fails: a daemon that cannot vouch for itself does not
     /// start), then every `ttl_ms / 3` in a thread.
     pub fn start(store: Arc<dyn Backend>, owner: String, ttl_ms: u64) -> Result<Heartbeat> {
-        let epoch = std::time::Instant::now();
-        let last_sent_ms = Arc::new(AtomicU64::new(0));
         let beat = {
             let (store, owner) = (Arc::clone(&store), owner.clone());
             move || {
@@ -45,7 +39,7 @@ impl Heartbeat {
             // A file judges owners by their process: no beats needed.
             None
         } else {
-            let (stop, last) = (Arc::clone(&stop), Arc::clone(&last_sent_ms));
+            let stop = Arc::clone(&stop);
             let every = Duration::from_millis(ttl_ms / 3);
             Some(
                 std::thread::Builder::new()
@@ -59,10 +53,8 @@ impl Heartbeat {
                                 continue;
                             }
                             next += every;
-                            let sent = epoch.elapsed().as_millis() as u64;
-                            match beat() {
-                                Ok(()) => last.store(sent, Ordering::SeqCst),
-                                Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
+                            if let Err(e) = beat() {
+                                tracing::warn!(error = %e, "heartbeat failed");
                             }
                         }
                     })
@@ -71,21 +63,7 @@ impl Heartbeat {
                     })?,
             )
         };
-        Ok(Heartbeat {
-            stop,
-            thread,
-            last_sent_ms,
-            epoch,
-            ttl_ms,
-        })
-    }
-
-    /// How much longer the last beat vouches for this daemon's claims, by this process's
-    /// monotonic clock (the beat was sent no earlier than it was recorded).
-    pub fn left_ms(&self) -> u64 {
-        let since = (self.epoch.elapsed().as_millis() as u64)
-            .saturating_sub(self.last_sent_ms.load(Ordering::SeqCst));
-        self.ttl_ms.saturating_sub(since)
+        Ok(Heartbeat { stop, thread })
     }
 }
 

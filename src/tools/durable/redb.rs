@@ -31,6 +31,17 @@ const IDEMPOTENCY: TableDefinition<&str, &[u8]> = TableDefinition::new("idempote
 
 /// "format" -> the record format of this file (absent: version 1, JSON records).
 const FORMAT: TableDefinition<&str, u64> = TableDefinition::new("format");
+
+/// The tables a store file may hold (and the one of its first release, `done`).
+const STORE_TABLES: [&str; 7] = [
+    "orders",
+    "ledger",
+    "done",
+    "done_v2",
+    "arrivals",
+    "idempotency",
+    "format",
+];
 const FORMAT_KEY: &str = "format";
 const STORE_FORMAT: u64 = 2;
 
@@ -89,9 +100,28 @@ impl RedbStore {
             }
             Some(_) => {}
             None => {
-                // A new file, or one written as JSON records: seed or rewrite it, at once.
+                // A new file, or one written as JSON records: seed or rewrite it, at once. A
+                // worker database (or any file with tables of another kind) is refused, never
+                // seeded: it is judged inside the write.
                 let w = s.db.get().begin_write()?;
                 {
+                    use redb::TableHandle;
+                    let foreign: Vec<String> = w
+                        .list_tables()
+                        .map_err(redb::Error::from)?
+                        .map(|t| t.name().to_string())
+                        .filter(|n| !STORE_TABLES.contains(&n.as_str()))
+                        .collect();
+                    if !foreign.is_empty() {
+                        drop(w);
+                        return Err(Error::Io {
+                            path: path.to_path_buf(),
+                            source: std::io::Error::other(format!(
+                                "it is not the demo store's file (it has the tables {}); is it the worker database (--db)?",
+                                foreign.join(", ")
+                            )),
+                        });
+                    }
                     let mut orders = w.open_table(ORDERS)?;
                     if orders.is_empty()? {
                         for (id, o) in demo_orders() {
