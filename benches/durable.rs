@@ -114,11 +114,15 @@ fn enqueue_rates(single: usize, batch: usize) -> (f64, f64) {
             String::from_utf8_lossy(&st.stderr)
         );
     };
-    run(&["enqueue", "--user", "u", "--goal", "warm up"]);
+    run(&[
+        "enqueue", "--model", "policy", "--user", "u", "--goal", "warm up",
+    ]);
     let t = Instant::now();
     for i in 0..single {
         run(&[
             "enqueue",
+            "--model",
+            "policy",
             "--user",
             "u",
             "--goal",

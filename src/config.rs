@@ -1,11 +1,18 @@
-//! The worker's config file (TOML): named model profiles and the tool catalog.
+//! The worker's config file (TOML): named model profiles, the default one, and the tool
+//! catalog. Every option is described in `docs/models.md` and `docs/catalog.md`.
 //!
 //! ```toml
+//! default_model = "local"
+//!
 //! [models.local]
-//! kind = "openai"                          # OpenAI-compatible Chat Completions
+//! kind = "openai"                          # Chat Completions; "anthropic" for Messages
 //! base_url = "http://127.0.0.1:11434/v1"   # OpenAI, vLLM, llama.cpp server, Ollama
 //! model = "llama3.1"
 //! api_key_env = "OPENAI_API_KEY"           # the variable's name; the key is never stored
+//! instructions = "You are a support agent."
+//!
+//! [models.local.budget]                    # the defaults of this profile's tasks
+//! steps_max = 30
 //!
 //! [tools]
 //! catalog = "tools.toml"                   # relative to this file
@@ -19,35 +26,20 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::kernel::Catalog;
-use crate::model::ModelProfile;
+use crate::model::profile::{Api, HttpProfile};
+use crate::model::{ModelProfile, RunModel};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ConfigFile {
     #[serde(default)]
-    models: BTreeMap<String, ModelEntry>,
+    default_model: Option<String>,
+    #[serde(default)]
+    models: BTreeMap<String, crate::model::profile::ProfileEntry>,
     #[serde(default)]
     tools: Option<ToolsEntry>,
     #[serde(default)]
     mcp: Option<crate::mcp::McpConfig>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ModelEntry {
-    kind: String,
-    base_url: String,
-    model: String,
-    #[serde(default)]
-    api_key_env: Option<String>,
-    #[serde(default = "default_retries")]
-    max_retries: u32,
-    #[serde(default)]
-    temperature: f64,
-}
-
-fn default_retries() -> u32 {
-    3
 }
 
 #[derive(Debug, Deserialize)]
@@ -66,7 +58,9 @@ struct CatalogFile {
 /// A loaded config: model profiles by name, and the tool catalog if one is configured.
 #[derive(Debug, Default, PartialEq)]
 pub struct Config {
-    pub models: BTreeMap<String, ModelProfile>,
+    pub models: BTreeMap<String, HttpProfile>,
+    /// The profile `worker enqueue` uses without `--model`.
+    pub default_model: Option<String>,
     pub catalog: Option<Catalog>,
     /// MCP servers (`[mcp.servers.NAME]`).
     pub mcp: crate::mcp::McpConfig,
@@ -77,36 +71,67 @@ impl Config {
     /// profile by name; a profile stored whole by an older version only if this config has
     /// one equal to it (a task never makes this process call an endpoint, or send a key, its
     /// config does not name); a scripted model as it is. `Err` says what is missing.
-    pub fn model_for(&self, stored: &ModelProfile) -> Result<ModelProfile, String> {
-        let known = || {
-            if self.models.is_empty() {
-                "it has none".to_string()
-            } else {
-                format!(
-                    "it has {}",
-                    self.models.keys().cloned().collect::<Vec<_>>().join(", ")
-                )
-            }
-        };
+    pub fn model_for(&self, stored: &ModelProfile) -> Result<RunModel, String> {
         match stored {
-            ModelProfile::Profile { name } => self.models.get(name).cloned().ok_or_else(|| {
-                format!(
+            ModelProfile::Profile { name } => match self.models.get(name) {
+                Some(p) => Ok(RunModel::Http {
+                    name: name.clone(),
+                    profile: p.clone(),
+                }),
+                None => Err(format!(
                     "this worker's config has no model profile {name:?} ({}); run it with the config the task was enqueued with (--config or WORKER_CONFIG)",
-                    known()
-                )
-            }),
-            ModelProfile::OpenAi { base_url, .. } => {
-                if self.models.values().any(|p| p == stored) {
-                    Ok(stored.clone())
-                } else {
-                    Err(format!(
+                    self.known_models()
+                )),
+            },
+            ModelProfile::OpenAi {
+                base_url,
+                model,
+                api_key_env,
+                max_retries,
+                temperature,
+            } => self
+                .models
+                .iter()
+                .find(|(_, p)| {
+                    p.api == Api::OpenAi
+                        && &p.base_url == base_url
+                        && &p.model == model
+                        && &p.api_key_env == api_key_env
+                        && p.max_retries == *max_retries
+                        && p.temperature.unwrap_or(0.0) == *temperature
+                })
+                .map(|(n, p)| RunModel::Http {
+                    name: n.clone(),
+                    profile: p.clone(),
+                })
+                .ok_or_else(|| {
+                    format!(
                         "the task names a model endpoint of its own ({base_url}), as older versions stored it; this worker calls only the endpoints of its config's profiles ({}): enqueue it again with --model NAME",
-                        known()
-                    ))
-                }
-            }
-            other => Ok(other.clone()),
+                        self.known_models()
+                    )
+                }),
+            other => Ok(RunModel::Scripted(other.clone())),
         }
+    }
+
+    /// The profiles of this config, for a message.
+    pub fn known_models(&self) -> String {
+        if self.models.is_empty() {
+            "it has none".to_string()
+        } else {
+            format!(
+                "it has {}",
+                self.models.keys().cloned().collect::<Vec<_>>().join(", ")
+            )
+        }
+    }
+
+    /// Every profile whose API key variable is named but not set, with why.
+    pub fn missing_keys(&self) -> Vec<(String, String)> {
+        self.models
+            .iter()
+            .filter_map(|(n, p)| p.api_key().err().map(|e| (n.clone(), e)))
+            .collect()
     }
 }
 
@@ -192,35 +217,22 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, String> {
     let file: ConfigFile = toml::from_str(text).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut models = BTreeMap::new();
     for (name, m) in file.models {
-        if m.kind != "openai" {
-            return Err(format!(
-                "{}: models.{name}.kind {:?} is not supported (use \"openai\")",
-                path.display(),
-                m.kind
-            ));
-        }
-        if !is_url(&m.base_url) {
-            return Err(format!(
-                "{}: models.{name}.base_url must start with http:// or https://",
-                path.display()
-            ));
-        }
-        if !(0.0..=2.0).contains(&m.temperature) {
-            return Err(format!(
-                "{}: models.{name}.temperature must be between 0 and 2",
-                path.display()
-            ));
-        }
-        models.insert(
-            name,
-            ModelProfile::OpenAi {
-                base_url: m.base_url.trim_end_matches('/').to_string(),
-                model: m.model,
-                api_key_env: m.api_key_env,
-                max_retries: m.max_retries.min(10),
-                temperature: m.temperature,
-            },
-        );
+        let profile = crate::model::profile::from_entry(&name, m, path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        models.insert(name, profile);
+    }
+    if let Some(d) = &file.default_model
+        && !models.contains_key(d)
+    {
+        return Err(format!(
+            "{}: default_model {d:?} is not a profile of this file (its profiles: {})",
+            path.display(),
+            if models.is_empty() {
+                "none".to_string()
+            } else {
+                models.keys().cloned().collect::<Vec<_>>().join(", ")
+            }
+        ));
     }
     let catalog = match file.tools {
         Some(t) => {
@@ -240,6 +252,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, String> {
     }
     Ok(Config {
         models,
+        default_model: file.default_model,
         catalog,
         mcp,
     })
@@ -283,6 +296,24 @@ pub fn parse_catalog(text: &str, path: &Path) -> Result<Catalog, String> {
     for t in &file.tools {
         crate::limits::check_name(&t.name, "a tool name")
             .map_err(|e| format!("{}: {e}", path.display()))?;
+        if crate::model::prompt::RESERVED_NAMES.contains(&t.name.as_str()) {
+            return Err(format!(
+                "{}: tool {:?}: the name is the kernel's own function (its names: {}); rename the tool",
+                path.display(),
+                t.name,
+                crate::model::prompt::RESERVED_NAMES.join(", ")
+            ));
+        }
+        if t.args.contains_key(crate::model::prompt::PLAN_STEP_ARG) {
+            return Err(format!(
+                "{}: tool {:?}: the argument name {:?} is the kernel's (the plan step a call carries out); rename the argument",
+                path.display(),
+                t.name,
+                crate::model::prompt::PLAN_STEP_ARG
+            ));
+        }
+        t.check_schema()
+            .map_err(|e| format!("{}: tool {:?}: {e}", path.display(), t.name))?;
         if !t
             .name
             .chars()
@@ -342,15 +373,19 @@ pub fn parse_catalog(text: &str, path: &Path) -> Result<Catalog, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::profile::real_model_budget;
 
     #[test]
     fn a_stored_model_runs_only_as_this_config_names_it() {
         let cfg = parse(
-            "[models.openai]\nkind = \"openai\"\nbase_url = \"https://api.openai.com/v1\"\nmodel = \"gpt-4o-mini\"\napi_key_env = \"OPENAI_API_KEY\"\n",
+            "[models.openai]\nkind = \"openai\"\nbase_url = \"https://api.openai.com/v1\"\nmodel = \"gpt-4o-mini\"\napi_key_env = \"OPENAI_API_KEY\"\ntemperature = 0.0\n",
             Path::new("worker.toml"),
         )
         .expect("config");
-        let mine = cfg.models["openai"].clone();
+        let mine = RunModel::Http {
+            name: "openai".into(),
+            profile: cfg.models["openai"].clone(),
+        };
         let named = ModelProfile::Profile {
             name: "openai".into(),
         };
@@ -364,7 +399,14 @@ mod tests {
                 .contains("no model profile \"exfil\"")
         );
         // A whole profile stored by an older version: only one this config has too.
-        assert_eq!(cfg.model_for(&mine), Ok(mine.clone()));
+        let legacy = ModelProfile::OpenAi {
+            base_url: "https://api.openai.com/v1".into(),
+            model: "gpt-4o-mini".into(),
+            api_key_env: Some("OPENAI_API_KEY".into()),
+            max_retries: 3,
+            temperature: 0.0,
+        };
+        assert_eq!(cfg.model_for(&legacy), Ok(mine));
         let elsewhere = ModelProfile::OpenAi {
             base_url: "http://attacker.example/v1".into(),
             model: "gpt-4o-mini".into(),
@@ -376,7 +418,55 @@ mod tests {
         assert!(e.contains("http://attacker.example/v1"), "{e}");
         assert_eq!(
             Config::default().model_for(&ModelProfile::policy()),
-            Ok(ModelProfile::policy())
+            Ok(RunModel::Scripted(ModelProfile::policy()))
         );
+    }
+
+    #[test]
+    fn a_profile_takes_its_options_and_refuses_wrong_ones() {
+        let dir = std::env::temp_dir();
+        let cfg = parse(
+            "default_model = \"claude\"\n[models.claude]\nkind = \"anthropic\"\nbase_url = \"https://api.anthropic.com/v1/\"\nmodel = \"claude-sonnet-4-5\"\ninstructions = \"Be brief.\"\n[models.claude.budget]\nsteps_max = 40\ndeadline_ms = \"900000\"\n",
+            &dir.join("worker.toml"),
+        )
+        .expect("config");
+        let p = &cfg.models["claude"];
+        assert_eq!(cfg.default_model.as_deref(), Some("claude"));
+        assert_eq!(p.api, Api::Anthropic);
+        assert_eq!(p.base_url, "https://api.anthropic.com/v1");
+        assert_eq!(p.temperature, None);
+        assert_eq!(p.instructions.as_deref(), Some("Be brief."));
+        assert_eq!(p.budget.steps_max, 40);
+        assert_eq!(p.budget.deadline_ms, 900_000);
+        assert_eq!(p.budget.tokens_max, real_model_budget().tokens_max);
+        for (text, wanted) in [
+            (
+                "default_model = \"x\"\n",
+                "default_model \"x\" is not a profile",
+            ),
+            (
+                "[models.a]\nkind = \"gemini\"\nbase_url = \"http://h/v1\"\nmodel = \"m\"\n",
+                "kind \"gemini\" is not supported",
+            ),
+            (
+                "[models.a]\nkind = \"openai\"\nbase_url = \"http://h/v1\"\nmodel = \"m\"\n[models.a.budget]\nsteps = 3\n",
+                "unknown budget \"steps\"",
+            ),
+            (
+                "[models.a]\nkind = \"openai\"\nbase_url = \"http://h/v1\"\nmodel = \"m\"\ninstructions = \"a\"\ninstructions_file = \"b\"\n",
+                "not both",
+            ),
+            (
+                "[models.a]\nkind = \"openai\"\nbase_url = \"http://h/v1\"\nmodel = \"m\"\ntool_calling = \"xml\"\n",
+                "tool_calling",
+            ),
+            (
+                "[models.a]\nkind = \"openai\"\nbase_url = \"http://h/v1\"\nmodel = \"m\"\napi_key_env = \"$KEY\"\n",
+                "name of an environment variable",
+            ),
+        ] {
+            let e = parse(text, &dir.join("worker.toml")).unwrap_err();
+            assert!(e.contains(wanted), "{text}: {e}");
+        }
     }
 }

@@ -28,6 +28,8 @@ pub const CONFIG_BYTES_MAX: usize = 1 << 20;
 /// A script model's file (`--model script:FILE`), stored once per distinct content.
 pub const SCRIPT_BYTES_MAX: usize = 8 << 20;
 /// A task's goal.
+/// The longest instructions a task may carry (`enqueue --instructions`).
+pub const INSTRUCTIONS_BYTES_MAX: usize = 4096;
 pub const GOAL_BYTES_MAX: usize = 4096;
 /// A memory note's text.
 pub const NOTE_BYTES_MAX: usize = 2048;

@@ -5,7 +5,8 @@
 
 use serde_json::{Value, json};
 
-use crate::kernel::{Budget, Catalog, Session, StopReason, TaskState};
+use crate::kernel::session::Run;
+use crate::kernel::{Budget, Catalog, InputStyle, Keys, Session, StopReason, TaskState};
 use crate::model::{RecordedReply, Replay};
 use crate::sim::drive;
 use crate::store::TaskRecord;
@@ -27,6 +28,8 @@ pub fn replay(
     replies: Vec<RecordedReply>,
     events: &[Event],
     stored_effects: &[Effect],
+    input: InputStyle,
+    keys: Keys,
 ) -> ReplayReport {
     // The task's own catalog (its schema and fact fields), against the document's store.
     let catalog = rec.catalog.clone().unwrap_or_else(Catalog::demo);
@@ -38,11 +41,14 @@ pub fn replay(
     initial.remembered = rec.state.remembered.clone();
     let mut model = Replay::new(replies);
     let budget: Budget = rec.budget;
-    let mut state = run(
-        Session::start(initial, budget, &catalog, 0),
-        &mut model,
-        &mut store,
-    );
+    // The run as the daemon made it: its key policy (which infers a call's plan step) and its
+    // model's input style (which the token check counts).
+    let session = |run: Run, state: TaskState| {
+        let mut s = Session::begin(run, state, budget, &catalog, 0, keys.clone());
+        s.set_input(input);
+        s
+    };
+    let mut state = run(session(Run::Start, initial), &mut model, &mut store);
     for ev in events {
         let result = ev.detail.get("result").cloned().unwrap_or(Value::Null);
         state = match ev.verb.as_str() {
@@ -50,11 +56,7 @@ pub fn replay(
                 if let Some(p) = &state.pending {
                     store.approve(&p.name, &p.digest());
                 }
-                run(
-                    Session::resume(state, budget, &catalog, 0),
-                    &mut model,
-                    &mut store,
-                )
+                run(session(Run::Resume, state), &mut model, &mut store)
             }
             "reject" | "reconcile_applied" => {
                 let result = if result.is_null() {
@@ -62,17 +64,9 @@ pub fn replay(
                 } else {
                     result
                 };
-                run(
-                    Session::resume_settled(state, budget, &catalog, 0, result),
-                    &mut model,
-                    &mut store,
-                )
+                run(session(Run::Settled(result), state), &mut model, &mut store)
             }
-            "reconcile_not_applied" => run(
-                Session::resume(state, budget, &catalog, 0),
-                &mut model,
-                &mut store,
-            ),
+            "reconcile_not_applied" => run(session(Run::Resume, state), &mut model, &mut store),
             "cancel" => {
                 let mut s = state;
                 if s.stop.is_none_or(|r| r != StopReason::Done) {

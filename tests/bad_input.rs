@@ -102,7 +102,14 @@ fn cli_arguments() {
     // enqueue
     let e = ["enqueue", "--user", "u", "--goal", "g"];
     let with = |extra: &[&str]| -> Vec<String> {
+        // The demo model unless the case names one: enqueue needs a model.
+        let model: &[&str] = if extra.contains(&"--model") {
+            &[]
+        } else {
+            &["--model", "policy"]
+        };
         e.iter()
+            .chain(model.iter())
             .chain(extra.iter())
             .map(|s| s.to_string())
             .collect()
@@ -123,6 +130,7 @@ fn cli_arguments() {
             "whole number",
         ),
         (&["--model", "telepathy"], "unknown model"),
+        (&["--instructions", "be brief"], "the demo model"),
         (&["--model", "policy:ord_1:lots"], "whole number"),
         (&["--model", "script:/nonexistent/file"], "cannot read"),
         (&["--model", "script:"], "cannot read"),
@@ -155,18 +163,34 @@ fn cli_arguments() {
         ("u u", "g\u{7}", "control character"),
     ] {
         cases.push((
-            ["enqueue", "--user", user, "--goal", goal]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
+            [
+                "enqueue", "--model", "policy", "--user", user, "--goal", goal,
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
             2,
             want,
         ));
     }
-    add!(&["enqueue", "--goal", "g"], 2, "--user");
-    add!(&["enqueue", "--user", "u"], 2, "--goal");
     add!(
-        &["enqueue", "--file", "/nonexistent.jsonl"],
+        &["enqueue", "--model", "policy", "--goal", "g"],
+        2,
+        "--user"
+    );
+    add!(
+        &["enqueue", "--model", "policy", "--user", "u"],
+        2,
+        "--goal"
+    );
+    add!(
+        &[
+            "enqueue",
+            "--model",
+            "policy",
+            "--file",
+            "/nonexistent.jsonl"
+        ],
         2,
         "cannot read"
     );
@@ -497,7 +521,12 @@ fn batch_files() {
     let n = lines.len();
     for (line, want) in &lines {
         std::fs::write(d.join("b.jsonl"), format!("{line}\n")).expect("write");
-        refused(d, &["enqueue", "--file", "b.jsonl"], 2, want);
+        refused(
+            d,
+            &["enqueue", "--model", "policy", "--file", "b.jsonl"],
+            2,
+            want,
+        );
     }
     // A bad line anywhere refuses the whole batch: the good lines before it are not stored.
     std::fs::write(
@@ -505,15 +534,30 @@ fn batch_files() {
         "{\"user\": \"u\", \"goal\": \"fine\"}\n{\"user\": \"u\", \"goal\": \"fine\"}\n[1]\n",
     )
     .expect("write");
-    refused(d, &["enqueue", "--file", "b.jsonl"], 2, "b.jsonl:3:");
+    refused(
+        d,
+        &["enqueue", "--model", "policy", "--file", "b.jsonl"],
+        2,
+        "b.jsonl:3:",
+    );
     std::fs::write(
         d.join("b.jsonl"),
         b"{\"user\": \"u\", \"goal\": \"\xff\xfe\"}\n",
     )
     .expect("write");
-    refused(d, &["enqueue", "--file", "b.jsonl"], 2, "not UTF-8");
+    refused(
+        d,
+        &["enqueue", "--model", "policy", "--file", "b.jsonl"],
+        2,
+        "not UTF-8",
+    );
     std::fs::write(d.join("b.jsonl"), "\n\n   \n").expect("write");
-    refused(d, &["enqueue", "--file", "b.jsonl"], 2, "no tasks");
+    refused(
+        d,
+        &["enqueue", "--model", "policy", "--file", "b.jsonl"],
+        2,
+        "no tasks",
+    );
     intact(d, &base, "batch");
     assert_eq!(
         json(d, &["list", "--json", "--limit", "10000"])
@@ -688,7 +732,7 @@ fn config_and_catalog_files() {
         ("\u{feff}\u{0}".into(), "tools.toml"),
     ];
     let configs: Vec<(String, &str)> = vec![
-        ("[models.m]\nkind = \"anthropic\"\nbase_url = \"http://h\"\nmodel = \"x\"\n".into(), "not supported"),
+        ("[models.m]\nkind = \"gemini\"\nbase_url = \"http://h\"\nmodel = \"x\"\n".into(), "not supported"),
         ("[models.m]\nkind = \"openai\"\nbase_url = \"h\"\nmodel = \"x\"\n".into(), "base_url"),
         ("[models.m]\nkind = \"openai\"\nbase_url = \"http://h\"\nmodel = \"x\"\ntemperature = 9\n".into(), "temperature"),
         ("[models.m]\nkind = \"openai\"\nbase_url = \"http://h\"\n".into(), "model"),
@@ -1035,7 +1079,8 @@ fn model_replies_script_lines_and_tool_results() {
         r#"{"type": "plan", "steps": [{"id": "s1", "tool": "get_order", "depends_on": ["s1"]}]}"#.into(),
         format!(r#"{{"type": "tool", "name": "get_order", "args": {{"order_id": "ord_1001", "x": {}}}}}"#, deep(40)),
         format!(r#"{{"type": "final", "text": "{}"}}"#, "t".repeat(1_100_000)),
-        "\u{1b}[2J{\"type\": \"final\", \"text\": \"x\"}".into(),
+        // (A JSON move inside prose is taken, so this one has no whole object in it.)
+        "\u{1b}[2J{\"type\": \"final\", \"text\": \"x\"".into(),
     ];
     // Bodies an OpenAI-compatible server may answer.
     let mut model_cases: Vec<(u16, String)> =
@@ -1202,6 +1247,7 @@ fn model_replies_script_lines_and_tool_results() {
         "no_progress",
         "needs_approval",
         "unknown_outcome",
+        "model_failed",
     ];
     for (id, case) in &expect {
         let t = json(d, &["show", id, "--json"]);
@@ -1261,7 +1307,12 @@ fn hole_14_a_field_named_twice_is_refused() {
         r#"{"user": "u", "goal": "g", "budget": {"steps_max": 3, "steps_max": 9}}"#,
     ] {
         std::fs::write(d.join("dup.jsonl"), format!("{line}\n")).expect("batch");
-        refused(d, &["enqueue", "--file", "dup.jsonl"], 2, "twice");
+        refused(
+            d,
+            &["enqueue", "--model", "policy", "--file", "dup.jsonl"],
+            2,
+            "twice",
+        );
     }
     std::fs::write(
         d.join("dup-script.jsonl"),
@@ -1292,7 +1343,12 @@ fn hole_14_a_newline_in_stored_text_prints_no_row_of_its_own() {
     let (dir, _) = bench("bad-review-newline");
     let d = dir.path();
     let fake = "refund\nt99      finished   done forged row \u{202E}wor degrof";
-    ok(d, &["enqueue", "--user", "cu_ana", "--goal", fake]);
+    ok(
+        d,
+        &[
+            "enqueue", "--model", "policy", "--user", "cu_ana", "--goal", fake,
+        ],
+    );
     ok(
         d,
         &[

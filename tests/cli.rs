@@ -54,13 +54,13 @@ conformance! {
         let a = json(
             d,
             &[
-                "enqueue", "--user", "u", "--goal", "g", "--key", "job-1", "--json",
+                "enqueue", "--model", "policy", "--user", "u", "--goal", "g", "--key", "job-1", "--json",
             ],
         );
         let b = json(
             d,
             &[
-                "enqueue", "--user", "u", "--goal", "g", "--key", "job-1", "--json",
+                "enqueue", "--model", "policy", "--user", "u", "--goal", "g", "--key", "job-1", "--json",
             ],
         );
         assert_eq!(a[0]["id"], b[0]["id"]);
@@ -99,11 +99,11 @@ conformance! {
     {"user": "cu_ana", "goal": "refund", "budget": {"steps_max": 3}, "model": "policy:ord_1004:8000", "priority": 5}
     "#;
         std::fs::write(d.join("good.jsonl"), good).expect("write");
-        let out = json(d, &["enqueue", "--file", "good.jsonl", "--json"]);
+        let out = json(d, &["enqueue", "--model", "policy", "--file", "good.jsonl", "--json"]);
         assert_eq!(out.as_array().map(Vec::len), Some(2));
         let bad = "{\"user\": \"u\", \"goal\": \"g\"}\n{\"user\": \"u\", \"goal\": \"g\", \"budget\": {\"steps\": 3}}\n";
         std::fs::write(d.join("bad.jsonl"), bad).expect("write");
-        let (code, err) = fails(d, &["enqueue", "--file", "bad.jsonl"]);
+        let (code, err) = fails(d, &["enqueue", "--model", "policy", "--file", "bad.jsonl"]);
         assert_eq!(code, 2);
         assert!(
             err.contains("bad.jsonl:2") && err.contains("unknown budget \"steps\""),
@@ -111,7 +111,7 @@ conformance! {
         );
         let unknown_field = "{\"user\": \"u\", \"goal\": \"g\", \"colour\": 1}\n";
         std::fs::write(d.join("bad2.jsonl"), unknown_field).expect("write");
-        let (code, err) = fails(d, &["enqueue", "--file", "bad2.jsonl"]);
+        let (code, err) = fails(d, &["enqueue", "--model", "policy", "--file", "bad2.jsonl"]);
         assert_eq!(code, 2);
         assert!(err.contains("colour"), "{err}");
         assert_eq!(
@@ -157,18 +157,22 @@ fn bad_input_gets_exit_code_2_and_names_the_problem() {
     let dir = TempDir::new("usage");
     let d = dir.path();
     let cases: &[(&[&str], &str)] = &[
-        (&["enqueue", "--goal", "g"], "--user"),
+        (&["enqueue", "--model", "policy", "--goal", "g"], "--user"),
         (
-            &["enqueue", "--user", "", "--goal", "g"],
+            &["enqueue", "--model", "policy", "--user", "", "--goal", "g"],
             "--user must not be empty",
         ),
         (
-            &["enqueue", "--user", "u", "--goal", "  "],
+            &[
+                "enqueue", "--model", "policy", "--user", "u", "--goal", "  ",
+            ],
             "--goal must not be empty",
         ),
         (
             &[
                 "enqueue",
+                "--model",
+                "policy",
                 "--user",
                 "u",
                 "--goal",
@@ -181,6 +185,8 @@ fn bad_input_gets_exit_code_2_and_names_the_problem() {
         (
             &[
                 "enqueue",
+                "--model",
+                "policy",
                 "--user",
                 "u",
                 "--goal",
@@ -209,6 +215,8 @@ fn bad_input_gets_exit_code_2_and_names_the_problem() {
         (
             &[
                 "enqueue",
+                "--model",
+                "policy",
                 "--user",
                 "u",
                 "--goal",
@@ -246,14 +254,14 @@ conformance! {
             err.contains("no database at") && err.contains("hint:"),
             "{err}"
         );
-        ok(d, &["enqueue", "--user", "u", "--goal", "g"]);
+        ok(d, &["enqueue", "--model", "policy", "--user", "u", "--goal", "g"]);
         let (code, err) = fails(d, &["show", "t42"]);
         assert_eq!(code, 1);
         assert!(err.contains("no task \"t42\""), "{err}");
         let (code, err) = fails(d, &["trace", "nope"]);
         assert_eq!(code, 1, "{err}");
         // A batch file that is not there is a wrong argument: a usage error (issue 9).
-        let (code, err) = fails(d, &["enqueue", "--file", "missing.jsonl"]);
+        let (code, err) = fails(d, &["enqueue", "--model", "policy", "--file", "missing.jsonl"]);
         assert_eq!(code, 2);
         assert!(err.contains("missing.jsonl"), "{err}");
         let (code, err) = fails(
@@ -277,7 +285,10 @@ conformance! {
 fn damaged_and_newer_files_are_refused_cleanly() {
     let dir = TempDir::new("damaged");
     let d = dir.path();
-    ok(d, &["enqueue", "--user", "u", "--goal", "g"]);
+    ok(
+        d,
+        &["enqueue", "--model", "policy", "--user", "u", "--goal", "g"],
+    );
     let db = dir.file("worker.redb");
     let good = std::fs::read(&db).expect("read db");
 
@@ -314,7 +325,7 @@ fn damaged_and_newer_files_are_refused_cleanly() {
     }
     for verb in [
         &["list"][..],
-        &["enqueue", "--user", "u", "--goal", "g"],
+        &["enqueue", "--model", "policy", "--user", "u", "--goal", "g"],
         &["run", "--drain"],
     ] {
         let (code, err) = fails(d, verb);
@@ -331,7 +342,7 @@ fn help_has_examples() {
     let dir = TempDir::new("help");
     let verbs: [&[&str]; 17] = [
         &["run"],
-        &["enqueue"],
+        &["enqueue", "--model", "policy"],
         &["list"],
         &["show"],
         &["trace"],

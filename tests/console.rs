@@ -114,6 +114,8 @@ fn held(d: &Path, key: &str) {
         d,
         &[
             "enqueue",
+            "--model",
+            "policy",
             "--user",
             "cu_ana",
             "--goal",
@@ -228,7 +230,7 @@ fn a_browser_drives_the_console() {
     ok(
         d,
         &[
-            "enqueue", "--user", "cu_dee", "--goal", GOAL, "--key", "queued-5",
+            "enqueue", "--model", "policy", "--user", "cu_dee", "--goal", GOAL, "--key", "queued-5",
         ],
     ); // t5: queued
     b.open(&format!("{}/tasks/key:queued-5", c.base));
@@ -296,8 +298,8 @@ conformance! {
         held(d, "h1"); held(d, "h2"); // t5, t6: reconcile applied
         held(d, "n1"); held(d, "n2"); // t7, t8: reconcile not applied
         ok(d, &["run", "--drain"]);
-        ok(d, &["enqueue", "--user", "cu_ana", "--goal", GOAL, "--key", "c1"]); // t9
-        ok(d, &["enqueue", "--user", "cu_ana", "--goal", GOAL, "--key", "c2"]); // t10
+        ok(d, &["enqueue", "--model", "policy", "--user", "cu_ana", "--goal", GOAL, "--key", "c1"]); // t9
+        ok(d, &["enqueue", "--model", "policy", "--user", "cu_ana", "--goal", GOAL, "--key", "c2"]); // t10
         let c = console(d, &["--by", "alice"]);
         let page = |t: &str| get(&format!("{}/tasks/{t}", c.base), None).1;
         let form = |t: &str, verb: &str, extra: &[(&str, &str)]| {
@@ -341,7 +343,7 @@ conformance! {
     fn stale_and_forged_forms_are_refused(d) {
         suspended(d, "s1", "cu_ana");
         ok(d, &["run", "--drain"]);
-        ok(d, &["enqueue", "--user", "cu_ana", "--goal", GOAL, "--key", "q1"]); // t2
+        ok(d, &["enqueue", "--model", "policy", "--user", "cu_ana", "--goal", GOAL, "--key", "q1"]); // t2
         let c = console(d, &["--by", "alice"]);
         let html = get(&format!("{}/tasks/t1", c.base), None).1;
         let (csrf, key, digest) = (field(&html, "csrf"), field(&html, "key"), field(&html, "digest"));

@@ -155,7 +155,7 @@ fn every_page_overwritten_in_turn() {
         // The writing verbs too: done or an error, never a panic.
         std::fs::write(c.join("worker.redb"), &bytes).expect("write");
         for verb in [
-            &["enqueue", "--user", "u", "--goal", "g"][..],
+            &["enqueue", "--model", "policy", "--user", "u", "--goal", "g"][..],
             &["run", "--drain"],
         ] {
             let out = worker(c, verb);

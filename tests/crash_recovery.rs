@@ -58,7 +58,7 @@ fn daemon_killed_at_random_moments_loses_and_repeats_nothing(dir) {
             runs.push(mine[0]);
             for k in runs {
                 let f = format!("chunk{k}.jsonl");
-                let out = worker(&d, &["enqueue", "--file", &f]);
+                let out = worker(&d, &["enqueue", "--model", "policy", "--file", &f]);
                 assert!(
                     out.status.success(),
                     "enqueue {f}: {}",

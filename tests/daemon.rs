@@ -12,7 +12,10 @@ fn enqueue_many(d: &std::path::Path, n: usize, model: &str) {
         .map(|i| format!(r#"{{"user": "cu_ana", "goal": "refund the damaged item on order ord_1001", "model": "{model}", "store_scope": "s{i}"}}"#))
         .collect();
     std::fs::write(d.join("tasks.jsonl"), lines.join("\n")).expect("write tasks");
-    ok(d, &["enqueue", "--file", "tasks.jsonl"]);
+    ok(
+        d,
+        &["enqueue", "--model", "policy", "--file", "tasks.jsonl"],
+    );
 }
 
 /// A signal: the daemon commits the step in progress, releases its leases and exits 0.

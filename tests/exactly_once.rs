@@ -37,6 +37,7 @@ fn new_task(user: &str, goal: &str, key: Option<&str>) -> NewTask {
         catalog: None,
         store_scope: String::new(),
         approval_wait_ms: 60_000,
+        instructions: None,
     }
 }
 
@@ -297,10 +298,11 @@ conformance! {
 }
 
 conformance! {
-    /// Defect 7: the model chose the key. A write naming no plan step, a step that is not in the
-    /// plan, or a step of another tool is an error of the reply, and nothing is sent.
+    /// Defect 7: the model chose the key. A write naming no plan step when several open steps
+    /// use its tool, a step that is not in the plan, or a step of another tool is an error of
+    /// the reply, and nothing is sent. (With one open step of its tool, that step is the one.)
     fn a_write_must_name_a_plan_step_of_its_tool(d) {
-        let script = r#"{"type": "plan", "steps": [{"id": "s1", "tool": "get_order"}, {"id": "s2", "tool": "issue_refund", "depends_on": ["s1"]}]}
+        let script = r#"{"type": "plan", "steps": [{"id": "s1", "tool": "get_order"}, {"id": "s2", "tool": "issue_refund", "depends_on": ["s1"]}, {"id": "s3", "tool": "issue_refund", "depends_on": ["s1"]}]}
     {"type": "tool", "name": "issue_refund", "args": {"order_id": "ord_1001", "amount_cents": 100}}
     {"type": "tool", "name": "issue_refund", "args": {"order_id": "ord_1001", "amount_cents": 200}, "plan_step": "s9"}
     {"type": "tool", "name": "issue_refund", "args": {"order_id": "ord_1001", "amount_cents": 300}, "plan_step": "s1"}
@@ -459,7 +461,7 @@ conformance! {
         let (code, err) = fails(
             d,
             &[
-                "enqueue", "--user", "cu_bo", "--goal", GOAL, "--key", "job-1",
+                "enqueue", "--model", "policy", "--user", "cu_bo", "--goal", GOAL, "--key", "job-1",
             ],
         );
         assert_eq!(code, 1, "{err}");
@@ -470,7 +472,7 @@ conformance! {
         let (_, err) = fails(
             d,
             &[
-                "enqueue", "--user", "cu_ana", "--goal", "other", "--key", "job-1",
+                "enqueue", "--model", "policy", "--user", "cu_ana", "--goal", "other", "--key", "job-1",
             ],
         );
         assert!(err.contains("another goal"), "{err}");
@@ -531,7 +533,7 @@ conformance! {
             "the retry returns its task"
         );
         let (code, err) = fails(d, &[
-            "enqueue", "--user", "cu_ana", "--goal", GOAL, "--key", "job-7",
+            "enqueue", "--model", "policy", "--user", "cu_ana", "--goal", GOAL, "--key", "job-7",
             "--tool-latency", "issue_refund=40000", "--budget", "deadline_ms=90000",
         ]);
         assert_eq!(code, 1, "{err}");
@@ -620,7 +622,7 @@ conformance! {
             .map(|i| format!(r#"{{"user": "cu_ana", "goal": "{GOAL}", "model": "policy:ord_1004:8000", "store_scope": "r{i}"}}"#))
             .collect();
         std::fs::write(d.join("tasks.jsonl"), lines.join("\n")).expect("write");
-        ok(d, &["enqueue", "--file", "tasks.jsonl"]);
+        ok(d, &["enqueue", "--model", "policy", "--file", "tasks.jsonl"]);
         ok(d, &["run", "--drain"]);
         let mut procs = Vec::new();
         for i in 1..=n {

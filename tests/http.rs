@@ -3,12 +3,13 @@
 //! served by `worker demo-store` (with lost responses). Also `reconcile --auto` and OTLP export.
 
 mod common;
+use common::shop::{APPROVAL_SECRET, store_service};
 use common::*;
 
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader};
+
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -72,57 +73,9 @@ fn mock_model(answers: Vec<Answer>) -> MockModel {
     MockModel { url, seen }
 }
 
-/// The approval secret the tests' worker and `demo-store` share (data/tools.toml names it).
-const APPROVAL_SECRET: &str = "test-approval-secret-5b1e";
-
-/// `worker demo-store` on a free port; killed when dropped.
-struct StoreService {
-    child: Child,
-    url: String,
-}
-
-impl Drop for StoreService {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn store_service(dir: &Path, extra: &[&str]) -> StoreService {
-    let mut child = Command::new(bin())
-        .args([
-            "--store",
-            "store.redb",
-            "demo-store",
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .args(extra)
-        .current_dir(dir)
-        .env("TETHER_APPROVAL_SECRET", APPROVAL_SECRET)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start demo-store");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read address");
-    let url = line
-        .trim()
-        .strip_prefix("listening on ")
-        .expect("address line")
-        .to_string();
-    StoreService { child, url }
-}
-
 /// Writes a catalog pointing at `store` and a config with a model profile at `model_url`.
 fn config(dir: &Path, store: &str, model_url: &str) {
-    let catalog =
-        std::fs::read_to_string(format!("{}/data/tools.toml", env!("CARGO_MANIFEST_DIR")))
-            .expect("data/tools.toml")
-            .replace("http://127.0.0.1:8700", store);
-    std::fs::write(dir.join("tools.toml"), catalog).expect("write catalog");
+    common::shop::write_catalog(dir, store);
     let cfg = format!(
         "[models.mock]\nkind = \"openai\"\nbase_url = \"{model_url}\"\nmodel = \"mock-1\"\napi_key_env = \"TETHER_TEST_KEY\"\nmax_retries = 2\n\n[tools]\ncatalog = \"tools.toml\"\n"
     );
@@ -236,16 +189,29 @@ fn a_task_completes_over_http_with_the_documents_effects() {
             .any(|(k, v)| k.eq_ignore_ascii_case("authorization") && v == "Bearer sk-test-123")
     );
     assert_eq!(body["model"], "mock-1");
-    assert_eq!(body["max_tokens"], 300);
+    // The profile's budget: a real model's output cap, in OpenAI's current field.
+    assert_eq!(body["max_completion_tokens"], 2048);
+    assert!(body.get("max_tokens").is_none() && body.get("temperature").is_none());
     let system = body["messages"][0]["content"]
         .as_str()
         .expect("system prompt");
+    assert!(system.contains("exactly one move"), "{system}");
     assert!(
-        system.contains("issue_refund (write)") && system.contains("Reply with one JSON object")
+        body["tools"]
+            .as_array()
+            .is_some_and(|t| t.iter().any(|f| f["function"]["name"] == "issue_refund"))
     );
-    let view: Value = serde_json::from_str(body["messages"][1]["content"].as_str().expect("view"))
-        .expect("view is JSON");
-    assert_eq!(view["goal"], "refund the damaged item on order ord_1001");
+    assert_eq!(
+        body["messages"][1]["content"],
+        "refund the damaged item on order ord_1001"
+    );
+    let state = body["messages"][2]["content"].as_str().expect("state");
+    let view: Value =
+        serde_json::from_str(state.split_once('\n').expect("lead").1).expect("the state is JSON");
+    assert!(
+        view.get("goal").is_none() && view["plan"] == json!([]),
+        "{view}"
+    );
     // The key is never stored.
     let db = std::fs::read(d.join("worker.redb")).expect("db");
     assert!(
@@ -354,8 +320,10 @@ fn malformed_refused_truncated_and_rate_limited_replies_are_kernel_errors() {
         .filter(|s| s["kind"] == "model")
         .filter_map(|s| s["status"].as_str())
         .collect();
-    assert_eq!(statuses, ["ok", "error", "error", "ok"]);
-    // The cut-off reply's span says why the provider stopped, and that it failed.
+    // Prose without a move and a reply cut off are replies the model is told about (their
+    // spans ok, the step's result an invalid_reply); a refusal is recorded as one.
+    assert_eq!(statuses, ["ok", "refused", "ok", "ok"]);
+    // The cut-off reply's span says why the provider stopped.
     let cut = otlp_spans(d, "t1")
         .into_iter()
         .find(|s| {
@@ -363,12 +331,15 @@ fn malformed_refused_truncated_and_rate_limited_replies_are_kernel_errors() {
                 == Some(json!({"arrayValue": {"values": [{"stringValue": "length"}]}}))
         })
         .expect("a span with finish reason length");
-    assert_eq!(cut["status"]["code"], 2, "{cut}");
+    let refused = otlp_spans(d, "t1")
+        .into_iter()
+        .find(|s| s["status"]["code"] == 2)
+        .expect("the refused call's span is an error");
     assert!(
-        cut["status"]["message"]
+        refused["status"]["message"]
             .as_str()
-            .is_some_and(|m| m.contains("cut off at max_tokens")),
-        "{cut}"
+            .is_some_and(|m| m.contains("the model refused")),
+        "{refused} {cut}"
     );
 }
 
@@ -524,7 +495,10 @@ fn daemon_killed_while_http_writes_are_in_flight() {
         .map(|i| format!(r#"{{"user": "cu_ana", "goal": "refund", "model": "policy:ord_{}:3000", "key": "h{i}"}}"#, 4000 + i))
         .collect();
     std::fs::write(d.join("tasks.jsonl"), lines.join("\n")).expect("write");
-    okc(d, &["enqueue", "--file", "tasks.jsonl"]);
+    okc(
+        d,
+        &["enqueue", "--model", "policy", "--file", "tasks.jsonl"],
+    );
     let mut rng = 0x2545_f491_4f6c_dd1du64;
     for _ in 0..12 {
         rng ^= rng << 13;
@@ -1282,9 +1256,11 @@ fn hole_3_a_task_never_chooses_where_the_daemon_sends_or_what_secret() {
             .args(["--model", model_name])
             .current_dir(d)
             .env_remove("WORKER_DB")
+            // (enqueue wants the profile's key variable set; its value here is no secret)
+            .env("PGPASSWORD", "the-enqueuers-own")
             .output()
             .expect("enqueue");
-        succeeded(out, &["enqueue"])
+        succeeded(out, &["enqueue", "--model", model_name])
     };
     enqueue_with_evil("mock"); // t1
     enqueue_with_evil("exfil"); // t2: a profile the daemon's config does not have

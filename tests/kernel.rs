@@ -321,6 +321,7 @@ fn usage_numbers_replace_the_estimate() {
             output_tokens: 9,
         }),
         response: None,
+        turn: None,
     });
     assert_eq!(s.state().tokens, 86);
 }
@@ -343,6 +344,7 @@ fn provider_usage_larger_than_the_estimate_still_respects_the_budget() {
                     output_tokens: 20,
                 }),
                 response: None,
+                turn: None,
             }
         }
     }
@@ -371,6 +373,7 @@ fn mcp_arguments_are_checked_against_the_input_schema() {
     use tether::kernel::catalog::{Access, McpSpec, ToolSpec, args_as_sent, check_args};
     let spec = ToolSpec {
         name: "issue_refund".into(),
+        description: String::new(),
         access: Access::Write,
         idempotent: false,
         fact_fields: vec![],

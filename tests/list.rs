@@ -89,7 +89,7 @@ conformance! {
     fn decisions_take_a_key_and_print_json(d) {
         enqueue(d, &["--model", "policy:ord_1004:8000", "--key", "refund-4"]);
         ok(d, &["run", "--drain"]);
-        ok(d, &["enqueue", "--user", "cu_ana", "--goal", GOAL, "--key", "later"]);
+        ok(d, &["enqueue", "--model", "policy", "--user", "cu_ana", "--goal", GOAL, "--key", "later"]);
         let digest = held_digest(d, "t1");
         let v = json(d, &["approve", "key:refund-4", "--digest", &digest, "--by", "ana", "--json"]);
         assert_eq!(v["task"], "t1");

@@ -533,7 +533,11 @@ fn a_daemon_killed_with_mcp_writes_in_flight_never_sends_a_write_twice() {
         );
     }
     std::fs::write(d.join("batch.jsonl"), lines.join("\n")).expect("batch");
-    with_canary(d, &cfg, &["enqueue", "--file", "batch.jsonl"]);
+    with_canary(
+        d,
+        &cfg,
+        &["enqueue", "--model", "policy", "--file", "batch.jsonl"],
+    );
     const KILLS: usize = 12;
     for _ in 0..KILLS {
         kill_after(

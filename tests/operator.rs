@@ -432,7 +432,7 @@ conformance! {
         ok(
             d,
             &[
-                "enqueue",
+                "enqueue", "--model", "policy",
                 "--user",
                 "cu_ana",
                 "--goal",

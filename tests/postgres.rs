@@ -67,7 +67,7 @@ fn migrations_run_once_under_a_lock_and_a_newer_schema_is_refused() {
     pg.psql("INSERT INTO mig.migrations (version) VALUES (99)");
     for verb in [
         &["list"][..],
-        &["enqueue", "--user", "u", "--goal", "g"],
+        &["enqueue", "--model", "policy", "--user", "u", "--goal", "g"],
         &["run", "--drain"],
     ] {
         let (code, err) = fails(d, verb);
@@ -280,7 +280,9 @@ fn hole_9_tls_to_postgresql_with_libpqs_sslmodes() {
         ok(d, &["--db", &db, "migrate"]);
         ok(
             d,
-            &["--db", &db, "enqueue", "--user", "cu_ana", "--goal", GOAL],
+            &[
+                "--db", &db, "enqueue", "--model", "policy", "--user", "cu_ana", "--goal", GOAL,
+            ],
         );
     }
     assert_eq!(

@@ -52,7 +52,7 @@ fn progress_on_a_terminal_and_quiet_in_a_pipe() {
     batch(d, "b.jsonl", 500);
     // Piped: the result only.
     let out = command(d)
-        .args(["enqueue", "--file", "a.jsonl"])
+        .args(["enqueue", "--model", "policy", "--file", "a.jsonl"])
         .output()
         .expect("runs");
     assert!(out.status.success());
@@ -71,7 +71,7 @@ fn progress_on_a_terminal_and_quiet_in_a_pipe() {
     let dir = TempDir::new("progress-drain");
     let d = dir.path();
     batch(d, "a.jsonl", 150);
-    ok(d, &["enqueue", "--file", "a.jsonl"]);
+    ok(d, &["enqueue", "--model", "policy", "--file", "a.jsonl"]);
     let slow = [("WORKER_PROGRESS_EVERY_MS", "100")];
     let tty =
         on_a_terminal(d, "run --drain --workers 2 --time-scale 0.002", &slow).expect("script");
@@ -80,7 +80,7 @@ fn progress_on_a_terminal_and_quiet_in_a_pipe() {
         "{tty}"
     );
     batch(d, "c.jsonl", 150);
-    ok(d, &["enqueue", "--file", "c.jsonl"]);
+    ok(d, &["enqueue", "--model", "policy", "--file", "c.jsonl"]);
     let out = command(d)
         .args(["run", "--drain", "--workers", "2", "--time-scale", "0.002"])
         .env("WORKER_PROGRESS_EVERY_MS", "100")

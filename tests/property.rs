@@ -87,6 +87,7 @@ impl Model for Scripted {
             latency_ms,
             usage: None,
             response: None,
+            turn: None,
         }
     }
 }

@@ -166,7 +166,7 @@ fn format_2_replies_replay_beside_format_3_ones() {
     .expect("fixture JSON");
     assert_eq!(json(d, &["trace", "t1", "--json"]), trace);
     ok(d, &["check"]);
-    // A task run by this build stores format-3 replies beside them, and replays too.
+    // A task run by this build stores format-4 replies beside them, and replays too.
     let id = enqueue(d, &["--model", "policy:ord_1001:3000"]);
     let id = id.trim();
     ok(d, &["run", "--drain", "--workers", "1"]);
@@ -176,7 +176,7 @@ fn format_2_replies_replay_beside_format_3_ones() {
         .filter(|(t, _)| t == id)
         .map(|(_, v)| *v)
         .collect();
-    assert!(!new.is_empty() && new.iter().all(|v| *v == 3), "{after:?}");
+    assert!(!new.is_empty() && new.iter().all(|v| *v == 4), "{after:?}");
     assert_eq!(
         after.iter().filter(|(_, v)| *v == 2).count(),
         before.len(),
@@ -201,11 +201,11 @@ fn a_newer_record_format_is_refused_by_name() {
         {
             let def: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("tasks");
             let mut t = w.open_table(def).expect("tasks");
-            // A record of format 3 (same header layout, checksum over version and payload).
+            // A record of format 9 (same header layout, checksum over version and payload).
             let mut v = t.get("t1").expect("get").expect("t1").value().to_vec();
-            v[1] = 3;
+            v[1] = 9;
             let mut h = <sha2::Sha256 as sha2::Digest>::new();
-            sha2::Digest::update(&mut h, [3u8]);
+            sha2::Digest::update(&mut h, [9u8]);
             sha2::Digest::update(&mut h, &v[10..]);
             let sum = sha2::Digest::finalize(h);
             v[2..10].copy_from_slice(&sum[..8]);
@@ -273,7 +273,10 @@ fn nested_operator_results_and_batch_lines_are_refused_before_anything_is_stored
     ];
     for (line, want) in cases {
         std::fs::write(d.join("batch.jsonl"), format!("{line}\n")).expect("write");
-        let (code, err) = fails(d, &["enqueue", "--file", "batch.jsonl"]);
+        let (code, err) = fails(
+            d,
+            &["enqueue", "--model", "policy", "--file", "batch.jsonl"],
+        );
         assert_eq!(code, 2, "{err}");
         assert!(err.contains(want), "expected {want:?}: {err}");
         assert!(err.contains("batch.jsonl:1:"), "{err}");
@@ -321,6 +324,8 @@ fn numbers_out_of_range_are_usage_errors() {
         &["run", "--drain", "--lease-ms", "86400001"],
         &[
             "enqueue",
+            "--model",
+            "policy",
             "--user",
             "u",
             "--goal",
@@ -330,6 +335,8 @@ fn numbers_out_of_range_are_usage_errors() {
         ],
         &[
             "enqueue",
+            "--model",
+            "policy",
             "--user",
             "u",
             "--goal",
@@ -347,7 +354,7 @@ fn numbers_out_of_range_are_usage_errors() {
         r#"{"user": "u", "goal": "g", "priority": -9223372036854775808}"#,
     )
     .expect("write");
-    let (code, err) = fails(d, &["enqueue", "--file", "b.jsonl"]);
+    let (code, err) = fails(d, &["enqueue", "--model", "policy", "--file", "b.jsonl"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("out of range"), "{err}");
     assert!(!d.join("worker.redb").exists());
@@ -361,7 +368,7 @@ fn a_closed_pipe_ends_a_verb_quietly() {
         .map(|i| format!("{{\"user\": \"u{i}\", \"goal\": \"goal number {i} of a long batch\"}}\n"))
         .collect();
     std::fs::write(d.join("b.jsonl"), lines).expect("write");
-    ok(d, &["enqueue", "--file", "b.jsonl"]);
+    ok(d, &["enqueue", "--model", "policy", "--file", "b.jsonl"]);
     for args in [
         &["list"][..],
         &["list", "--json", "--limit", "10000"],
@@ -395,7 +402,7 @@ fn a_truncated_database_is_an_error_not_a_new_database() {
     std::fs::write(d.join("worker.redb"), b"").expect("truncate");
     for args in [
         &["list"][..],
-        &["enqueue", "--user", "u", "--goal", "g"],
+        &["enqueue", "--model", "policy", "--user", "u", "--goal", "g"],
         &["run", "--drain"],
     ] {
         let (code, err) = fails(d, args);
@@ -432,7 +439,7 @@ fn fifty_tasks_sharing_a_2_mb_script_store_it_once() {
         })
         .collect();
     std::fs::write(d.join("b.jsonl"), batch).expect("write batch");
-    ok(d, &["enqueue", "--file", "b.jsonl"]);
+    ok(d, &["enqueue", "--model", "policy", "--file", "b.jsonl"]);
     ok(d, &["run", "--drain", "--workers", "2"]);
     let list = json(d, &["list", "--json", "--limit", "10000"]);
     let stops: Vec<&str> = list
@@ -562,7 +569,7 @@ conformance! {
                 "customer withdrew",
             ],
         );
-        ok(d, &["enqueue", "--user", "u", "--goal", "later"]);
+        ok(d, &["enqueue", "--model", "policy", "--user", "u", "--goal", "later"]);
         // t1 finished, t2 cancelled with its write still held, t3 queued.
         let none = json(d, &["purge", "--finished-before", "1d", "--json"]);
         assert_eq!(none["purged"], 0, "nothing is that old: {none}");
@@ -616,7 +623,7 @@ conformance! {
         let again = ok(
             d,
             &[
-                "enqueue", "--user", "cu_ana", "--goal", "refund", "--key", "job-1",
+                "enqueue", "--model", "policy", "--user", "cu_ana", "--goal", "refund", "--key", "job-1",
             ],
         );
         assert_eq!(again.trim(), "t4");

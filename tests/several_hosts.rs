@@ -109,7 +109,7 @@ fn three_daemons_killed_and_one_cut_off_lose_and_repeat_nothing() {
     let d = dir.path();
     let direct = db_url(d).expect("the direct URL");
     let f = task_file(d, &mut rng, "h", TASKS);
-    ok(d, &["enqueue", "--file", &f]);
+    ok(d, &["enqueue", "--model", "policy", "--file", &f]);
 
     // Hosts 0 and 1 reach the database directly, host 2 through the proxy.
     let urls = [direct.clone(), direct.clone(), cut_off];
@@ -412,7 +412,7 @@ fn hole_4_an_enqueue_waiting_for_a_standby_lands_once() {
     pg.psql("SELECT pg_reload_conf()");
     let enqueue = command(d)
         .args([
-            "--db", &via_proxy, "enqueue", "--user", "cu_ana", "--goal", GOAL,
+            "--db", &via_proxy, "enqueue", "--model", "policy", "--user", "cu_ana", "--goal", GOAL,
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -440,7 +440,7 @@ fn hole_4_an_enqueue_waiting_for_a_standby_lands_once() {
     pg.psql("ALTER SYSTEM SET synchronous_standby_names = ''");
     pg.psql("SELECT pg_reload_conf()");
     let out = enqueue.wait_with_output().expect("enqueue");
-    let printed = succeeded(out, &["enqueue"]);
+    let printed = succeeded(out, &["enqueue", "--model", "policy"]);
     assert_eq!(printed.trim(), "t1", "{printed}");
     let tasks = pg.psql("SELECT string_agg(id, ',' ORDER BY id) FROM sync.tasks");
     assert_eq!(tasks, "t1", "one enqueue, one task");
@@ -619,17 +619,30 @@ fn hole_4_a_read_back_whose_own_answer_is_lost_still_knows() {
         return;
     };
     let d = dir.path();
-    ok(d, &["enqueue", "--user", "cu_ana", "--goal", GOAL]); // t1, directly
+    ok(
+        d,
+        &[
+            "enqueue", "--model", "policy", "--user", "cu_ana", "--goal", GOAL,
+        ],
+    ); // t1, directly
     // The enqueue transaction's COMMIT (after its marker's insert) never arrives; the
     // read-back's insert of the marker lands and its answer is lost.
     proxy.drop_request_after("commits (id, at_ms) VALUES", "COMMIT");
     proxy.lose_answer_to("ON CONFLICT (id) DO NOTHING");
     let out = command(d)
         .env("WORKER_DB", &via)
-        .args(["enqueue", "--user", "cu_ana", "--goal", "the second"])
+        .args([
+            "enqueue",
+            "--model",
+            "policy",
+            "--user",
+            "cu_ana",
+            "--goal",
+            "the second",
+        ])
         .output()
         .expect("enqueue");
-    let printed = succeeded(out, &["enqueue"]);
+    let printed = succeeded(out, &["enqueue", "--model", "policy"]);
     let tasks = pg.psql(
         "SELECT string_agg(id || ' ' || (state->>'goal'), ', ' ORDER BY num) FROM readback.tasks",
     );

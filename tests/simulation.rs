@@ -130,6 +130,7 @@ fn task(rng: &mut Rng, i: usize) -> NewTask {
         catalog: None,
         store_scope: format!("s{i}"),
         approval_wait_ms: 1 << 40,
+        instructions: None,
     }
 }
 

@@ -18,6 +18,7 @@ pub fn tasks(model: &ModelProfile, n: usize) -> Vec<NewTask> {
             store_scope: format!("b{i}"),
             catalog: None,
             approval_wait_ms: tether::store::DEFAULT_APPROVAL_WAIT_MS,
+            instructions: None,
         })
         .collect()
 }

@@ -325,9 +325,15 @@ pub struct EnqueueArgs {
     /// A budget limit, NAME=VALUE; repeatable.
     #[arg(long = "budget", value_name = "NAME=VALUE", conflicts_with = "file")]
     pub budgets: Vec<String>,
-    /// The model profile: a built-in one (see below) or a name from the --config file.
-    #[arg(long, default_value = "policy", conflicts_with = "file")]
-    pub model: String,
+    /// The model: a profile of the --config file, or a demo model (see below). Default: the
+    /// config's default_model; without one, --model is required. With --file: the model of
+    /// every line that names none.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// The task's own agent instructions, given to the model after its profile's (at most
+    /// 4 KiB; for a model profile of the config).
+    #[arg(long, conflicts_with = "file")]
+    pub instructions: Option<String>,
     /// Simulated latency of a demo-store tool, TOOL=MS; repeatable.
     #[arg(long = "tool-latency", value_name = "TOOL=MS", conflicts_with = "file")]
     pub tool_latency: Vec<String>,
@@ -351,9 +357,13 @@ pub struct ListArgs {
     /// queued, running, suspended, held, finished, or damaged (this one reads every task).
     #[arg(long)]
     pub status: Option<String>,
-    /// A stop reason (done, max_steps, ..., cancelled).
+    /// A stop reason (done, max_steps, ..., cancelled, model_failed).
     #[arg(long)]
     pub stop: Option<String>,
+    /// A final answer's outcome: completed, or cannot_complete (the model gave up, saying
+    /// why). `--stop done` lists both.
+    #[arg(long)]
+    pub outcome: Option<String>,
     /// Only this user's tasks.
     #[arg(long)]
     pub user: Option<String>,

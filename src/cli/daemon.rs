@@ -22,6 +22,13 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
     // The daemon's own config: its model profiles, tool catalog and MCP servers are what a
     // task's names mean here (a task names them; it never supplies an endpoint or a secret).
     let trusted = Arc::new(super::enqueue::load_config(cli)?.unwrap_or_default());
+    // A profile whose key variable is missing would send every request without a key: refused
+    // now, before any task is claimed.
+    if let Some((name, why)) = trusted.missing_keys().into_iter().next() {
+        return Err(CliError::usage(format!("model profile {name}: {why}")).hint(
+            "export the variable before starting the worker, or remove api_key_env from the profile if the endpoint needs no key",
+        ));
+    }
     // Every argument is checked before the database is opened (or created).
     let otlp = crate::otlp::export::Target::configured(a.otlp_endpoint.as_deref())
         .map_err(CliError::usage)?
@@ -167,6 +174,7 @@ fn run_demo(store: Db, tools: Arc<DurableStore>, a: &DemoArgs) -> CliResult {
             catalog: None,
             store_scope: sc.name[..1].to_string(),
             approval_wait_ms: store::DEFAULT_APPROVAL_WAIT_MS,
+            instructions: None,
         })
         .collect();
     let ids = store.enqueue(&tasks, now_ms())?;

@@ -24,7 +24,12 @@ struct TaskLine {
     store_scope: String,
     #[serde(default)]
     approval_wait_ms: Option<u64>,
+    #[serde(default)]
+    instructions: Option<String>,
 }
+
+/// The demo models, for messages.
+const DEMO_MODELS: &str = "policy, same_call, new_ids, search_loop, script:FILE";
 
 fn check_text(field: &str, v: &str, max: usize) -> Result<(), String> {
     if v.trim().is_empty() {
@@ -72,7 +77,60 @@ fn new_task(l: TaskLine, cfg: Option<&crate::config::Config>) -> Result<NewTask,
             max = limits::PRIORITY_MAX
         ));
     }
-    let mut budget = Budget::default();
+    let profiles = || match cfg {
+        Some(c) if !c.models.is_empty() => format!(
+            "the config's profiles: {}",
+            c.models.keys().cloned().collect::<Vec<_>>().join(", ")
+        ),
+        Some(_) => "the config has no model profiles".to_string(),
+        None => "no config was given (--config or WORKER_CONFIG)".to_string(),
+    };
+    let Some(name) = l
+        .model
+        .as_deref()
+        .or_else(|| cfg.and_then(|c| c.default_model.as_deref()))
+    else {
+        return Err(format!(
+            "no model: give --model NAME ({}; the demo models: {DEMO_MODELS}) or set default_model in the config",
+            profiles()
+        ));
+    };
+    // A profile of the config is stored by name: the daemon resolves it in its own config.
+    let (model, mut budget) = match cfg.and_then(|c| c.models.get(name)) {
+        Some(p) => {
+            p.api_key().map_err(|e| {
+                format!("model {name}: {e}; the worker that runs the task needs it too")
+            })?;
+            (
+                ModelProfile::Profile {
+                    name: name.to_string(),
+                },
+                p.budget,
+            )
+        }
+        None => match parse_model(name) {
+            Ok(m) => (m, Budget::default()),
+            Err(e) if e.contains("unknown model") => {
+                return Err(format!(
+                    "unknown model {name:?}: {}; the demo models: {DEMO_MODELS}",
+                    profiles()
+                ));
+            }
+            Err(e) => return Err(e),
+        },
+    };
+    let instructions = match l.instructions {
+        None => None,
+        Some(i) => {
+            if !matches!(model, ModelProfile::Profile { .. }) {
+                return Err(format!(
+                    "--instructions are for a model profile of the config; the demo model {name:?} takes none"
+                ));
+            }
+            check_text("instructions", &i, limits::INSTRUCTIONS_BYTES_MAX)?;
+            Some(i)
+        }
+    };
     for (k, v) in &l.budget {
         let v = v.as_str().map_or_else(|| v.to_string(), str::to_string);
         budget.set(k, &v).map_err(|e| format!("--budget: {e}"))?;
@@ -82,14 +140,6 @@ fn new_task(l: TaskLine, cfg: Option<&crate::config::Config>) -> Result<NewTask,
             return Err(format!("--tool-latency: unknown tool {tool:?}"));
         }
     }
-    let name = l.model.as_deref().unwrap_or("policy");
-    // A profile of the config is stored by name: the daemon resolves it in its own config.
-    let model = match cfg.and_then(|c| c.models.get(name)) {
-        Some(_) => ModelProfile::Profile {
-            name: name.to_string(),
-        },
-        None => parse_model(name)?,
-    };
     Ok(NewTask {
         model,
         catalog: cfg.and_then(|c| c.catalog.clone()),
@@ -103,6 +153,7 @@ fn new_task(l: TaskLine, cfg: Option<&crate::config::Config>) -> Result<NewTask,
         approval_wait_ms: l
             .approval_wait_ms
             .unwrap_or(store::DEFAULT_APPROVAL_WAIT_MS),
+        instructions,
     })
 }
 
@@ -111,13 +162,17 @@ fn new_task(l: TaskLine, cfg: Option<&crate::config::Config>) -> Result<NewTask,
 pub fn parse_batch_line(
     line: &str,
     cfg: Option<&crate::config::Config>,
+    model: Option<&str>,
 ) -> Result<NewTask, String> {
     let v = limits::parse_json_input(line, "the line", limits::BATCH_LINE_BYTES_MAX)
         .map_err(|e| e.0)?;
     if !v.is_object() {
         return Err("a line must be a JSON object (see --help)".into());
     }
-    let l: TaskLine = serde_json::from_value(v).map_err(|e| e.to_string())?;
+    let mut l: TaskLine = serde_json::from_value(v).map_err(|e| e.to_string())?;
+    if l.model.is_none() {
+        l.model = model.map(str::to_string);
+    }
     new_task(l, cfg)
 }
 
@@ -207,7 +262,7 @@ pub(super) fn cmd_enqueue(cli: &Cli, a: &EnqueueArgs) -> CliResult {
                         limits::BATCH_TASKS_MAX
                     )));
                 }
-                tasks.push(parse_batch_line(&line, cfg.as_ref()).map_err(at)?);
+                tasks.push(parse_batch_line(&line, cfg.as_ref(), a.model.as_deref()).map_err(at)?);
             }
             if tasks.is_empty() {
                 return Err(CliError::usage(format!(
@@ -244,10 +299,11 @@ pub(super) fn cmd_enqueue(cli: &Cli, a: &EnqueueArgs) -> CliResult {
                     key: a.key.clone(),
                     priority: a.priority,
                     budget,
-                    model: Some(a.model.clone()),
+                    model: a.model.clone(),
                     tool_latency_ms: latency,
                     store_scope: a.store_scope.clone(),
                     approval_wait_ms: a.approval_wait_ms,
+                    instructions: a.instructions.clone(),
                 },
                 cfg.as_ref(),
             )

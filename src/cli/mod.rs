@@ -59,7 +59,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use crate::kernel::report::{closing_message, postmortem, span_table};
+use crate::kernel::report::{closing_message, span_table};
 use crate::kernel::{Budget, Catalog, StopReason};
 use crate::model::ModelProfile;
 use crate::operator::task_effects;

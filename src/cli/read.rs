@@ -9,6 +9,7 @@ fn record_json(r: &TaskRecord) -> Value {
         "id": r.id,
         "status": r.status.as_str(),
         "stop": r.state.stop.map(|s| s.as_str()),
+        "outcome": r.state.outcome,
         "user": r.state.user_id,
         "goal": r.state.goal,
         "priority": r.priority,
@@ -30,6 +31,7 @@ fn summary_json(t: &TaskSummary) -> Value {
         "id": t.id,
         "status": t.status.as_str(),
         "stop": t.stop.map(|s| s.as_str()),
+        "outcome": t.outcome,
         "user": t.user,
         "goal": t.goal,
         "priority": t.priority,
@@ -44,6 +46,16 @@ fn summary_json(t: &TaskSummary) -> Value {
         "created_at_ms": t.created_at_ms,
         "updated_at_ms": t.updated_at_ms,
     })
+}
+
+/// A stop as a person reads it: a final answer that could not complete the goal says so
+/// (`done: cannot_complete`), so it is never taken for a completed task.
+fn stop_shown(stop: Option<StopReason>, outcome: Option<&str>) -> String {
+    match (stop, outcome) {
+        (Some(StopReason::Done), Some("cannot_complete")) => "done: cannot_complete".into(),
+        (Some(s), _) => s.as_str().into(),
+        (None, _) => "-".into(),
+    }
 }
 
 fn parse_status(s: &str) -> Result<QueueStatus, CliError> {
@@ -76,7 +88,7 @@ pub(super) fn cmd_list(cli: &Cli, a: &ListArgs) -> CliResult {
     let stop = match &a.stop {
         Some(s) => Some(StopReason::parse(s).ok_or_else(|| {
             CliError::usage(format!("--stop {s:?} is not a stop reason")).hint(
-                "use done, max_steps, max_tool_calls, max_tokens, deadline, repeated_call, no_progress, needs_approval, unknown_outcome or cancelled",
+                "use done, max_steps, max_tool_calls, max_tokens, deadline, repeated_call, no_progress, needs_approval, unknown_outcome, cancelled, approval_expired or model_failed",
             )
         })?),
         None => None,
@@ -103,9 +115,20 @@ pub(super) fn cmd_list(cli: &Cli, a: &ListArgs) -> CliResult {
         }
         return Ok(());
     }
+    let outcome = match a.outcome.as_deref() {
+        None => None,
+        Some(o @ ("completed" | "cannot_complete")) => Some(o.to_string()),
+        Some(o) => {
+            return Err(
+                CliError::usage(format!("--outcome {o:?} is not an outcome"))
+                    .hint("use completed or cannot_complete"),
+            );
+        }
+    };
     let q = ListQuery {
         status,
         stop,
+        outcome,
         user: a.user.clone(),
         key: a.key.clone(),
         since_ms,
@@ -153,7 +176,7 @@ pub(super) fn cmd_list(cli: &Cli, a: &ListArgs) -> CliResult {
                     "{:8} {:10} {:16} {:>5} {:>5} {:>6} {:>6.1}  {:10} {:9} {}",
                     t.id,
                     t.status.as_str(),
-                    t.stop.map_or("-", |s| s.as_str()),
+                    stop_shown(t.stop, t.outcome.as_deref()),
                     t.steps,
                     t.tool_calls,
                     t.tokens,
@@ -210,7 +233,7 @@ pub(super) fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
         rfc3339(r.created_at_ms),
         rfc3339(r.updated_at_ms)
     );
-    outln!("stop      {}", st.stop.map_or("-", |s| s.as_str()));
+    outln!("stop      {}", stop_shown(st.stop, st.outcome.as_deref()));
     if let Some(ans) = &st.answer {
         outln!("answer    {}", crate::limits::one_line(ans));
     }
@@ -252,18 +275,15 @@ pub(super) fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
 
 pub(super) fn cmd_trace(cli: &Cli, a: &TraceArgs) -> CliResult {
     let store = open_reader(cli)?;
-    let mut rec = store.task(&store.resolve(&a.task)?)?;
+    let rec = store.task(&store.resolve(&a.task)?)?;
     let spans = store.spans(&rec.id)?;
     if let Some(path) = &a.otlp {
         // The model and provider of a profile, as this config names them.
-        if let Some(m) =
-            super::enqueue::load_config(cli)?.and_then(|c| c.model_for(&rec.model).ok())
-        {
-            rec.model = m;
-        }
+        let model = super::enqueue::load_config(cli)?.and_then(|c| c.model_for(&rec.model).ok());
         let replies = store.replies(&rec.id)?;
         let db = store.db_id();
-        let trace = crate::otlp::trace_of(db, &rec, &spans, &replies);
+        let http = model.as_ref().and_then(crate::model::RunModel::http);
+        let trace = crate::otlp::trace_of(db, &rec, &spans, &replies, http);
         let doc = crate::otlp::json::request(&crate::otlp::resource(db), &trace);
         std::fs::write(path, format!("{doc}\n"))
             .map_err(|e| CliError::op(format!("cannot write {}: {e}", path.display())))?;
@@ -281,7 +301,17 @@ pub(super) fn cmd_trace(cli: &Cli, a: &TraceArgs) -> CliResult {
 pub(super) fn cmd_postmortem(cli: &Cli, a: &TaskArgs) -> CliResult {
     let store = open_reader(cli)?;
     let r = store.task(&store.resolve(&a.task)?)?;
-    let pm = postmortem(&r.state, &store.spans(&r.id)?);
+    // The first model call that gave no move, from the recorded replies.
+    let first_model_error = store.replies(&r.id)?.into_iter().find_map(|rep| {
+        use crate::model::RecordedOutcome as O;
+        match rep.outcome {
+            O::Failed(m) | O::Refused(m) | O::Fatal(m) | O::Invalid(m) => Some((rep.step, m)),
+            O::Timeout => Some((rep.step, crate::kernel::ModelError::Timeout.detail().into())),
+            O::Json(_) | O::Text(_) => None,
+        }
+    });
+    let pm =
+        crate::kernel::report::postmortem_with(&r.state, &store.spans(&r.id)?, first_model_error);
     if a.json {
         print_json(&serde_json::to_value(&pm).unwrap_or(Value::Null))?;
     } else {
@@ -302,11 +332,24 @@ pub(super) fn cmd_replay(cli: &Cli, a: &TaskArgs) -> CliResult {
     }
     let ledger = open_tools(cli)?.ledger()?;
     let stored = task_effects(&ledger, store.db_id(), &rec);
+    // A model of the config took messages: the replay counts its input as it did.
+    let input = super::enqueue::load_config(cli)?
+        .and_then(|c| c.model_for(&rec.model).ok())
+        .map_or(crate::kernel::InputStyle::View, |m| {
+            let catalog = rec
+                .catalog
+                .clone()
+                .unwrap_or_else(crate::kernel::Catalog::demo);
+            m.build(&catalog, rec.instructions.as_deref()).input()
+        });
+    let keys = crate::kernel::Keys::durable(rec.key_namespace(store.db_id()));
     let report = crate::replay::replay(
         &rec,
         store.replies(&rec.id)?,
         &store.events(Some(&rec.id))?,
         &stored,
+        input,
+        keys,
     );
     if a.json {
         print_json(&json!({

@@ -385,6 +385,7 @@ impl Console {
         let q = ListQuery {
             status,
             stop,
+            outcome: None,
             user: (!f.user.is_empty()).then(|| f.user.clone()),
             key: (!f.key.is_empty()).then(|| f.key.clone()),
             since_ms,

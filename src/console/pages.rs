@@ -32,7 +32,7 @@ pub struct Filters {
 pub struct Row {
     id: String,
     status: &'static str,
-    stop: &'static str,
+    stop: String,
     steps: u32,
     tools: u32,
     tokens: u64,
@@ -73,7 +73,10 @@ impl TasksPage {
                 Listed::Task(t) => Row {
                     id: t.id.clone(),
                     status: t.status.as_str(),
-                    stop: t.stop.map_or("-", |s| s.as_str()),
+                    stop: match (t.stop, t.outcome.as_deref()) {
+                        (_, Some("cannot_complete")) => "done: cannot_complete".into(),
+                        (s, _) => s.map_or("-", |s| s.as_str()).into(),
+                    },
                     steps: t.steps,
                     tools: t.tool_calls,
                     tokens: t.tokens,
@@ -86,7 +89,7 @@ impl TasksPage {
                 Listed::Damaged { id, error } => Row {
                     id: id.clone(),
                     status: "damaged",
-                    stop: "-",
+                    stop: "-".into(),
                     steps: 0,
                     tools: 0,
                     tokens: 0,
@@ -115,6 +118,9 @@ pub struct TaskView {
     id: String,
     status: &'static str,
     stop: &'static str,
+    /// The final answer's outcome (completed, cannot_complete) and the answer, once there is one.
+    outcome: String,
+    answer: Option<String>,
     user: String,
     goal: String,
     key: String,
@@ -306,6 +312,8 @@ impl TaskPage {
                 id: r.id.clone(),
                 status: r.status.as_str(),
                 stop: st.stop.map_or("-", |s| s.as_str()),
+                outcome: st.outcome.clone().unwrap_or_else(|| "-".into()),
+                answer: st.answer.clone(),
                 user: st.user_id.clone(),
                 goal: st.goal.clone(),
                 key: r.key.clone().unwrap_or_else(|| "-".into()),

@@ -18,6 +18,9 @@ pub enum Access {
 #[serde(deny_unknown_fields)]
 pub struct ToolSpec {
     pub name: String,
+    /// What the tool does and when to use it, for the model.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
     pub access: Access,
     /// The service replays a stored result for a repeated call key, so a write whose outcome
     /// is unknown after a crash may be retried under the same key.
@@ -71,24 +74,203 @@ pub enum ArgType {
     Integer,
     Number,
     Boolean,
+    Array,
+    Object,
 }
 
-/// One argument: its type, whether it is required, and bounds.
+impl ArgType {
+    fn as_str(self) -> &'static str {
+        match self {
+            ArgType::String => "string",
+            ArgType::Integer => "integer",
+            ArgType::Number => "number",
+            ArgType::Boolean => "boolean",
+            ArgType::Array => "array",
+            ArgType::Object => "object",
+        }
+    }
+}
+
+/// One argument (or an item or property of one): a subset of JSON Schema written as TOML, so
+/// that the schema the model is shown is the schema the kernel checks (see `docs/catalog.md`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ArgSpec {
     #[serde(rename = "type")]
     pub kind: ArgType,
-    #[serde(default)]
+    /// What the argument means, for the model.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    #[serde(default, skip_serializing_if = "is_false")]
     pub required: bool,
+    /// The only values allowed.
+    #[serde(default, rename = "enum", skip_serializing_if = "Option::is_none")]
+    pub allowed: Option<Vec<Value>>,
     /// Numbers: inclusive bounds.
-    #[serde(default)]
+    #[serde(default, alias = "minimum", skip_serializing_if = "Option::is_none")]
     pub min: Option<f64>,
-    #[serde(default)]
+    #[serde(default, alias = "maximum", skip_serializing_if = "Option::is_none")]
     pub max: Option<f64>,
-    /// Strings: longest length in characters.
-    #[serde(default)]
-    pub max_len: Option<usize>,
+    /// Strings: length bounds in characters, and a regular expression the value must match.
+    #[serde(default, alias = "minLength", skip_serializing_if = "Option::is_none")]
+    pub min_len: Option<u64>,
+    #[serde(default, alias = "maxLength", skip_serializing_if = "Option::is_none")]
+    pub max_len: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pattern: Option<String>,
+    /// Arrays: the schema of every item, and bounds on how many.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub items: Option<Box<ArgSpec>>,
+    #[serde(default, alias = "minItems", skip_serializing_if = "Option::is_none")]
+    pub min_items: Option<u64>,
+    #[serde(default, alias = "maxItems", skip_serializing_if = "Option::is_none")]
+    pub max_items: Option<u64>,
+    /// Objects: their properties (any other property is refused).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub properties: BTreeMap<String, ArgSpec>,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+impl ArgSpec {
+    /// This argument as JSON Schema.
+    pub fn to_schema(&self) -> Value {
+        let mut m = Map::new();
+        m.insert("type".into(), Value::from(self.kind.as_str()));
+        if !self.description.is_empty() {
+            m.insert("description".into(), Value::from(self.description.clone()));
+        }
+        if let Some(a) = &self.allowed {
+            m.insert("enum".into(), Value::Array(a.clone()));
+        }
+        let mut num = |k: &str, v: Option<f64>| {
+            if let Some(x) = v {
+                // Whole bounds are written as integers, as a person would write them.
+                let n = if x.fract() == 0.0 && x.abs() < 9.0e15 {
+                    Value::from(x as i64)
+                } else {
+                    Value::from(x)
+                };
+                m.insert(k.into(), n);
+            }
+        };
+        num("minimum", self.min);
+        num("maximum", self.max);
+        for (k, v) in [
+            ("minLength", self.min_len),
+            ("maxLength", self.max_len),
+            ("minItems", self.min_items),
+            ("maxItems", self.max_items),
+        ] {
+            if let Some(v) = v {
+                m.insert(k.into(), Value::from(v));
+            }
+        }
+        if let Some(p) = &self.pattern {
+            m.insert("pattern".into(), Value::from(p.clone()));
+        }
+        if let Some(i) = &self.items {
+            m.insert("items".into(), i.to_schema());
+        }
+        if self.kind == ArgType::Object {
+            let (props, required) = object_parts(&self.properties);
+            m.insert("properties".into(), props);
+            if !required.is_empty() {
+                m.insert("required".into(), Value::Array(required));
+            }
+            m.insert("additionalProperties".into(), Value::Bool(false));
+        }
+        Value::Object(m)
+    }
+
+    /// What in this argument's declaration cannot work (a keyword for another type, an enum
+    /// value of the wrong type, a pattern that is not a regular expression), at `at`.
+    fn check(&self, at: &str) -> Result<(), String> {
+        let t = self.kind;
+        let only = |what: &str, ok: bool| {
+            if ok {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{at}: {what} does not apply to type {}",
+                    t.as_str()
+                ))
+            }
+        };
+        let number = matches!(t, ArgType::Integer | ArgType::Number);
+        only(
+            "min/max",
+            number || (self.min.is_none() && self.max.is_none()),
+        )?;
+        only(
+            "min_len/max_len/pattern",
+            t == ArgType::String
+                || (self.min_len.is_none() && self.max_len.is_none() && self.pattern.is_none()),
+        )?;
+        only(
+            "items/min_items/max_items",
+            t == ArgType::Array
+                || (self.items.is_none() && self.min_items.is_none() && self.max_items.is_none()),
+        )?;
+        only(
+            "properties",
+            t == ArgType::Object || self.properties.is_empty(),
+        )?;
+        if t == ArgType::Array && self.items.is_none() {
+            return Err(format!(
+                "{at}: an array needs `items` (the schema of each item)"
+            ));
+        }
+        if let (Some(lo), Some(hi)) = (self.min, self.max)
+            && lo > hi
+        {
+            return Err(format!("{at}: min {lo} is above max {hi}"));
+        }
+        if let Some(values) = &self.allowed {
+            if values.is_empty() {
+                return Err(format!("{at}: enum lists no values"));
+            }
+            let schema = ArgSpec {
+                allowed: None,
+                ..self.clone()
+            }
+            .to_schema();
+            let v = jsonschema::validator_for(&schema).map_err(|e| format!("{at}: {e}"))?;
+            if let Some(bad) = values.iter().find(|x| !v.is_valid(x)) {
+                return Err(format!(
+                    "{at}: enum value {bad} is not a valid {}",
+                    t.as_str()
+                ));
+            }
+        }
+        if let Some(p) = &self.pattern {
+            jsonschema::validator_for(&serde_json::json!({"type": "string", "pattern": p}))
+                .map_err(|e| format!("{at}: pattern {p:?} is not a regular expression: {e}"))?;
+        }
+        if let Some(i) = &self.items {
+            i.check(&format!("{at}.items"))?;
+        }
+        for (n, p) in &self.properties {
+            p.check(&format!("{at}.properties.{n}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// The `properties` and `required` of an object schema with these arguments.
+fn object_parts(args: &BTreeMap<String, ArgSpec>) -> (Value, Vec<Value>) {
+    let props: Map<String, Value> = args
+        .iter()
+        .map(|(n, a)| (n.clone(), a.to_schema()))
+        .collect();
+    let required = args
+        .iter()
+        .filter(|(_, a)| a.required)
+        .map(|(n, _)| Value::from(n.clone()))
+        .collect();
+    (Value::Object(props), required)
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -146,15 +328,32 @@ fn check_mcp_args(
             spec.name
         ));
     }
-    let validator = jsonschema::validator_for(&m.input_schema).map_err(|e| {
-        format!(
-            "{}: the server's input schema cannot be used to check arguments: {e}",
-            spec.name
-        )
-    })?;
     let sent = Value::Object(args_as_sent(spec, args, user_id));
+    validate(&spec.name, &m.input_schema, &sent)
+}
+
+/// Checks arguments against a tool's schema (the catalog's own, or an MCP tool's
+/// `inputSchema`). `Err` names the first problems.
+pub fn check_args(spec: &ToolSpec, args: &Map<String, Value>, user_id: &str) -> Result<(), String> {
+    if let Some(m) = &spec.mcp {
+        return check_mcp_args(spec, m, args, user_id);
+    }
+    if spec.args.is_empty() {
+        return Ok(());
+    }
+    validate(
+        &spec.name,
+        &spec.input_schema(),
+        &Value::Object(args.clone()),
+    )
+}
+
+/// Up to three problems of `instance` against `schema`, each with where it is.
+fn validate(tool: &str, schema: &Value, instance: &Value) -> Result<(), String> {
+    let validator = jsonschema::validator_for(schema)
+        .map_err(|e| format!("{tool}: the input schema cannot be used to check arguments: {e}"))?;
     let problems: Vec<String> = validator
-        .iter_errors(&sent)
+        .iter_errors(instance)
         .take(3)
         .map(|e| {
             let at = e.instance_path().to_string();
@@ -168,62 +367,40 @@ fn check_mcp_args(
     if problems.is_empty() {
         Ok(())
     } else {
-        Err(format!("{}: {}", spec.name, problems.join("; ")))
+        Err(format!("{tool}: {}", problems.join("; ")))
     }
 }
 
-/// Checks arguments against a tool's schema (the catalog's own, or an MCP tool's
-/// `inputSchema`). `Err` names the first problems.
-pub fn check_args(spec: &ToolSpec, args: &Map<String, Value>, user_id: &str) -> Result<(), String> {
-    if let Some(m) = &spec.mcp {
-        return check_mcp_args(spec, m, args, user_id);
-    }
-    if spec.args.is_empty() {
-        return Ok(());
-    }
-    for (name, a) in &spec.args {
-        let Some(v) = args.get(name) else {
-            if a.required {
-                return Err(format!("{}: missing required argument {name:?}", spec.name));
-            }
-            continue;
-        };
-        let ok_type = match a.kind {
-            ArgType::String => v.is_string(),
-            ArgType::Integer => v.is_i64() || v.is_u64(),
-            ArgType::Number => v.is_number(),
-            ArgType::Boolean => v.is_boolean(),
-        };
-        if !ok_type {
-            return Err(format!(
-                "{}: argument {name:?} must be of type {:?}",
-                spec.name, a.kind
-            )
-            .to_lowercase());
+impl ToolSpec {
+    /// The tool's arguments as JSON Schema: an MCP tool's `inputSchema` as its server gave it;
+    /// a catalog tool's schema from its `args` (any object, when it declares none).
+    pub fn input_schema(&self) -> Value {
+        if let Some(m) = &self.mcp {
+            return m.input_schema.clone();
         }
-        if let Some(x) = v.as_f64()
-            && (a.min.is_some_and(|m| x < m) || a.max.is_some_and(|m| x > m))
-        {
-            return Err(format!(
-                "{}: argument {name:?} = {x} is outside [{}, {}]",
-                spec.name,
-                a.min.map_or("-inf".into(), |m| m.to_string()),
-                a.max.map_or("inf".into(), |m| m.to_string())
-            ));
+        if self.args.is_empty() {
+            return serde_json::json!({"type": "object"});
         }
-        if let (Some(s), Some(max)) = (v.as_str(), a.max_len)
-            && s.chars().count() > max
-        {
-            return Err(format!(
-                "{}: argument {name:?} is longer than {max} characters",
-                spec.name
-            ));
+        let (props, required) = object_parts(&self.args);
+        let mut m = Map::new();
+        m.insert("type".into(), Value::from("object"));
+        m.insert("properties".into(), props);
+        if !required.is_empty() {
+            m.insert("required".into(), Value::Array(required));
         }
+        m.insert("additionalProperties".into(), Value::Bool(false));
+        Value::Object(m)
     }
-    if let Some(extra) = args.keys().find(|k| !spec.args.contains_key(*k)) {
-        return Err(format!("{}: unknown argument {extra:?}", spec.name));
+
+    /// What in this tool's argument declarations cannot work; `Ok` when they all can.
+    pub fn check_schema(&self) -> Result<(), String> {
+        for (n, a) in &self.args {
+            a.check(&format!("args.{n}"))?;
+        }
+        jsonschema::validator_for(&self.input_schema())
+            .map(|_| ())
+            .map_err(|e| format!("the argument schema cannot be used: {e}"))
     }
-    Ok(())
 }
 
 #[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize)]
@@ -242,6 +419,7 @@ impl Catalog {
         let spec = |name: &str, access, idempotent, fields: &[&str], done: &str, not_done: &str| {
             ToolSpec {
                 name: name.to_string(),
+                description: String::new(),
                 access,
                 idempotent,
                 fact_fields: fields.iter().map(|f| f.to_string()).collect(),

@@ -21,8 +21,59 @@ pub struct Usage {
 pub enum ModelError {
     /// The call did not return within the remaining active time.
     Timeout,
-    /// The call failed (after the driver's own bounded retries).
+    /// The call failed (after the driver's own bounded retries): the step counts and the run
+    /// goes on; the model is shown the error.
     Failed(String),
+    /// The model declined to answer (a refusal, a content filter): the step counts, and the
+    /// model is shown that it refused.
+    Refused(String),
+    /// The provider cannot be used as configured (an API key refused, a model that does not
+    /// exist, a request longer than the model's context window): the run stops with
+    /// `model_failed`, since asking again cannot help.
+    Fatal(String),
+}
+
+impl ModelError {
+    /// What the error says, for a person.
+    pub fn detail(&self) -> &str {
+        match self {
+            ModelError::Timeout => "the model call did not return within the remaining active time",
+            ModelError::Failed(m) | ModelError::Refused(m) | ModelError::Fatal(m) => m,
+        }
+    }
+}
+
+/// One function call in a model's reply, as the provider's protocol carries it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TurnCall {
+    /// The provider's id of the call: what the result sent back must answer to.
+    pub id: String,
+    pub name: String,
+    /// The arguments: the object the model sent, or its text when that was not a JSON object.
+    pub arguments: Value,
+}
+
+/// A model's reply in a provider's own protocol: its text and its function calls. An adapter
+/// that speaks such a protocol reports it, so that the next request can show the model its
+/// own last move and what came of each call (the assistant and tool messages the protocol
+/// requires), instead of a transcript.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Turn {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub calls: Vec<TurnCall>,
+}
+
+/// How a model takes its input.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum InputStyle {
+    /// The document's view alone, the goal and last result in it (the scripted models).
+    #[default]
+    View,
+    /// Messages: instructions and tools (`overhead_chars` of them), the goal, the last turn
+    /// with each call's result, then the view without what those messages already carry.
+    Messages { overhead_chars: usize },
 }
 
 /// What a provider said of its response besides the content, kept for traces (the GenAI
@@ -49,6 +100,8 @@ pub struct ModelReply {
     /// `None` when no provider answered (a scripted model, a call that failed or timed out
     /// before a response).
     pub response: Option<ResponseInfo>,
+    /// The reply in the provider's protocol, when the adapter speaks one (see [`Turn`]).
+    pub turn: Option<Turn>,
 }
 
 impl ModelReply {
@@ -58,6 +111,18 @@ impl ModelReply {
             latency_ms,
             usage: None,
             response: None,
+            turn: None,
+        }
+    }
+
+    /// A reply that is an error (no provider answered, or its answer was not used).
+    pub fn failed(e: ModelError, latency_ms: u64) -> ModelReply {
+        ModelReply {
+            outcome: Err(e),
+            latency_ms,
+            usage: None,
+            response: None,
+            turn: None,
         }
     }
 }
@@ -70,8 +135,15 @@ pub struct ToolReply {
 }
 
 pub struct ModelRequest<'a> {
-    /// The rendered view: the model's whole input.
+    /// The rendered view: a scripted model's whole input; with [`InputStyle::Messages`], the
+    /// state message (without the goal, and without the last result when the last turn's
+    /// messages carry it).
     pub view: &'a str,
+    /// The task's goal (in the view too, with [`InputStyle::View`]).
+    pub goal: &'a str,
+    /// The model's last reply and what came of each of its calls, when its adapter reported
+    /// one (see [`Turn`]).
+    pub last_turn: Option<&'a super::state::LastTurn>,
     /// 1-based number of this step.
     pub step: u32,
     pub output_tokens_max: u32,

@@ -21,8 +21,8 @@ pub mod view;
 pub use catalog::{Access, Catalog, ToolSpec};
 pub use reply::RawReply;
 pub use session::{
-    Action, Keys, ModelError, ModelReply, ModelRequest, ResponseInfo, Run, Session, ToolReply,
-    ToolRequest, Usage,
+    Action, InputStyle, Keys, ModelError, ModelReply, ModelRequest, ResponseInfo, Run, Session,
+    ToolReply, ToolRequest, Turn, TurnCall, Usage,
 };
-pub use state::{Budget, PlanStep, Status, StepStatus, StopReason, TaskState, ToolCall};
+pub use state::{Budget, LastTurn, PlanStep, Status, StepStatus, StopReason, TaskState, ToolCall};
 pub use trace::{Span, SpanKind, Trace};

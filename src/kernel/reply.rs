@@ -6,11 +6,15 @@ use serde_json::Value;
 use super::state::ToolCall;
 use crate::limits;
 
-/// A model's reply as it arrived: parsed JSON (scripted models) or text (HTTP models).
+/// A model's reply as it arrived: parsed JSON (scripted models and an adapter's function
+/// calls), text (a model that answers in JSON text), or a reply its adapter could already tell
+/// is not a usable move (function arguments that are not JSON, a reply cut off at the output
+/// cap), with what was wrong.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RawReply {
     Json(Value),
     Text(String),
+    Invalid(String),
 }
 
 impl RawReply {
@@ -19,6 +23,7 @@ impl RawReply {
         match self {
             RawReply::Json(v) => v.clone(),
             RawReply::Text(t) => Value::String(t.clone()),
+            RawReply::Invalid(why) => serde_json::json!({"invalid": why}),
         }
     }
 
@@ -52,6 +57,7 @@ pub fn parse_reply(raw: &RawReply) -> Result<Reply, String> {
 pub fn parse_owned(raw: RawReply) -> Result<Reply, String> {
     let v = match raw {
         RawReply::Json(v) => v,
+        RawReply::Invalid(why) => return Err(why),
         RawReply::Text(t) => {
             if t.len() > limits::REPLY_BYTES_MAX {
                 return Err(format!(

@@ -55,6 +55,15 @@ pub fn closing_message(state: &TaskState, catalog: &Catalog) -> String {
             ),
             None => "The task was cancelled by an operator.".into(),
         },
+        Some(StopReason::ModelFailed) => match state
+            .last_result
+            .as_ref()
+            .and_then(|r| r.get("detail"))
+            .and_then(Value::as_str)
+        {
+            Some(why) => format!("The task stopped because the model could not be used: {why}."),
+            None => "The task stopped because the model could not be used.".into(),
+        },
         Some(StopReason::ApprovalExpired) => match &state.pending {
             Some(call) => format!(
                 "The task stopped because the approval of {} with {} did not come in time; nothing was sent.",
@@ -125,9 +134,24 @@ pub struct Postmortem {
     pub model_ms: u64,
     pub tool_ms: u64,
     pub tokens_in_view_by_step: Vec<u64>,
+    /// (step, what was wrong) of the first model call that gave no usable move: an error, a
+    /// refusal, or a reply that was not a valid move. Shown only when there was one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_model_error: Option<(u32, String)>,
 }
 
+/// The document's post-mortem of one run.
 pub fn postmortem(state: &TaskState, spans: &[Span]) -> Postmortem {
+    postmortem_with(state, spans, None)
+}
+
+/// The post-mortem, with the first model call that gave no usable move (from the recorded
+/// replies, which the spans do not carry).
+pub fn postmortem_with(
+    state: &TaskState,
+    spans: &[Span],
+    first_model_error: Option<(u32, String)>,
+) -> Postmortem {
     let tools: Vec<&Span> = spans.iter().filter(|s| s.kind == SpanKind::Tool).collect();
     let first_error = tools
         .iter()
@@ -168,6 +192,7 @@ pub fn postmortem(state: &TaskState, spans: &[Span]) -> Postmortem {
             .filter(|s| s.kind == SpanKind::Model)
             .filter_map(|s| s.tin)
             .collect(),
+        first_model_error,
     }
 }
 
@@ -189,8 +214,12 @@ impl Postmortem {
             .iter()
             .map(|t| Value::from(*t))
             .collect();
+        let model_error = match &self.first_model_error {
+            Some((step, why)) => format!(", 'first_model_error': ({step}, {})", py_str_repr(why)),
+            None => String::new(),
+        };
         format!(
-            "{{'stop': {}, 'steps': {}, 'first_error': {}, 'most_repeated': {}, 'model_s': {}, 'tool_s': {}, 'tokens_in_view_by_step': {}}}",
+            "{{'stop': {}, 'steps': {}, 'first_error': {}, 'most_repeated': {}, 'model_s': {}, 'tool_s': {}, 'tokens_in_view_by_step': {}{model_error}}}",
             self.stop.map_or("None".into(), |s| py_str_repr(s.as_str())),
             self.steps,
             opt_pair(&self.first_error),

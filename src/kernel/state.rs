@@ -118,9 +118,13 @@ pub enum StopReason {
     Cancelled,
     /// The task waited for an approval longer than its approval wait allows.
     ApprovalExpired,
+    /// The model could not be used: its provider refused the request as configured (an API
+    /// key, a model name, a request longer than its context window), or every step that made
+    /// no progress failed at the model. Fix the model profile, then enqueue again.
+    ModelFailed,
 }
 
-pub const STOP_REASONS: [StopReason; 11] = [
+pub const STOP_REASONS: [StopReason; 12] = [
     StopReason::Done,
     StopReason::MaxSteps,
     StopReason::MaxToolCalls,
@@ -132,6 +136,7 @@ pub const STOP_REASONS: [StopReason; 11] = [
     StopReason::UnknownOutcome,
     StopReason::Cancelled,
     StopReason::ApprovalExpired,
+    StopReason::ModelFailed,
 ];
 
 impl StopReason {
@@ -148,6 +153,7 @@ impl StopReason {
             StopReason::UnknownOutcome => "unknown_outcome",
             StopReason::Cancelled => "cancelled",
             StopReason::ApprovalExpired => "approval_expired",
+            StopReason::ModelFailed => "model_failed",
         }
     }
 
@@ -282,6 +288,19 @@ pub fn hex_prefix(bytes: &[u8], n: usize) -> String {
     s
 }
 
+/// The model's last reply in its provider's protocol (see [`super::io::Turn`]) and what came of
+/// each of its calls: the first call is the move the kernel took, any others were not run.
+/// The next request shows the model this, and nothing older: the input stays bounded.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LastTurn {
+    /// The step the reply was for.
+    pub step: u32,
+    pub turn: super::io::Turn,
+    /// One result per call, in order, once the step has an answer for them.
+    #[serde(default)]
+    pub results: Vec<Value>,
+}
+
 /// The document's TaskState.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TaskState {
@@ -330,6 +349,11 @@ pub struct TaskState {
     /// is a write whose outcome is still unknown and must be reconciled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cancelled_from: Option<StopReason>,
+    /// The model's last reply and its calls' results, when its adapter speaks a protocol of
+    /// function calls (never for the document's models, so their state reads as the
+    /// document's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_turn: Option<LastTurn>,
 }
 
 fn ser_secs<S: Serializer>(ms: &u64, s: S) -> Result<S::Ok, S::Error> {
@@ -381,6 +405,7 @@ impl TaskState {
             outcome: None,
             remembered: Vec::new(),
             cancelled_from: None,
+            last_turn: None,
         }
     }
 

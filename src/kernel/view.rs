@@ -14,15 +14,39 @@ pub const REMEMBERED_LABEL: &str =
 
 /// Renders the view into `out` (cleared first), reusing its allocation.
 pub fn render_into(out: &mut String, state: &TaskState, budget: &Budget) {
+    render_parts(out, state, budget, false, false);
+}
+
+/// The view as the state message of a model that takes messages: without the goal (a message
+/// of its own), and without the last result when the last turn's messages carry it.
+pub fn render_state_message(out: &mut String, state: &TaskState, budget: &Budget) {
+    let carried = state
+        .last_turn
+        .as_ref()
+        .is_some_and(|t| !t.turn.calls.is_empty());
+    render_parts(out, state, budget, true, carried);
+}
+
+fn render_parts(
+    out: &mut String,
+    state: &TaskState,
+    budget: &Budget,
+    omit_goal: bool,
+    omit_last_result: bool,
+) {
     out.clear();
     out.push_str("{\"facts\": ");
     write_map(out, &state.facts);
-    out.push_str(", \"goal\": ");
-    write_str(out, &state.goal);
-    out.push_str(", \"last_result\": ");
-    match &state.last_result {
-        Some(v) => write_value(out, v),
-        None => out.push_str("null"),
+    if !omit_goal {
+        out.push_str(", \"goal\": ");
+        write_str(out, &state.goal);
+    }
+    if !omit_last_result {
+        out.push_str(", \"last_result\": ");
+        match &state.last_result {
+            Some(v) => write_value(out, v),
+            None => out.push_str("null"),
+        }
     }
     out.push_str(", \"plan\": [");
     for (i, s) in state.plan.iter().enumerate() {

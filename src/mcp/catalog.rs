@@ -113,6 +113,7 @@ impl McpTool {
     pub fn to_spec(&self) -> ToolSpec {
         ToolSpec {
             name: self.name.clone(),
+            description: crate::limits::one_line(&self.description).into_owned(),
             access: if self.access == "read" {
                 Access::Read
             } else {

@@ -7,17 +7,63 @@
 //! [`Recorder`] and [`Replay`] pair. A [`ModelProfile`] names a model as data, so a stored task
 //! can rebuild its model in another process.
 
+pub mod anthropic;
+pub mod http;
 pub mod openai;
+pub mod profile;
+pub mod prompt;
 pub mod pyrandom;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::kernel::{ModelError, ModelReply, ModelRequest, RawReply, ResponseInfo, Usage};
+use crate::kernel::{
+    InputStyle, ModelError, ModelReply, ModelRequest, RawReply, ResponseInfo, Turn, Usage,
+};
+pub use profile::HttpProfile;
 use pyrandom::PyRandom;
 
 pub trait Model: Send {
     fn next(&mut self, req: &ModelRequest<'_>) -> ModelReply;
+    /// How the model takes its input: the view alone (the document's models), or messages.
+    fn input(&self) -> InputStyle {
+        InputStyle::View
+    }
+    /// The version of what the model is told (rules and instructions), recorded with each
+    /// reply; `None` for the scripted models.
+    fn prompt_id(&self) -> Option<String> {
+        None
+    }
+}
+
+/// A task's model as this process runs it: a scripted model as the task stored it, or a
+/// profile of this process's config.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RunModel {
+    Scripted(ModelProfile),
+    Http { name: String, profile: HttpProfile },
+}
+
+impl RunModel {
+    /// The model for a task whose tools are `catalog`, with the task's own instructions.
+    pub fn build(
+        &self,
+        catalog: &crate::kernel::Catalog,
+        instructions: Option<&str>,
+    ) -> Box<dyn Model> {
+        match self {
+            RunModel::Scripted(p) => p.build(),
+            RunModel::Http { profile, .. } => http::build(profile, catalog, instructions),
+        }
+    }
+
+    /// The HTTP profile, if this is one.
+    pub fn http(&self) -> Option<&HttpProfile> {
+        match self {
+            RunModel::Http { profile, .. } => Some(profile),
+            RunModel::Scripted(_) => None,
+        }
+    }
 }
 
 /// A model named as data: what `worker enqueue --model` stores with a task.
@@ -82,28 +128,6 @@ impl ModelProfile {
         }
     }
 
-    /// Builds the model for a task whose tools are `catalog` (an HTTP model is told about them
-    /// in its system prompt).
-    pub fn build_for(&self, catalog: &crate::kernel::Catalog) -> Box<dyn Model> {
-        match self {
-            ModelProfile::OpenAi {
-                base_url,
-                model,
-                api_key_env,
-                max_retries,
-                temperature,
-            } => Box::new(openai::OpenAiModel {
-                base_url: base_url.clone(),
-                model: model.clone(),
-                api_key: api_key_env.as_ref().and_then(|v| std::env::var(v).ok()),
-                max_retries: *max_retries,
-                temperature: *temperature,
-                system: openai::system_prompt(catalog),
-            }),
-            _ => self.build(),
-        }
-    }
-
     /// Builds the model with the document's catalog.
     pub fn build(&self) -> Box<dyn Model> {
         match self.clone() {
@@ -135,9 +159,11 @@ impl ModelProfile {
                 replies,
                 latency_ms,
             }),
-            ModelProfile::OpenAi { .. } => self.build_for(&crate::kernel::Catalog::demo()),
-            // Only a config resolves a name (`Config::model_for`); unresolved, every call
-            // fails saying so.
+            // Only a config resolves these (`Config::model_for`); unresolved, every call fails
+            // saying so.
+            ModelProfile::OpenAi { base_url, .. } => Box::new(Unavailable(format!(
+                "the model endpoint {base_url} was not resolved by a config"
+            ))),
             ModelProfile::Profile { name } => Box::new(Unavailable(format!(
                 "model profile {name:?} was not resolved by a config"
             ))),
@@ -241,12 +267,7 @@ pub struct Unavailable(pub String);
 
 impl Model for Unavailable {
     fn next(&mut self, _req: &ModelRequest<'_>) -> ModelReply {
-        ModelReply {
-            outcome: Err(ModelError::Failed(self.0.clone())),
-            latency_ms: 0,
-            usage: None,
-            response: None,
-        }
+        ModelReply::failed(ModelError::Failed(self.0.clone()), 0)
     }
 }
 
@@ -262,12 +283,10 @@ impl Model for Policy {
         let v: Value = match serde_json::from_str(req.view) {
             Ok(v) => v,
             Err(e) => {
-                return ModelReply {
-                    outcome: Err(ModelError::Failed(format!("view is not JSON: {e}"))),
-                    latency_ms: self.latency_ms,
-                    usage: None,
-                    response: None,
-                };
+                return ModelReply::failed(
+                    ModelError::Failed(format!("view is not JSON: {e}")),
+                    self.latency_ms,
+                );
             }
         };
         let o = &self.order;
@@ -348,6 +367,7 @@ impl Model for Script {
             latency_ms: self.latency_ms,
             usage: None,
             response: None,
+            turn: None,
         }
     }
 }
@@ -400,6 +420,10 @@ pub enum RecordedOutcome {
     Text(String),
     Timeout,
     Failed(String),
+    /// A reply the adapter could read but that is no move (why).
+    Invalid(String),
+    Refused(String),
+    Fatal(String),
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -412,21 +436,32 @@ pub struct RecordedReply {
     /// The provider's response id, model and finish reasons, when a provider answered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response: Option<ResponseInfo>,
+    /// The reply in the provider's protocol (its text and function calls).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn: Option<Turn>,
+    /// The version of what the model was told (see [`Model::prompt_id`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
 }
 
 impl RecordedReply {
-    pub fn of(step: u32, r: &ModelReply) -> RecordedReply {
+    pub fn of(step: u32, r: &ModelReply, prompt: Option<String>) -> RecordedReply {
         RecordedReply {
             step,
             outcome: match &r.outcome {
                 Ok(RawReply::Json(v)) => RecordedOutcome::Json(v.clone()),
                 Ok(RawReply::Text(t)) => RecordedOutcome::Text(t.clone()),
+                Ok(RawReply::Invalid(m)) => RecordedOutcome::Invalid(m.clone()),
                 Err(ModelError::Timeout) => RecordedOutcome::Timeout,
                 Err(ModelError::Failed(m)) => RecordedOutcome::Failed(m.clone()),
+                Err(ModelError::Refused(m)) => RecordedOutcome::Refused(m.clone()),
+                Err(ModelError::Fatal(m)) => RecordedOutcome::Fatal(m.clone()),
             },
             latency_ms: r.latency_ms,
             usage: r.usage.map(|u| [u.input_tokens, u.output_tokens]),
             response: r.response.clone(),
+            turn: r.turn.clone(),
+            prompt,
         }
     }
 
@@ -437,6 +472,9 @@ impl RecordedReply {
                 RecordedOutcome::Text(t) => Ok(RawReply::Text(t.clone())),
                 RecordedOutcome::Timeout => Err(ModelError::Timeout),
                 RecordedOutcome::Failed(m) => Err(ModelError::Failed(m.clone())),
+                RecordedOutcome::Invalid(m) => Ok(RawReply::Invalid(m.clone())),
+                RecordedOutcome::Refused(m) => Err(ModelError::Refused(m.clone())),
+                RecordedOutcome::Fatal(m) => Err(ModelError::Fatal(m.clone())),
             },
             latency_ms: self.latency_ms,
             usage: self.usage.map(|[i, o]| Usage {
@@ -444,6 +482,7 @@ impl RecordedReply {
                 output_tokens: o,
             }),
             response: self.response.clone(),
+            turn: self.turn.clone(),
         }
     }
 }
@@ -466,8 +505,15 @@ impl<M: Model> Recorder<M> {
 impl<M: Model> Model for Recorder<M> {
     fn next(&mut self, req: &ModelRequest<'_>) -> ModelReply {
         let r = self.inner.next(req);
-        self.replies.push(RecordedReply::of(req.step, &r));
+        self.replies
+            .push(RecordedReply::of(req.step, &r, self.inner.prompt_id()));
         r
+    }
+    fn input(&self) -> InputStyle {
+        self.inner.input()
+    }
+    fn prompt_id(&self) -> Option<String> {
+        self.inner.prompt_id()
     }
 }
 
@@ -487,14 +533,10 @@ impl Model for Replay {
     fn next(&mut self, _req: &ModelRequest<'_>) -> ModelReply {
         let r = match self.replies.get(self.next) {
             Some(r) => r.to_reply(),
-            None => ModelReply {
-                outcome: Err(ModelError::Failed(
-                    "replay has no more recorded replies".into(),
-                )),
-                latency_ms: 0,
-                usage: None,
-                response: None,
-            },
+            None => ModelReply::failed(
+                ModelError::Failed("replay has no more recorded replies".into()),
+                0,
+            ),
         };
         self.next += 1;
         r
@@ -504,5 +546,11 @@ impl Model for Replay {
 impl Model for Box<dyn Model> {
     fn next(&mut self, req: &ModelRequest<'_>) -> ModelReply {
         (**self).next(req)
+    }
+    fn input(&self) -> InputStyle {
+        (**self).input()
+    }
+    fn prompt_id(&self) -> Option<String> {
+        (**self).prompt_id()
     }
 }

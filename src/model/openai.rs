@@ -1,160 +1,115 @@
-//! An OpenAI-compatible Chat Completions model over HTTP: the versioned system prompt, retries
-//! with backoff for 429 and 5xx within the task's remaining active time, the provider's usage.
-//! Every request is bounded by the kernel's timeout and a retry cap.
+//! OpenAI's Chat Completions, and the servers that speak it: the request a step sends and the
+//! reading of its response ([`super::http`] sends it).
+//!
+//! A request is bounded, not a transcript: the system message (instructions and the kernel's
+//! rules), the goal, the model's last reply and what came of each of its calls (the
+//! `assistant` message with its `tool_calls` and one `tool` message per call, as the protocol
+//! requires), then the task's state as JSON. With native tool calling every tool is a
+//! function with its JSON Schema, beside `propose_plan` and `final_answer`; `tool_choice` is
+//! `required` (or `auto` when plain text may be the final answer) and `parallel_tool_calls`
+//! is false. A reply that still carries several calls runs the first; the others are
+//! answered `not_run` in the next request. With JSON tool calling the reply is one JSON
+//! object (`response_format: json_object`), found in any prose around it.
 
-use serde_json::{Value, json};
-use std::time::{Duration, Instant};
+use serde_json::{Map, Value, json};
 
-use crate::kernel::catalog::Access;
-use crate::kernel::{Catalog, ModelError, ModelReply, ModelRequest, RawReply, ResponseInfo, Usage};
+use super::http::Parsed;
+use super::profile::{FinalAnswer, HttpProfile, MaxTokensParam, ToolCalling};
+use super::prompt::{self, Prompt, TURN_CALLS_MAX, arguments_of, call_id, result_text, turn_text};
+use crate::kernel::{ModelError, ModelRequest, RawReply, ResponseInfo, Turn, TurnCall, Usage};
 use crate::limits;
-use crate::model::Model;
-use crate::net::{agent, backoff, clip, read_body};
+use crate::net::clip;
 
-/// Version of the system prompt in `data/`; recorded so a reply can be traced to its prompt.
-pub const SYSTEM_PROMPT_VERSION: u32 = 1;
-const SYSTEM_PROMPT: &str = include_str!("../../data/system_prompt_v1.txt");
+/// The text before the state in the last user message.
+pub const STATE_LEAD: &str = "The task's state now (JSON):\n";
 
-/// The system prompt for a catalog: the versioned text plus one line per tool.
-pub fn system_prompt(catalog: &Catalog) -> String {
-    let mut s = String::from(SYSTEM_PROMPT);
-    for t in &catalog.tools {
-        let args: Vec<String> = t
-            .args
-            .iter()
-            .map(|(n, a)| {
-                format!(
-                    "{n}: {:?}{}",
-                    a.kind,
-                    if a.required { "" } else { " (optional)" }
-                )
-                .to_lowercase()
-            })
-            .collect();
-        let kind = if t.access == Access::Write {
-            "write"
-        } else {
-            "read"
-        };
-        s.push_str(&format!(
-            "- {} ({kind}) args {{{}}}\n",
-            t.name,
-            args.join(", ")
-        ));
-    }
-    s
-}
-
-/// An OpenAI-compatible Chat Completions model.
-pub struct OpenAiModel {
-    pub base_url: String,
-    pub model: String,
-    /// Read from the environment variable named in the profile, when the model is built.
-    pub api_key: Option<String>,
-    pub max_retries: u32,
-    pub temperature: f64,
-    pub system: String,
-}
-
-impl Model for OpenAiModel {
-    fn next(&mut self, req: &ModelRequest<'_>) -> ModelReply {
-        let start = Instant::now();
-        let budget = Duration::from_millis(req.timeout_ms);
-        let body = json!({
-            "model": self.model,
-            "messages": [
-                {"role": "system", "content": self.system},
-                {"role": "user", "content": req.view},
-            ],
-            "max_tokens": req.output_tokens_max,
-            "temperature": self.temperature,
-        });
-        let url = format!("{}/chat/completions", self.base_url);
-        let mut attempt = 0;
-        let outcome = loop {
-            let left = budget.saturating_sub(start.elapsed());
-            if left.is_zero() {
-                break Err(ModelError::Timeout);
+/// The Chat Completions request for `req`.
+pub fn request(p: &HttpProfile, pr: &Prompt, req: &ModelRequest<'_>) -> Value {
+    let mut messages = vec![
+        json!({"role": "system", "content": pr.system}),
+        json!({"role": "user", "content": req.goal}),
+    ];
+    if let Some(last) = req.last_turn {
+        let t = &last.turn;
+        if !t.calls.is_empty() {
+            let calls: Vec<Value> = t
+                .calls
+                .iter()
+                .map(|c| {
+                    json!({"id": c.id, "type": "function", "function": {
+                        "name": c.name,
+                        "arguments": arguments_text(&c.arguments),
+                    }})
+                })
+                .collect();
+            messages.push(json!({"role": "assistant", "content": t.text, "tool_calls": calls}));
+            for (i, c) in t.calls.iter().enumerate() {
+                messages.push(json!({
+                    "role": "tool",
+                    "tool_call_id": c.id,
+                    "content": result_text(last.results.get(i).unwrap_or(&missing_result())),
+                }));
             }
-            let mut r = agent(left)
-                .post(&url)
-                .header("Content-Type", "application/json");
-            if let Some(k) = &self.api_key {
-                r = r.header("Authorization", &format!("Bearer {k}"));
-            }
-            match r.send(body.to_string()) {
-                Ok(mut resp) => {
-                    let status = resp.status().as_u16();
-                    let text = match read_body(&mut resp, limits::REPLY_BYTES_MAX) {
-                        Ok(t) => t,
-                        Err(e) => break Err(ModelError::Failed(format!("HTTP {status}: {e}"))),
-                    };
-                    if status == 429 || status >= 500 {
-                        let wait = backoff(attempt);
-                        if attempt < self.max_retries && start.elapsed() + wait < budget {
-                            tracing::warn!(model = %self.model, status, attempt = attempt + 1, wait_ms = wait.as_millis() as u64, "model answered HTTP {status}; retrying");
-                            std::thread::sleep(wait);
-                            attempt += 1;
-                            continue;
-                        }
-                        break Err(ModelError::Failed(format!(
-                            "HTTP {status} after {} attempts",
-                            attempt + 1
-                        )));
-                    }
-                    if !(200..300).contains(&status) {
-                        break Err(ModelError::Failed(format!(
-                            "HTTP {status}: {}",
-                            clip(&text)
-                        )));
-                    }
-                    break parse_completion(&text);
-                }
-                Err(ureq::Error::Timeout(_)) => break Err(ModelError::Timeout),
-                Err(e) => {
-                    let wait = backoff(attempt);
-                    if attempt < self.max_retries && start.elapsed() + wait < budget {
-                        tracing::warn!(model = %self.model, error = %e, attempt = attempt + 1, wait_ms = wait.as_millis() as u64, "model request failed; retrying");
-                        std::thread::sleep(wait);
-                        attempt += 1;
-                        continue;
-                    }
-                    break Err(ModelError::Failed(format!("request failed: {e}")));
-                }
-            }
-        };
-        let latency_ms = (start.elapsed().as_millis() as u64).min(req.timeout_ms.max(1));
-        let (outcome, usage, response) = match outcome {
-            Ok(c) => (c.outcome, c.usage, Some(c.response)),
-            Err(e) => (Err(e), None, None),
-        };
-        ModelReply {
-            // A timeout used all the time that was left.
-            latency_ms: if outcome == Err(ModelError::Timeout) {
-                req.timeout_ms
-            } else {
-                latency_ms
-            },
-            outcome,
-            usage,
-            response,
+        } else if let Some(text) = &t.text {
+            messages.push(json!({"role": "assistant", "content": text}));
         }
     }
+    messages.push(json!({"role": "user", "content": format!("{STATE_LEAD}{}", req.view)}));
+    let mut body = Map::new();
+    body.insert("model".into(), Value::from(p.model.clone()));
+    body.insert("messages".into(), Value::Array(messages));
+    let cap = match p.max_tokens_param {
+        MaxTokensParam::MaxCompletionTokens => "max_completion_tokens",
+        MaxTokensParam::MaxTokens => "max_tokens",
+    };
+    body.insert(cap.into(), Value::from(req.output_tokens_max));
+    if let Some(t) = p.temperature {
+        body.insert("temperature".into(), Value::from(t));
+    }
+    match pr.calling {
+        ToolCalling::Native => {
+            let tools: Vec<Value> = pr
+                .functions
+                .iter()
+                .map(|f| {
+                    json!({"type": "function", "function": {
+                        "name": f.name,
+                        "description": f.description,
+                        "parameters": f.parameters,
+                    }})
+                })
+                .collect();
+            body.insert("tools".into(), Value::Array(tools));
+            let choice = match pr.final_answer {
+                FinalAnswer::Function => "required",
+                FinalAnswer::Content => "auto",
+            };
+            body.insert("tool_choice".into(), Value::from(choice));
+            body.insert("parallel_tool_calls".into(), Value::Bool(false));
+        }
+        ToolCalling::Json => {
+            body.insert("response_format".into(), json!({"type": "json_object"}));
+        }
+    }
+    Value::Object(body)
 }
 
-/// A Chat Completions response, read: the reply for the kernel (or why there is none), the
-/// provider's usage, and what it said of the response (id, model, finish reasons), kept for
-/// traces even when the reply is refused.
-#[derive(Debug, PartialEq)]
-pub struct Completion {
-    pub outcome: Result<RawReply, ModelError>,
-    pub usage: Option<Usage>,
-    pub response: ResponseInfo,
+/// What a call is answered with when its step left no result (a run cut short).
+pub fn missing_result() -> Value {
+    json!({"status": "error", "code": "no_result", "detail": "this call has no recorded result"})
 }
 
-/// Parses a Chat Completions response. A refusal or a completion cut off at max_tokens is an
-/// error for the kernel, not a reply; a body that is not a completion is an error.
-pub fn parse_completion(text: &str) -> Result<Completion, ModelError> {
+/// A call's arguments as the protocol carries them: JSON text.
+pub fn arguments_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Reads a Chat Completions response: the move (or why there is none), the usage billed and
+/// the reply's turn.
+pub fn parse(pr: &Prompt, step: u32, text: &str) -> Result<Parsed, ModelError> {
     let v: Value = limits::parse_json_input(text, "the completion", limits::REPLY_BYTES_MAX)
         .map_err(|e| ModelError::Failed(e.0))?;
     let text_of = |x: &Value| x.as_str().map(|s| clip(s).to_string());
@@ -181,39 +136,58 @@ pub fn parse_completion(text: &str) -> Result<Completion, ModelError> {
         _ => None,
     };
     let choice = &v["choices"][0];
+    if !choice.is_object() {
+        return Err(ModelError::Failed(format!(
+            "the response is not a chat completion (it has no choices[0]): {}",
+            clip(text)
+        )));
+    }
     let msg = &choice["message"];
-    let outcome = if let Some(r) = msg["refusal"].as_str().filter(|r| !r.is_empty()) {
-        Err(ModelError::Failed(format!(
-            "the model refused: {}",
-            clip(r)
-        )))
-    } else if choice["finish_reason"] == "length" {
-        Err(ModelError::Failed(
-            "the completion was cut off at max_tokens".into(),
-        ))
-    } else {
-        match msg["content"].as_str() {
-            Some(content) => Ok(RawReply::Text(strip_fences(content).to_string())),
-            None => Err(ModelError::Failed(
-                "completion has no choices[0].message.content".into(),
-            )),
-        }
+    let content = msg["content"].as_str();
+    let calls: Vec<TurnCall> = msg["tool_calls"]
+        .as_array()
+        .map(|cs| {
+            cs.iter()
+                .take(TURN_CALLS_MAX)
+                .enumerate()
+                .map(|(i, c)| TurnCall {
+                    id: call_id(c["id"].as_str(), step, i),
+                    name: c["function"]["name"].as_str().unwrap_or("").to_string(),
+                    arguments: arguments_of(c["function"]["arguments"].as_str().unwrap_or("")),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let turn = Turn {
+        text: turn_text(content),
+        calls,
     };
-    Ok(Completion {
+    let finish = choice["finish_reason"].as_str().unwrap_or("");
+    let outcome = if let Some(r) = msg["refusal"].as_str().filter(|r| !r.is_empty()) {
+        Err(ModelError::Refused(format!(
+            "the model refused: {}",
+            limits::one_line(&clip(r))
+        )))
+    } else if finish == "content_filter" {
+        Err(ModelError::Refused(
+            "the provider's content filter stopped the reply".into(),
+        ))
+    } else if finish == "length" {
+        Ok(prompt::cut_off(&turn))
+    } else if let Some(first) = turn.calls.first() {
+        Ok(pr.move_of_call(first))
+    } else if let Some(c) = content {
+        Ok(pr.move_of_text(c))
+    } else {
+        Ok(RawReply::Invalid(
+            "the reply has neither text nor a function call".into(),
+        ))
+    };
+    let keep = !turn.calls.is_empty() || turn.text.is_some();
+    Ok(Parsed {
         outcome,
         usage,
         response,
+        turn: keep.then_some(turn),
     })
-}
-
-/// Models often wrap JSON in a Markdown fence; the kernel wants the JSON.
-fn strip_fences(s: &str) -> &str {
-    let t = s.trim();
-    match t.strip_prefix("```") {
-        Some(rest) => {
-            let rest = rest.trim_start_matches("json");
-            rest.strip_suffix("```").unwrap_or(rest).trim()
-        }
-        None => t,
-    }
 }

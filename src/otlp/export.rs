@@ -190,20 +190,19 @@ fn batch(store: &dyn Backend, entries: &[OutboxEntry], t: &Target) -> (Vec<u8>, 
             .filter(|e| e.task_id == task)
             .flat_map(|e| e.spans.iter().copied())
             .collect();
-        let read = store.task(task).and_then(|mut rec| {
-            if let Ok(m) = t.config.model_for(&rec.model) {
-                rec.model = m;
-            }
+        let read = store.task(task).and_then(|rec| {
             let spans = store.spans(task)?;
             let replies = store.replies(task)?;
             Ok((rec, spans, replies))
         });
         match read {
             Ok((rec, spans, replies)) => {
+                let model = t.config.model_for(&rec.model).ok();
+                let http = model.as_ref().and_then(crate::model::RunModel::http);
                 if wanted.contains(&super::ROOT) {
                     out.push(super::root_of(db, &rec, &spans));
                 }
-                out.extend(super::spans_of(db, &rec, &spans, &replies, |id| {
+                out.extend(super::spans_of(db, &rec, &spans, &replies, http, |id| {
                     wanted.contains(&id)
                 }));
             }

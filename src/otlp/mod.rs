@@ -30,6 +30,7 @@ pub mod proto;
 use sha2::{Digest, Sha256};
 
 use crate::kernel::{Span, SpanKind};
+use crate::model::HttpProfile;
 use crate::model::{ModelProfile, RecordedOutcome, RecordedReply};
 use crate::store::TaskRecord;
 
@@ -91,7 +92,14 @@ pub fn hex(bytes: &[u8]) -> String {
 
 /// The model's name and the GenAI provider name: from the profile, and for an
 /// OpenAI-compatible endpoint, from its host (a local server is not OpenAI).
-fn model_of(p: &ModelProfile) -> (String, String) {
+fn model_of(p: &ModelProfile, http: Option<&HttpProfile>) -> (String, String) {
+    if let Some(h) = http {
+        let provider = match h.api {
+            crate::model::profile::Api::Anthropic => "anthropic".to_string(),
+            crate::model::profile::Api::OpenAi => provider_of(&h.base_url),
+        };
+        return (h.model.clone(), provider);
+    }
     match p {
         ModelProfile::OpenAi {
             model, base_url, ..
@@ -161,6 +169,7 @@ pub fn spans_of(
     rec: &TaskRecord,
     spans: &[Span],
     replies: &[RecordedReply],
+    http: Option<&HttpProfile>,
     keep: impl Fn(u32) -> bool,
 ) -> Vec<OtlpSpan> {
     // A task's ids are in its call-key namespace (the database id for older tasks), so a
@@ -168,9 +177,10 @@ pub fn spans_of(
     let db_id = rec.key_namespace(db_id);
     let trace = trace_id(db_id, &rec.id);
     let base_ns = rec.created_at_ms.saturating_mul(1_000_000);
-    let (model, provider) = model_of(&rec.model);
-    let temperature = match &rec.model {
-        ModelProfile::OpenAi { temperature, .. } => Some(*temperature),
+    let (model, provider) = model_of(&rec.model, http);
+    let temperature = match (http, &rec.model) {
+        (Some(h), _) => h.temperature,
+        (None, ModelProfile::OpenAi { temperature, .. }) => Some(*temperature),
         _ => None,
     };
     // The step number of each `step N` span, for its model call's recorded reply.
@@ -228,7 +238,11 @@ pub fn spans_of(
                     }
                     if sp.status != "ok" {
                         message = match reply.map(|r| &r.outcome) {
-                            Some(RecordedOutcome::Failed(m)) => m.clone(),
+                            Some(
+                                RecordedOutcome::Failed(m)
+                                | RecordedOutcome::Refused(m)
+                                | RecordedOutcome::Fatal(m),
+                            ) => m.clone(),
                             Some(RecordedOutcome::Timeout) => {
                                 "no answer within the remaining active time".into()
                             }
@@ -372,9 +386,10 @@ pub fn trace_of(
     rec: &TaskRecord,
     spans: &[Span],
     replies: &[RecordedReply],
+    http: Option<&HttpProfile>,
 ) -> Vec<OtlpSpan> {
     let mut out = vec![root_of(db_id, rec, spans)];
-    out.extend(spans_of(db_id, rec, spans, replies, |_| true));
+    out.extend(spans_of(db_id, rec, spans, replies, http, |_| true));
     out
 }
 

@@ -34,6 +34,8 @@ pub const LIMIT_MAX: usize = 10_000;
 pub struct ListQuery {
     pub status: Option<QueueStatus>,
     pub stop: Option<StopReason>,
+    /// A finished task's outcome (`completed`, `cannot_complete`).
+    pub outcome: Option<String>,
     pub user: Option<String>,
     /// The task enqueued under this key (at most one).
     pub key: Option<String>,
@@ -53,6 +55,8 @@ pub struct TaskSummary {
     pub num: u64,
     pub status: QueueStatus,
     pub stop: Option<StopReason>,
+    /// The final answer's outcome, once there is one (`completed`, `cannot_complete`).
+    pub outcome: Option<String>,
     pub user: String,
     pub goal: String,
     pub priority: i64,
@@ -94,6 +98,10 @@ impl ListQuery {
     pub fn admits(&self, s: &TaskSummary) -> bool {
         self.status.is_none_or(|x| s.status == x)
             && self.stop.is_none_or(|x| s.stop == Some(x))
+            && self
+                .outcome
+                .as_ref()
+                .is_none_or(|o| s.outcome.as_ref() == Some(o))
             && self.user.as_ref().is_none_or(|u| &s.user == u)
             && self.key.as_ref().is_none_or(|k| s.key.as_ref() == Some(k))
             && self.since_ms.is_none_or(|t| s.created_at_ms >= t)
@@ -219,6 +227,7 @@ pub(super) fn summary(row: &TaskRow, spec: &SpecRow) -> TaskSummary {
         num: task_num(&row.id).unwrap_or(0),
         status: row.status,
         stop: row.state.stop,
+        outcome: row.state.outcome().map(str::to_string),
         user: row.state.user_id.clone(),
         goal: row.state.goal.clone(),
         priority: row.priority,

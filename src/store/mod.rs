@@ -368,7 +368,7 @@ impl Store {
         if rec.status != QueueStatus::Running {
             list::Indexes::open(w)?.moved(&c.task_id, QueueStatus::Running, rec.status)?;
         }
-        let row = codec::encode_row(&rec)?;
+        let row = rows::encode_task(&rec)?;
         written += row.len();
         tasks.insert(c.task_id.as_str(), row.as_slice())?;
         drop((tasks, running));

@@ -130,6 +130,9 @@ pub struct TaskRecord {
     /// before it was kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enqueued_budget: Option<Budget>,
+    /// The task's own agent instructions (`enqueue --instructions`), after the profile's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<String>,
 }
 
 impl TaskRecord {
@@ -184,6 +187,8 @@ pub struct NewTask {
     pub catalog: Option<crate::kernel::Catalog>,
     pub store_scope: String,
     pub approval_wait_ms: u64,
+    /// The task's own agent instructions (see [`TaskRecord::instructions`]).
+    pub instructions: Option<String>,
 }
 
 /// A write's call key record: committed as an intent before the tool is called, then completed
@@ -291,6 +296,7 @@ pub(crate) fn new_record(
         approval: None,
         key_ns: Some(new_key_ns(db_id)),
         enqueued_budget: Some(t.budget),
+        instructions: t.instructions.clone(),
     }
 }
 
@@ -307,6 +313,8 @@ pub(crate) fn differs(rec: &TaskRecord, t: &NewTask) -> Option<&'static str> {
         Some("budget")
     } else if rec.priority != t.priority {
         Some("priority")
+    } else if rec.instructions != t.instructions {
+        Some("instructions")
     } else if rec.catalog != t.catalog {
         Some("tool catalog")
     } else if rec.store_scope != t.store_scope || rec.tool_latency_ms != t.tool_latency_ms {

@@ -26,7 +26,10 @@ where
         let rec: TaskRecord = decode_legacy(&format!("task {id}"), bytes)?;
         return Ok(Some(task_row(&rec)));
     }
-    Ok(Some(decode_row(&format!("task {id}"), bytes)?))
+    Ok(Some(super::rows::decode_task(
+        &format!("task {id}"),
+        bytes,
+    )?))
 }
 
 /// Reads whole task records, decoding each shared blob once.
@@ -61,7 +64,7 @@ where
         if is_legacy(g.value()) {
             return Ok(Some(decode_legacy(&what, g.value())?));
         }
-        let row: TaskRow = decode_row(&what, g.value())?;
+        let row: TaskRow = super::rows::decode_task(&what, g.value())?;
         drop(g);
         self.with_row(row).map(Some)
     }
@@ -174,7 +177,7 @@ pub(super) fn load(w: &WriteTransaction, id: &str) -> Result<Option<TaskRecord>>
 
 /// Writes what a step or an operator changes: the task row only.
 pub(super) fn save_row(tasks: &mut Table<&str, &[u8]>, row: &TaskRow) -> Result<()> {
-    tasks.insert(row.id.as_str(), encode_row(row)?.as_slice())?;
+    tasks.insert(row.id.as_str(), super::rows::encode_task(row)?.as_slice())?;
     Ok(())
 }
 

@@ -282,7 +282,7 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
         tracing::warn!(task = %rec.id, tool = %tool, reason = %why, "tool unavailable to this worker");
     }
     let mut model: Box<dyn crate::model::Model> = match ctx.trusted.model_for(&rec.model) {
-        Ok(profile) => profile.build_for(&catalog),
+        Ok(m) => m.build(&catalog, rec.instructions.as_deref()),
         Err(why) => {
             tracing::error!(task = %rec.id, reason = %why, "model unavailable to this worker");
             Box::new(crate::model::Unavailable(why))
@@ -329,6 +329,7 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
         rec.next_span_id,
         Keys::durable(rec.key_namespace(ctx.store.db_id())),
     );
+    session.set_input(model.input());
     if rec.cancel_requested.is_some() {
         // Cancelled while its worker was gone: stop before anything runs.
         session.cancel();
@@ -399,17 +400,17 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
                     None
                 };
                 pass(ctx, Point::Model)?;
-                let reply = match recorded {
-                    Some(recorded) => recorded.to_reply(),
+                let (reply, prompt) = match recorded {
+                    Some(recorded) => (recorded.to_reply(), recorded.prompt),
                     None => {
                         let reply = model.next(&req);
                         observe_model(&rec.id, step, rec.model.label(), &reply);
-                        reply
+                        (reply, model.prompt_id())
                     }
                 };
                 crate::metrics::global().steps.inc();
                 pause(ctx.time_scale, reply.latency_ms);
-                step_reply = Some(RecordedReply::of(step, &reply));
+                step_reply = Some(RecordedReply::of(step, &reply, prompt));
                 session.on_model(reply);
             }
             Action::Tool(req) => {

@@ -7,6 +7,7 @@ use std::process::{Command, Output};
 pub mod mcp;
 pub mod pg;
 pub mod proxy;
+pub mod shop;
 
 pub struct TempDir(pub PathBuf);
 
@@ -209,9 +210,13 @@ pub fn signal(pid: u32, sig: &str) {
 /// The document's goal for Ana's damaged jacket.
 pub const GOAL: &str = "refund the damaged item on order ord_1001";
 
-/// `worker enqueue --user cu_ana --goal GOAL EXTRA...`, which must succeed.
+/// `worker enqueue --user cu_ana --goal GOAL EXTRA...` (with `--model policy` unless EXTRA
+/// names a model), which must succeed.
 pub fn enqueue(dir: &Path, extra: &[&str]) -> String {
     let mut args = vec!["enqueue", "--user", "cu_ana", "--goal", GOAL];
+    if !extra.contains(&"--model") {
+        args.extend_from_slice(&["--model", "policy"]);
+    }
     args.extend_from_slice(extra);
     ok(dir, &args)
 }

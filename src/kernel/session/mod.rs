@@ -17,14 +17,15 @@ use crate::kernel::catalog::{Access, Catalog, check_args};
 use crate::kernel::json::dumped_len;
 use crate::kernel::plan::validate_plan;
 use crate::kernel::reply::{RawReply, Reply, parse_owned};
-use crate::kernel::state::{Budget, Status, StopReason, TaskState, ToolCall, est_tokens};
+use crate::kernel::state::{Budget, LastTurn, Status, StopReason, TaskState, ToolCall, est_tokens};
 use crate::kernel::trace::{SpanKind, Trace};
-use crate::kernel::view::render_into;
 
 mod tool;
+mod turn;
 
 pub use super::io::{
-    Action, Keys, ModelError, ModelReply, ModelRequest, ResponseInfo, ToolReply, ToolRequest, Usage,
+    Action, InputStyle, Keys, ModelError, ModelReply, ModelRequest, ResponseInfo, ToolReply,
+    ToolRequest, Turn, TurnCall, Usage,
 };
 
 /// Where a session stands between polls.
@@ -82,6 +83,13 @@ pub struct Session<'c> {
     resume_span: Option<u32>,
     /// Signature at the start of the current step (and so at the end of the previous one).
     signature: String,
+    /// How the model takes its input (set by the driver from the model).
+    input: InputStyle,
+    /// What the first call of this step's turn is answered with, when that is not the last
+    /// result (an accepted plan).
+    turn_answer: Option<Value>,
+    /// Consecutive steps of this run whose model call failed.
+    model_failures: u32,
 }
 
 impl<'c> Session<'c> {
@@ -225,7 +233,16 @@ impl<'c> Session<'c> {
             model_span: 0,
             resume_span: None,
             signature,
+            input: InputStyle::View,
+            turn_answer: None,
+            model_failures: 0,
         }
+    }
+
+    /// Tells the session how its model takes its input: the document's view, or messages
+    /// (see [`InputStyle`]); the token check then counts what the messages add.
+    pub fn set_input(&mut self, style: InputStyle) {
+        self.input = style;
     }
 
     pub fn state(&self) -> &TaskState {
@@ -303,6 +320,8 @@ impl<'c> Session<'c> {
                 Phase::AwaitModel => {
                     return Action::Model(ModelRequest {
                         view: &self.view,
+                        goal: &self.state.goal,
+                        last_turn: self.state.last_turn.as_ref(),
                         step: self.state.step,
                         output_tokens_max: self.budget.output_tokens_max,
                         timeout_ms: self.remaining_ms(),
@@ -334,8 +353,7 @@ impl<'c> Session<'c> {
 
     /// Renders the next view and checks the budgets: `None` means another step may run.
     fn check_budget(&mut self) -> Option<StopReason> {
-        render_into(&mut self.view, &self.state, &self.budget);
-        self.view_tokens = est_tokens(self.view.len());
+        self.render_view();
         let (st, b) = (&self.state, &self.budget);
         if st.step >= b.steps_max {
             Some(StopReason::MaxSteps)
@@ -372,18 +390,19 @@ impl<'c> Session<'c> {
             return;
         }
         let remaining = self.remaining_ms();
+        let step = self.state.step;
+        self.turn_answer = None;
+        self.state.last_turn = reply.turn.map(|turn| LastTurn {
+            step,
+            turn,
+            results: Vec::new(),
+        });
         let raw = match reply.outcome {
             Err(ModelError::Timeout) => None,
             _ if reply.latency_ms > remaining => None,
             Ok(raw) => Some(raw),
-            Err(ModelError::Failed(msg)) => {
-                // No reply, so no tokens; the time spent counts and the step counts.
-                self.state.elapsed_ms = self.state.elapsed_ms.saturating_add(reply.latency_ms);
-                let t = self.state.elapsed_ms;
-                self.trace.end(self.model_span, "error", t);
-                self.state.last_result =
-                    Some(json!({"status": "error", "code": "model_error", "detail": msg}));
-                self.end_step(None);
+            Err(e) => {
+                self.on_model_error(e, reply.latency_ms, reply.usage);
                 return;
             }
         };
@@ -396,13 +415,14 @@ impl<'c> Session<'c> {
             self.finish(StopReason::Deadline, None);
             return;
         };
+        self.model_failures = 0;
         let tin = reply.usage.map_or(self.view_tokens, |u| u.input_tokens);
         if self.view_tokens > 0 && tin > self.view_tokens {
             self.input_scale = self.input_scale.max(tin as f64 / self.view_tokens as f64);
         }
         let estimated_out = match &raw {
             RawReply::Json(v) => est_tokens(dumped_len(v)),
-            RawReply::Text(t) => est_tokens(t.chars().count()),
+            RawReply::Text(t) | RawReply::Invalid(t) => est_tokens(t.chars().count()),
         };
         let mut tout = reply.usage.map_or(estimated_out, |u| u.output_tokens);
         let cap = self.budget.output_tokens_max as u64;
@@ -455,7 +475,10 @@ impl<'c> Session<'c> {
                     Err(vec!["a plan is already set".to_string()])
                 };
                 match verdict {
-                    Ok(plan) => self.state.plan = plan,
+                    Ok(plan) => {
+                        self.state.plan = plan;
+                        self.turn_answer = Some(json!({"status": "ok", "code": "plan_accepted"}));
+                    }
                     Err(problems) => {
                         self.state.last_result = Some(
                             json!({"status": "error", "code": "invalid_plan", "detail": problems}),
@@ -464,7 +487,7 @@ impl<'c> Session<'c> {
                 }
                 None
             }
-            Ok(Reply::Tool(call)) => {
+            Ok(Reply::Tool(mut call)) => {
                 let fp = call.digest();
                 let n = self.state.seen.entry(fp).or_insert(0);
                 *n += 1;
@@ -483,7 +506,7 @@ impl<'c> Session<'c> {
                     self.state.last_result =
                         Some(json!({"status": "error", "code": "invalid_args", "detail": detail}));
                     None
-                } else if let Err(detail) = self.check_plan_step(&call) {
+                } else if let Err(detail) = self.check_plan_step(&mut call) {
                     // The key of a write is the plan step's: a write that names no step of
                     // the plan (or one of another tool) would get a key the model chose.
                     self.state.last_result = Some(
@@ -500,6 +523,7 @@ impl<'c> Session<'c> {
     }
 
     fn end_step(&mut self, mut stop: Option<StopReason>) {
+        self.answer_turn();
         let after = self.state.signature();
         if after != self.signature {
             self.state.stalls = 0;
@@ -508,7 +532,13 @@ impl<'c> Session<'c> {
             self.state.stalls += 1;
         }
         if stop.is_none() && self.state.stalls >= self.budget.stalls_max {
-            stop = Some(StopReason::NoProgress);
+            // Steps that failed at the model made no progress because there was no move:
+            // the stop says so when every stalled step of this run was one.
+            stop = Some(if self.model_failures >= self.state.stalls {
+                StopReason::ModelFailed
+            } else {
+                StopReason::NoProgress
+            });
         }
         let t = self.state.elapsed_ms;
         self.trace

@@ -12,20 +12,49 @@ use crate::kernel::state::{StepStatus, StopReason, ToolCall, est_tokens};
 use crate::kernel::trace::SpanKind;
 
 impl Session<'_> {
-    /// Under strict keys, a write must name a step of the accepted plan whose tool matches.
-    pub(super) fn check_plan_step(&self, call: &ToolCall) -> Result<(), String> {
+    /// Under strict keys, a call that names no plan step carries out the one open step of the
+    /// accepted plan that uses its tool, when there is exactly one; and a write must name (or
+    /// so be given) a step of the plan whose tool matches, so that its key is the plan's.
+    pub(super) fn check_plan_step(&self, call: &mut ToolCall) -> Result<(), String> {
+        if !self.keys.strict {
+            return Ok(());
+        }
         let write = self
             .catalog
             .get(&call.name)
             .is_none_or(|s| s.access == Access::Write);
-        if !self.keys.strict || !write {
+        if call.plan_step.as_deref().is_none_or(str::is_empty) {
+            let open: Vec<&str> = self
+                .state
+                .plan
+                .iter()
+                .filter(|s| s.tool == call.name && s.status == StepStatus::Pending)
+                .map(|s| s.id.as_str())
+                .collect();
+            match open.as_slice() {
+                [one] => call.plan_step = Some(one.to_string()),
+                [] if !write => {}
+                [] => {
+                    return Err(format!(
+                        "a write must carry out a step of the accepted plan; no open step uses {} (name one in plan_step, or propose a plan first)",
+                        call.name
+                    ));
+                }
+                many if write => {
+                    return Err(format!(
+                        "open plan steps {} all use {}: name the one this call carries out in plan_step",
+                        many.join(", "),
+                        call.name
+                    ));
+                }
+                _ => {}
+            }
+        }
+        if !write {
             return Ok(());
         }
-        let Some(p) = call.plan_step.as_deref().filter(|p| !p.is_empty()) else {
-            return Err(format!(
-                "a write must name the plan step it carries out; {} names none",
-                call.name
-            ));
+        let Some(p) = call.plan_step.as_deref() else {
+            return Ok(());
         };
         match self.state.plan.iter().find(|s| s.id == p) {
             None => Err(format!("plan step {p:?} is not in the accepted plan")),
@@ -160,6 +189,8 @@ impl Session<'_> {
         }
         self.state.last_result = Some(result);
         if held {
+            // The held call was this turn's move: the model is shown what came of it now.
+            self.answer_turn();
             let t = self.state.elapsed_ms;
             if let Some(rid) = self.resume_span {
                 self.trace

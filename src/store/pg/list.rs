@@ -12,12 +12,14 @@ use crate::store::{QueueStatus, Result};
 
 const LIST_SQL: &str = "SELECT id, num, status, state->'stop', user_id, state->>'goal', priority, \
     enqueue_key, (state->>'step')::bigint, (state->>'tool_calls')::bigint, \
-    (state->>'tokens')::bigint, elapsed_ms, token, created_at_ms, updated_at_ms, damaged \
+    (state->>'tokens')::bigint, elapsed_ms, token, created_at_ms, updated_at_ms, damaged, \
+    state->>'outcome' \
     FROM {s}.tasks \
     WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR user_id = $2) \
       AND ($3::text IS NULL OR enqueue_key = $3) AND ($4::bigint IS NULL OR created_at_ms >= $4) \
       AND ($5::bigint IS NULL OR created_at_ms < $5) AND num < $6 \
       AND ($7::text IS NULL OR state->>'stop' = $7) \
+      AND ($9::text IS NULL OR state->>'outcome' = $9) \
     ORDER BY num DESC LIMIT $8";
 
 impl PgStore {
@@ -34,6 +36,7 @@ impl PgStore {
                 &q.before.map_or(i64::MAX, i64_of),
                 &q.stop.map(|s| s.as_str()),
                 &(limit as i64),
+                &q.outcome,
             ],
         )?;
         let mut page = Page::default();
@@ -52,6 +55,7 @@ impl PgStore {
                 num: u64_of(r.get(1)),
                 status: QueueStatus::parse(&status).unwrap_or(QueueStatus::Finished),
                 stop,
+                outcome: r.get(16),
                 user: r.get(4),
                 goal: r.get::<_, Option<String>>(5).unwrap_or_default(),
                 priority: r.get(6),

@@ -31,6 +31,8 @@ pub struct Spec {
     pub key_ns: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enqueued_budget: Option<crate::kernel::Budget>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<String>,
 }
 
 /// A lease as stored: the owner's identity and the token; the expiry is its own column.
@@ -123,6 +125,7 @@ pub fn from_row_at(r: &Row, o: usize) -> Result<TaskRecord> {
         store_scope: spec.store_scope,
         key_ns: spec.key_ns,
         enqueued_budget: spec.enqueued_budget,
+        instructions: spec.instructions,
         id,
     })
 }
@@ -136,6 +139,7 @@ pub fn spec_of(rec: &TaskRecord) -> Result<Value> {
             store_scope: rec.store_scope.clone(),
             key_ns: rec.key_ns.clone(),
             enqueued_budget: rec.enqueued_budget,
+            instructions: rec.instructions.clone(),
         },
         "the task's spec",
     )

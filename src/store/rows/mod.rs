@@ -14,14 +14,15 @@ use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 
 mod reply;
+mod task;
+
+pub use task::{StateRow, TaskRow, decode_task, encode_task};
 
 use super::codec::{Json, Record};
 use super::ops::Event;
-use super::{Approval, CallRecord, Lease, QueueStatus, TaskRecord};
+use super::{CallRecord, TaskRecord};
 use crate::kernel::memory::Note;
-use crate::kernel::{
-    Budget, Catalog, PlanStep, Span, SpanKind, Status, StopReason, TaskState, ToolCall,
-};
+use crate::kernel::{Budget, Catalog, Span, SpanKind, TaskState, ToolCall};
 use crate::model::ModelProfile;
 
 type R<T> = std::result::Result<T, String>;
@@ -51,100 +52,8 @@ impl Record for ToolCall {
     }
 }
 
-#[derive(Serialize, Deserialize)]
-pub struct StateRow {
-    task_id: String,
-    pub(super) user_id: String,
-    pub(super) goal: String,
-    plan: Vec<PlanStep>,
-    facts: Json,
-    last_result: Option<Json>,
-    pub(super) step: u32,
-    pub(super) tool_calls: u32,
-    pub(super) tokens: u64,
-    pub(super) elapsed_ms: u64,
-    seen: BTreeMap<String, u32>,
-    stalls: u32,
-    status: Status,
-    pub(super) stop: Option<StopReason>,
-    answer: Option<String>,
-    pending: Option<ToolCallRow>,
-    outcome: Option<String>,
-    remembered: Vec<String>,
-    cancelled_from: Option<StopReason>,
-}
-
-impl Record for TaskState {
-    type Row = StateRow;
-    fn to_row(&self) -> StateRow {
-        StateRow {
-            task_id: self.task_id.clone(),
-            user_id: self.user_id.clone(),
-            goal: self.goal.clone(),
-            plan: self.plan.clone(),
-            facts: Json::of_map(&self.facts),
-            last_result: self.last_result.as_ref().map(Json::of),
-            step: self.step,
-            tool_calls: self.tool_calls,
-            tokens: self.tokens,
-            elapsed_ms: self.elapsed_ms,
-            seen: self.seen.clone(),
-            stalls: self.stalls,
-            status: self.status,
-            stop: self.stop,
-            answer: self.answer.clone(),
-            pending: self.pending.as_ref().map(Record::to_row),
-            outcome: self.outcome.clone(),
-            remembered: self.remembered.clone(),
-            cancelled_from: self.cancelled_from,
-        }
-    }
-    fn from_row(r: StateRow) -> R<TaskState> {
-        Ok(TaskState {
-            task_id: r.task_id,
-            user_id: r.user_id,
-            goal: r.goal,
-            plan: r.plan,
-            facts: r.facts.map()?,
-            last_result: r.last_result.map(|j| j.value()).transpose()?,
-            step: r.step,
-            tool_calls: r.tool_calls,
-            tokens: r.tokens,
-            elapsed_ms: r.elapsed_ms,
-            seen: r.seen,
-            stalls: r.stalls,
-            status: r.status,
-            stop: r.stop,
-            answer: r.answer,
-            pending: r.pending.map(ToolCall::from_row).transpose()?,
-            outcome: r.outcome,
-            remembered: r.remembered,
-            cancelled_from: r.cancelled_from,
-        })
-    }
-}
-
-/// What a step or an operator changes: written by every commit.
-#[derive(Serialize, Deserialize)]
-pub struct TaskRow {
-    pub id: String,
-    pub status: QueueStatus,
-    pub priority: i64,
-    pub budget: Budget,
-    pub state: StateRow,
-    pub next_span_id: u32,
-    pub updated_at_ms: u64,
-    pub lease: Option<Lease>,
-    pub runs: u32,
-    pub cancel_requested: Option<String>,
-    pub settle: Option<Json>,
-    pub approval_wait_ms: u64,
-    pub suspended_at_ms: Option<u64>,
-    pub approval: Option<Approval>,
-}
-
 /// What enqueue fixes: written once. Script replies and catalogs are blobs, by digest.
-/// Format 3 ([`SPEC_FORMAT`]): format 2 and the task's call-key namespace and enqueued budget.
+/// Format 4 ([`SPEC_FORMAT`]): format 3 and the task's own agent instructions.
 #[derive(Serialize, Deserialize)]
 pub struct SpecRow {
     pub key: Option<String>,
@@ -155,10 +64,24 @@ pub struct SpecRow {
     pub created_at_ms: u64,
     pub key_ns: Option<String>,
     pub enqueued_budget: Option<Budget>,
+    pub instructions: Option<String>,
 }
 
 /// The format a spec row is written in.
-pub const SPEC_FORMAT: u8 = 3;
+pub const SPEC_FORMAT: u8 = 4;
+
+/// A spec row of format 3: format 2 and the task's call-key namespace and enqueued budget.
+#[derive(Serialize, Deserialize)]
+pub struct SpecRowV3 {
+    pub key: Option<String>,
+    pub model: ModelRow,
+    pub tool_latency_ms: BTreeMap<String, u64>,
+    pub catalog: Option<String>,
+    pub store_scope: String,
+    pub created_at_ms: u64,
+    pub key_ns: Option<String>,
+    pub enqueued_budget: Option<Budget>,
+}
 
 /// A spec row of format 2 (before namespaces and enqueued budgets were kept).
 #[derive(Serialize, Deserialize)]
@@ -176,16 +99,32 @@ pub fn encode_spec(spec: &SpecRow) -> std::result::Result<Vec<u8>, crate::store:
     super::codec::encode_row_as(SPEC_FORMAT, spec)
 }
 
-/// A stored spec row of format 3, or of format 2 read as one (without a namespace or an
-/// enqueued budget: the task's keys use the database id).
+/// A stored spec row of format 4, or of an older format read as one: format 3 without
+/// instructions, format 2 also without a namespace or an enqueued budget (the task's keys use
+/// the database id).
 pub fn decode_spec(what: &str, bytes: &[u8]) -> std::result::Result<SpecRow, crate::store::Error> {
     super::codec::decode_row_versioned(what, bytes, SPEC_FORMAT, |version, payload| {
-        if version != 2 {
-            return Err(crate::store::Error::Corrupt(format!(
-                "{what} record: unknown record format {version}"
-            )));
-        }
-        let old: SpecRowV2 = super::codec::decode_payload(what, payload)?;
+        let old: SpecRowV3 = match version {
+            3 => super::codec::decode_payload(what, payload)?,
+            2 => {
+                let o: SpecRowV2 = super::codec::decode_payload(what, payload)?;
+                SpecRowV3 {
+                    key: o.key,
+                    model: o.model,
+                    tool_latency_ms: o.tool_latency_ms,
+                    catalog: o.catalog,
+                    store_scope: o.store_scope,
+                    created_at_ms: o.created_at_ms,
+                    key_ns: None,
+                    enqueued_budget: None,
+                }
+            }
+            _ => {
+                return Err(crate::store::Error::Corrupt(format!(
+                    "{what} record: unknown record format {version}"
+                )));
+            }
+        };
         Ok(SpecRow {
             key: old.key,
             model: old.model,
@@ -193,8 +132,9 @@ pub fn decode_spec(what: &str, bytes: &[u8]) -> std::result::Result<SpecRow, cra
             catalog: old.catalog,
             store_scope: old.store_scope,
             created_at_ms: old.created_at_ms,
-            key_ns: None,
-            enqueued_budget: None,
+            key_ns: old.key_ns,
+            enqueued_budget: old.enqueued_budget,
+            instructions: None,
         })
     })
 }
@@ -355,6 +295,7 @@ pub fn split(rec: &TaskRecord) -> Split {
             created_at_ms: rec.created_at_ms,
             key_ns: rec.key_ns.clone(),
             enqueued_budget: rec.enqueued_budget,
+            instructions: rec.instructions.clone(),
         },
         blobs,
     }
@@ -433,6 +374,7 @@ pub fn join(row: TaskRow, spec: SpecRow, blob: &mut dyn FnMut(&str) -> R<Blob>) 
         approval: row.approval,
         key_ns: spec.key_ns,
         enqueued_budget: spec.enqueued_budget,
+        instructions: spec.instructions,
     })
 }
 

@@ -1,5 +1,5 @@
-//! The row of a recorded model reply, in its current format (3) and the one before (2), which
-//! is still read: see [`super::super::codec`] on how a row type changes format.
+//! The row of a recorded model reply, in its current format (4) and the two before (3, 2),
+//! which are still read: see [`super::super::codec`] on how a row type changes format.
 
 use serde::{Deserialize, Serialize};
 
@@ -15,11 +15,28 @@ pub enum OutcomeRow {
     Text(String),
     Timeout,
     Failed(String),
+    /// Format 4 on.
+    Invalid(String),
+    Refused(String),
+    Fatal(String),
+}
+
+/// A model reply, format 4: format 3, the reply in the provider's protocol (JSON of a
+/// [`crate::kernel::Turn`]) and the version of the prompt it was made with.
+#[derive(Serialize, Deserialize)]
+pub struct ReplyRow {
+    step: u32,
+    outcome: OutcomeRow,
+    latency_ms: u64,
+    usage: Option<[u64; 2]>,
+    response: Option<ResponseRow>,
+    turn: Option<Json>,
+    prompt: Option<String>,
 }
 
 /// A model reply, format 3: format 2 and what the provider said of its response.
 #[derive(Serialize, Deserialize)]
-pub struct ReplyRow {
+pub struct ReplyRowV3 {
     step: u32,
     outcome: OutcomeRow,
     latency_ms: u64,
@@ -45,7 +62,7 @@ pub struct ReplyRowV2 {
 
 impl Record for RecordedReply {
     type Row = ReplyRow;
-    const FORMAT: u8 = 3;
+    const FORMAT: u8 = 4;
     fn to_row(&self) -> ReplyRow {
         ReplyRow {
             step: self.step,
@@ -54,6 +71,9 @@ impl Record for RecordedReply {
                 RecordedOutcome::Text(t) => OutcomeRow::Text(t.clone()),
                 RecordedOutcome::Timeout => OutcomeRow::Timeout,
                 RecordedOutcome::Failed(m) => OutcomeRow::Failed(m.clone()),
+                RecordedOutcome::Invalid(m) => OutcomeRow::Invalid(m.clone()),
+                RecordedOutcome::Refused(m) => OutcomeRow::Refused(m.clone()),
+                RecordedOutcome::Fatal(m) => OutcomeRow::Fatal(m.clone()),
             },
             latency_ms: self.latency_ms,
             usage: self.usage,
@@ -62,6 +82,12 @@ impl Record for RecordedReply {
                 model: r.model.clone(),
                 finish_reasons: r.finish_reasons.clone(),
             }),
+            turn: self
+                .turn
+                .as_ref()
+                .and_then(|t| serde_json::to_value(t).ok())
+                .map(|v| Json::of(&v)),
+            prompt: self.prompt.clone(),
         }
     }
     fn from_row(r: ReplyRow) -> R<RecordedReply> {
@@ -72,6 +98,9 @@ impl Record for RecordedReply {
                 OutcomeRow::Text(t) => RecordedOutcome::Text(t),
                 OutcomeRow::Timeout => RecordedOutcome::Timeout,
                 OutcomeRow::Failed(m) => RecordedOutcome::Failed(m),
+                OutcomeRow::Invalid(m) => RecordedOutcome::Invalid(m),
+                OutcomeRow::Refused(m) => RecordedOutcome::Refused(m),
+                OutcomeRow::Fatal(m) => RecordedOutcome::Fatal(m),
             },
             latency_ms: r.latency_ms,
             usage: r.usage,
@@ -80,21 +109,40 @@ impl Record for RecordedReply {
                 model: r.model,
                 finish_reasons: r.finish_reasons,
             }),
+            turn: match r.turn {
+                None => None,
+                Some(j) => Some(
+                    serde_json::from_value(j.value()?)
+                        .map_err(|e| format!("the reply's turn: {e}"))?,
+                ),
+            },
+            prompt: r.prompt,
         })
     }
     fn older_row(what: &str, version: u8, payload: &[u8]) -> Result<ReplyRow, Error> {
-        if version != 2 {
-            return Err(Error::Corrupt(format!(
-                "{what} record: unknown record format {version}"
-            )));
-        }
-        let old: ReplyRowV2 = decode_payload(what, payload)?;
+        let (step, outcome, latency_ms, usage, response) = match version {
+            2 => {
+                let o: ReplyRowV2 = decode_payload(what, payload)?;
+                (o.step, o.outcome, o.latency_ms, o.usage, None)
+            }
+            3 => {
+                let o: ReplyRowV3 = decode_payload(what, payload)?;
+                (o.step, o.outcome, o.latency_ms, o.usage, o.response)
+            }
+            _ => {
+                return Err(Error::Corrupt(format!(
+                    "{what} record: unknown record format {version}"
+                )));
+            }
+        };
         Ok(ReplyRow {
-            step: old.step,
-            outcome: old.outcome,
-            latency_ms: old.latency_ms,
-            usage: old.usage,
-            response: None,
+            step,
+            outcome,
+            latency_ms,
+            usage,
+            response,
+            turn: None,
+            prompt: None,
         })
     }
 }
@@ -111,19 +159,47 @@ mod tests {
             latency_ms: 120,
             usage: Some([50, 9]),
             response,
+            turn: None,
+            prompt: None,
         }
     }
 
     #[test]
-    fn a_reply_is_written_in_format_3_and_read_back_with_its_response() {
-        let r = reply(Some(ResponseInfo {
+    fn a_reply_is_written_in_format_4_and_read_back_with_its_response_and_turn() {
+        let mut r = reply(Some(ResponseInfo {
             id: Some("cmpl-1".into()),
             model: Some("m-2026".into()),
-            finish_reasons: vec!["stop".into()],
+            finish_reasons: vec!["tool_calls".into()],
         }));
+        r.outcome = RecordedOutcome::Refused("the model refused: no".into());
+        r.turn = Some(crate::kernel::Turn {
+            text: Some("Looking it up.".into()),
+            calls: vec![crate::kernel::TurnCall {
+                id: "call_1".into(),
+                name: "get_order".into(),
+                arguments: serde_json::json!({"order_id": "o1"}),
+            }],
+        });
+        r.prompt = Some("native-1+abc".into());
         let bytes = encode(&r).unwrap();
-        assert_eq!(bytes[1], 3);
+        assert_eq!(bytes[1], 4);
         assert_eq!(decode::<RecordedReply>("reply", &bytes).unwrap(), r);
+    }
+
+    #[test]
+    fn a_format_3_reply_is_read_without_a_turn() {
+        let old = ReplyRowV3 {
+            step: 3,
+            outcome: OutcomeRow::Text("{\"type\": \"final\"}".into()),
+            latency_ms: 120,
+            usage: Some([50, 9]),
+            response: None,
+        };
+        let bytes = crate::store::codec::encode_row_as(3, &old).unwrap();
+        assert_eq!(
+            decode::<RecordedReply>("reply", &bytes).unwrap(),
+            reply(None)
+        );
     }
 
     #[test]
@@ -143,7 +219,7 @@ mod tests {
     }
 
     #[test]
-    fn a_format_2_reader_refuses_a_format_3_reply_as_newer() {
+    fn a_format_2_reader_refuses_a_format_4_reply_as_newer() {
         let bytes = encode(&reply(None)).unwrap();
         let err = crate::store::codec::decode_row::<ReplyRowV2>("reply t1/3", &bytes)
             .err()

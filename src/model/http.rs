@@ -1,0 +1,332 @@
+//! A model behind a provider's HTTP API: the send loop every adapter shares. It bounds each
+//! request by the task's remaining active time; retries a 408, 409, 429, 5xx or 529 answer
+//! and a failed connection (honouring `Retry-After` and `retry-after-ms`, otherwise a
+//! jittered exponential backoff) while the time and the profile's retry count allow; and
+//! maps the answers that asking again cannot fix (a key refused, a model that does not exist,
+//! a request longer than the context window, a parameter the model refuses) to
+//! [`ModelError::Fatal`], naming the cause. The adapters ([`super::openai`],
+//! [`super::anthropic`]) build the request body and read the response.
+
+use serde_json::Value;
+use std::hash::{BuildHasher, Hasher};
+use std::time::{Duration, Instant};
+
+use super::profile::{Api, HttpProfile};
+use super::prompt::Prompt;
+use crate::kernel::{
+    Catalog, InputStyle, ModelError, ModelReply, ModelRequest, RawReply, ResponseInfo, Turn, Usage,
+};
+use crate::limits;
+use crate::model::Model;
+use crate::net::{agent, clip, read_body};
+
+/// A provider's response, read by its adapter.
+#[derive(Debug, PartialEq)]
+pub struct Parsed {
+    /// The move for the kernel, or why there is none.
+    pub outcome: Result<RawReply, ModelError>,
+    /// What the provider billed; it counts even when the reply is no move.
+    pub usage: Option<Usage>,
+    pub response: ResponseInfo,
+    /// The reply in the provider's protocol, for the next request.
+    pub turn: Option<Turn>,
+}
+
+/// The longest wait between two attempts, whatever a `Retry-After` asks.
+const WAIT_MAX: Duration = Duration::from_secs(60);
+
+/// A model profile with what its task's model is told, ready to send.
+pub struct HttpModel {
+    pub profile: HttpProfile,
+    pub prompt: Prompt,
+    /// From the profile's variable when the model was built; `Err` says why there is none
+    /// (every call then stops the task with that message, and nothing is sent).
+    pub api_key: Result<Option<String>, String>,
+}
+
+/// The model of a task whose tools are `catalog`, on `profile`, with the task's own
+/// instructions.
+pub fn build(
+    profile: &HttpProfile,
+    catalog: &Catalog,
+    instructions: Option<&str>,
+) -> Box<dyn Model> {
+    let prompt = Prompt::new(
+        catalog,
+        profile.tool_calling,
+        profile.final_answer,
+        profile.instructions.as_deref(),
+        instructions,
+    );
+    Box::new(HttpModel {
+        profile: profile.clone(),
+        prompt,
+        api_key: profile.api_key(),
+    })
+}
+
+impl HttpModel {
+    fn url(&self) -> String {
+        match self.profile.api {
+            Api::OpenAi => format!("{}/chat/completions", self.profile.base_url),
+            Api::Anthropic => format!("{}/messages", self.profile.base_url),
+        }
+    }
+
+    /// The request body for `req`.
+    pub fn body(&self, req: &ModelRequest<'_>) -> Value {
+        match self.profile.api {
+            Api::OpenAi => super::openai::request(&self.profile, &self.prompt, req),
+            Api::Anthropic => super::anthropic::request(&self.profile, &self.prompt, req),
+        }
+    }
+
+    fn parse(&self, step: u32, text: &str) -> Result<Parsed, ModelError> {
+        match self.profile.api {
+            Api::OpenAi => super::openai::parse(&self.prompt, step, text),
+            Api::Anthropic => super::anthropic::parse(&self.prompt, step, text),
+        }
+    }
+
+    fn send(&self, req: &ModelRequest<'_>, key: Option<&str>) -> Result<Parsed, ModelError> {
+        let start = Instant::now();
+        let budget = Duration::from_millis(req.timeout_ms);
+        let body = self.body(req).to_string();
+        let url = self.url();
+        let mut attempt = 0;
+        loop {
+            let left = budget.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                return Err(ModelError::Timeout);
+            }
+            let mut r = agent(left)
+                .post(&url)
+                .header("Content-Type", "application/json");
+            match (self.profile.api, key) {
+                (Api::OpenAi, Some(k)) => r = r.header("Authorization", &format!("Bearer {k}")),
+                (Api::Anthropic, Some(k)) => r = r.header("x-api-key", k),
+                (_, None) => {}
+            }
+            if self.profile.api == Api::Anthropic {
+                r = r.header("anthropic-version", super::anthropic::VERSION);
+            }
+            let (status, wait_asked, text) = match r.send(body.as_str()) {
+                Ok(mut resp) => {
+                    let status = resp.status().as_u16();
+                    let wait = retry_after(resp.headers());
+                    match read_body(&mut resp, limits::REPLY_BYTES_MAX) {
+                        Ok(t) => (status, wait, t),
+                        Err(e) => {
+                            return Err(ModelError::Failed(format!("HTTP {status}: {e}")));
+                        }
+                    }
+                }
+                Err(ureq::Error::Timeout(_)) => return Err(ModelError::Timeout),
+                Err(e) => {
+                    let wait = jittered(attempt);
+                    if attempt < self.profile.max_retries && start.elapsed() + wait < budget {
+                        tracing::warn!(model = %self.profile.model, error = %e, attempt = attempt + 1, wait_ms = wait.as_millis() as u64, "model request failed; retrying");
+                        std::thread::sleep(wait);
+                        attempt += 1;
+                        continue;
+                    }
+                    return Err(ModelError::Failed(format!(
+                        "the request to {url} failed after {} attempts: {e}",
+                        attempt + 1
+                    )));
+                }
+            };
+            if (200..300).contains(&status) {
+                return self.parse(req.step, &text);
+            }
+            let (message, code) = error_of(&text);
+            if matches!(status, 408 | 409 | 429 | 500..=599) {
+                let wait = wait_asked
+                    .unwrap_or_else(|| jittered(attempt))
+                    .min(WAIT_MAX);
+                let fits = start.elapsed() + wait < budget;
+                if attempt < self.profile.max_retries && fits {
+                    tracing::warn!(model = %self.profile.model, status, attempt = attempt + 1, wait_ms = wait.as_millis() as u64, "model answered HTTP {status}; retrying");
+                    std::thread::sleep(wait);
+                    attempt += 1;
+                    continue;
+                }
+                let what = match status {
+                    429 => "rate limited",
+                    529 => "overloaded",
+                    408 => "request timeout",
+                    409 => "conflict",
+                    _ => "server error",
+                };
+                let why = if fits {
+                    format!("after {} attempts", attempt + 1)
+                } else {
+                    format!(
+                        "after {} attempts; the next wait ({} ms) would outlast the task's remaining active time",
+                        attempt + 1,
+                        wait.as_millis()
+                    )
+                };
+                return Err(ModelError::Failed(format!(
+                    "HTTP {status} ({what}) {why}{}",
+                    message.map(|m| format!(": {m}")).unwrap_or_default()
+                )));
+            }
+            let detail = message.unwrap_or_else(|| clip(&text));
+            return Err(ModelError::Fatal(self.fatal(
+                status,
+                code.as_deref(),
+                &detail,
+            )));
+        }
+    }
+
+    /// What a 4xx answer that asking again cannot fix means, for a person.
+    fn fatal(&self, status: u16, code: Option<&str>, detail: &str) -> String {
+        let p = &self.profile;
+        if status == 401 || status == 403 {
+            return match &p.api_key_env {
+                Some(var) => format!(
+                    "HTTP {status}: the provider refused the API key from the variable {var} ({detail}); set {var} to a valid key for {}",
+                    p.base_url
+                ),
+                None => format!(
+                    "HTTP {status}: the provider wants an API key ({detail}); set api_key_env in the model profile to the variable that holds it"
+                ),
+            };
+        }
+        let lower = detail.to_ascii_lowercase();
+        let context = code == Some("context_length_exceeded")
+            || lower.contains("context length")
+            || lower.contains("context window")
+            || lower.contains("maximum context")
+            || lower.contains("prompt is too long")
+            || lower.contains("too many tokens");
+        if context {
+            return format!(
+                "HTTP {status}: the request is longer than the context window of {} ({detail}); lower the task's budget of output tokens or choose a model with a larger window",
+                p.model
+            );
+        }
+        if status == 404 {
+            return format!(
+                "HTTP 404 from {}: {detail} (check the profile's base_url and that model {:?} exists there)",
+                self.url(),
+                p.model
+            );
+        }
+        format!(
+            "HTTP {status}: the provider refused the request as configured ({detail}); check the model profile (see docs/models.md: max_tokens_param, temperature, tool_calling)"
+        )
+    }
+}
+
+impl Model for HttpModel {
+    fn next(&mut self, req: &ModelRequest<'_>) -> ModelReply {
+        let start = Instant::now();
+        let sent = match &self.api_key {
+            Err(why) => Err(ModelError::Fatal(format!(
+                "{why}: the model profile's API key is missing, so nothing was sent"
+            ))),
+            Ok(key) => self.send(req, key.as_deref()),
+        };
+        let latency_ms = (start.elapsed().as_millis() as u64).min(req.timeout_ms.max(1));
+        match sent {
+            Ok(p) => ModelReply {
+                outcome: p.outcome,
+                latency_ms,
+                usage: p.usage,
+                response: Some(p.response),
+                turn: p.turn,
+            },
+            // A timeout used all the time that was left.
+            Err(ModelError::Timeout) => ModelReply::failed(ModelError::Timeout, req.timeout_ms),
+            Err(e) => ModelReply::failed(e, latency_ms),
+        }
+    }
+
+    fn input(&self) -> InputStyle {
+        InputStyle::Messages {
+            overhead_chars: self.prompt.overhead_chars(),
+        }
+    }
+
+    fn prompt_id(&self) -> Option<String> {
+        Some(self.prompt.id.clone())
+    }
+}
+
+/// The wait a response asks for before the next attempt: `retry-after-ms` (OpenAI's), or
+/// `Retry-After` in seconds (an HTTP date is not followed: the backoff applies).
+fn retry_after(h: &ureq::http::HeaderMap) -> Option<Duration> {
+    let get = |n: &str| h.get(n).and_then(|v| v.to_str().ok()).map(str::trim);
+    if let Some(ms) = get("retry-after-ms").and_then(|v| v.parse::<f64>().ok())
+        && ms.is_finite()
+        && ms >= 0.0
+    {
+        return Some(Duration::from_millis(ms as u64));
+    }
+    let secs = get("retry-after")?.parse::<f64>().ok()?;
+    (secs.is_finite() && secs >= 0.0).then(|| Duration::from_millis((secs * 1000.0) as u64))
+}
+
+/// The backoff before retry `n` (0-based): 0.5 s doubled each time, at most 8 s, less up to a
+/// quarter at random so that tasks that failed together do not retry together.
+pub fn jittered(n: u32) -> Duration {
+    let base = (500u64 << n.min(4)).min(8_000);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(n);
+    let cut = h.finish() % (base / 4 + 1);
+    Duration::from_millis(base - cut)
+}
+
+/// The message and code of a provider's error body: `{"error": {"message", "code" | "type"}}`
+/// (OpenAI, Anthropic and the servers that copy them), clipped to one line.
+pub fn error_of(text: &str) -> (Option<String>, Option<String>) {
+    let Ok(v) = limits::parse_json(text, "an error body") else {
+        return (None, None);
+    };
+    let e = &v["error"];
+    let message = e["message"]
+        .as_str()
+        .or_else(|| e.as_str())
+        .or_else(|| v["message"].as_str())
+        .map(|m| limits::one_line(&clip(m)).into_owned());
+    let code = e["code"]
+        .as_str()
+        .or_else(|| e["type"].as_str())
+        .map(str::to_string);
+    (message, code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backoff_grows_is_capped_and_jittered_downwards() {
+        for n in 0..10 {
+            let base = (500u64 << n.min(4)).min(8_000);
+            let d = jittered(n).as_millis() as u64;
+            assert!(d <= base && d >= base - base / 4, "{n}: {d}");
+        }
+    }
+
+    #[test]
+    fn an_error_body_gives_its_message_and_code() {
+        let (m, c) = error_of(
+            r#"{"error": {"message": "This model's maximum context length is 8192 tokens", "type": "invalid_request_error", "code": "context_length_exceeded"}}"#,
+        );
+        assert_eq!(
+            m.as_deref(),
+            Some("This model's maximum context length is 8192 tokens")
+        );
+        assert_eq!(c.as_deref(), Some("context_length_exceeded"));
+        let (m, c) = error_of(
+            r#"{"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}"#,
+        );
+        assert_eq!(m.as_deref(), Some("Overloaded"));
+        assert_eq!(c.as_deref(), Some("overloaded_error"));
+        assert_eq!(error_of("<html>"), (None, None));
+    }
+}

@@ -1,0 +1,229 @@
+//! The task row (format 3): queue status, lease, budget and the state a step or an operator
+//! changes, with the state row inside it; and format 2, which is still read.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+use super::{R, ToolCallRow};
+use crate::kernel::{Budget, PlanStep, Status, StopReason, TaskState, ToolCall};
+use crate::store::codec::{Json, Record};
+use crate::store::{Approval, Lease, QueueStatus};
+
+#[derive(Serialize, Deserialize)]
+pub struct StateRow {
+    task_id: String,
+    pub(in crate::store) user_id: String,
+    pub(in crate::store) goal: String,
+    plan: Vec<PlanStep>,
+    facts: Json,
+    last_result: Option<Json>,
+    pub(in crate::store) step: u32,
+    pub(in crate::store) tool_calls: u32,
+    pub(in crate::store) tokens: u64,
+    pub(in crate::store) elapsed_ms: u64,
+    seen: BTreeMap<String, u32>,
+    stalls: u32,
+    status: Status,
+    pub(in crate::store) stop: Option<StopReason>,
+    answer: Option<String>,
+    pending: Option<ToolCallRow>,
+    outcome: Option<String>,
+    remembered: Vec<String>,
+    cancelled_from: Option<StopReason>,
+    /// The model's last turn, as JSON (task format 3).
+    last_turn: Option<Json>,
+}
+
+/// A state row of task format 2 (before a model's last turn was kept).
+#[derive(Serialize, Deserialize)]
+pub struct StateRowV2 {
+    task_id: String,
+    user_id: String,
+    goal: String,
+    plan: Vec<PlanStep>,
+    facts: Json,
+    last_result: Option<Json>,
+    step: u32,
+    tool_calls: u32,
+    tokens: u64,
+    elapsed_ms: u64,
+    seen: BTreeMap<String, u32>,
+    stalls: u32,
+    status: Status,
+    stop: Option<StopReason>,
+    answer: Option<String>,
+    pending: Option<ToolCallRow>,
+    outcome: Option<String>,
+    remembered: Vec<String>,
+    cancelled_from: Option<StopReason>,
+}
+
+impl StateRow {
+    /// The final answer's outcome, once there is one.
+    pub fn outcome(&self) -> Option<&str> {
+        self.outcome.as_deref()
+    }
+}
+
+impl From<StateRowV2> for StateRow {
+    fn from(o: StateRowV2) -> StateRow {
+        StateRow {
+            task_id: o.task_id,
+            user_id: o.user_id,
+            goal: o.goal,
+            plan: o.plan,
+            facts: o.facts,
+            last_result: o.last_result,
+            step: o.step,
+            tool_calls: o.tool_calls,
+            tokens: o.tokens,
+            elapsed_ms: o.elapsed_ms,
+            seen: o.seen,
+            stalls: o.stalls,
+            status: o.status,
+            stop: o.stop,
+            answer: o.answer,
+            pending: o.pending,
+            outcome: o.outcome,
+            remembered: o.remembered,
+            cancelled_from: o.cancelled_from,
+            last_turn: None,
+        }
+    }
+}
+
+impl Record for TaskState {
+    type Row = StateRow;
+    fn to_row(&self) -> StateRow {
+        StateRow {
+            task_id: self.task_id.clone(),
+            user_id: self.user_id.clone(),
+            goal: self.goal.clone(),
+            plan: self.plan.clone(),
+            facts: Json::of_map(&self.facts),
+            last_result: self.last_result.as_ref().map(Json::of),
+            step: self.step,
+            tool_calls: self.tool_calls,
+            tokens: self.tokens,
+            elapsed_ms: self.elapsed_ms,
+            seen: self.seen.clone(),
+            stalls: self.stalls,
+            status: self.status,
+            stop: self.stop,
+            answer: self.answer.clone(),
+            pending: self.pending.as_ref().map(Record::to_row),
+            outcome: self.outcome.clone(),
+            remembered: self.remembered.clone(),
+            cancelled_from: self.cancelled_from,
+            last_turn: self
+                .last_turn
+                .as_ref()
+                .and_then(|t| serde_json::to_value(t).ok())
+                .map(|v| Json::of(&v)),
+        }
+    }
+    fn from_row(r: StateRow) -> R<TaskState> {
+        Ok(TaskState {
+            task_id: r.task_id,
+            user_id: r.user_id,
+            goal: r.goal,
+            plan: r.plan,
+            facts: r.facts.map()?,
+            last_result: r.last_result.map(|j| j.value()).transpose()?,
+            step: r.step,
+            tool_calls: r.tool_calls,
+            tokens: r.tokens,
+            elapsed_ms: r.elapsed_ms,
+            seen: r.seen,
+            stalls: r.stalls,
+            status: r.status,
+            stop: r.stop,
+            answer: r.answer,
+            pending: r.pending.map(ToolCall::from_row).transpose()?,
+            outcome: r.outcome,
+            remembered: r.remembered,
+            cancelled_from: r.cancelled_from,
+            last_turn: match r.last_turn {
+                None => None,
+                Some(j) => Some(
+                    serde_json::from_value(j.value()?)
+                        .map_err(|e| format!("the model's last turn: {e}"))?,
+                ),
+            },
+        })
+    }
+}
+
+/// What a step or an operator changes: written by every commit.
+#[derive(Serialize, Deserialize)]
+pub struct TaskRow {
+    pub id: String,
+    pub status: QueueStatus,
+    pub priority: i64,
+    pub budget: Budget,
+    pub state: StateRow,
+    pub next_span_id: u32,
+    pub updated_at_ms: u64,
+    pub lease: Option<Lease>,
+    pub runs: u32,
+    pub cancel_requested: Option<String>,
+    pub settle: Option<Json>,
+    pub approval_wait_ms: u64,
+    pub suspended_at_ms: Option<u64>,
+    pub approval: Option<Approval>,
+}
+
+/// The format a task row is written in: 3 adds the model's last turn to the state.
+pub const TASK_FORMAT: u8 = 3;
+
+/// A task row of format 2.
+#[derive(Serialize, Deserialize)]
+pub struct TaskRowV2 {
+    id: String,
+    status: QueueStatus,
+    priority: i64,
+    budget: Budget,
+    state: StateRowV2,
+    next_span_id: u32,
+    updated_at_ms: u64,
+    lease: Option<Lease>,
+    runs: u32,
+    cancel_requested: Option<String>,
+    settle: Option<Json>,
+    approval_wait_ms: u64,
+    suspended_at_ms: Option<u64>,
+    approval: Option<Approval>,
+}
+
+/// A task row as stored.
+pub fn encode_task(row: &TaskRow) -> std::result::Result<Vec<u8>, crate::store::Error> {
+    crate::store::codec::encode_row_as(TASK_FORMAT, row)
+}
+
+/// A stored task row of format 3, or of format 2 read as one (no last turn).
+pub fn decode_task(what: &str, bytes: &[u8]) -> std::result::Result<TaskRow, crate::store::Error> {
+    crate::store::codec::decode_row_versioned(what, bytes, TASK_FORMAT, |version, payload| {
+        if version != 2 {
+            return Err(crate::store::Error::Corrupt(format!(
+                "{what} record: unknown record format {version}"
+            )));
+        }
+        let o: TaskRowV2 = crate::store::codec::decode_payload(what, payload)?;
+        Ok(TaskRow {
+            id: o.id,
+            status: o.status,
+            priority: o.priority,
+            budget: o.budget,
+            state: o.state.into(),
+            next_span_id: o.next_span_id,
+            updated_at_ms: o.updated_at_ms,
+            lease: o.lease,
+            runs: o.runs,
+            cancel_requested: o.cancel_requested,
+            settle: o.settle,
+            approval_wait_ms: o.approval_wait_ms,
+            suspended_at_ms: o.suspended_at_ms,
+            approval: o.approval,
+        })
+    })
+}
