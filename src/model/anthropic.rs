@@ -14,8 +14,8 @@ use serde_json::{Map, Value, json};
 use super::http::Parsed;
 use super::openai::{STATE_LEAD, missing_result};
 use super::profile::{FinalAnswer, HttpProfile, ToolCalling};
-use super::prompt::{self, Prompt, TURN_CALLS_MAX, call_id, result_text, turn_text};
-use crate::kernel::{ModelError, ModelRequest, RawReply, ResponseInfo, Turn, TurnCall, Usage};
+use super::prompt::{Prompt, TURN_CALLS_MAX, call_id, result_text, turn_text};
+use crate::kernel::{ModelError, ModelRequest, ResponseInfo, Turn, TurnCall, Usage};
 use crate::limits;
 use crate::net::clip;
 
@@ -143,22 +143,9 @@ pub fn parse(pr: &Prompt, step: u32, text: &str) -> Result<Parsed, ModelError> {
                 .map(|t| format!(": {}", limits::one_line(&clip(t))))
                 .unwrap_or_default()
         )))
-    } else if stop == "max_tokens" {
-        Ok(prompt::cut_off(&turn))
-    } else if let Some(first) = turn.calls.first() {
-        Ok(pr.move_of_call(first))
-    } else if turn.text.is_some() {
-        Ok(pr.move_of_text(&joined))
     } else {
-        Ok(RawReply::Invalid(
-            "the reply has neither text nor a tool call".into(),
-        ))
+        let text = turn.text.is_some().then_some(joined.as_str());
+        Ok(pr.move_of_reply(&turn, text, stop == "max_tokens"))
     };
-    let keep = !turn.calls.is_empty() || turn.text.is_some();
-    Ok(Parsed {
-        outcome,
-        usage,
-        response,
-        turn: keep.then_some(turn),
-    })
+    Ok(Parsed::new(outcome, usage, response, turn))
 }

@@ -32,6 +32,24 @@ pub struct Parsed {
     pub turn: Option<Turn>,
 }
 
+impl Parsed {
+    /// A response read: its turn is kept for the next request when it has text or calls.
+    pub fn new(
+        outcome: Result<RawReply, ModelError>,
+        usage: Option<Usage>,
+        response: ResponseInfo,
+        turn: Turn,
+    ) -> Parsed {
+        let keep = !turn.calls.is_empty() || turn.text.is_some();
+        Parsed {
+            outcome,
+            usage,
+            response,
+            turn: keep.then_some(turn),
+        }
+    }
+}
+
 /// The longest wait between two attempts, whatever a `Retry-After` asks.
 const WAIT_MAX: Duration = Duration::from_secs(60);
 

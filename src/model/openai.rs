@@ -15,8 +15,8 @@ use serde_json::{Map, Value, json};
 
 use super::http::Parsed;
 use super::profile::{FinalAnswer, HttpProfile, MaxTokensParam, ToolCalling};
-use super::prompt::{self, Prompt, TURN_CALLS_MAX, arguments_of, call_id, result_text, turn_text};
-use crate::kernel::{ModelError, ModelRequest, RawReply, ResponseInfo, Turn, TurnCall, Usage};
+use super::prompt::{Prompt, TURN_CALLS_MAX, arguments_of, call_id, result_text, turn_text};
+use crate::kernel::{ModelError, ModelRequest, ResponseInfo, Turn, TurnCall, Usage};
 use crate::limits;
 use crate::net::clip;
 
@@ -172,22 +172,8 @@ pub fn parse(pr: &Prompt, step: u32, text: &str) -> Result<Parsed, ModelError> {
         Err(ModelError::Refused(
             "the provider's content filter stopped the reply".into(),
         ))
-    } else if finish == "length" {
-        Ok(prompt::cut_off(&turn))
-    } else if let Some(first) = turn.calls.first() {
-        Ok(pr.move_of_call(first))
-    } else if let Some(c) = content {
-        Ok(pr.move_of_text(c))
     } else {
-        Ok(RawReply::Invalid(
-            "the reply has neither text nor a function call".into(),
-        ))
+        Ok(pr.move_of_reply(&turn, content, finish == "length"))
     };
-    let keep = !turn.calls.is_empty() || turn.text.is_some();
-    Ok(Parsed {
-        outcome,
-        usage,
-        response,
-        turn: keep.then_some(turn),
-    })
+    Ok(Parsed::new(outcome, usage, response, turn))
 }

@@ -224,6 +224,25 @@ impl Prompt {
         }
     }
 
+    /// The move of a reply the provider did not refuse: none when it was cut off at the output
+    /// limit (`cut`), else its first call, else the move in its `text`, else none.
+    pub fn move_of_reply(
+        &self,
+        turn: &crate::kernel::Turn,
+        text: Option<&str>,
+        cut: bool,
+    ) -> RawReply {
+        if cut {
+            cut_off(turn)
+        } else if let Some(first) = turn.calls.first() {
+            self.move_of_call(first)
+        } else if let Some(t) = text {
+            self.move_of_text(t)
+        } else {
+            RawReply::Invalid("the reply has neither text nor a function call".into())
+        }
+    }
+
     /// The move a reply of text alone makes: one JSON object in it that is a move (with JSON
     /// tool calling, any JSON object); with [`FinalAnswer::Content`], otherwise the final
     /// answer; otherwise an invalid reply that says what a reply must be.
