@@ -364,6 +364,106 @@ conformance! {
 
 }
 
+/// `worker replay` answers each replayed call with the answer the run recorded (a resumed held
+/// call's answer included), so it needs no tool service; a changed answer shows up as the
+/// state paths it changed, and a call the run did not make is named as a divergence.
+#[test]
+fn replay_answers_calls_as_the_run_recorded_them_and_names_a_divergence() {
+    use redb::ReadableTable;
+    use tether::model::RecordedReply;
+    use tether::store::codec::{decode, encode};
+    let dir = TempDir::new("replay-recorded");
+    let d = dir.path();
+    suspended_g(d);
+    let digest = json(d, &["show", "t1", "--json"])["state"]["pending"]["digest"].clone();
+    let digest = match digest.as_str() {
+        Some(s) => s.to_string(),
+        None => {
+            let show = ok(d, &["show", "t1"]);
+            show.split("digest ")
+                .nth(1)
+                .and_then(|s| s.split_whitespace().next())
+                .expect("digest shown")
+                .to_string()
+        }
+    };
+    ok(d, &["approve", "t1", "--by", "alice", "--digest", &digest]);
+    ok(d, &["run", "--drain"]);
+    assert_eq!(json(d, &["show", "t1", "--json"])["stop"], "done");
+    let r = json(d, &["replay", "t1", "--json"]);
+    assert_eq!(r["tool_answers"], "recorded", "{r}");
+    assert_eq!(r["same_state"], true, "{r}");
+    assert_eq!(r["same_effects"], true, "{r}");
+    assert!(r["divergence"].is_null(), "{r}");
+    // The refund was answered twice at its step: held for approval, then applied on resume.
+    let refunds = r["stored_effects"]
+        .as_str()
+        .unwrap_or("")
+        .matches("issue_refund")
+        .count();
+    assert_eq!(refunds, 2, "{r}");
+    // Rewrites the recorded answers of t1 with `edit` (the database is closed meanwhile).
+    let rewrite = |edit: &dyn Fn(&mut RecordedReply)| {
+        let db = redb::Database::builder()
+            .set_concurrency_mode(redb::ConcurrencyMode::MultiWriter)
+            .open(d.join("worker.redb"))
+            .expect("open");
+        let def: redb::TableDefinition<(&str, u32), &[u8]> = redb::TableDefinition::new("replies");
+        let w = db.begin_write().expect("write");
+        {
+            let mut t = w.open_table(def).expect("replies");
+            let rows: Vec<(u32, Vec<u8>)> = t
+                .iter()
+                .expect("iter")
+                .map(|e| {
+                    let (k, v) = e.expect("entry");
+                    (k.value().1, v.value().to_vec())
+                })
+                .collect();
+            for (step, bytes) in rows {
+                let mut reply: RecordedReply = decode("reply", &bytes).expect("decode");
+                edit(&mut reply);
+                t.insert(("t1", step), encode(&reply).expect("encode").as_slice())
+                    .expect("insert");
+            }
+        }
+        w.commit().expect("commit");
+    };
+    // An order lookup that answered otherwise: the replay follows it into another state.
+    rewrite(&|r| {
+        for a in r.tools.iter_mut().flatten() {
+            if a.name == "get_order" {
+                a.result["total_cents"] = serde_json::json!(9999);
+            }
+        }
+    });
+    let out = worker(d, &["replay", "t1"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("final state JSON: DIFFERENT"), "{text}");
+    assert!(
+        text.contains("total_cents: stored 15000, replayed 9999"),
+        "{text}"
+    );
+    // The run's refund recorded under other arguments: the replay's refund is not that call.
+    rewrite(&|r| {
+        for a in r.tools.iter_mut().flatten() {
+            if a.name == "issue_refund" {
+                a.digest = "0000000000".into();
+            }
+        }
+    });
+    let out = worker(d, &["replay", "t1", "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let r: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(r["same_effects"], false, "{r}");
+    let why = r["divergence"].as_str().unwrap_or("");
+    assert!(
+        why.contains("the replay called issue_refund") && why.contains("0000000000"),
+        "{r}"
+    );
+}
+
 #[test]
 fn replay_reproduces_every_scenario() {
     let dir = TempDir::new("replay");

@@ -356,9 +356,12 @@ pub(super) fn cmd_replay(cli: &Cli, a: &TaskArgs) -> CliResult {
             "task": rec.id,
             "same_state": report.same_state,
             "same_effects": report.same_effects,
+            "tool_answers": report.answers.as_str(),
+            "divergence": report.divergence,
+            "differences": report.differences,
             "stop": report.state.stop.map(|s| s.as_str()),
-            "effects": effects_to_python(&report.effects),
-            "stored_effects": effects_to_python(&stored),
+            "effects": report.effects,
+            "stored_effects": report.stored_effects,
         }))?;
     } else {
         let yn = |b: bool| if b { "identical" } else { "DIFFERENT" };
@@ -368,18 +371,62 @@ pub(super) fn cmd_replay(cli: &Cli, a: &TaskArgs) -> CliResult {
             report.state.stop.map_or("-", |s| s.as_str()),
             report.state.step
         );
-        outln!("final state JSON: {}", yn(report.same_state));
         outln!(
-            "effects         : {} {}",
-            yn(report.same_effects),
-            effects_to_python(&report.effects)
+            "tool answers    : {}",
+            match report.answers {
+                crate::replay::Answers::Recorded => "as the run recorded them",
+                crate::replay::Answers::DocumentStore =>
+                    "from a fresh copy of the document's store (recorded before answers were kept)",
+            }
         );
+        outln!("final state JSON: {}", yn(report.same_state));
+        for d in &report.differences {
+            outln!(
+                "  {}: stored {}, replayed {}",
+                d.path,
+                clip(&d.stored),
+                clip(&d.replayed)
+            );
+        }
+        let label = match report.answers {
+            crate::replay::Answers::Recorded => "writes          ",
+            crate::replay::Answers::DocumentStore => "effects         ",
+        };
+        outln!("{label}: {} {}", yn(report.same_effects), report.effects);
+        if let Some(d) = &report.divergence {
+            outln!("diverged        : {}", crate::limits::printable(d));
+        }
     }
     if report.same_state && report.same_effects {
         Ok(())
     } else {
-        Err(CliError::op(format!("the replay of task {} differs from the stored run", rec.id))
-            .hint("a run that crashed mid-write, or was settled by reconcile, can differ: its tool results are not recorded"))
+        let hint = match report.answers {
+            crate::replay::Answers::Recorded => {
+                "the kernel took another path from the same model replies and tool answers: \
+                 its code, or the task's catalog, changed since the run"
+            }
+            crate::replay::Answers::DocumentStore => {
+                "this task was recorded before tool answers were kept, so the replay asked a \
+                 fresh copy of the document's store, which can answer differently from the \
+                 tools the run used"
+            }
+        };
+        Err(CliError::op(format!(
+            "the replay of task {} differs from the stored run",
+            rec.id
+        ))
+        .hint(hint))
+    }
+}
+
+/// A JSON value on one line, at most 120 characters, with control and bidirectional
+/// characters escaped.
+fn clip(v: &Value) -> String {
+    let s = v.to_string();
+    let s = crate::limits::printable(&s);
+    match s.char_indices().nth(120) {
+        Some((i, _)) => format!("{}...", &s[..i]),
+        None => s.into_owned(),
     }
 }
 

@@ -352,6 +352,7 @@ impl Console {
         let f = Filters {
             status: p("status"),
             stop: p("stop"),
+            outcome: p("outcome"),
             user: p("user"),
             key: p("key"),
             since: p("since"),
@@ -381,11 +382,21 @@ impl Console {
         if !f.stop.is_empty() && stop.is_none() {
             errors.push(format!("{:?} is not a stop reason", f.stop));
         }
+        let outcome = match f.outcome.as_str() {
+            "" => None,
+            o @ ("completed" | "cannot_complete") => Some(o.to_string()),
+            o => {
+                errors.push(format!(
+                    "{o:?} is not an outcome (completed or cannot_complete)"
+                ));
+                None
+            }
+        };
         let before = req.param("before").and_then(|b| task_num(&b));
         let q = ListQuery {
             status,
             stop,
-            outcome: None,
+            outcome,
             user: (!f.user.is_empty()).then(|| f.user.clone()),
             key: (!f.key.is_empty()).then(|| f.key.clone()),
             since_ms,
@@ -399,6 +410,7 @@ impl Console {
             query_of(&[
                 ("status", &f.status),
                 ("stop", &f.stop),
+                ("outcome", &f.outcome),
                 ("user", &f.user),
                 ("key", &f.key),
                 ("since", &f.since),

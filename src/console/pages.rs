@@ -23,6 +23,8 @@ pub struct Frame {
 pub struct Filters {
     pub status: String,
     pub stop: String,
+    /// A finished task's outcome: `completed`, `cannot_complete` or empty (any).
+    pub outcome: String,
     pub user: String,
     pub key: String,
     pub since: String,
@@ -50,6 +52,7 @@ pub struct TasksPage {
     db: String,
     counts: Vec<(&'static str, u64)>,
     statuses: Vec<&'static str>,
+    outcomes: [&'static str; 2],
     f: Filters,
     rows: Vec<Row>,
     next: Option<String>,
@@ -106,6 +109,7 @@ impl TasksPage {
             db: frame.db,
             counts: counts.iter().map(|(s, n)| (s.as_str(), *n)).collect(),
             statuses: STATUSES.iter().map(|s| s.as_str()).collect(),
+            outcomes: ["completed", "cannot_complete"],
             f,
             rows,
             next,

@@ -442,6 +442,21 @@ pub struct RecordedReply {
     /// The version of what the model was told (see [`Model::prompt_id`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt: Option<String>,
+    /// What the tools answered in this step, in order (a held call resumed later is added to
+    /// the step that proposed it). `None` in replies recorded before tool answers were kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<RecordedTool>>,
+}
+
+/// One tool answer as the kernel got it: which call (tool name and the digest of its
+/// arguments), its result and the active time it took. `worker replay` answers the replayed
+/// calls from these, so a replay needs no tool service and sees what the run saw.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RecordedTool {
+    pub name: String,
+    pub digest: String,
+    pub result: Value,
+    pub latency_ms: u64,
 }
 
 impl RecordedReply {
@@ -462,6 +477,7 @@ impl RecordedReply {
             response: r.response.clone(),
             turn: r.turn.clone(),
             prompt,
+            tools: None,
         }
     }
 

@@ -22,8 +22,9 @@ use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use super::routes::{Routed, answer_tool, answered_from_record, keyless, observe_tool};
 use super::{CommitFail, Committer, Stats};
-use crate::kernel::{Access, Action, Catalog, Keys, Run, Session, StopReason, ToolReply};
+use crate::kernel::{Access, Action, Keys, Run, Session, StopReason, ToolReply};
 use crate::mcp::McpTools;
 use crate::model::RecordedReply;
 use crate::store::{Backend, CallRecord, Commit, CommitKind, TaskRecord};
@@ -120,80 +121,6 @@ fn observe_model(task: &str, step: u32, model: &str, reply: &crate::kernel::Mode
         .observe(reply.latency_ms as f64 / 1000.0);
     if let Err(e) = &reply.outcome {
         tracing::warn!(task, step, model, error = ?e, "model call failed");
-    }
-}
-
-/// Counts a tool call by its result's status and logs one that did not succeed, with the task
-/// and call key.
-fn observe_tool(task: &str, key: &str, tool: &str, reply: &ToolReply) {
-    let m = crate::metrics::global();
-    let status = reply.result["status"].as_str().unwrap_or("invalid");
-    m.tool_calls.with_label_values(&[tool, status]).inc();
-    m.tool_seconds
-        .with_label_values(&[tool])
-        .observe(reply.latency_ms as f64 / 1000.0);
-    let code = reply.result["code"].as_str().unwrap_or("");
-    let detail = reply.result["detail"].as_str().unwrap_or("");
-    match status {
-        "ok" => tracing::debug!(task, key, tool, "tool call ok"),
-        // The outcome of a write is not known: it will be held for reconcile.
-        "unknown" => tracing::warn!(task, key, tool, code, detail, "tool call outcome unknown"),
-        "needs_approval" => tracing::info!(task, key, tool, "tool call needs approval"),
-        _ => tracing::warn!(task, key, tool, status, code, detail, "tool call failed"),
-    }
-}
-
-/// A task's tools, each call sent where its catalog entry says the tool lives: an MCP server,
-/// an HTTP URL, or (neither) the document's store; a tool the daemon's config lacks, nowhere.
-struct Routed<'a> {
-    catalog: &'a Catalog,
-    unavailable: &'a std::collections::BTreeMap<String, String>,
-    demo: DurableTools<'a>,
-    http: HttpTools<'a>,
-    mcp: McpTools<'a>,
-}
-
-/// Whether `tool` is reached by a route that carries no idempotency key (MCP), so a repeated
-/// call under a key would reach the service as a new one.
-fn keyless(catalog: &Catalog, tool: &str) -> bool {
-    catalog.get(tool).is_some_and(|s| s.mcp.is_some())
-}
-
-/// The answer to a repeat of the write recorded in `c`, if the tool answered it: applied
-/// (`ok`), or failed by the tool's own account (`tool_error`: it ran, and may have had its
-/// effect before it failed). Its recorded result (marked replayed) for the same arguments, a
-/// `key_conflict` for others. A call refused before it reached the tool (no session, a
-/// changed definition, a trusted server's refusal) may be sent again.
-fn answered_from_record(c: &CallRecord, digest: &str) -> Option<serde_json::Value> {
-    let result = c.result.as_ref()?;
-    if result["status"] != "ok" && result["code"] != "tool_error" {
-        return None;
-    }
-    Some(if c.digest == digest {
-        let mut r = result.clone();
-        if let Some(m) = r.as_object_mut() {
-            m.insert("replayed".into(), serde_json::Value::Bool(true));
-        }
-        r
-    } else {
-        json!({"status": "error", "code": "key_conflict",
-            "detail": format!("this plan step's write was already sent (digest {}) with other arguments and answered; nothing was sent again", c.digest)})
-    })
-}
-
-impl Tools for Routed<'_> {
-    fn call(&mut self, req: &crate::kernel::ToolRequest<'_>) -> ToolReply {
-        if let Some(why) = self.unavailable.get(&req.call.name) {
-            return ToolReply {
-                result: json!({"status": "error", "code": "tool_unavailable", "detail": why}),
-                latency_ms: 0,
-            };
-        }
-        match self.catalog.get(&req.call.name) {
-            Some(spec) if spec.mcp.is_some() => self.mcp.call(req),
-            Some(spec) if spec.http.is_some() => self.http.call(req),
-            _ => self.demo.call(req),
-        }
     }
 }
 
@@ -321,6 +248,7 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
     } else {
         Run::Start
     };
+    let resumed = run == Run::Resume;
     let mut session = Session::begin(
         run,
         rec.state.clone(),
@@ -343,10 +271,18 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
         Vec::new()
     });
     let mut first_model_call = true;
-    let mut step_reply: Option<RecordedReply> = None;
     let mut step_call: Option<CallRecord> = None;
     let failed = |what: &str, e: crate::store::Error| {
         CommitFail::Failed(format!("cannot read the {what} of task {}: {e}", rec.id))
+    };
+    // The reply of the step in progress, with what its tools answered: a resumed held call
+    // belongs to the step that proposed it, so its answer joins that step's recorded reply.
+    let mut step_reply: Option<RecordedReply> = if resumed {
+        ctx.store
+            .reply(&rec.id, rec.state.step)
+            .map_err(|e| failed("recorded reply", e))?
+    } else {
+        None
     };
     let commit = |session: &mut Session<'_>,
                   kind,
@@ -400,17 +336,19 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
                     None
                 };
                 pass(ctx, Point::Model)?;
-                let (reply, prompt) = match recorded {
-                    Some(recorded) => (recorded.to_reply(), recorded.prompt),
+                let (reply, prompt, tools) = match recorded {
+                    Some(recorded) => (recorded.to_reply(), recorded.prompt, recorded.tools),
                     None => {
                         let reply = model.next(&req);
                         observe_model(&rec.id, step, rec.model.label(), &reply);
-                        (reply, model.prompt_id())
+                        (reply, model.prompt_id(), None)
                     }
                 };
                 crate::metrics::global().steps.inc();
                 pause(ctx.time_scale, reply.latency_ms);
-                step_reply = Some(RecordedReply::of(step, &reply, prompt));
+                let mut recorded = RecordedReply::of(step, &reply, prompt);
+                recorded.tools = Some(tools.unwrap_or_default());
+                step_reply = Some(recorded);
                 session.on_model(reply);
             }
             Action::Tool(req) => {
@@ -446,21 +384,33 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
                         .and_then(|c| answered_from_record(c, &digest))
                     {
                         tracing::info!(task = %rec.id, key = %key, tool = %tool_name, "write already applied under this key; answered from its call record, not sent");
-                        session.on_tool(ToolReply {
-                            result: answer,
-                            latency_ms: 0,
-                        });
+                        answer_tool(
+                            &mut session,
+                            &mut step_reply,
+                            &tool_name,
+                            &digest,
+                            ToolReply {
+                                result: answer,
+                                latency_ms: 0,
+                            },
+                        );
                         continue;
                     }
                     if damaged || (in_flight && !idempotent) {
                         // Sent before a crash (a fresh call or a resumed held one), outcome
                         // never learned, and not safe to re-send: hold it for reconcile.
                         step_call = existing;
-                        session.on_tool(ToolReply {
-                            result: json!({"status": "unknown", "code": "interrupted",
-                                "detail": "the worker stopped while this write was in flight; reconcile it"}),
-                            latency_ms: 0,
-                        });
+                        answer_tool(
+                            &mut session,
+                            &mut step_reply,
+                            &tool_name,
+                            &digest,
+                            ToolReply {
+                                result: json!({"status": "unknown", "code": "interrupted",
+                                    "detail": "the worker stopped while this write was in flight; reconcile it"}),
+                                latency_ms: 0,
+                            },
+                        );
                         continue;
                     }
                     let call = CallRecord {
@@ -506,7 +456,7 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
                 observe_tool(&rec.id, &key, &req_name, &reply);
                 pause(ctx.time_scale, reply.latency_ms);
                 pass(ctx, Point::Sent)?;
-                session.on_tool(reply);
+                answer_tool(&mut session, &mut step_reply, &req_name, &digest, reply);
                 if let Some(c) = step_call.as_mut()
                     && c.key == key
                 {

@@ -14,6 +14,7 @@
 
 pub mod driver;
 mod heartbeat;
+mod routes;
 
 pub use heartbeat::{HEARTBEAT_TTL_MS_MIN, Heartbeat};
 

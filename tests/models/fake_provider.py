@@ -185,7 +185,13 @@ def main():
             self.end_headers()
             self.wfile.write(data)
 
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    class Server(ThreadingHTTPServer):
+        def handle_error(self, request, client_address):
+            # A worker killed mid-request leaves a broken pipe: expected, not news.
+            if not isinstance(sys.exc_info()[1], ConnectionError):
+                super().handle_error(request, client_address)
+
+    srv = Server(("127.0.0.1", 0), Handler)
     print(f"listening on http://127.0.0.1:{srv.server_address[1]}", flush=True)
     srv.serve_forever()
 

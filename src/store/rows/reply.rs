@@ -1,11 +1,11 @@
-//! The row of a recorded model reply, in its current format (4) and the two before (3, 2),
-//! which are still read: see [`super::super::codec`] on how a row type changes format.
+//! The row of a recorded model reply, in its current format (5) and the three before (4, 3,
+//! 2), which are still read: see [`super::super::codec`] on how a row type changes format.
 
 use serde::{Deserialize, Serialize};
 
 use super::R;
 use crate::kernel::ResponseInfo;
-use crate::model::{RecordedOutcome, RecordedReply};
+use crate::model::{RecordedOutcome, RecordedReply, RecordedTool};
 use crate::store::Error;
 use crate::store::codec::{Json, Record, decode_payload};
 
@@ -21,10 +21,32 @@ pub enum OutcomeRow {
     Fatal(String),
 }
 
+/// A model reply, format 5: format 4 and what the tools answered in its step.
+#[derive(Serialize, Deserialize)]
+pub struct ReplyRow {
+    step: u32,
+    outcome: OutcomeRow,
+    latency_ms: u64,
+    usage: Option<[u64; 2]>,
+    response: Option<ResponseRow>,
+    turn: Option<Json>,
+    prompt: Option<String>,
+    tools: Option<Vec<ToolRow>>,
+}
+
+/// One tool answer of a step (format 5 on).
+#[derive(Serialize, Deserialize)]
+pub struct ToolRow {
+    name: String,
+    digest: String,
+    result: Json,
+    latency_ms: u64,
+}
+
 /// A model reply, format 4: format 3, the reply in the provider's protocol (JSON of a
 /// [`crate::kernel::Turn`]) and the version of the prompt it was made with.
 #[derive(Serialize, Deserialize)]
-pub struct ReplyRow {
+pub struct ReplyRowV4 {
     step: u32,
     outcome: OutcomeRow,
     latency_ms: u64,
@@ -62,7 +84,7 @@ pub struct ReplyRowV2 {
 
 impl Record for RecordedReply {
     type Row = ReplyRow;
-    const FORMAT: u8 = 4;
+    const FORMAT: u8 = 5;
     fn to_row(&self) -> ReplyRow {
         ReplyRow {
             step: self.step,
@@ -88,6 +110,16 @@ impl Record for RecordedReply {
                 .and_then(|t| serde_json::to_value(t).ok())
                 .map(|v| Json::of(&v)),
             prompt: self.prompt.clone(),
+            tools: self.tools.as_ref().map(|ts| {
+                ts.iter()
+                    .map(|t| ToolRow {
+                        name: t.name.clone(),
+                        digest: t.digest.clone(),
+                        result: Json::of(&t.result),
+                        latency_ms: t.latency_ms,
+                    })
+                    .collect()
+            }),
         }
     }
     fn from_row(r: ReplyRow) -> R<RecordedReply> {
@@ -117,9 +149,37 @@ impl Record for RecordedReply {
                 ),
             },
             prompt: r.prompt,
+            tools: match r.tools {
+                None => None,
+                Some(ts) => Some(
+                    ts.into_iter()
+                        .map(|t| {
+                            Ok(RecordedTool {
+                                result: t.result.value()?,
+                                name: t.name,
+                                digest: t.digest,
+                                latency_ms: t.latency_ms,
+                            })
+                        })
+                        .collect::<R<Vec<_>>>()?,
+                ),
+            },
         })
     }
     fn older_row(what: &str, version: u8, payload: &[u8]) -> Result<ReplyRow, Error> {
+        if version == 4 {
+            let o: ReplyRowV4 = decode_payload(what, payload)?;
+            return Ok(ReplyRow {
+                step: o.step,
+                outcome: o.outcome,
+                latency_ms: o.latency_ms,
+                usage: o.usage,
+                response: o.response,
+                turn: o.turn,
+                prompt: o.prompt,
+                tools: None,
+            });
+        }
         let (step, outcome, latency_ms, usage, response) = match version {
             2 => {
                 let o: ReplyRowV2 = decode_payload(what, payload)?;
@@ -143,6 +203,7 @@ impl Record for RecordedReply {
             response,
             turn: None,
             prompt: None,
+            tools: None,
         })
     }
 }
@@ -161,11 +222,12 @@ mod tests {
             response,
             turn: None,
             prompt: None,
+            tools: None,
         }
     }
 
     #[test]
-    fn a_reply_is_written_in_format_4_and_read_back_with_its_response_and_turn() {
+    fn a_reply_is_written_in_format_5_and_read_back_with_its_response_turn_and_tools() {
         let mut r = reply(Some(ResponseInfo {
             id: Some("cmpl-1".into()),
             model: Some("m-2026".into()),
@@ -181,9 +243,32 @@ mod tests {
             }],
         });
         r.prompt = Some("native-1+abc".into());
+        r.tools = Some(vec![RecordedTool {
+            name: "get_order".into(),
+            digest: "0123456789".into(),
+            result: serde_json::json!({"status": "ok", "order": {"id": "o1"}}),
+            latency_ms: 37,
+        }]);
         let bytes = encode(&r).unwrap();
-        assert_eq!(bytes[1], 4);
+        assert_eq!(bytes[1], 5);
         assert_eq!(decode::<RecordedReply>("reply", &bytes).unwrap(), r);
+    }
+
+    #[test]
+    fn a_format_4_reply_is_read_without_tool_answers() {
+        let old = ReplyRowV4 {
+            step: 3,
+            outcome: OutcomeRow::Text("{\"type\": \"final\"}".into()),
+            latency_ms: 120,
+            usage: Some([50, 9]),
+            response: None,
+            turn: None,
+            prompt: Some("p1".into()),
+        };
+        let bytes = crate::store::codec::encode_row_as(4, &old).unwrap();
+        let mut want = reply(None);
+        want.prompt = Some("p1".into());
+        assert_eq!(decode::<RecordedReply>("reply", &bytes).unwrap(), want);
     }
 
     #[test]
@@ -219,7 +304,7 @@ mod tests {
     }
 
     #[test]
-    fn a_format_2_reader_refuses_a_format_4_reply_as_newer() {
+    fn a_format_2_reader_refuses_a_format_5_reply_as_newer() {
         let bytes = encode(&reply(None)).unwrap();
         let err = crate::store::codec::decode_row::<ReplyRowV2>("reply t1/3", &bytes)
             .err()

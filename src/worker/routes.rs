@@ -1,0 +1,107 @@
+//! A task's tool calls as the durable driver makes them: routed to where the catalog says each
+//! tool lives, a keyless route's repeated write answered from its call record, every answer
+//! counted, logged and added to the step's recorded reply (which `worker replay` feeds back).
+
+use serde_json::json;
+
+use crate::kernel::{Catalog, Session, ToolReply};
+use crate::mcp::McpTools;
+use crate::model::RecordedReply;
+use crate::store::CallRecord;
+use crate::tools::Tools;
+use crate::tools::durable::DurableTools;
+use crate::tools::http::HttpTools;
+
+/// Counts a tool call by its result's status and logs one that did not succeed, with the task
+/// and call key.
+pub(super) fn observe_tool(task: &str, key: &str, tool: &str, reply: &ToolReply) {
+    let m = crate::metrics::global();
+    let status = reply.result["status"].as_str().unwrap_or("invalid");
+    m.tool_calls.with_label_values(&[tool, status]).inc();
+    m.tool_seconds
+        .with_label_values(&[tool])
+        .observe(reply.latency_ms as f64 / 1000.0);
+    let code = reply.result["code"].as_str().unwrap_or("");
+    let detail = reply.result["detail"].as_str().unwrap_or("");
+    match status {
+        "ok" => tracing::debug!(task, key, tool, "tool call ok"),
+        // The outcome of a write is not known: it will be held for reconcile.
+        "unknown" => tracing::warn!(task, key, tool, code, detail, "tool call outcome unknown"),
+        "needs_approval" => tracing::info!(task, key, tool, "tool call needs approval"),
+        _ => tracing::warn!(task, key, tool, status, code, detail, "tool call failed"),
+    }
+}
+
+/// A task's tools, each call sent where its catalog entry says the tool lives: an MCP server,
+/// an HTTP URL, or (neither) the document's store; a tool the daemon's config lacks, nowhere.
+pub(super) struct Routed<'a> {
+    pub catalog: &'a Catalog,
+    pub unavailable: &'a std::collections::BTreeMap<String, String>,
+    pub demo: DurableTools<'a>,
+    pub http: HttpTools<'a>,
+    pub mcp: McpTools<'a>,
+}
+
+/// Whether `tool` is reached by a route that carries no idempotency key (MCP), so a repeated
+/// call under a key would reach the service as a new one.
+pub(super) fn keyless(catalog: &Catalog, tool: &str) -> bool {
+    catalog.get(tool).is_some_and(|s| s.mcp.is_some())
+}
+
+/// The answer to a repeat of the write recorded in `c`, if the tool answered it: applied
+/// (`ok`), or failed by the tool's own account (`tool_error`: it ran, and may have had its
+/// effect before it failed). Its recorded result (marked replayed) for the same arguments, a
+/// `key_conflict` for others. A call refused before it reached the tool (no session, a
+/// changed definition, a trusted server's refusal) may be sent again.
+pub(super) fn answered_from_record(c: &CallRecord, digest: &str) -> Option<serde_json::Value> {
+    let result = c.result.as_ref()?;
+    if result["status"] != "ok" && result["code"] != "tool_error" {
+        return None;
+    }
+    Some(if c.digest == digest {
+        let mut r = result.clone();
+        if let Some(m) = r.as_object_mut() {
+            m.insert("replayed".into(), serde_json::Value::Bool(true));
+        }
+        r
+    } else {
+        json!({"status": "error", "code": "key_conflict",
+            "detail": format!("this plan step's write was already sent (digest {}) with other arguments and answered; nothing was sent again", c.digest)})
+    })
+}
+
+impl Tools for Routed<'_> {
+    fn call(&mut self, req: &crate::kernel::ToolRequest<'_>) -> ToolReply {
+        if let Some(why) = self.unavailable.get(&req.call.name) {
+            return ToolReply {
+                result: json!({"status": "error", "code": "tool_unavailable", "detail": why}),
+                latency_ms: 0,
+            };
+        }
+        match self.catalog.get(&req.call.name) {
+            Some(spec) if spec.mcp.is_some() => self.mcp.call(req),
+            Some(spec) if spec.http.is_some() => self.http.call(req),
+            _ => self.demo.call(req),
+        }
+    }
+}
+
+/// Feeds a tool's answer to the session and adds it to the step's recorded reply (unless that
+/// reply was recorded before tool answers were kept), so a replay sees what this run saw.
+pub(super) fn answer_tool(
+    session: &mut Session<'_>,
+    step_reply: &mut Option<RecordedReply>,
+    name: &str,
+    digest: &str,
+    reply: ToolReply,
+) {
+    if let Some(tools) = step_reply.as_mut().and_then(|r| r.tools.as_mut()) {
+        tools.push(crate::model::RecordedTool {
+            name: name.to_string(),
+            digest: digest.to_string(),
+            result: reply.result.clone(),
+            latency_ms: reply.latency_ms,
+        });
+    }
+    session.on_tool(reply);
+}
