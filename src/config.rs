@@ -347,6 +347,14 @@ pub fn parse_catalog(text: &str, path: &Path) -> Result<Catalog, String> {
                     t.name
                 ));
             }
+            Some(h) if h.retry.check().is_err() => {
+                return Err(format!(
+                    "{}: tool {:?}: {}",
+                    path.display(),
+                    t.name,
+                    h.retry.check().err().unwrap_or_default()
+                ));
+            }
             Some(h) if !matches!(h.method.as_str(), "POST" | "PUT") => {
                 return Err(format!(
                     "{}: tool {:?}: method must be POST or PUT",

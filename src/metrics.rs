@@ -28,6 +28,7 @@ pub struct Metrics {
     pub model_seconds: HistogramVec,
     pub tool_calls: IntCounterVec,
     pub tool_seconds: HistogramVec,
+    pub tool_retries: IntCounterVec,
     pub takeovers: IntCounter,
     pub tasks_ended: IntCounterVec,
     /// Live OTLP export: spans sent, spans given up on, failed attempts.
@@ -134,6 +135,11 @@ fn build() -> prometheus::Result<Metrics> {
             "tether_tool_call_seconds",
             "Tool call latency by tool.",
             &["tool"],
+        )?,
+        tool_retries: counters(
+            "tether_tool_retries_total",
+            "Tool calls sent again after a transient failure, by tool and what failed (http_503, timeout, ...); not counted in tether_tool_calls_total.",
+            &["tool", "cause"],
         )?,
         takeovers: counter(
             "tether_lease_takeovers_total",

@@ -18,9 +18,27 @@ pub fn agent(timeout: Duration) -> ureq::Agent {
         .into()
 }
 
-/// Backoff before retry `n` (0-based): 100 ms, 200 ms, 400 ms, ... capped at 2 s.
-pub fn backoff(n: u32) -> Duration {
-    Duration::from_millis((100u64 << n.min(5)).min(2000))
+/// A random number of milliseconds from 0 to `max_ms`, so that calls that failed together do
+/// not retry together.
+pub fn jitter(max_ms: u64) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(max_ms);
+    h.finish() % (max_ms + 1)
+}
+
+/// The wait a response asks for before the next attempt: `retry-after-ms` (OpenAI's), or
+/// `Retry-After` in seconds (an HTTP date is not followed: the caller's backoff applies).
+pub fn retry_after(h: &ureq::http::HeaderMap) -> Option<Duration> {
+    let get = |n: &str| h.get(n).and_then(|v| v.to_str().ok()).map(str::trim);
+    if let Some(ms) = get("retry-after-ms").and_then(|v| v.parse::<f64>().ok())
+        && ms.is_finite()
+        && ms >= 0.0
+    {
+        return Some(Duration::from_millis(ms as u64));
+    }
+    let secs = get("retry-after")?.parse::<f64>().ok()?;
+    (secs.is_finite() && secs >= 0.0).then(|| Duration::from_millis((secs * 1000.0) as u64))
 }
 
 /// A response body of at most `max_bytes`, as text.

@@ -289,6 +289,57 @@ pub struct HttpSpec {
     /// service verifies. Without one, an approved call is not sent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval_secret_env: Option<String>,
+    /// How a transient failure (408, 409, 425, 429, 5xx, no connection, a timeout) is tried
+    /// again, for a read or an idempotent write: see [`RetryPolicy`].
+    #[serde(default, skip_serializing_if = "RetryPolicy::is_default")]
+    pub retry: RetryPolicy,
+}
+
+/// Retries of one tool call after a transient failure, under the same call key and inside
+/// the task's remaining active time. They take active time but no tool call of the budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryPolicy {
+    /// Tries in all, the first one included (1 turns retries off).
+    pub attempts: u32,
+    /// The wait before the first retry, doubled for each next one, less up to a quarter at
+    /// random; a longer `Retry-After` is waited instead.
+    pub backoff_ms: u64,
+    /// The longest wait between two tries, whatever a `Retry-After` asks.
+    pub max_backoff_ms: u64,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            attempts: 3,
+            backoff_ms: 200,
+            max_backoff_ms: 5_000,
+        }
+    }
+}
+
+impl RetryPolicy {
+    fn is_default(&self) -> bool {
+        *self == RetryPolicy::default()
+    }
+
+    /// What in this policy cannot work; `Ok` when it can.
+    pub fn check(&self) -> Result<(), String> {
+        if !(1..=10).contains(&self.attempts) {
+            return Err(format!(
+                "retry.attempts is {}: it counts every try, the first included, from 1 (no retry) to 10",
+                self.attempts
+            ));
+        }
+        if self.max_backoff_ms > 60_000 || self.backoff_ms > self.max_backoff_ms {
+            return Err(format!(
+                "retry.backoff_ms ({}) must be at most retry.max_backoff_ms ({}), which must be at most 60000",
+                self.backoff_ms, self.max_backoff_ms
+            ));
+        }
+        Ok(())
+    }
 }
 
 fn default_method() -> String {

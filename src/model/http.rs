@@ -8,7 +8,6 @@
 //! [`super::anthropic`]) build the request body and read the response.
 
 use serde_json::Value;
-use std::hash::{BuildHasher, Hasher};
 use std::time::{Duration, Instant};
 
 use super::profile::{Api, HttpProfile};
@@ -131,7 +130,7 @@ impl HttpModel {
             let (status, wait_asked, text) = match r.send(body.as_str()) {
                 Ok(mut resp) => {
                     let status = resp.status().as_u16();
-                    let wait = retry_after(resp.headers());
+                    let wait = crate::net::retry_after(resp.headers());
                     match read_body(&mut resp, limits::REPLY_BYTES_MAX) {
                         Ok(t) => (status, wait, t),
                         Err(e) => {
@@ -274,28 +273,11 @@ impl Model for HttpModel {
     }
 }
 
-/// The wait a response asks for before the next attempt: `retry-after-ms` (OpenAI's), or
-/// `Retry-After` in seconds (an HTTP date is not followed: the backoff applies).
-fn retry_after(h: &ureq::http::HeaderMap) -> Option<Duration> {
-    let get = |n: &str| h.get(n).and_then(|v| v.to_str().ok()).map(str::trim);
-    if let Some(ms) = get("retry-after-ms").and_then(|v| v.parse::<f64>().ok())
-        && ms.is_finite()
-        && ms >= 0.0
-    {
-        return Some(Duration::from_millis(ms as u64));
-    }
-    let secs = get("retry-after")?.parse::<f64>().ok()?;
-    (secs.is_finite() && secs >= 0.0).then(|| Duration::from_millis((secs * 1000.0) as u64))
-}
-
 /// The backoff before retry `n` (0-based): 0.5 s doubled each time, at most 8 s, less up to a
 /// quarter at random so that tasks that failed together do not retry together.
 pub fn jittered(n: u32) -> Duration {
     let base = (500u64 << n.min(4)).min(8_000);
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u32(n);
-    let cut = h.finish() % (base / 4 + 1);
-    Duration::from_millis(base - cut)
+    Duration::from_millis(base - crate::net::jitter(base / 4))
 }
 
 /// The message and code of a provider's error body: `{"error": {"message", "code" | "type"}}`

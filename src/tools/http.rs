@@ -1,13 +1,16 @@
 //! Tools called over HTTP with the call key in the `Idempotency-Key` header (and an approval,
-//! signed with the tool's secret, in `Tether-Approval`: see [`super::approval`]), the lookup that `worker reconcile --auto` asks, and the body a tool
-//! service receives. A request is bounded by the tool's timeout and the task's remaining time;
-//! a write whose answer is lost, or that is answered with a redirect (never followed), is
-//! reported `unknown`, never retried here.
+//! signed with the tool's secret, in `Tether-Approval`: see [`super::approval`]), the lookup
+//! that `worker reconcile --auto` asks, and the body a tool service receives. The result
+//! contract is `docs/tools.md`: a 2xx JSON body is the result, another 4xx is an error the model
+//! sees, and 408, 409, 425, 429, 5xx and a lost connection are transient: a read or an
+//! idempotent write is tried again under the same key as the tool's `retry` policy says,
+//! inside the task's remaining active time; any other write's outcome is then unknown. A
+//! redirect is never followed.
 
 use serde_json::{Map, Value, json};
 use std::time::{Duration, Instant};
 
-use crate::kernel::catalog::{Access, HttpSpec, ToolSpec};
+use crate::kernel::catalog::{Access, HttpSpec, RetryPolicy, ToolSpec};
 use crate::kernel::{Catalog, ToolReply, ToolRequest};
 use crate::limits;
 use crate::net::{agent, clip, read_body};
@@ -60,8 +63,92 @@ fn call_tool(spec: &ToolSpec, req: &ToolRequest<'_>, write: bool) -> Value {
     let Some(http) = &spec.http else {
         return json!({"status": "error", "code": "not_http", "detail": "the tool has no URL"});
     };
-    let timeout = Duration::from_millis(http.timeout_ms.min(req.timeout_ms).max(1));
+    let start = Instant::now();
     let body = json!({"user_id": req.user_id, "args": Value::Object(req.call.args.clone())});
+    let approval = match req.approval {
+        None => None,
+        Some(_) => {
+            // The approval recorded in the worker database travels with the call it covers,
+            // signed so that the service can tell it from a digest anyone could compute.
+            let hash = crate::kernel::state::call_hash(&req.call.name, &req.call.args);
+            let call = approval::Call {
+                key: req.key,
+                user: req.user_id,
+                hash: &hash,
+            };
+            match signed_approval(http, &call) {
+                Ok(header) => Some(header),
+                Err(e) => {
+                    tracing::error!(tool = %spec.name, key = req.key, error = %e, "approved call not sent");
+                    return json!({"status": "error", "code": "approval_not_signed", "detail": e});
+                }
+            }
+        }
+    };
+    // A read, or a write the service deduplicates by key, may be sent again after a transient
+    // failure; a write that may not is held as unknown after its first one.
+    let repeatable = !write || req.idempotent;
+    let budget = Duration::from_millis(req.timeout_ms);
+    let mut attempt = 1;
+    loop {
+        let left = budget.saturating_sub(start.elapsed());
+        let timeout = Duration::from_millis(http.timeout_ms)
+            .min(left)
+            .max(Duration::from_millis(1));
+        let (result, transient) = send(spec, http, req, &body, approval.as_deref(), write, timeout);
+        let Some(t) = transient.filter(|_| repeatable && attempt < http.retry.attempts) else {
+            return result;
+        };
+        let wait = Duration::from_millis(backoff_ms(&http.retry, attempt))
+            .max(t.retry_after.unwrap_or_default())
+            .min(Duration::from_millis(http.retry.max_backoff_ms));
+        // A try needs time of its own after the wait: give up rather than run past the task's
+        // active time.
+        let left = budget.saturating_sub(start.elapsed());
+        if wait + Duration::from_millis(50) >= left {
+            tracing::warn!(tool = %spec.name, key = req.key, cause = %t.cause, "transient failure; no active time left to try again");
+            return result;
+        }
+        tracing::info!(tool = %spec.name, key = req.key, cause = %t.cause, attempt, wait_ms = wait.as_millis() as u64, "transient failure; trying again under the same key");
+        crate::metrics::global()
+            .tool_retries
+            .with_label_values(&[&spec.name, &t.cause])
+            .inc();
+        std::thread::sleep(wait);
+        attempt += 1;
+    }
+}
+
+/// The wait before retry `n` (1 for the first retry): `backoff_ms` doubled for each next one,
+/// at most `max_backoff_ms`, less up to a quarter at random.
+fn backoff_ms(p: &RetryPolicy, n: u32) -> u64 {
+    let base = p
+        .backoff_ms
+        .saturating_mul(1u64 << n.saturating_sub(1).min(16))
+        .min(p.max_backoff_ms);
+    base - crate::net::jitter(base / 4)
+}
+
+/// A failure worth another try: what failed, and the wait the service asked for.
+struct Transient {
+    cause: String,
+    retry_after: Option<Duration>,
+}
+
+/// The statuses a result may carry as it is (see `docs/tools.md`); any other `status` of a
+/// success is the service's own and is kept as `service_status`.
+const RESULT_STATUSES: [&str; 5] = ["ok", "error", "needs_approval", "rejected", "unknown"];
+
+/// One try of a call: its result, and whether the failure (if it is one) is transient.
+fn send(
+    spec: &ToolSpec,
+    http: &HttpSpec,
+    req: &ToolRequest<'_>,
+    body: &Value,
+    approval: Option<&str>,
+    write: bool,
+    timeout: Duration,
+) -> (Value, Option<Transient>) {
     let a = agent(timeout);
     let r = if http.method == "PUT" {
         a.put(&http.url)
@@ -71,81 +158,150 @@ fn call_tool(spec: &ToolSpec, req: &ToolRequest<'_>, write: bool) -> Value {
     let mut r = r
         .header("Content-Type", "application/json")
         .header("Idempotency-Key", req.key);
-    if req.approval.is_some() {
-        // The approval recorded in the worker database travels with the call it covers,
-        // signed so that the service can tell it from a digest anyone could compute.
-        let hash = crate::kernel::state::call_hash(&req.call.name, &req.call.args);
-        let call = approval::Call {
-            key: req.key,
-            user: req.user_id,
-            hash: &hash,
-        };
-        match signed_approval(http, &call) {
-            Ok(header) => r = r.header(approval::HEADER, &header),
-            Err(e) => {
-                tracing::error!(tool = %spec.name, key = req.key, error = %e, "approved call not sent");
-                return json!({"status": "error", "code": "approval_not_signed", "detail": e});
-            }
-        }
+    if let Some(header) = approval {
+        r = r.header(approval::HEADER, header);
     }
-    match r.send(body.to_string()) {
-        Ok(mut resp) => {
-            let status = resp.status().as_u16();
-            if (200..300).contains(&status) {
-                tracing::debug!(tool = %spec.name, key = req.key, status, "tool answered");
-            } else {
-                tracing::warn!(tool = %spec.name, key = req.key, status, url = %http.url, "tool answered HTTP {status}");
-            }
-            let text = match read_body(&mut resp, limits::TOOL_RESULT_BYTES_MAX) {
-                Ok(t) => t,
-                Err(e) => return outcome_unknown(write, "invalid_result", e),
-            };
-            match status {
-                200..=299 => match limits::parse_json_input(
-                    &text,
-                    "the result",
-                    limits::TOOL_RESULT_BYTES_MAX,
-                ) {
-                    Ok(v) if v.get("status").is_some_and(Value::is_string) => v,
-                    Err(e) => outcome_unknown(write, "invalid_result", e.0),
-                    _ => outcome_unknown(
-                        write,
-                        "invalid_result",
-                        format!("unexpected body: {}", clip(&text)),
-                    ),
-                },
-                // A redirect is never followed (see `net::agent`): where the call went is not
-                // known, so for a write its outcome is not either.
-                300..=399 => outcome_unknown(
-                    write,
-                    &format!("http_{status}"),
-                    format!(
-                        "the tool answered a redirect to {:?}; tool calls never follow redirects",
-                        clip(
-                            resp.headers()
-                                .get("location")
-                                .and_then(|v| v.to_str().ok())
-                                .unwrap_or("")
-                        )
-                    ),
-                ),
-                // The same key was sent with other arguments: nothing was done for this call.
-                422 => {
-                    json!({"status": "error", "code": "idempotency_mismatch", "detail": clip(&text)})
-                }
-                // The same key is still being processed elsewhere: its outcome is not known yet.
-                409 => outcome_unknown(write, "in_flight", clip(&text)),
-                400..=499 => {
-                    json!({"status": "error", "code": format!("http_{status}"), "detail": clip(&text)})
-                }
-                _ => outcome_unknown(write, &format!("http_{status}"), clip(&text)),
-            }
-        }
+    let transient = |cause: String, retry_after| Some(Transient { cause, retry_after });
+    let mut resp = match r.send(body.to_string()) {
+        Ok(resp) => resp,
         Err(ureq::Error::Timeout(_)) => {
-            outcome_unknown(write, "timeout", "no answer within the timeout".into())
+            return (
+                outcome_unknown(write, "timeout", "no answer within the timeout".into()),
+                transient("timeout".into(), None),
+            );
         }
-        Err(e) => outcome_unknown(write, "transport", e.to_string()),
+        Err(e) => {
+            return (
+                outcome_unknown(write, "transport", e.to_string()),
+                transient("transport".into(), None),
+            );
+        }
+    };
+    let status = resp.status().as_u16();
+    if (200..300).contains(&status) {
+        tracing::debug!(tool = %spec.name, key = req.key, status, "tool answered");
+    } else {
+        tracing::warn!(tool = %spec.name, key = req.key, status, url = %http.url, "tool answered HTTP {status}");
     }
+    let retry_after = crate::net::retry_after(resp.headers());
+    let location = resp
+        .headers()
+        .get("location")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let text = match read_body(&mut resp, limits::TOOL_RESULT_BYTES_MAX) {
+        Ok(t) => t,
+        Err(e) => return (outcome_unknown(write, "invalid_result", e), None),
+    };
+    match status {
+        200..=299 => (success(&text, write), None),
+        // A redirect is never followed (see `net::agent`): where the call went is not known,
+        // so for a write its outcome is not either.
+        300..=399 => (
+            outcome_unknown(
+                write,
+                &format!("http_{status}"),
+                format!(
+                    "the tool answered a redirect to {:?}; tool calls never follow redirects",
+                    clip(&location)
+                ),
+            ),
+            None,
+        ),
+        // 409: the same key is still being processed (the Idempotency-Key draft's "request in
+        // progress"); 408, 425, 429 and 5xx: try again later. Until then the outcome of a write
+        // is not known.
+        408 | 409 | 425 | 429 | 500..=599 => {
+            let code = if status == 409 {
+                "in_flight".to_string()
+            } else {
+                format!("http_{status}")
+            };
+            let (_, detail) = error_of(&text, status);
+            (
+                outcome_unknown(write, &code, detail),
+                transient(code.clone(), retry_after),
+            )
+        }
+        // Any other 4xx: the service refused the call, so nothing was done; the model sees why.
+        400..=499 => {
+            let (code, detail) = error_of(&text, status);
+            (
+                json!({"status": "error", "code": code, "http_status": status, "detail": detail}),
+                None,
+            )
+        }
+        _ => (
+            outcome_unknown(write, &format!("http_{status}"), clip(&text)),
+            None,
+        ),
+    }
+}
+
+/// The result of a 2xx answer: its JSON body. An object keeps its fields, with a `status` of
+/// [`RESULT_STATUSES`] as it is (a service may still answer `needs_approval`), any other
+/// `status` kept as `service_status` and `ok` put in its place; another JSON value is the
+/// result's `value`; an empty body is `ok`; a body that is not JSON is an invalid result.
+fn success(text: &str, write: bool) -> Value {
+    if text.trim().is_empty() {
+        return json!({"status": "ok"});
+    }
+    match limits::parse_json_input(text, "the result", limits::TOOL_RESULT_BYTES_MAX) {
+        Ok(Value::Object(mut m)) => {
+            let own = m
+                .get("status")
+                .and_then(Value::as_str)
+                .is_some_and(|s| RESULT_STATUSES.contains(&s));
+            if !own {
+                if let Some(s) = m.remove("status") {
+                    m.insert("service_status".into(), s);
+                }
+                m.insert("status".into(), Value::String("ok".into()));
+            }
+            Value::Object(m)
+        }
+        Ok(v) => json!({"status": "ok", "value": v}),
+        Err(e) => outcome_unknown(
+            write,
+            "invalid_result",
+            format!(
+                "the tool answered 2xx, but the result needs a JSON body: {}",
+                e.0
+            ),
+        ),
+    }
+}
+
+/// The code and detail of an error answer: the body's `code` (or `error`, or an RFC 9457
+/// problem's `type`), else `not_found` for a 404 and `http_STATUS` otherwise; its `detail`
+/// (or `message`, or `title`), else the body itself, clipped.
+fn error_of(text: &str, status: u16) -> (String, String) {
+    let v = limits::parse_json(text, "an error body").unwrap_or(Value::Null);
+    let e = v.get("error").filter(|e| e.is_object()).unwrap_or(&v);
+    let word = |k: &str| {
+        e.get(k)
+            .and_then(Value::as_str)
+            .filter(|s| !s.trim().is_empty())
+    };
+    let code = word("code")
+        .or_else(|| v.get("error").and_then(Value::as_str))
+        .or_else(|| {
+            word("type")
+                .filter(|t| *t != "about:blank")
+                .and_then(|t| t.rsplit('/').find(|p| !p.is_empty()))
+        })
+        .map(|c| c.chars().take(64).collect::<String>())
+        .unwrap_or_else(|| match status {
+            404 => "not_found".into(),
+            s => format!("http_{s}"),
+        });
+    let detail = word("detail")
+        .or_else(|| word("message"))
+        .or_else(|| word("title"))
+        .map(|d| limits::one_line(&clip(d)).into_owned())
+        .unwrap_or_else(|| clip(text));
+    (code, detail)
 }
 
 /// What a lookup endpoint says of a call key.

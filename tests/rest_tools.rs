@@ -1,0 +1,357 @@
+//! Tools that a plain REST API serves, with the result contract of `docs/tools.md`: a service
+//! of the test's own answers the way REST services do (201 with an id, a problem-details 400,
+//! a 404, 503 before doing anything, 429 with `Retry-After`), keeps a log of every arrival,
+//! and the tasks end as the contract says: a read and an idempotent write are tried again
+//! under the same key until they land, a non-idempotent write is sent once and held, and a
+//! refusal reaches the model with the service's own code and words.
+
+mod common;
+use common::*;
+
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// One request the service received: its path, its Idempotency-Key, what it answered, and when
+/// (milliseconds since the service started).
+#[derive(Clone, Debug)]
+struct Arrival {
+    path: String,
+    key: String,
+    answered: u16,
+    at_ms: u128,
+}
+
+/// The REST service: `POST /customers/lookup` fails once with 503, then answers 200 with the
+/// customer (whose own `status` is `active`); `POST /tickets` answers each new key 503 (before
+/// doing anything), then 429 with `Retry-After: 1`, then creates the ticket (201 with its id)
+/// and answers a repeat of the key with the same ticket (200); `POST /notes` is down (503);
+/// `POST /tickets/bad` refuses with an RFC 9457 problem; anything else is a 404.
+struct Service {
+    url: String,
+    log: Arc<Mutex<Vec<Arrival>>>,
+    tickets: Arc<Mutex<BTreeMap<String, String>>>,
+}
+
+fn service() -> Service {
+    let server = tiny_http::Server::http("127.0.0.1:0").expect("bind the service");
+    let url = format!("http://{}", server.server_addr());
+    let log = Arc::new(Mutex::new(Vec::<Arrival>::new()));
+    let tickets = Arc::new(Mutex::new(BTreeMap::<String, String>::new()));
+    let (log2, tickets2) = (Arc::clone(&log), Arc::clone(&tickets));
+    let started = Instant::now();
+    std::thread::spawn(move || {
+        for mut req in server.incoming_requests() {
+            let mut body = String::new();
+            let _ = req.as_reader().read_to_string(&mut body);
+            let path = req.url().to_string();
+            let key = req
+                .headers()
+                .iter()
+                .find(|h| h.field.equiv("Idempotency-Key"))
+                .map(|h| h.value.to_string())
+                .unwrap_or_default();
+            let mut log = log2.lock().expect("lock");
+            let earlier = log
+                .iter()
+                .filter(|a| a.path == path && a.key == key)
+                .count();
+            let mut headers = vec![("Content-Type", "application/json".to_string())];
+            let (status, answer) = match path.as_str() {
+                "/customers/lookup" if earlier == 0 => (503, "upstream unavailable".to_string()),
+                "/customers/lookup" => (
+                    200,
+                    json!({"id": "C-7", "name": "Ana", "status": "active"}).to_string(),
+                ),
+                "/tickets" => {
+                    let mut tickets = tickets2.lock().expect("lock");
+                    if let Some(id) = tickets.get(&key) {
+                        (200, json!({"id": id, "created": false}).to_string())
+                    } else if earlier == 0 {
+                        (503, "{\"message\": \"try again\"}".to_string())
+                    } else if earlier == 1 {
+                        headers.push(("Retry-After", "1".to_string()));
+                        (429, "{\"message\": \"slow down\"}".to_string())
+                    } else {
+                        let id = format!("T-{}", tickets.len() + 1);
+                        tickets.insert(key.clone(), id.clone());
+                        (201, json!({"id": id, "created": true}).to_string())
+                    }
+                }
+                "/notes" => (503, "down for maintenance".to_string()),
+                "/tickets/bad" => {
+                    headers[0].1 = "application/problem+json".into();
+                    (
+                        400,
+                        json!({"type": "https://tickets.example/problems/invalid-severity",
+                            "title": "Invalid severity", "status": 400,
+                            "detail": "severity must be one of low, normal, high"})
+                        .to_string(),
+                    )
+                }
+                _ => (404, String::new()),
+            };
+            log.push(Arrival {
+                path,
+                key,
+                answered: status,
+                at_ms: started.elapsed().as_millis(),
+            });
+            drop(log);
+            let mut resp = tiny_http::Response::from_string(answer).with_status_code(status);
+            for (k, v) in headers {
+                resp = resp.with_header(
+                    tiny_http::Header::from_bytes(k.as_bytes(), v.as_bytes()).expect("header"),
+                );
+            }
+            let _ = req.respond(resp);
+        }
+    });
+    Service { url, log, tickets }
+}
+
+impl Service {
+    fn arrivals(&self, path: &str) -> Vec<Arrival> {
+        let log = self.log.lock().expect("lock");
+        log.iter().filter(|a| a.path == path).cloned().collect()
+    }
+}
+
+/// The catalog of the service's tools, and a config that names it.
+fn setup(d: &Path, url: &str) {
+    let tool = |name: &str, access: &str, idempotent: bool, path: &str, args: &str| {
+        format!(
+            "[[tools]]\nname = \"{name}\"\naccess = \"{access}\"\nidempotent = {idempotent}\n\
+             fact_fields = [\"id\", \"service_status\"]\nfact_prefix_arg = \"customer_id\"\n\
+             http = {{ url = \"{url}{path}\", timeout_ms = 5000, retry = {{ attempts = 4, backoff_ms = 50, max_backoff_ms = 2000 }} }}\n\
+             args.customer_id = {{ type = \"string\", required = true }}\n{args}\n"
+        )
+    };
+    let catalog = [
+        "version = 1\n".to_string(),
+        tool("lookup_customer", "read", true, "/customers/lookup", ""),
+        tool(
+            "create_ticket",
+            "write",
+            true,
+            "/tickets",
+            "args.title = { type = \"string\", required = true }\n",
+        ),
+        tool(
+            "add_note",
+            "write",
+            false,
+            "/notes",
+            "args.text = { type = \"string\", required = true }\n",
+        ),
+        tool(
+            "create_bad_ticket",
+            "write",
+            true,
+            "/tickets/bad",
+            "args.severity = { type = \"string\", required = true }\n",
+        ),
+        tool("find_invoice", "read", true, "/invoices/find", ""),
+    ]
+    .concat();
+    std::fs::write(d.join("tools.toml"), catalog).expect("catalog");
+    std::fs::write(d.join("worker.toml"), "[tools]\ncatalog = \"tools.toml\"\n").expect("config");
+}
+
+fn worker_c(d: &Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(bin())
+        .args(["--config", "worker.toml"])
+        .args(args)
+        .current_dir(d)
+        .env_remove("WORKER_DB")
+        .env_remove("WORKER_CONFIG")
+        .output()
+        .expect("run worker")
+}
+
+fn okc(d: &Path, args: &[&str]) -> String {
+    succeeded(worker_c(d, args), args)
+}
+
+fn jsonc(d: &Path, args: &[&str]) -> Value {
+    serde_json::from_str(&okc(d, args)).expect("JSON")
+}
+
+/// Enqueues a task whose model is the script `moves` (one JSON move a line).
+fn task(d: &Path, name: &str, moves: &[Value]) -> String {
+    let lines: Vec<String> = moves.iter().map(Value::to_string).collect();
+    std::fs::write(d.join(format!("{name}.jsonl")), lines.join("\n")).expect("script");
+    let model = format!("script:{name}.jsonl");
+    okc(
+        d,
+        &[
+            "enqueue", "--user", "cu_ana", "--goal", name, "--model", &model,
+        ],
+    )
+    .trim()
+    .to_string()
+}
+
+fn plan(write: &str) -> Value {
+    json!({"type": "plan", "steps": [{"id": "s1", "tool": "lookup_customer"},
+        {"id": "s2", "tool": write, "depends_on": ["s1"]}]})
+}
+
+fn call(name: &str, step: &str, args: Value) -> Value {
+    json!({"type": "tool", "name": name, "plan_step": step, "args": args})
+}
+
+fn done() -> Value {
+    json!({"type": "final", "outcome": "completed", "text": "done"})
+}
+
+/// Must-show 1: a 503 on a read and on an idempotent write, and a 429 with `Retry-After`,
+/// end `done`, each effect once, every try under the call's one key; the waits are the
+/// service's, the tries are not the model's tool calls, and the replay needs no service.
+#[test]
+fn transient_failures_are_tried_again_under_the_same_key_until_they_land() {
+    let dir = TempDir::new("rest-retry");
+    let d = dir.path();
+    let svc = service();
+    setup(d, &svc.url);
+    let id = task(
+        d,
+        "ticket",
+        &[
+            plan("create_ticket"),
+            call("lookup_customer", "s1", json!({"customer_id": "cu_ana"})),
+            call(
+                "create_ticket",
+                "s2",
+                json!({"customer_id": "cu_ana", "title": "Refund not received"}),
+            ),
+            done(),
+        ],
+    );
+    okc(d, &["run", "--drain"]);
+    let t = jsonc(d, &["show", &id, "--json"]);
+    assert_eq!(t["stop"], "done", "{t}");
+    // The lookup: a 503, then the customer; its own `status` is kept as `service_status`.
+    let lookups: Vec<u16> = svc
+        .arrivals("/customers/lookup")
+        .iter()
+        .map(|a| a.answered)
+        .collect();
+    assert_eq!(lookups, [503, 200]);
+    assert_eq!(
+        t["state"]["facts"]["cu_ana.service_status"], "active",
+        "{t}"
+    );
+    // The ticket: 503, 429, then created once, all under one key; the try after the 429
+    // waited the second it asked for.
+    let tickets = svc.arrivals("/tickets");
+    let answered: Vec<u16> = tickets.iter().map(|a| a.answered).collect();
+    assert_eq!(answered, [503, 429, 201], "{tickets:?}");
+    assert!(
+        tickets
+            .iter()
+            .all(|a| a.key == tickets[0].key && !a.key.is_empty())
+    );
+    assert!(
+        tickets[0].key.ends_with(&format!(":{id}:s2")),
+        "{tickets:?}"
+    );
+    assert!(
+        tickets[2].at_ms - tickets[1].at_ms >= 1000,
+        "Retry-After: 1 was honoured: {tickets:?}"
+    );
+    assert_eq!(svc.tickets.lock().expect("lock").len(), 1);
+    // A 201's body is the result: its id is a fact.
+    assert_eq!(t["state"]["facts"]["cu_ana.id"], "T-1", "{t}");
+    // Two tool calls of the budget (the model's), not five (the tries).
+    assert_eq!(t["tool_calls"], 2, "{t}");
+    // The replay answers from what the run recorded: no service needed, same state.
+    let r = jsonc(d, &["replay", &id, "--json"]);
+    assert_eq!(r["same_state"], true, "{r}");
+    assert_eq!(r["tool_answers"], "recorded", "{r}");
+    // What the tries were is in the metrics a daemon serves; here, in the arrivals log.
+    assert_eq!(svc.arrivals("/tickets").len(), 3, "the replay sent nothing");
+}
+
+/// A write that is not idempotent is sent once: a 503 leaves its outcome unknown, and the task
+/// is held for an operator, not tried again.
+#[test]
+fn a_write_that_is_not_idempotent_is_sent_once_and_held() {
+    let dir = TempDir::new("rest-held");
+    let d = dir.path();
+    let svc = service();
+    setup(d, &svc.url);
+    let id = task(
+        d,
+        "note",
+        &[
+            plan("add_note"),
+            call("lookup_customer", "s1", json!({"customer_id": "cu_ana"})),
+            call(
+                "add_note",
+                "s2",
+                json!({"customer_id": "cu_ana", "text": "called back"}),
+            ),
+            done(),
+        ],
+    );
+    okc(d, &["run", "--drain"]);
+    okc(d, &["run", "--drain"]);
+    let t = jsonc(d, &["show", &id, "--json"]);
+    assert_eq!(t["stop"], "unknown_outcome", "{t}");
+    assert_eq!(svc.arrivals("/notes").len(), 1, "sent once");
+    assert_eq!(t["state"]["pending"]["name"], "add_note", "{t}");
+}
+
+/// A refusal (a 4xx other than 408, 409, 425 and 429) is an error the model sees, with the
+/// service's code and words: an RFC 9457 problem's type and detail, a bare 404's `not_found`.
+/// It is not tried again.
+#[test]
+fn a_refusal_reaches_the_model_with_the_services_code_and_words() {
+    let dir = TempDir::new("rest-refused");
+    let d = dir.path();
+    let svc = service();
+    setup(d, &svc.url);
+    let bad = task(
+        d,
+        "bad",
+        &[
+            plan("create_bad_ticket"),
+            call("lookup_customer", "s1", json!({"customer_id": "cu_ana"})),
+            call(
+                "create_bad_ticket",
+                "s2",
+                json!({"customer_id": "cu_ana", "severity": "urgent"}),
+            ),
+            json!({"type": "final", "outcome": "cannot_complete", "text": "refused"}),
+        ],
+    );
+    let missing = task(
+        d,
+        "missing",
+        &[
+            call("find_invoice", "s1", json!({"customer_id": "cu_ana"})),
+            json!({"type": "final", "outcome": "cannot_complete", "text": "no invoice"}),
+        ],
+    );
+    okc(d, &["run", "--drain"]);
+    let t = jsonc(d, &["show", &bad, "--json"]);
+    let r = &t["state"]["last_result"];
+    assert_eq!(r["status"], "error", "{t}");
+    assert_eq!(r["code"], "invalid-severity", "{t}");
+    assert_eq!(r["http_status"], 400, "{t}");
+    assert_eq!(
+        r["detail"], "severity must be one of low, normal, high",
+        "{t}"
+    );
+    assert_eq!(
+        svc.arrivals("/tickets/bad").len(),
+        1,
+        "a refusal is not tried again"
+    );
+    let t = jsonc(d, &["show", &missing, "--json"]);
+    assert_eq!(t["state"]["last_result"]["code"], "not_found", "{t}");
+    assert_eq!(svc.arrivals("/invoices/find").len(), 1);
+}
