@@ -190,6 +190,15 @@ impl Prompt {
                 "steps": args.remove("steps").unwrap_or(Value::Null),
             })),
             FINAL_FN => {
+                // The function's schema requires one of the two outcomes: without one, a
+                // "final" would end the task done without the check that its plan is done.
+                let outcome = args.get("outcome").and_then(Value::as_str);
+                if !matches!(outcome, Some("completed" | "cannot_complete")) {
+                    return RawReply::Invalid(format!(
+                        "{FINAL_FN} needs \"outcome\": \"completed\" or \"cannot_complete\"; it had {}",
+                        args.get("outcome").map_or("none".to_string(), clip_value)
+                    ));
+                }
                 let mut m = Map::new();
                 m.insert("type".into(), Value::from("final"));
                 for k in ["outcome", "text"] {
@@ -468,6 +477,34 @@ mod tests {
         assert_eq!(json_objects("{\"a\": 1} and {\"b\": 2}").len(), 2);
         assert_eq!(json_objects("{\"a\": 1, \"a\": 2}").len(), 0);
         assert_eq!(json_objects(&"{".repeat(100_000)).len(), 0);
+    }
+
+    /// Review finding: a `final_answer` without an outcome (or with another one) ended the
+    /// task done with its plan pending; it is an invalid reply, which the model is told.
+    #[test]
+    fn a_final_answer_needs_one_of_the_two_outcomes() {
+        let p = prompt(ToolCalling::Native);
+        let call = |args: Value| TurnCall {
+            id: "c1".into(),
+            name: FINAL_FN.into(),
+            arguments: args,
+        };
+        for args in [
+            json!({"text": "Refunded."}),
+            json!({"outcome": "bogus", "text": "x"}),
+            json!({"outcome": 7, "text": "x"}),
+        ] {
+            let RawReply::Invalid(why) = p.move_of_call(&call(args.clone())) else {
+                panic!("{args} is not a final answer");
+            };
+            assert!(why.contains("needs \"outcome\""), "{why}");
+        }
+        for outcome in ["completed", "cannot_complete"] {
+            assert_eq!(
+                p.move_of_call(&call(json!({"outcome": outcome, "text": "t"}))),
+                RawReply::Json(json!({"type": "final", "outcome": outcome, "text": "t"}))
+            );
+        }
     }
 
     #[test]
