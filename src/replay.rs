@@ -12,11 +12,10 @@ use serde_json::{Value, json};
 
 use crate::kernel::session::Run;
 use crate::kernel::{
-    Access, Budget, Catalog, InputStyle, Keys, Session, StopReason, TaskState, ToolReply,
+    Access, Action, Budget, Catalog, InputStyle, Keys, Session, StopReason, TaskState, ToolReply,
     ToolRequest,
 };
-use crate::model::{RecordedReply, RecordedTool, Replay};
-use crate::sim::drive;
+use crate::model::{Model, RecordedReply, RecordedTool, Replay};
 use crate::store::TaskRecord;
 use crate::store::ops::Event;
 use crate::tools::{DemoStore, Effect, Tools, effects_to_python};
@@ -151,6 +150,7 @@ pub fn replay(
                     .get(&a.name)
                     .is_none_or(|s| s.access == Access::Write)
             })
+            .filter(|a| !asked_approval(a))
             .map(|a| (a.name.clone(), a.digest.clone()))
             .collect();
     }
@@ -165,34 +165,96 @@ pub fn replay(
         s.set_input(input);
         s
     };
-    let mut state = run(session(Run::Start, initial), &mut model, &mut tools);
-    for ev in events {
+    // A cancel asked for while a run went on took effect at the step boundary where that
+    // run's recorded replies end; a decision that reached a task already stopped (cancelled,
+    // or queued again and then cancelled) changed nothing in it.
+    let running_cancel = |i: usize| {
+        events
+            .get(i)
+            .is_some_and(|e| e.verb == "cancel" && e.detail["was"] == "running")
+    };
+    let queued_cancel = |i: usize| {
+        events
+            .get(i)
+            .is_some_and(|e| e.verb == "cancel" && e.detail["was"] == "queued")
+    };
+    // A task cancelled while queued before it ever ran is as it was enqueued; one cancelled
+    // while queued after a crash stopped at its last recorded step.
+    let mut state = if queued_cancel(0) && model.is_done() {
+        initial
+    } else {
+        run(
+            session(Run::Start, initial),
+            &mut model,
+            &mut tools,
+            running_cancel(0) || queued_cancel(0),
+        )
+    };
+    for (i, ev) in events.iter().enumerate() {
         let result = ev.detail.get("result").cloned().unwrap_or(Value::Null);
+        let (held, suspended) = (
+            state.stop == Some(StopReason::UnknownOutcome),
+            state.stop == Some(StopReason::NeedsApproval),
+        );
+        // Queued again by this decision, then cancelled before a worker ran it.
+        let runs = !queued_cancel(i + 1);
+        let cancel_next = running_cancel(i + 1);
         state = match ev.verb.as_str() {
-            "approve" => {
+            "approve" if suspended && runs => {
                 if let (Some(p), Source::Document(store)) = (&state.pending, &mut tools) {
                     store.approve(&p.name, &p.digest());
                 }
-                run(session(Run::Resume, state), &mut model, &mut tools)
+                run(
+                    session(Run::Resume, state),
+                    &mut model,
+                    &mut tools,
+                    cancel_next,
+                )
             }
-            "reject" | "reconcile_applied" => {
+            "reject" if suspended && runs => {
                 let result = if result.is_null() {
                     json!({"status": "rejected", "code": "rejected"})
                 } else {
                     result
                 };
-                run(session(Run::Settled(result), state), &mut model, &mut tools)
+                let s = session(Run::Settled(result), state);
+                run(s, &mut model, &mut tools, cancel_next)
             }
-            "reconcile_not_applied" => run(session(Run::Resume, state), &mut model, &mut tools),
-            "cancel" => {
+            "reconcile_applied" if held && runs => {
+                let s = session(Run::Settled(result), state);
+                run(s, &mut model, &mut tools, cancel_next)
+            }
+            "reconcile_not_applied" if held && runs => run(
+                session(Run::Resume, state),
+                &mut model,
+                &mut tools,
+                cancel_next,
+            ),
+            // A write held when its task was cancelled, settled afterwards: recorded, not run.
+            "reconcile_applied" | "reconcile_not_applied" if state.unknown_write().is_some() => {
                 let mut s = state;
-                if s.stop.is_none_or(|r| r != StopReason::Done) {
-                    s.stop = Some(StopReason::Cancelled);
-                    s.status = crate::kernel::Status::Stopped;
+                if ev.verb == "reconcile_applied"
+                    && result["status"] == "ok"
+                    && let Some(step) = s.pending.as_ref().and_then(|c| c.plan_step.clone())
+                    && let Some(st) = s.plan.iter_mut().find(|st| st.id == step)
+                {
+                    st.status = crate::kernel::StepStatus::Done;
                 }
+                s.pending = None;
+                s.cancelled_from = None;
+                s.last_result = Some(result);
                 s
             }
-            "expire" => {
+            "cancel" if held || suspended || (ev.detail["was"] == "queued" && i == 0) => {
+                let mut s = state;
+                if held && ev.detail["was"] != "queued" {
+                    s.cancelled_from = s.stop;
+                }
+                s.stop = Some(StopReason::Cancelled);
+                s.status = crate::kernel::Status::Stopped;
+                s
+            }
+            "expire" if suspended => {
                 let mut s = state;
                 s.stop = Some(StopReason::ApprovalExpired);
                 s.status = crate::kernel::Status::Stopped;
@@ -250,6 +312,11 @@ pub fn replay(
     }
 }
 
+/// Whether the recorded answer only said the call needs an approval first.
+fn asked_approval(a: &RecordedTool) -> bool {
+    a.result["status"] == "needs_approval"
+}
+
 /// The tools of a replay.
 enum Source {
     Recorded(RecordedTools),
@@ -278,10 +345,12 @@ struct RecordedTools {
 impl Tools for RecordedTools {
     fn call(&mut self, req: &ToolRequest<'_>) -> ToolReply {
         let (name, digest) = (&req.call.name, req.call.digest());
-        if req.access == Access::Write {
+        let next = self.answers.pop_front();
+        // A write answered "needs approval" was asked about, not made: it is not listed.
+        if req.access == Access::Write && next.as_ref().is_none_or(|a| !asked_approval(a)) {
             self.writes.push((name.clone(), digest.clone()));
         }
-        let detail = match self.answers.pop_front() {
+        let detail = match next {
             Some(a) if a.name == *name && a.digest == digest => {
                 return ToolReply {
                     result: a.result,
@@ -305,7 +374,32 @@ impl Tools for RecordedTools {
     }
 }
 
-fn run(mut session: Session<'_>, model: &mut Replay, tools: &mut Source) -> TaskState {
-    drive(&mut session, model, tools);
+/// Drives `session` to its end; with `cancel_at_end`, a cancel takes effect at the first step
+/// boundary after the last recorded reply, as the daemon's did.
+fn run(
+    mut session: Session<'_>,
+    model: &mut Replay,
+    tools: &mut Source,
+    cancel_at_end: bool,
+) -> TaskState {
+    let cap = 16 * (session.budget().steps_max as usize + 2);
+    for _ in 0..cap {
+        match session.poll() {
+            Action::Model(req) => {
+                let reply = model.next(&req);
+                session.on_model(reply);
+            }
+            Action::Tool(req) => {
+                let reply = tools.call(&req);
+                session.on_tool(reply);
+            }
+            Action::StepEnd => {
+                if cancel_at_end && model.is_done() {
+                    session.cancel();
+                }
+            }
+            Action::Finished(_) => break,
+        }
+    }
     session.into_parts().0
 }

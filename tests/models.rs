@@ -987,6 +987,17 @@ fn native_tool_tasks_survive_a_daemon_killed_during_model_calls() {
         }
         replayed += 1;
     }
+    // Without the config the daemon used, the replay cannot build the prompt the run was
+    // given (its token counts depend on it), and says so.
+    let id = tasks[0]["id"].as_str().expect("id");
+    let out = worker(d, &["replay", id, "--json"]);
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert!(
+        r["prompt_note"]
+            .as_str()
+            .is_some_and(|n| n.contains("--config")),
+        "{r}"
+    );
     println!(
         "{replayed} of {} tasks replayed to their stored state; {interrupted} were run more than \
          once, {settled} settled by reconcile",

@@ -139,15 +139,19 @@ pub(super) fn cmd_reconcile(cli: &Cli, a: &ReconcileArgs) -> CliResult {
         };
         return print_json(&decided_json(verb, &task, &call, a.call.key.clone()));
     }
-    let what = if a.applied {
-        "applied"
-    } else {
-        "not applied; it will be sent again under the same key"
+    // A task cancelled while its write was held is settled, not run again.
+    let cancelled = store
+        .task(&task)
+        .is_ok_and(|r| r.status == crate::store::QueueStatus::Finished);
+    let what = match (a.applied, cancelled) {
+        (true, false) => "applied; the task is queued",
+        (false, false) => {
+            "not applied; it will be sent again under the same key; the task is queued"
+        }
+        (true, true) => "applied; the task stays cancelled",
+        (false, true) => "not applied; the task stays cancelled, so nothing is sent",
     };
-    outln!(
-        "recorded {} for task {task} as {what}; the task is queued",
-        call.name,
-    );
+    outln!("recorded {} for task {task} as {what}", call.name);
     Ok(())
 }
 

@@ -332,20 +332,40 @@ pub(super) fn cmd_replay(cli: &Cli, a: &TaskArgs) -> CliResult {
     }
     let ledger = open_tools(cli)?.ledger()?;
     let stored = task_effects(&ledger, store.db_id(), &rec);
-    // A model of the config took messages: the replay counts its input as it did.
-    let input = super::enqueue::load_config(cli)?
+    // A model of the config took messages: the replay counts its input as it did, which needs
+    // the config's profile to build the prompt the run was given.
+    let replies = store.replies(&rec.id)?;
+    let recorded_prompt = replies.iter().find_map(|r| r.prompt.clone());
+    let built = super::enqueue::load_config(cli)?
         .and_then(|c| c.model_for(&rec.model).ok())
-        .map_or(crate::kernel::InputStyle::View, |m| {
+        .map(|m| {
             let catalog = rec
                 .catalog
                 .clone()
                 .unwrap_or_else(crate::kernel::Catalog::demo);
-            m.build(&catalog, rec.instructions.as_deref()).input()
+            m.build(&catalog, rec.instructions.as_deref())
         });
+    let input = built
+        .as_ref()
+        .map_or(crate::kernel::InputStyle::View, |m| m.input());
+    let now_prompt = built.as_ref().and_then(|m| m.prompt_id());
+    // The token check counts the prompt's size: with another prompt (or none) it may stop the
+    // replay elsewhere than the run.
+    let prompt_note = match (&recorded_prompt, &now_prompt) {
+        (Some(r), Some(n)) if r != n => Some(format!(
+            "the run's model was told prompt {r}; this config's profile {} builds {n}",
+            rec.model.label()
+        )),
+        (Some(r), None) => Some(format!(
+            "the run's model was told prompt {r}, and no profile {} of this config builds it (pass the config the daemon used: --config)",
+            rec.model.label()
+        )),
+        _ => None,
+    };
     let keys = crate::kernel::Keys::durable(rec.key_namespace(store.db_id()));
     let report = crate::replay::replay(
         &rec,
-        store.replies(&rec.id)?,
+        replies,
         &store.events(Some(&rec.id))?,
         &stored,
         input,
@@ -358,6 +378,7 @@ pub(super) fn cmd_replay(cli: &Cli, a: &TaskArgs) -> CliResult {
             "same_effects": report.same_effects,
             "tool_answers": report.answers.as_str(),
             "divergence": report.divergence,
+            "prompt_note": prompt_note,
             "differences": report.differences,
             "stop": report.state.stop.map(|s| s.as_str()),
             "effects": report.effects,
@@ -396,11 +417,17 @@ pub(super) fn cmd_replay(cli: &Cli, a: &TaskArgs) -> CliResult {
         if let Some(d) = &report.divergence {
             outln!("diverged        : {}", crate::limits::printable(d));
         }
+        if let Some(n) = &prompt_note {
+            outln!("note            : {}", crate::limits::printable(n));
+        }
     }
     if report.same_state && report.same_effects {
         Ok(())
     } else {
         let hint = match report.answers {
+            _ if prompt_note.is_some() => {
+                "the replay was not given the prompt the run was: replay with the config the daemon used"
+            }
             crate::replay::Answers::Recorded => {
                 "the kernel took another path from the same model replies and tool answers: \
                  its code, or the task's catalog, changed since the run"

@@ -543,6 +543,11 @@ impl Replay {
     pub fn new(replies: Vec<RecordedReply>) -> Replay {
         Replay { replies, next: 0 }
     }
+
+    /// Whether every recorded reply was given.
+    pub fn is_done(&self) -> bool {
+        self.next >= self.replies.len()
+    }
 }
 
 impl Model for Replay {

@@ -277,6 +277,17 @@ pub trait Backend: Send + Sync {
         })
     }
 
+    /// Cancels task `id` if a cancel was requested while it ran and its run ended waiting;
+    /// see [`ops::complete_requested_cancel`].
+    fn complete_requested_cancel(&self, id: &str, now_ms: u64) -> Result<bool> {
+        let mut done = false;
+        self.decide(&mut |tx| {
+            done = ops::complete_requested_cancel(tx, id, now_ms)?;
+            Ok(())
+        })?;
+        Ok(done)
+    }
+
     /// Cancels a task; see [`ops::cancel`].
     fn cancel(&self, id: &str, d: &Decision) -> Result<QueueStatus> {
         decided(self, id, "cancel", d, &mut |tx| ops::cancel(tx, id, d))

@@ -492,6 +492,28 @@ pub fn cancel_seen(
     Ok(Ok(was))
 }
 
+/// Completes a cancel requested while task `id` ran, when its run ended waiting (for an
+/// approval, or held for reconcile) instead of at a step boundary: it is cancelled now, as a
+/// cancel of a suspended or held task is (a held write stays listed until it is settled).
+/// The request's audit event is the cancel's; nothing else is recorded. Returns whether it
+/// cancelled the task.
+pub fn complete_requested_cancel(tx: &mut dyn DecisionTx, id: &str, now_ms: u64) -> Result<bool> {
+    let mut rec = tx.load(id)?;
+    if rec.cancel_requested.is_none()
+        || !matches!(rec.status, QueueStatus::Suspended | QueueStatus::Held)
+    {
+        return Ok(false);
+    }
+    if rec.status == QueueStatus::Held {
+        rec.state.cancelled_from = rec.state.stop;
+    }
+    rec.cancel_requested = None;
+    rec.suspended_at_ms = None;
+    rec.approval = None;
+    finish(tx, &mut rec, StopReason::Cancelled, now_ms)?;
+    Ok(true)
+}
+
 /// Ends each of the suspended tasks `due` whose approval wait ran out (checked again here),
 /// with `approval_expired` and its audit event. Returns the ids ended.
 pub fn expire(tx: &mut dyn DecisionTx, due: &[String], now_ms: u64) -> Result<Vec<String>> {

@@ -492,6 +492,26 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
                     step_reply.take(),
                     step_call.take(),
                 )?;
+                // A cancel asked for while this run went on, which ended waiting rather than
+                // at a step boundary: it takes effect now, not when an operator next decides.
+                let waiting =
+                    matches!(stop, StopReason::NeedsApproval | StopReason::UnknownOutcome);
+                if waiting && outcome.cancel_requested.is_some() {
+                    match ctx.store.complete_requested_cancel(&rec.id, now_ms()) {
+                        Ok(true) => {
+                            tracing::info!(task = %rec.id, "cancel requested during the run; cancelled");
+                            return Ok(Ended::Stopped(
+                                StopReason::Cancelled,
+                                outcome.next.map(Box::new),
+                            ));
+                        }
+                        Ok(false) => {}
+                        // Left requested: the task's next run stops before anything runs.
+                        Err(e) => {
+                            tracing::warn!(task = %rec.id, error = %e, "cannot complete the requested cancel now")
+                        }
+                    }
+                }
                 return Ok(Ended::Stopped(stop, outcome.next.map(Box::new)));
             }
         }
