@@ -86,6 +86,21 @@ conformance! {
         }
     }
 
+    /// Review finding: a task queued again after an approval (or running again) was listed
+    /// with the stop it was waiting at. It has no stop until it stops again.
+    fn a_task_queued_again_lists_no_stop(d) {
+        suspended_g(d);
+        let digest = held_digest(d, "t1");
+        ok(d, &["approve", "t1", "--digest", &digest, "--by", "ana"]);
+        let all = json(d, &["list", "--json"]);
+        assert_eq!(all[0]["status"], "queued", "{all}");
+        assert!(all[0]["stop"].is_null(), "{all}");
+        assert!(!ok(d, &["list"]).contains("needs_approval"));
+        assert!(ids(&json(d, &["list", "--stop", "needs_approval", "--json"])).is_empty());
+        ok(d, &["run", "--drain"]);
+        assert_eq!(ids(&json(d, &["list", "--stop", "done", "--json"])), ["t1"]);
+    }
+
     fn decisions_take_a_key_and_print_json(d) {
         enqueue(d, &["--model", "policy:ord_1004:8000", "--key", "refund-4"]);
         ok(d, &["run", "--drain"]);

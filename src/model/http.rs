@@ -221,7 +221,7 @@ impl HttpModel {
             || lower.contains("too many tokens");
         if context {
             return format!(
-                "HTTP {status}: the request is longer than the context window of {} ({detail}); lower the task's budget of output tokens or choose a model with a larger window",
+                "HTTP {status}: the request is longer than the context window of {} ({detail}); shorten what the model is given (the instructions, the goal, the catalog's descriptions), lower the task's budget of output tokens, or choose a model with a larger window",
                 p.model
             );
         }

@@ -220,13 +220,19 @@ impl<'w> Indexes<'w> {
     }
 }
 
+/// A task's stop reason as a list shows it: none while it is queued or running again (its
+/// state keeps the stop it resumes from, `needs_approval` after an approval).
+pub fn shown_stop(status: QueueStatus, stop: Option<StopReason>) -> Option<StopReason> {
+    stop.filter(|_| !matches!(status, QueueStatus::Queued | QueueStatus::Running))
+}
+
 /// A task's summary from its row and spec.
 pub(super) fn summary(row: &TaskRow, spec: &SpecRow) -> TaskSummary {
     TaskSummary {
         id: row.id.clone(),
         num: task_num(&row.id).unwrap_or(0),
         status: row.status,
-        stop: row.state.stop,
+        stop: shown_stop(row.status, row.state.stop),
         outcome: row.state.outcome().map(str::to_string),
         user: row.state.user_id.clone(),
         goal: row.state.goal.clone(),

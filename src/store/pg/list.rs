@@ -18,7 +18,7 @@ const LIST_SQL: &str = "SELECT id, num, status, state->'stop', user_id, state->>
     WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR user_id = $2) \
       AND ($3::text IS NULL OR enqueue_key = $3) AND ($4::bigint IS NULL OR created_at_ms >= $4) \
       AND ($5::bigint IS NULL OR created_at_ms < $5) AND num < $6 \
-      AND ($7::text IS NULL OR state->>'stop' = $7) \
+      AND ($7::text IS NULL OR (state->>'stop' = $7 AND status NOT IN ('queued', 'running'))) \
       AND ($9::text IS NULL OR state->>'outcome' = $9) \
     ORDER BY num DESC LIMIT $8";
 
@@ -47,13 +47,16 @@ impl PgStore {
                 continue;
             }
             let status: String = r.get(2);
-            let stop = r
-                .get::<_, Option<Json<Value>>>(3)
-                .and_then(|Json(v)| serde_json::from_value(v).ok());
+            let status = QueueStatus::parse(&status).unwrap_or(QueueStatus::Finished);
+            let stop = crate::store::list::shown_stop(
+                status,
+                r.get::<_, Option<Json<Value>>>(3)
+                    .and_then(|Json(v)| serde_json::from_value(v).ok()),
+            );
             let n = |i: usize| r.get::<_, Option<i64>>(i).map_or(0, u64_of);
             page.tasks.push(Listed::Task(TaskSummary {
                 num: u64_of(r.get(1)),
-                status: QueueStatus::parse(&status).unwrap_or(QueueStatus::Finished),
+                status,
                 stop,
                 outcome: r.get(16),
                 user: r.get(4),
