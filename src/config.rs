@@ -273,6 +273,24 @@ fn read(path: &Path) -> Result<String, String> {
     })
 }
 
+/// What in a tool's approval rule cannot work: a bound on an argument the tool does not
+/// declare as a number (when it declares arguments).
+fn approval_problem(t: &crate::kernel::ToolSpec) -> Option<String> {
+    use crate::kernel::catalog::{Approval, ArgType};
+    let Approval::Above(bounds) = &t.approval else {
+        return None;
+    };
+    bounds.keys().find_map(|arg| {
+        let numeric = t
+            .args
+            .get(arg)
+            .is_some_and(|a| matches!(a.kind, ArgType::Integer | ArgType::Number));
+        (!t.args.is_empty() && !numeric).then(|| {
+            format!("approval.above names {arg:?}, which is not an integer or number argument of the tool")
+        })
+    })
+}
+
 /// An http:// or https:// URL with a host (see [`crate::net::check_url`]).
 fn is_url(u: &str) -> bool {
     crate::net::check_url(u).is_ok()
@@ -345,6 +363,14 @@ pub fn parse_catalog(text: &str, path: &Path) -> Result<Catalog, String> {
                     "{}: tool {:?}: lookup_url must be an http:// or https:// URL with a host",
                     path.display(),
                     t.name
+                ));
+            }
+            Some(_) if approval_problem(t).is_some() => {
+                return Err(format!(
+                    "{}: tool {:?}: {}",
+                    path.display(),
+                    t.name,
+                    approval_problem(t).unwrap_or_default()
                 ));
             }
             Some(h) if h.retry.check().is_err() => {

@@ -380,6 +380,7 @@ fn mcp_arguments_are_checked_against_the_input_schema() {
         fact_prefix_arg: String::new(),
         done_phrase: String::new(),
         not_done_phrase: String::new(),
+        approval: Default::default(),
         args: Default::default(),
         http: None,
         mcp: Some(McpSpec {

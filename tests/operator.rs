@@ -561,6 +561,38 @@ fn replay_answers_calls_as_the_run_recorded_them_and_names_a_divergence() {
     );
 }
 
+/// Issue 22 must-show 2: the worked example of docs/approvals.md is what the worker computes:
+/// `worker show` prints its digest for the same call, and its hash is the SHA-256 of its text.
+#[test]
+fn the_documented_digest_example_is_what_the_worker_prints() {
+    use sha2::Digest;
+    let doc = std::fs::read_to_string(format!("{}/docs/approvals.md", env!("CARGO_MANIFEST_DIR")))
+        .expect("docs/approvals.md");
+    let block = doc
+        .split("<!-- example:begin -->")
+        .nth(1)
+        .and_then(|r| r.split("<!-- example:end -->").next())
+        .expect("the example block");
+    let field = |name: &str| {
+        block
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(name))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_else(|| panic!("{name} in the example"))
+    };
+    let (text, hash, digest) = (field("text:"), field("hash:"), field("digest:"));
+    let sum: String = sha2::Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(sum, hash);
+    assert_eq!(&hash[..10], digest);
+    let dir = TempDir::new("digest-example");
+    let d = dir.path();
+    suspended_g(d);
+    assert_eq!(held_digest(d, "t1"), digest);
+}
+
 #[test]
 fn replay_reproduces_every_scenario() {
     let dir = TempDir::new("replay");

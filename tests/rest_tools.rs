@@ -80,6 +80,15 @@ fn service() -> Service {
                         (201, json!({"id": id, "created": true}).to_string())
                     }
                 }
+                "/refunds" => {
+                    let mut tickets = tickets2.lock().expect("lock");
+                    let n = tickets.len() + 1;
+                    let id = tickets
+                        .entry(key.clone())
+                        .or_insert(format!("R-{n}"))
+                        .clone();
+                    (201, json!({"id": id}).to_string())
+                }
                 "/notes" => (503, "down for maintenance".to_string()),
                 "/tickets/bad" => {
                     headers[0].1 = "application/problem+json".into();
@@ -154,6 +163,13 @@ fn setup(d: &Path, url: &str) {
             "args.severity = { type = \"string\", required = true }\n",
         ),
         tool("find_invoice", "read", true, "/invoices/find", ""),
+        tool(
+            "refund_customer",
+            "write",
+            true,
+            "/refunds",
+            "args.amount = { type = \"integer\", required = true }\napproval = { above = { amount = 100 } }\n",
+        ),
     ]
     .concat();
     std::fs::write(d.join("tools.toml"), catalog).expect("catalog");
@@ -354,4 +370,110 @@ fn a_refusal_reaches_the_model_with_the_services_code_and_words() {
     let t = jsonc(d, &["show", &missing, "--json"]);
     assert_eq!(t["state"]["last_result"]["code"], "not_found", "{t}");
     assert_eq!(svc.arrivals("/invoices/find").len(), 1);
+}
+
+/// Must-show 2 on the HTTP route: the catalog's approval rule (`above = { amount = 100 }`)
+/// holds a call over the bound before anything is sent, and the approved call then arrives
+/// once; a call under the bound runs without waiting. The service verifies nothing itself.
+#[test]
+fn the_catalogs_approval_rule_holds_a_write_before_it_is_sent() {
+    let dir = TempDir::new("rest-approval");
+    let d = dir.path();
+    let svc = service();
+    setup(d, &svc.url);
+    let refund = |name: &str, amount: i64| {
+        task(
+            d,
+            name,
+            &[
+                plan("refund_customer"),
+                call("lookup_customer", "s1", json!({"customer_id": "cu_ana"})),
+                call(
+                    "refund_customer",
+                    "s2",
+                    json!({"customer_id": "cu_ana", "amount": amount}),
+                ),
+                done(),
+            ],
+        )
+    };
+    let small = refund("small", 50);
+    let large = refund("large", 500);
+    okc(d, &["run", "--drain"]);
+    assert_eq!(jsonc(d, &["show", &small, "--json"])["stop"], "done");
+    let t = jsonc(d, &["show", &large, "--json"]);
+    assert_eq!(t["stop"], "needs_approval", "{t}");
+    assert_eq!(t["state"]["last_result"]["code"], "approval_rule", "{t}");
+    let arrived = svc.arrivals("/refunds");
+    assert_eq!(
+        arrived.len(),
+        1,
+        "only the small refund was sent: {arrived:?}"
+    );
+    assert!(
+        arrived[0].key.contains(&format!(":{small}:")),
+        "{arrived:?}"
+    );
+    let digest = held_digest(d, &large);
+    okc(d, &["approve", &large, "--digest", &digest, "--by", "ana"]);
+    okc(d, &["run", "--drain"]);
+    let t = jsonc(d, &["show", &large, "--json"]);
+    assert_eq!(t["stop"], "done", "{t}");
+    let arrived = svc.arrivals("/refunds");
+    assert_eq!(arrived.len(), 2, "{arrived:?}");
+    assert!(
+        arrived[1].key.contains(&format!(":{large}:s2")),
+        "{arrived:?}"
+    );
+    assert_eq!(t["state"]["facts"]["cu_ana.id"], "R-2", "{t}");
+    let r = jsonc(d, &["replay", &large, "--json"]);
+    assert_eq!(r["same_state"], true, "{r}");
+}
+
+/// A rule that cannot work is refused when the catalog is read, naming the tool or the line.
+#[test]
+fn an_approval_rule_that_cannot_work_is_refused() {
+    let dir = TempDir::new("rest-approval-bad");
+    let d = dir.path();
+    for (rule, says) in [
+        ("approval = \"sometimes\"", "approval must be"),
+        (
+            "approval = { above = { title = 5 } }",
+            "not an integer or number argument",
+        ),
+        (
+            "approval = { above = { amount = \"x\" } }",
+            "approval must be",
+        ),
+    ] {
+        let catalog = format!(
+            "version = 1\n[[tools]]\nname = \"pay\"\naccess = \"write\"\n{rule}\n\
+             http = {{ url = \"http://127.0.0.1:9/pay\" }}\n\
+             args.title = {{ type = \"string\" }}\nargs.amount = {{ type = \"integer\" }}\n"
+        );
+        std::fs::write(d.join("tools.toml"), catalog).expect("catalog");
+        std::fs::write(d.join("worker.toml"), "[tools]\ncatalog = \"tools.toml\"\n")
+            .expect("config");
+        std::fs::write(d.join("s.jsonl"), done().to_string()).expect("script");
+        let out = worker_c(
+            d,
+            &[
+                "enqueue",
+                "--user",
+                "u",
+                "--goal",
+                "g",
+                "--model",
+                "script:s.jsonl",
+            ],
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{rule}");
+        // Named by the tool, or (a value TOML cannot read) by its line.
+        assert!(
+            err.contains(says) && (err.contains("\"pay\"") || err.contains("line 5")),
+            "{rule}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
 }

@@ -4,6 +4,8 @@
 //! enqueued). Pure data and checks; the tools themselves live outside the kernel.
 
 use serde::{Deserialize, Serialize};
+
+pub use super::policy::{Approval, RetryPolicy};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 
@@ -37,6 +39,10 @@ pub struct ToolSpec {
     pub done_phrase: String,
     #[serde(default)]
     pub not_done_phrase: String,
+    /// When a call needs an operator's approval of its exact arguments before the worker
+    /// sends it (on any route).
+    #[serde(default, skip_serializing_if = "Approval::is_never")]
+    pub approval: Approval,
     /// Argument schema; empty means arguments are not checked here (the document's store
     /// checks its own). Unknown arguments are refused when a schema is given.
     #[serde(default)]
@@ -295,53 +301,6 @@ pub struct HttpSpec {
     pub retry: RetryPolicy,
 }
 
-/// Retries of one tool call after a transient failure, under the same call key and inside
-/// the task's remaining active time. They take active time but no tool call of the budget.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RetryPolicy {
-    /// Tries in all, the first one included (1 turns retries off).
-    pub attempts: u32,
-    /// The wait before the first retry, doubled for each next one, less up to a quarter at
-    /// random; a longer `Retry-After` is waited instead.
-    pub backoff_ms: u64,
-    /// The longest wait between two tries, whatever a `Retry-After` asks.
-    pub max_backoff_ms: u64,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        RetryPolicy {
-            attempts: 3,
-            backoff_ms: 200,
-            max_backoff_ms: 5_000,
-        }
-    }
-}
-
-impl RetryPolicy {
-    fn is_default(&self) -> bool {
-        *self == RetryPolicy::default()
-    }
-
-    /// What in this policy cannot work; `Ok` when it can.
-    pub fn check(&self) -> Result<(), String> {
-        if !(1..=10).contains(&self.attempts) {
-            return Err(format!(
-                "retry.attempts is {}: it counts every try, the first included, from 1 (no retry) to 10",
-                self.attempts
-            ));
-        }
-        if self.max_backoff_ms > 60_000 || self.backoff_ms > self.max_backoff_ms {
-            return Err(format!(
-                "retry.backoff_ms ({}) must be at most retry.max_backoff_ms ({}), which must be at most 60000",
-                self.backoff_ms, self.max_backoff_ms
-            ));
-        }
-        Ok(())
-    }
-}
-
 fn default_method() -> String {
     "POST".into()
 }
@@ -477,6 +436,7 @@ impl Catalog {
                 fact_prefix_arg: "order_id".to_string(),
                 done_phrase: done.to_string(),
                 not_done_phrase: not_done.to_string(),
+                approval: Approval::Never,
                 args: BTreeMap::new(),
                 http: None,
                 mcp: None,

@@ -11,6 +11,7 @@ pub mod io;
 pub mod json;
 pub mod memory;
 pub mod plan;
+pub mod policy;
 pub mod reply;
 pub mod report;
 pub mod session;

@@ -124,6 +124,7 @@ impl McpTool {
             fact_prefix_arg: String::new(),
             done_phrase: String::new(),
             not_done_phrase: String::new(),
+            approval: Default::default(),
             args: BTreeMap::new(),
             http: None,
             mcp: Some(McpSpec {

@@ -79,6 +79,16 @@ impl Tools for Routed<'_> {
             };
         }
         match self.catalog.get(&req.call.name) {
+            // The catalog's approval rule, enforced here for every route: nothing is sent
+            // until an operator approves this call's key and digest.
+            Some(spec) if req.approval.is_none() && spec.approval.needs(&req.call.args) => {
+                ToolReply {
+                    result: json!({"status": "needs_approval", "code": "approval_rule",
+                        "detail": format!("the catalog's approval rule for {} ({}) holds this call until an operator approves it",
+                            spec.name, serde_json::Value::from(spec.approval.clone()))}),
+                    latency_ms: 0,
+                }
+            }
             Some(spec) if spec.mcp.is_some() => self.mcp.call(req),
             Some(spec) if spec.http.is_some() => self.http.call(req),
             _ => self.demo.call(req),
