@@ -579,6 +579,8 @@ fn a_daemon_killed_with_mcp_writes_in_flight_never_sends_a_write_twice() {
                     "--applied",
                     "--key",
                     key,
+                    "--result",
+                    r#"{"status": "ok"}"#,
                     "--by",
                     "oracle",
                 ],

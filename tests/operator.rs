@@ -178,6 +178,24 @@ conformance! {
         assert_eq!(events.as_array().map(Vec::len), Some(1));
     }
 
+    /// Issue 22: `reconcile --applied` without `--result` settles with the result the tool's
+    /// lookup gives (here the document's store's stored answer), never a bare `ok`.
+    fn reconcile_applied_takes_the_result_from_the_lookup(d) {
+        enqueue(d, &["--tool-latency", "issue_refund=40000"]);
+        ok(d, &["run", "--drain"]);
+        let held = json(d, &["reconcile", "--json"]);
+        let key = held[0]["key"].as_str().expect("key").to_string();
+        ok(d, &["reconcile", "t1", "--applied", "--key", &key, "--by", "bob"]);
+        let events = json(d, &["events", "t1", "--json"]);
+        let result = &events[0]["detail"]["result"];
+        assert_eq!(result["status"], "ok", "{events}");
+        assert!(
+            result.as_object().is_some_and(|r| r.len() > 1),
+            "the stored answer, not a bare ok: {result}"
+        );
+        assert_eq!(json(d, &["reconcile", "--json"]), serde_json::json!([]));
+    }
+
     fn reconcile_lists_and_settles_a_held_write(d) {
         enqueue(d, &["--tool-latency", "issue_refund=40000"]);
         enqueue(

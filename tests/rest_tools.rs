@@ -319,6 +319,16 @@ fn a_write_that_is_not_idempotent_is_sent_once_and_held() {
     assert_eq!(t["stop"], "unknown_outcome", "{t}");
     assert_eq!(svc.arrivals("/notes").len(), 1, "sent once");
     assert_eq!(t["state"]["pending"]["name"], "add_note", "{t}");
+    // Settling it as applied needs what it returned: the tool has no lookup to ask, so
+    // `--result` is required rather than a bare `ok` the model would take for the result.
+    let out = worker_c(d, &["reconcile", &id, "--applied", "--by", "bob"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--applied needs the write's result"), "{err}");
+    assert_eq!(
+        jsonc(d, &["show", &id, "--json"])["stop"],
+        "unknown_outcome"
+    );
 }
 
 /// A refusal (a 4xx other than 408, 409, 425 and 429) is an error the model sees, with the

@@ -77,7 +77,7 @@ pub struct ReconcileArgs {
     /// The write did not take effect: send it again under the same call key.
     #[arg(long, requires = "task")]
     pub not_applied: bool,
-    /// With --applied: the service's result, as JSON (default {"status": "ok"}).
+    /// With --applied: what the write returned, as JSON (default: asked of the tool's lookup; refused when it cannot say).
     #[arg(long, requires = "applied", conflicts_with = "not_applied")]
     pub result: Option<String>,
     /// When given, refused if the task holds another call.

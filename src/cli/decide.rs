@@ -117,7 +117,9 @@ pub(super) fn cmd_reconcile(cli: &Cli, a: &ReconcileArgs) -> CliResult {
                     crate::limits::OPERATOR_RESULT_BYTES_MAX,
                 )
                 .map_err(|e| CliError::usage(e.0))?,
-                None => json!({"status": "ok"}),
+                // The model is told what the write returned (a ticket's id), so an applied
+                // write is settled with its real result: the tool's lookup gives it.
+                None => looked_up_result(cli, store.as_ref(), &task)?,
             };
             Settlement::Applied(result)
         }
@@ -178,6 +180,31 @@ pub(super) fn cmd_cancel(cli: &Cli, a: &DecideArgs) -> CliResult {
 }
 
 /// Settles held writes from each tool's lookup, only on a definite answer.
+/// The result of task `id`'s held write, from the tool's lookup: for `reconcile --applied`
+/// without `--result`. Refused when the lookup cannot give it, or says it was not applied.
+fn looked_up_result(cli: &Cli, store: &dyn Backend, id: &str) -> Result<Value, CliError> {
+    let rec = store.task(id)?;
+    let Some(call) = rec.state.unknown_write().cloned() else {
+        // Not held: the decision itself says what is wrong.
+        return Ok(json!({"status": "ok"}));
+    };
+    let key = store.call_key(&rec, &call);
+    let config = super::enqueue::load_config(cli)?.unwrap_or_default();
+    let mut tools = || Ok(Arc::new(DurableStore::open_target(&store_target(cli))?));
+    match crate::operator::ask_tool(&rec, &call.name, &key, &config, &mut tools)? {
+        crate::tools::http::Lookup::Applied(result) => Ok(result),
+        crate::tools::http::Lookup::NotApplied => Err(CliError::op(format!(
+            "the lookup of {} says key {key} was not applied",
+            call.name
+        ))
+        .hint("settle it with --not-applied (it is sent again under the same key), or pass --result if you know it was applied")),
+        crate::tools::http::Lookup::Unknown(why) => Err(CliError::usage(format!(
+            "--applied needs the write's result, and the tool's lookup could not give it ({why})"
+        ))
+        .hint("pass what the write returned: --result '{\"status\": \"ok\", ...}'")),
+    }
+}
+
 fn auto(cli: &Cli, store: &dyn Backend, a: &ReconcileArgs) -> CliResult {
     let mut tools = || Ok(Arc::new(DurableStore::open_target(&store_target(cli))?));
     let config = super::enqueue::load_config(cli)?.unwrap_or_default();
