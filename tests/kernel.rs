@@ -224,6 +224,45 @@ fn closing_messages_from_plan_statuses() {
     }
 }
 
+/// Issue 22: a catalog without phrases reads as sentences ("Lookup_customer was done" was
+/// the tool's name capitalized), and counts agree with their nouns.
+#[test]
+fn closing_messages_read_well_for_any_catalog() {
+    use tether::kernel::state::{PlanStep, StepStatus};
+    let mut catalog = Catalog::demo();
+    for t in &mut catalog.tools {
+        t.done_phrase.clear();
+        t.not_done_phrase.clear();
+    }
+    let mut st = TaskState::new("t1", "cu_ana", "g");
+    st.stop = Some(StopReason::Done);
+    st.tool_calls = 1;
+    assert!(
+        closing_message(&st, &catalog).ends_with("No plan was set; 1 tool call was made."),
+        "{}",
+        closing_message(&st, &catalog)
+    );
+    st.tool_calls = 0;
+    assert!(closing_message(&st, &catalog).ends_with("no tool calls were made."));
+    st.tool_calls = 2;
+    assert!(closing_message(&st, &catalog).ends_with("2 tool calls were made."));
+    let step = |id: &str, tool: &str, status| PlanStep {
+        id: id.into(),
+        tool: tool.into(),
+        depends_on: vec![],
+        status,
+    };
+    st.plan = vec![
+        step("s1", "get_order", StepStatus::Done),
+        step("s2", "issue_refund", StepStatus::Pending),
+    ];
+    let msg = closing_message(&st, &catalog);
+    assert!(
+        msg.ends_with("Step s1 (get_order) was done, and step s2 (issue_refund) was not done."),
+        "{msg}"
+    );
+}
+
 /// Scenario H holds the write whose outcome is unknown; resuming re-sends it under the same
 /// call key, the store replays its stored result, and the refund exists once.
 #[test]

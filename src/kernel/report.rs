@@ -74,10 +74,12 @@ pub fn closing_message(state: &TaskState, catalog: &Catalog) -> String {
         },
     };
     if state.plan.is_empty() {
-        return format!(
-            "{lead} No plan was set; {} tool calls were made.",
-            state.tool_calls
-        );
+        let calls = match state.tool_calls {
+            0 => "no tool calls were made".to_string(),
+            1 => "1 tool call was made".to_string(),
+            n => format!("{n} tool calls were made"),
+        };
+        return format!("{lead} No plan was set; {calls}.");
     }
     let held = state.unknown_write().and_then(|c| c.plan_step.clone());
     let parts: Vec<String> = state
@@ -85,14 +87,16 @@ pub fn closing_message(state: &TaskState, catalog: &Catalog) -> String {
         .iter()
         .map(|s| {
             let spec = catalog.get(&s.tool);
+            // A catalog without phrases: the step by its id and tool, which reads as a sentence
+            // for any tool name (and is not capitalized into another word).
             let done = spec
                 .map(|t| t.done_phrase.clone())
                 .filter(|p| !p.is_empty())
-                .unwrap_or_else(|| format!("{} was done", s.tool));
+                .unwrap_or_else(|| format!("step {} ({}) was done", s.id, s.tool));
             let not_done = spec
                 .map(|t| t.not_done_phrase.clone())
                 .filter(|p| !p.is_empty())
-                .unwrap_or_else(|| format!("{} was not done", s.tool));
+                .unwrap_or_else(|| format!("step {} ({}) was not done", s.id, s.tool));
             match s.status {
                 StepStatus::Done => done,
                 StepStatus::Failed => format!("{not_done} (it failed)"),
