@@ -157,10 +157,16 @@ pub fn replay(
     let mut initial = TaskState::new(&rec.id, &rec.state.user_id, &rec.state.goal);
     initial.remembered = rec.state.remembered.clone();
     let mut model = Replay::new(replies);
-    let budget: Budget = rec.budget;
+    // The budget the task started with: the stored one less every extension an operator's
+    // decision granted, each granted back when its decision is replayed.
+    let extension = |e: &Event| crate::store::ops::Extension::from_json(&e.detail["extend"]);
+    let mut budget: Budget = rec.budget;
+    for e in events {
+        extension(e).undo(&mut budget);
+    }
     // The run as the daemon made it: its key policy (which infers a call's plan step) and its
     // model's input style (which the token check counts).
-    let session = |run: Run, state: TaskState| {
+    let session = |run: Run, state: TaskState, budget: Budget| {
         let mut s = Session::begin(run, state, budget, &catalog, 0, keys.clone());
         s.set_input(input);
         s
@@ -184,13 +190,14 @@ pub fn replay(
         initial
     } else {
         run(
-            session(Run::Start, initial),
+            session(Run::Start, initial, budget),
             &mut model,
             &mut tools,
             running_cancel(0) || queued_cancel(0),
         )
     };
     for (i, ev) in events.iter().enumerate() {
+        let _ = extension(ev).apply(&mut budget);
         let result = ev.detail.get("result").cloned().unwrap_or(Value::Null);
         let (held, suspended) = (
             state.stop == Some(StopReason::UnknownOutcome),
@@ -205,7 +212,7 @@ pub fn replay(
                     store.approve(&p.name, &p.digest());
                 }
                 run(
-                    session(Run::Resume, state),
+                    session(Run::Resume, state, budget),
                     &mut model,
                     &mut tools,
                     cancel_next,
@@ -217,21 +224,23 @@ pub fn replay(
                 } else {
                     result
                 };
-                let s = session(Run::Settled(result), state);
+                let s = session(Run::Settled(result), state, budget);
                 run(s, &mut model, &mut tools, cancel_next)
             }
             "reconcile_applied" if held && runs => {
-                let s = session(Run::Settled(result), state);
+                let s = session(Run::Settled(result), state, budget);
                 run(s, &mut model, &mut tools, cancel_next)
             }
             "reconcile_not_applied" if held && runs => run(
-                session(Run::Resume, state),
+                session(Run::Resume, state, budget),
                 &mut model,
                 &mut tools,
                 cancel_next,
             ),
             // A write held when its task was cancelled, settled afterwards: recorded, not run.
-            "reconcile_applied" | "reconcile_not_applied" if state.unknown_write().is_some() => {
+            "reconcile_applied" | "reconcile_not_applied"
+                if state.stop == Some(StopReason::Cancelled) && state.unknown_write().is_some() =>
+            {
                 let mut s = state;
                 if ev.verb == "reconcile_applied"
                     && result["status"] == "ok"

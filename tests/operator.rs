@@ -425,6 +425,10 @@ conformance! {
             d,
             &["--tool-latency", "issue_refund=40000", "--store-scope", "b"],
         );
+        enqueue(
+            d,
+            &["--tool-latency", "issue_refund=40000", "--store-scope", "c"],
+        );
         ok(d, &["run", "--drain"]);
         let held = json(d, &["reconcile", "--json"]);
         let key = |t: &str| {
@@ -442,8 +446,15 @@ conformance! {
             let out = ok(d, &["reconcile", t, verb, "--key", &key(t), "--by", "bob"]);
             assert!(out.contains(says), "{out}");
         }
+        // Settled (queued to be sent again), then cancelled before a worker ran it.
+        let k3 = key("t3");
+        let extend = ["--extend", "deadline_ms=120000"];
+        let mut args = vec!["reconcile", "t3", "--not-applied", "--key", &k3, "--by", "bob"];
+        args.extend_from_slice(&extend);
+        ok(d, &args);
+        ok(d, &["cancel", "t3"]);
         ok(d, &["run", "--drain"]);
-        for t in ["t1", "t2"] {
+        for t in ["t1", "t2", "t3"] {
             assert_eq!(json(d, &["show", t, "--json"])["stop"], "cancelled", "{t}");
             let r = json(d, &["replay", t, "--json"]);
             assert_eq!(r["same_state"], true, "{t}: {r}");

@@ -141,8 +141,29 @@ impl Extension {
         Ok(Extension(out))
     }
 
+    /// The extension an audit event's `extend` detail records.
+    pub fn from_json(v: &Value) -> Extension {
+        Extension(
+            v.as_object()
+                .map(|m| {
+                    m.iter()
+                        .filter_map(|(k, n)| n.as_u64().map(|n| (k.clone(), n)))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        )
+    }
+
+    /// `b` as it was before this extension grew it (the replay starts from there).
+    pub fn undo(&self, b: &mut Budget) {
+        for (name, amount) in &self.0 {
+            let was = budget_value(b, name).saturating_sub(*amount);
+            let _ = b.set(name, &was.to_string());
+        }
+    }
+
     /// The budget with every limit grown (saturating: a limit never wraps around).
-    fn apply(&self, b: &mut Budget) -> Result<()> {
+    pub fn apply(&self, b: &mut Budget) -> Result<()> {
         for (name, amount) in &self.0 {
             let now = budget_value(b, name);
             let grown = now.saturating_add(*amount);
@@ -165,7 +186,8 @@ impl Extension {
     }
 }
 
-fn budget_value(b: &Budget, name: &str) -> u64 {
+/// The limit `name` (a [`crate::kernel::state::BUDGET_FIELDS`] name) of `b`.
+pub fn budget_value(b: &Budget, name: &str) -> u64 {
     match name {
         "steps_max" => b.steps_max.into(),
         "tool_calls_max" => b.tool_calls_max.into(),
