@@ -89,7 +89,17 @@ fn service() -> Service {
                         .clone();
                     (201, json!({"id": id}).to_string())
                 }
-                "/notes" => (503, "down for maintenance".to_string()),
+                "/notes" | "/memos" => (503, "down for maintenance".to_string()),
+                // The notes service's lookup: the note was made, in its own words.
+                p if p.starts_with("/lookup?") => (
+                    200,
+                    json!({"applied": true, "result": {"id": "N-1", "status": "open"}}).to_string(),
+                ),
+                // A read whose own `status` is a word of the service's domain.
+                "/applications" => (200, json!({"id": "A-1", "status": "rejected"}).to_string()),
+                // A read whose first answer is a 503 with a body over the result limit.
+                "/reports" if earlier == 0 => (503, "x".repeat(1100 << 10)),
+                "/reports" => (200, json!({"id": "R-1"}).to_string()),
                 "/tickets/bad" => {
                     headers[0].1 = "application/problem+json".into();
                     (
@@ -131,10 +141,15 @@ impl Service {
 /// The catalog of the service's tools, and a config that names it.
 fn setup(d: &Path, url: &str) {
     let tool = |name: &str, access: &str, idempotent: bool, path: &str, args: &str| {
+        let lookup = if path == "/notes" {
+            format!(", lookup_url = \"{url}/lookup\"")
+        } else {
+            String::new()
+        };
         format!(
             "[[tools]]\nname = \"{name}\"\naccess = \"{access}\"\nidempotent = {idempotent}\n\
              fact_fields = [\"id\", \"service_status\"]\nfact_prefix_arg = \"customer_id\"\n\
-             http = {{ url = \"{url}{path}\", timeout_ms = 5000, retry = {{ attempts = 4, backoff_ms = 50, max_backoff_ms = 2000 }} }}\n\
+             http = {{ url = \"{url}{path}\", timeout_ms = 5000{lookup}, retry = {{ attempts = 4, backoff_ms = 50, max_backoff_ms = 2000 }} }}\n\
              args.customer_id = {{ type = \"string\", required = true }}\n{args}\n"
         )
     };
@@ -163,6 +178,15 @@ fn setup(d: &Path, url: &str) {
             "args.severity = { type = \"string\", required = true }\n",
         ),
         tool("find_invoice", "read", true, "/invoices/find", ""),
+        tool(
+            "add_memo",
+            "write",
+            false,
+            "/memos",
+            "args.text = { type = \"string\", required = true }\n",
+        ),
+        tool("get_application", "read", true, "/applications", ""),
+        tool("get_report", "read", true, "/reports", ""),
         tool(
             "refund_customer",
             "write",
@@ -319,16 +343,74 @@ fn a_write_that_is_not_idempotent_is_sent_once_and_held() {
     assert_eq!(t["stop"], "unknown_outcome", "{t}");
     assert_eq!(svc.arrivals("/notes").len(), 1, "sent once");
     assert_eq!(t["state"]["pending"]["name"], "add_note", "{t}");
-    // Settling it as applied needs what it returned: the tool has no lookup to ask, so
-    // `--result` is required rather than a bare `ok` the model would take for the result.
-    let out = worker_c(d, &["reconcile", &id, "--applied", "--by", "bob"]);
+    // Settled as applied without --result: the tool's lookup gives what it returned, read
+    // under the contract of a live answer (its own `status` kept as `service_status`).
+    okc(d, &["reconcile", &id, "--applied", "--by", "bob"]);
+    okc(d, &["run", "--drain"]);
+    let t = jsonc(d, &["show", &id, "--json"]);
+    assert_eq!(t["stop"], "done", "{t}");
+    assert_eq!(t["state"]["facts"]["cu_ana.id"], "N-1", "{t}");
+    assert_eq!(t["state"]["facts"]["cu_ana.service_status"], "open", "{t}");
+    assert_eq!(svc.arrivals("/notes").len(), 1, "never sent again");
+    // A tool without a lookup: `--result` is required rather than a bare `ok` the model
+    // would take for the result.
+    let memo = task(
+        d,
+        "memo",
+        &[
+            plan("add_memo"),
+            call("lookup_customer", "s1", json!({"customer_id": "cu_ana"})),
+            call(
+                "add_memo",
+                "s2",
+                json!({"customer_id": "cu_ana", "text": "hi"}),
+            ),
+            done(),
+        ],
+    );
+    okc(d, &["run", "--drain"]);
+    let out = worker_c(d, &["reconcile", &memo, "--applied", "--by", "bob"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("--applied needs the write's result"), "{err}");
     assert_eq!(
-        jsonc(d, &["show", &id, "--json"])["stop"],
+        jsonc(d, &["show", &memo, "--json"])["stop"],
         "unknown_outcome"
     );
+}
+
+/// Review findings: a read's own `status` (`rejected`, `unknown`) is the service's word, not
+/// a Tether status, so a read is never held or failed by it; and an error answer whose body is
+/// over the limit is still told by its status (a 503 is retried).
+#[test]
+fn a_reads_own_status_and_an_oversized_error_are_read_by_the_contract() {
+    let dir = TempDir::new("rest-reads");
+    let d = dir.path();
+    let svc = service();
+    setup(d, &svc.url);
+    let id = task(
+        d,
+        "reads",
+        &[
+            call("get_application", "s1", json!({"customer_id": "cu_ana"})),
+            call("get_report", "s1", json!({"customer_id": "cu_ana"})),
+            done(),
+        ],
+    );
+    okc(d, &["run", "--drain"]);
+    let t = jsonc(d, &["show", &id, "--json"]);
+    assert_eq!(t["stop"], "done", "{t}");
+    assert_eq!(
+        t["state"]["facts"]["cu_ana.service_status"], "rejected",
+        "{t}"
+    );
+    assert_eq!(t["state"]["facts"]["cu_ana.id"], "R-1", "{t}");
+    let reports: Vec<u16> = svc
+        .arrivals("/reports")
+        .iter()
+        .map(|a| a.answered)
+        .collect();
+    assert_eq!(reports, [503, 200]);
 }
 
 /// A refusal (a 4xx other than 408, 409, 425 and 429) is an error the model sees, with the

@@ -9,7 +9,8 @@ use serde_json::{Map, Value};
 
 /// A tool's approval rule: `"never"` (the default), `"always"`, or `{ above = { ARG = N } }`:
 /// a call whose numeric argument ARG is over N (or is missing, or is not a number) needs an
-/// approval. The worker holds such a call before anything is sent, whatever the route.
+/// approval. The worker holds such a call before anything is sent (HTTP tools carry rules;
+/// MCP tools keep their server's own approval setting).
 #[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize)]
 #[serde(try_from = "Value", into = "Value")]
 pub enum Approval {

@@ -195,9 +195,14 @@ fn send(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_string();
+    // A body that cannot be read leaves a success unusable; an error answer is still told by
+    // its status, with the reason in its detail.
     let text = match read_body(&mut resp, limits::TOOL_RESULT_BYTES_MAX) {
         Ok(t) => t,
-        Err(e) => return (outcome_unknown(write, "invalid_result", e), None),
+        Err(e) if (200..300).contains(&status) => {
+            return (outcome_unknown(write, "invalid_result", e), None);
+        }
+        Err(e) => e,
     };
     match status {
         200..=299 => (success(&text, write), None),
@@ -253,20 +258,7 @@ fn success(text: &str, write: bool) -> Value {
         return json!({"status": "ok"});
     }
     match limits::parse_json_input(text, "the result", limits::TOOL_RESULT_BYTES_MAX) {
-        Ok(Value::Object(mut m)) => {
-            let own = m
-                .get("status")
-                .and_then(Value::as_str)
-                .is_some_and(|s| RESULT_STATUSES.contains(&s));
-            if !own {
-                if let Some(s) = m.remove("status") {
-                    m.insert("service_status".into(), s);
-                }
-                m.insert("status".into(), Value::String("ok".into()));
-            }
-            Value::Object(m)
-        }
-        Ok(v) => json!({"status": "ok", "value": v}),
+        Ok(v) => as_result(v, write),
         Err(e) => outcome_unknown(
             write,
             "invalid_result",
@@ -276,6 +268,27 @@ fn success(text: &str, write: bool) -> Value {
             ),
         ),
     }
+}
+
+/// A JSON value a service gave as a call's result, as the kernel reads results: an object
+/// keeps its fields, with a `status` of [`RESULT_STATUSES`] as it is (for a read, only `ok`,
+/// `error` and `needs_approval`: a read is never held as unknown, and its "rejected" is the
+/// service's word), any other `status` kept as `service_status` and `ok` put in its place;
+/// another value is the result's `value`.
+pub fn as_result(v: Value, write: bool) -> Value {
+    let Value::Object(mut m) = v else {
+        return json!({"status": "ok", "value": v});
+    };
+    let own = m.get("status").and_then(Value::as_str).is_some_and(|s| {
+        RESULT_STATUSES.contains(&s) && (write || matches!(s, "ok" | "error" | "needs_approval"))
+    });
+    if !own {
+        if let Some(s) = m.remove("status") {
+            m.insert("service_status".into(), s);
+        }
+        m.insert("status".into(), Value::String("ok".into()));
+    }
+    Value::Object(m)
 }
 
 /// The code and detail of an error answer: the body's `code` (or `error`, or an RFC 9457
@@ -341,9 +354,12 @@ pub fn lookup(url: &str, key: &str) -> Lookup {
                 Err(e) => return Lookup::Unknown(e.0),
             };
             match v["applied"].as_bool() {
-                Some(true) if v["result"].get("status").is_some_and(Value::is_string) => {
-                    Lookup::Applied(v["result"].clone())
-                }
+                // The result under the contract of a live answer (a write's): `status` is
+                // optional, the service's own is kept as `service_status`.
+                Some(true) => Lookup::Applied(match &v["result"] {
+                    Value::Null => json!({"status": "ok"}),
+                    r => as_result(r.clone(), true),
+                }),
                 Some(false) => Lookup::NotApplied,
                 _ => Lookup::Unknown(format!("no definite answer: {}", clip(&text))),
             }
