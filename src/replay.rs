@@ -119,41 +119,7 @@ pub fn replay(
 ) -> ReplayReport {
     // The task's own catalog (its schema and fact fields).
     let catalog = rec.catalog.clone().unwrap_or_else(Catalog::demo);
-    let recorded: Option<Vec<RecordedTool>> =
-        replies.iter().any(|r| r.tools.is_some()).then(|| {
-            replies
-                .iter()
-                .flat_map(|r| r.tools.clone().unwrap_or_default())
-                .collect()
-        });
-    let mut tools = match recorded {
-        Some(answers) => Source::Recorded(RecordedTools {
-            answers: answers.into(),
-            writes: Vec::new(),
-            stored_writes: Vec::new(),
-            divergence: None,
-        }),
-        None => {
-            let mut store = DemoStore::new();
-            for (tool, ms) in &rec.tool_latency_ms {
-                store = store.with_latency(tool, *ms);
-            }
-            Source::Document(store)
-        }
-    };
-    if let Source::Recorded(t) = &mut tools {
-        t.stored_writes = t
-            .answers
-            .iter()
-            .filter(|a| {
-                catalog
-                    .get(&a.name)
-                    .is_none_or(|s| s.access == Access::Write)
-            })
-            .filter(|a| !asked_approval(a))
-            .map(|a| (a.name.clone(), a.digest.clone()))
-            .collect();
-    }
+    let mut tools = Source::of(rec, &replies, &catalog);
     let mut initial = TaskState::new(&rec.id, &rec.state.user_id, &rec.state.goal);
     initial.remembered = rec.state.remembered.clone();
     let mut model = Replay::new(replies);
@@ -279,36 +245,7 @@ pub fn replay(
         let v = |s: &TaskState| serde_json::to_value(s).unwrap_or(Value::Null);
         differences(&v(&rec.state), &v(&state), 5)
     };
-    let (answers, effects, stored, same_effects, divergence) = match tools {
-        Source::Document(store) => (
-            Answers::DocumentStore,
-            effects_to_python(&store.effects),
-            effects_to_python(stored_effects),
-            store.effects == stored_effects,
-            None,
-        ),
-        Source::Recorded(mut t) => {
-            if t.divergence.is_none() && !t.answers.is_empty() {
-                t.divergence = Some(format!(
-                    "the run's tools answered {} more call(s) than the replay made, the next \
-                     one {}",
-                    t.answers.len(),
-                    t.answers[0].name
-                ));
-            }
-            let py = |w: &[(String, String)]| {
-                let parts: Vec<String> = w.iter().map(|(n, d)| format!("('{n}', '{d}')")).collect();
-                format!("[{}]", parts.join(", "))
-            };
-            (
-                Answers::Recorded,
-                py(&t.writes),
-                py(&t.stored_writes),
-                t.divergence.is_none() && t.writes == t.stored_writes,
-                t.divergence,
-            )
-        }
-    };
+    let (answers, effects, stored, same_effects, divergence) = tools.verdict(stored_effects);
     ReplayReport {
         state,
         answers,
@@ -330,6 +267,85 @@ fn asked_approval(a: &RecordedTool) -> bool {
 enum Source {
     Recorded(RecordedTools),
     Document(DemoStore),
+}
+
+impl Source {
+    /// The recorded answers of `replies`, or (none recorded) a fresh copy of the document's
+    /// store with the task's simulated latencies.
+    fn of(rec: &TaskRecord, replies: &[RecordedReply], catalog: &Catalog) -> Source {
+        let recorded: Option<Vec<RecordedTool>> =
+            replies.iter().any(|r| r.tools.is_some()).then(|| {
+                replies
+                    .iter()
+                    .flat_map(|r| r.tools.clone().unwrap_or_default())
+                    .collect()
+            });
+        let mut tools = match recorded {
+            Some(answers) => Source::Recorded(RecordedTools {
+                answers: answers.into(),
+                writes: Vec::new(),
+                stored_writes: Vec::new(),
+                divergence: None,
+            }),
+            None => {
+                let mut store = DemoStore::new();
+                for (tool, ms) in &rec.tool_latency_ms {
+                    store = store.with_latency(tool, *ms);
+                }
+                Source::Document(store)
+            }
+        };
+        if let Source::Recorded(t) = &mut tools {
+            t.stored_writes = t
+                .answers
+                .iter()
+                .filter(|a| {
+                    catalog
+                        .get(&a.name)
+                        .is_none_or(|s| s.access == Access::Write)
+                })
+                .filter(|a| !asked_approval(a))
+                .map(|a| (a.name.clone(), a.digest.clone()))
+                .collect();
+        }
+        tools
+    }
+
+    /// How the replay's writes compare with the run's: (where the answers came from, the
+    /// replay's writes, the run's, whether they are the same, the first divergence).
+    fn verdict(self, stored_effects: &[Effect]) -> (Answers, String, String, bool, Option<String>) {
+        match self {
+            Source::Document(store) => (
+                Answers::DocumentStore,
+                effects_to_python(&store.effects),
+                effects_to_python(stored_effects),
+                store.effects == stored_effects,
+                None,
+            ),
+            Source::Recorded(mut t) => {
+                if t.divergence.is_none() && !t.answers.is_empty() {
+                    t.divergence = Some(format!(
+                        "the run's tools answered {} more call(s) than the replay made, the next \
+                         one {}",
+                        t.answers.len(),
+                        t.answers[0].name
+                    ));
+                }
+                let py = |w: &[(String, String)]| {
+                    let parts: Vec<String> =
+                        w.iter().map(|(n, d)| format!("('{n}', '{d}')")).collect();
+                    format!("[{}]", parts.join(", "))
+                };
+                (
+                    Answers::Recorded,
+                    py(&t.writes),
+                    py(&t.stored_writes),
+                    t.divergence.is_none() && t.writes == t.stored_writes,
+                    t.divergence,
+                )
+            }
+        }
+    }
 }
 
 impl Tools for Source {
