@@ -193,6 +193,13 @@ impl Config {
         }
     }
 
+    /// The lookup URL of `tool` in this config's catalog, when the daemon is to ask it by
+    /// itself for a held write (`auto_settle`, on by default).
+    pub fn auto_settle_url(&self, tool: &str) -> Option<&str> {
+        let h = self.catalog.as_ref()?.get(tool)?.http.as_ref()?;
+        h.lookup_url.as_deref().filter(|_| h.auto_settle)
+    }
+
     /// The lookup URL of `tool` in this config's catalog.
     pub fn lookup_url(&self, tool: &str) -> Option<&str> {
         self.catalog

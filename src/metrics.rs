@@ -30,6 +30,7 @@ pub struct Metrics {
     pub tool_seconds: HistogramVec,
     pub tool_retries: IntCounterVec,
     pub takeovers: IntCounter,
+    pub auto_settled: IntCounter,
     pub tasks_ended: IntCounterVec,
     /// Live OTLP export: spans sent, spans given up on, failed attempts.
     pub otlp_exported: IntCounter,
@@ -144,6 +145,10 @@ fn build() -> prometheus::Result<Metrics> {
         takeovers: counter(
             "tether_lease_takeovers_total",
             "Tasks this process put back in the queue after their lease expired or their owner died.",
+        )?,
+        auto_settled: counter(
+            "tether_writes_settled_by_lookup_total",
+            "Held writes this daemon settled by asking the tool's lookup_url (an operator settles the rest).",
         )?,
         tasks_ended: counters(
             "tether_tasks_ended_total",

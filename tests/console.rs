@@ -210,21 +210,26 @@ fn a_browser_drives_the_console() {
         "{}",
         b.text("#lookup-result")
     );
-    b.click("tr.held-row a");
-    b.type_in("#held-call form input[name=reason]", "found in the ledger");
     b.screenshot(&shots.join("console-held.png"));
-    b.click("#reconcile-applied");
+    // "Look up and settle": the lookup's answer settles it, with the store's own result.
+    b.click("tr.held-row button.settle");
     assert!(
         b.text("#flash").contains("settled as applied"),
         "{}",
         b.text("#flash")
+    );
+    let t3 = json(d, &["show", "t3", "--json"]);
+    let result = &t3["calls"][0]["result"];
+    assert!(
+        result["refunded_cents"].is_number(),
+        "the store's result, not a bare ok: {t3}"
     );
     ok(d, &["run", "--drain"]);
     b.open(&format!("{}/tasks/t3", c.base));
     // Settled as applied, the task goes on from the refund (its active time is spent).
     assert_eq!(b.text("#task-status"), "finished");
     assert_ne!(b.text("#task-stop"), "unknown_outcome");
-    assert!(b.text("#events").contains("found in the ledger"));
+    assert!(b.text("#events").contains("settled from the tool's lookup"));
 
     // Cancel a queued task.
     ok(

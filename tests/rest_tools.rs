@@ -337,8 +337,9 @@ fn a_write_that_is_not_idempotent_is_sent_once_and_held() {
             done(),
         ],
     );
-    okc(d, &["run", "--drain"]);
-    okc(d, &["run", "--drain"]);
+    // The daemon would settle it by the lookup (tests/settle.rs): here an operator does.
+    okc(d, &["run", "--drain", "--no-auto-settle"]);
+    okc(d, &["run", "--drain", "--no-auto-settle"]);
     let t = jsonc(d, &["show", &id, "--json"]);
     assert_eq!(t["stop"], "unknown_outcome", "{t}");
     assert_eq!(svc.arrivals("/notes").len(), 1, "sent once");

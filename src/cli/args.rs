@@ -283,6 +283,11 @@ pub struct RunArgs {
     /// How often to look for tasks whose lease expired or whose daemon is gone.
     #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
     pub recover_every_ms: u64,
+    /// Do not settle held writes by asking their tool's lookup_url (by default the daemon
+    /// asks, with backoff, and settles what the lookup answers; the rest waits for
+    /// `worker reconcile`).
+    #[arg(long)]
+    pub no_auto_settle: bool,
     /// Serve /metrics (Prometheus text format) and /healthz on this address, e.g.
     /// 127.0.0.1:9464.
     #[arg(long, value_name = "ADDR")]

@@ -46,9 +46,9 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
             crate::mcp::Mcp::new(trusted.mcp.clone()).map_err(CliError::usage)?,
         ))
     };
-    // A pool connection for each worker thread, the committer, the dispatcher and the
-    // heartbeat (which must never wait behind the others).
-    let store = open_created(cli, a.workers as usize + 3)?;
+    // A pool connection for each worker thread, the committer, the dispatcher, the settler
+    // and the heartbeat (which must never wait behind the others).
+    let store = open_created(cli, a.workers as usize + 4)?;
     let tools = Arc::new(DurableStore::open_sized(
         &store_target(cli),
         a.workers as usize + 1,
@@ -68,6 +68,7 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
         mcp,
         otlp,
         trusted,
+        auto_settle: !a.no_auto_settle,
         ..Config::default()
     };
     if let Some(addr) = &a.metrics {

@@ -1,4 +1,5 @@
-//! The console's actions: a form's decision (approve, reject, reconcile, cancel) checked for
+//! The console's actions: a form's decision (approve, reject, reconcile, settle by the tool's
+//! lookup, cancel) checked for
 //! its CSRF token and bound to the call (key and digest) or the task state (its last change)
 //! the page was rendered with, then made through the same backend decisions as the CLI's.
 
@@ -7,6 +8,7 @@ use crate::httpd::{Reply, Request, percent_decode};
 use crate::operator;
 use crate::store::Error;
 use crate::store::ops::{Extension, Reviewed, Settlement};
+use crate::tools::http::Lookup;
 
 /// What the task page says of a decision's audit event, by its verb.
 pub(super) fn done_message(verb: &str) -> Option<&'static str> {
@@ -23,6 +25,31 @@ pub(super) fn done_message(verb: &str) -> Option<&'static str> {
 }
 
 impl Console {
+    /// What the tool's lookup says of task `id`'s held write, as a settlement; `Err` when it
+    /// gives no definite answer (or there is no held write).
+    fn looked_up(&self, id: &str) -> Result<Settlement, Error> {
+        let rec = self.db.task(id)?;
+        let Some(call) = rec.state.unknown_write().cloned() else {
+            return Err(Error::Invalid(format!(
+                "task {id} holds no write whose outcome is unknown"
+            )));
+        };
+        let key = self.db.call_key(&rec, &call);
+        let target = self.tools_target.clone();
+        let mut open = || {
+            Ok(std::sync::Arc::new(
+                crate::tools::durable::DurableStore::open_target(&target)?,
+            ))
+        };
+        match operator::ask_tool(&rec, &call.name, &key, &self.config, &mut open)? {
+            Lookup::Applied(v) => Ok(Settlement::Applied(v)),
+            Lookup::NotApplied => Ok(Settlement::NotApplied),
+            Lookup::Unknown(why) => Err(Error::Invalid(format!(
+                "the tool's lookup gave no definite answer for key {key} ({why})"
+            ))),
+        }
+    }
+
     /// A decision from a form: CSRF checked, the reviewed call (key and digest) bound, the
     /// same backend decision as the CLI's; then back to the task's page.
     pub(super) fn act(&self, op: &str, id: &str, verb: &str, req: &Request) -> Reply {
@@ -55,7 +82,7 @@ impl Console {
             Err(e) => return self.message(op, 400, "Refused", format!("extend: {e}"), back),
         };
         let outcome: Result<(), Error> = match verb {
-            "approve" | "reject" | "reconcile"
+            "approve" | "reject" | "reconcile" | "settle"
                 if reviewed.key.is_none() || reviewed.digest.is_none() =>
             {
                 Err(Error::Invalid(
@@ -66,17 +93,27 @@ impl Console {
             "reject" => self.db.reject(&id, &reviewed, &d).map(|_| ()),
             "reconcile" => {
                 let settlement = match field("outcome").as_deref() {
-                    Some("applied") => {
-                        let text = field("result").unwrap_or_else(|| r#"{"status": "ok"}"#.into());
-                        match crate::limits::parse_json_input(
+                    // Without a result, the tool's lookup gives it (never a bare `ok` the
+                    // model would take for the result).
+                    Some("applied") => match field("result") {
+                        None => match self.looked_up(&id) {
+                            Ok(s @ Settlement::Applied(_)) => Ok(s),
+                            Ok(Settlement::NotApplied) => Err(Error::Conflict(
+                                "the tool's lookup says this write was not applied: settle it as not applied, or give the result if you know it was".into(),
+                            )),
+                            Err(e) => Err(Error::Invalid(format!(
+                                "\"It was applied\" needs the write's result, and {e}: paste what the write returned"
+                            ))),
+                        },
+                        Some(text) => match crate::limits::parse_json_input(
                             &text,
                             "the result",
                             crate::limits::OPERATOR_RESULT_BYTES_MAX,
                         ) {
                             Ok(v) => Ok(Settlement::Applied(v)),
                             Err(e) => Err(Error::Invalid(e.0)),
-                        }
-                    }
+                        },
+                    },
                     Some("not_applied") => Ok(Settlement::NotApplied),
                     _ => Err(Error::Invalid("say whether the write was applied".into())),
                 };
@@ -86,6 +123,13 @@ impl Console {
                         .map(|_| ())
                 })
             }
+            // The held-writes page's "Look up and settle": whatever the lookup answers
+            // definitely, decided by this operator.
+            "settle" => self.looked_up(&id).and_then(|s| {
+                self.db
+                    .reconcile(&id, &s, &reviewed, &extend, &d)
+                    .map(|_| ())
+            }),
             // Checked in the decision's transaction: refused if the task changed since.
             "cancel" => match field("seen").and_then(|s| s.parse::<u64>().ok()) {
                 Some(seen) => self.db.cancel_seen(&id, seen, &d).map(|_| ()),

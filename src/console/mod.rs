@@ -5,7 +5,7 @@
 //! Pages: the tasks (counts by status, filters, pages), a task (plan, budgets as bars, the
 //! closing message, facts, the trace as a waterfall, recorded replies, audit events), the held
 //! writes and suspended calls (with a look-up by call key), and a user's memory notes; and
-//! `/metrics` and `/healthz`. Actions (approve, reject, reconcile, cancel) are forms that
+//! `/metrics` and `/healthz`. Actions (approve, reject, reconcile, settle by lookup, cancel) are forms that
 //! write the same audit events as the CLI, through the same backend decisions.
 //!
 //! Safety: loopback only unless a token file names who may sign in (each token names its
@@ -477,6 +477,7 @@ impl Console {
             &HeldPage {
                 operator: f.operator,
                 db: f.db,
+                csrf: self.csrf(op),
                 held: held.iter().map(HeldRow::of).collect(),
                 suspended,
                 lookup_key,

@@ -384,6 +384,7 @@ impl HeldRow {
 pub struct HeldPage {
     pub operator: String,
     pub db: String,
+    pub csrf: String,
     pub held: Vec<HeldRow>,
     pub suspended: Vec<HeldRow>,
     pub lookup_key: String,

@@ -290,6 +290,10 @@ pub struct HttpSpec {
     /// Answers whether a call key was applied: `GET {lookup_url}?key=K`.
     #[serde(default)]
     pub lookup_url: Option<String>,
+    /// Whether the daemon settles a held write of this tool by asking `lookup_url` itself
+    /// (on by default; off leaves every held write to an operator).
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub auto_settle: bool,
     /// The environment variable (of the daemon) holding this service's approval secret: an
     /// approved call is re-sent with a `Tether-Approval` header signed with it, which the
     /// service verifies. Without one, an approved call is not sent.
@@ -299,6 +303,14 @@ pub struct HttpSpec {
     /// again, for a read or an idempotent write: see [`RetryPolicy`].
     #[serde(default, skip_serializing_if = "RetryPolicy::is_default")]
     pub retry: RetryPolicy,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 fn default_method() -> String {

@@ -99,6 +99,18 @@ pub fn reconcile_auto(
 ) -> std::result::Result<Vec<AutoSettled>, Error> {
     let reason = reason.unwrap_or("reconcile --auto: the tool's lookup answered");
     let d = decision(by, Some(reason)).map_err(Error::Invalid)?;
+    settle_by_lookup(db, config, tools, &d, &mut |_, _, _| true)
+}
+
+/// [`reconcile_auto`] for the held writes that `select` (given the task, its held call and
+/// the call's key) picks, decided as `d`: the daemon's own settling uses it.
+pub fn settle_by_lookup(
+    db: &dyn Backend,
+    config: &crate::config::Config,
+    tools: &mut dyn FnMut() -> Result<Arc<DurableStore>>,
+    d: &Decision,
+    select: &mut dyn FnMut(&TaskRecord, &crate::kernel::ToolCall, &str) -> bool,
+) -> std::result::Result<Vec<AutoSettled>, Error> {
     let mut demo: Option<Arc<DurableStore>> = None;
     let mut out = Vec::new();
     for (rec, _) in db.held()? {
@@ -106,6 +118,9 @@ pub fn reconcile_auto(
             continue;
         };
         let key = db.call_key(&rec, &call);
+        if !select(&rec, &call, &key) {
+            continue;
+        }
         let answer = ask_tool(&rec, &call.name, &key, config, &mut || {
             if demo.is_none() {
                 demo = Some(tools()?);
@@ -133,7 +148,7 @@ pub fn reconcile_auto(
             key: Some(key),
             digest: Some(call.digest()),
         };
-        match db.reconcile(&rec.id, &settlement, &reviewed, &Extension::default(), &d) {
+        match db.reconcile(&rec.id, &settlement, &reviewed, &Extension::default(), d) {
             Ok(_) => row.outcome = if applied { "applied" } else { "not_applied" },
             Err(e) => row.why = Some(e.to_string()),
         }

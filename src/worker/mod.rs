@@ -15,6 +15,7 @@
 pub mod driver;
 mod heartbeat;
 mod routes;
+mod settle;
 
 pub use heartbeat::{HEARTBEAT_TTL_MS_MIN, Heartbeat};
 
@@ -54,6 +55,8 @@ pub struct Config {
     /// The daemon's own config: what a task's model profile and tools mean here (the
     /// endpoints, secrets and tool definitions are the daemon's, never the enqueuer's).
     pub trusted: Arc<crate::config::Config>,
+    /// Settle held writes by asking their tool's `lookup_url` (see `settle`).
+    pub auto_settle: bool,
 }
 
 impl std::fmt::Debug for Config {
@@ -66,6 +69,7 @@ impl std::fmt::Debug for Config {
             .field("hook", &self.hook.is_some())
             .field("mcp", &self.mcp.is_some())
             .field("otlp", &self.otlp.as_ref().map(|t| t.url.as_str()))
+            .field("auto_settle", &self.auto_settle)
             .finish_non_exhaustive()
     }
 }
@@ -84,6 +88,7 @@ impl Default for Config {
             mcp: None,
             otlp: None,
             trusted: Arc::default(),
+            auto_settle: true,
         }
     }
 }
@@ -416,6 +421,37 @@ pub fn run(
     drop(commit_tx);
     drop(task_rx);
     drop(done_tx);
+    // Held writes settled by their tool's lookup: a thread of its own, since a lookup may
+    // take as long as its timeout; a drain also asks once more before it exits.
+    let settler = Arc::new(settle::Settler::new(&owner));
+    let settling = match cfg.auto_settle {
+        true => {
+            let (store, settler, config, stop) = (
+                Arc::clone(&store),
+                Arc::clone(&settler),
+                Arc::clone(&cfg.trusted),
+                Arc::clone(&shutdown),
+            );
+            let every = Duration::from_millis(cfg.recover_every_ms.min(1000));
+            let (quit_tx, quit_rx) = bounded::<()>(0);
+            let t = std::thread::Builder::new()
+                .name("settler".into())
+                .spawn(move || {
+                    while !stop.load(Ordering::SeqCst) {
+                        settler.pass(store.as_ref(), &config);
+                        // Woken early (or for good) when the dispatcher drops its end.
+                        if quit_rx.recv_timeout(every)
+                            != Err(crossbeam_channel::RecvTimeoutError::Timeout)
+                        {
+                            break;
+                        }
+                    }
+                })
+                .map_err(|e| Error::Conflict(format!("cannot start the settler thread: {e}")))?;
+            Some((t, quit_tx))
+        }
+        false => None,
+    };
 
     // Wake-ups when a task becomes ready (PostgreSQL's NOTIFY); polling is then the fallback.
     let wake = store.wakeups();
@@ -501,7 +537,16 @@ pub fn run(
                     }
                     Ok((ids.is_empty(), waits(store.as_ref())?))
                 }) {
-                    Ok((true, 0)) => break Ok(()),
+                    // Held writes that a lookup settles now (here or on the settler's
+                    // thread) run in this drain too.
+                    Ok((true, 0)) => {
+                        if cfg.auto_settle {
+                            settler.pass(store.as_ref(), &cfg.trusted);
+                        }
+                        if store.ready_count().is_ok_and(|n| n == 0) {
+                            break Ok(());
+                        }
+                    }
                     Ok((true, _)) => {}
                     Ok(_) => continue,
                     Err(e @ Error::Unavailable(_)) => {
@@ -518,6 +563,10 @@ pub fn run(
         }
     };
     drop(task_tx);
+    if let Some((t, quit)) = settling {
+        drop(quit);
+        let _ = t.join();
+    }
     for t in threads {
         let _ = t.join();
     }

@@ -152,8 +152,8 @@ impl Session<'_> {
                 }
                 if let (Some(spec), Some(obj)) = (self.catalog.get(&call.name), result.as_object())
                 {
-                    // An MCP tool names its facts after itself unless told otherwise.
-                    let prefix = if spec.fact_prefix_arg.is_empty() && spec.mcp.is_some() {
+                    // A tool names its facts after itself unless told otherwise.
+                    let prefix = if spec.fact_prefix_arg.is_empty() {
                         call.name.clone()
                     } else {
                         python_str(call.args.get(&spec.fact_prefix_arg))
