@@ -19,6 +19,9 @@
 //!
 //! [mcp.servers.billing]                    # MCP servers: see `crate::mcp::config`
 //! url = "http://127.0.0.1:8765/mcp"
+//!
+//! [demo.tools.issue_refund]                # the demo shop's tools: approval rules
+//! approval = { above = { amount_cents = 5000 } }
 //! ```
 
 use serde::Deserialize;
@@ -40,6 +43,24 @@ struct ConfigFile {
     tools: Option<ToolsEntry>,
     #[serde(default)]
     mcp: Option<crate::mcp::McpConfig>,
+    #[serde(default)]
+    demo: DemoConfig,
+}
+
+/// Rules for the demo shop's tools (`[demo.tools.NAME]`), which have no catalog entry.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DemoConfig {
+    #[serde(default)]
+    pub tools: BTreeMap<String, DemoTool>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DemoTool {
+    /// The tool's approval rule, as a catalog's (`"never"` by default).
+    #[serde(default)]
+    pub approval: crate::kernel::policy::Approval,
 }
 
 #[derive(Debug, Deserialize)]
@@ -64,6 +85,8 @@ pub struct Config {
     pub catalog: Option<Catalog>,
     /// MCP servers (`[mcp.servers.NAME]`).
     pub mcp: crate::mcp::McpConfig,
+    /// Rules for the demo shop's tools (`[demo.tools.NAME]`).
+    pub demo: DemoConfig,
 }
 
 impl Config {
@@ -150,13 +173,13 @@ impl Config {
     /// config's reading of the server's definition before each call (`McpTools`). A tool
     /// this config lacks stays in the catalog (the plan may name it) but is never called.
     pub fn catalog_for(&self, stored: Option<&Catalog>) -> Resolved {
+        let demo = self.demo_catalog();
         let Some(stored) = stored else {
             return Resolved {
-                catalog: Catalog::demo(),
+                catalog: demo,
                 unavailable: BTreeMap::new(),
             };
         };
-        let demo = Catalog::demo();
         let mut unavailable = BTreeMap::new();
         let tools = stored
             .tools
@@ -191,6 +214,17 @@ impl Config {
             catalog: Catalog { tools },
             unavailable,
         }
+    }
+
+    /// The demo shop's tools with this config's rules for them (`[demo.tools.NAME]`).
+    pub fn demo_catalog(&self) -> Catalog {
+        let mut c = Catalog::demo();
+        for t in &mut c.tools {
+            if let Some(o) = self.demo.tools.get(&t.name) {
+                t.approval = o.approval.clone();
+            }
+        }
+        c
     }
 
     /// The lookup URL of `tool` in this config's catalog, when the daemon is to ask it by
@@ -252,6 +286,20 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, String> {
         }
         None => None,
     };
+    let demo = Catalog::demo();
+    for name in file.demo.tools.keys() {
+        if demo.get(name).is_none() {
+            return Err(format!(
+                "{}: [demo.tools.{name}]: the demo shop has no tool {name:?} (its tools: {})",
+                path.display(),
+                demo.tools
+                    .iter()
+                    .map(|t| t.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+    }
     let mcp = file.mcp.unwrap_or_default();
     for (name, s) in &mcp.servers {
         s.check(name)
@@ -262,6 +310,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, String> {
         default_model: file.default_model,
         catalog,
         mcp,
+        demo: file.demo,
     })
 }
 
@@ -407,6 +456,17 @@ pub fn parse_catalog(text: &str, path: &Path) -> Result<Catalog, String> {
     }
     if file.tools.is_empty() {
         return Err(format!("{}: the catalog declares no tools", path.display()));
+    }
+    for t in &file.tools {
+        if let crate::kernel::catalog::Requires::Tools(names) = &t.requires
+            && let Some(n) = names.iter().find(|n| !seen.contains(*n))
+        {
+            return Err(format!(
+                "{}: tool {:?}: requires names {n:?}, which is not a tool of this catalog",
+                path.display(),
+                t.name
+            ));
+        }
     }
     Ok(Catalog { tools: file.tools })
 }

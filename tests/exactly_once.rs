@@ -300,12 +300,15 @@ conformance! {
 conformance! {
     /// Defect 7: the model chose the key. A write naming no plan step when several open steps
     /// use its tool, a step that is not in the plan, or a step of another tool is an error of
-    /// the reply, and nothing is sent. (With one open step of its tool, that step is the one.)
+    /// the reply, and nothing is sent; so is a write of a step whose prerequisite is not done.
+    /// (With one open step of its tool, that step is the one.)
     fn a_write_must_name_a_plan_step_of_its_tool(d) {
         let script = r#"{"type": "plan", "steps": [{"id": "s1", "tool": "get_order"}, {"id": "s2", "tool": "issue_refund", "depends_on": ["s1"]}, {"id": "s3", "tool": "issue_refund", "depends_on": ["s1"]}]}
     {"type": "tool", "name": "issue_refund", "args": {"order_id": "ord_1001", "amount_cents": 100}}
     {"type": "tool", "name": "issue_refund", "args": {"order_id": "ord_1001", "amount_cents": 200}, "plan_step": "s9"}
     {"type": "tool", "name": "issue_refund", "args": {"order_id": "ord_1001", "amount_cents": 300}, "plan_step": "s1"}
+    {"type": "tool", "name": "issue_refund", "args": {"order_id": "ord_1001", "amount_cents": 350}, "plan_step": "s2"}
+    {"type": "tool", "name": "get_order", "args": {"order_id": "ord_1001"}, "plan_step": "s1"}
     {"type": "tool", "name": "issue_refund", "args": {"order_id": "ord_1001", "amount_cents": 400}, "plan_step": "s2"}
     {"type": "final", "outcome": "cannot_complete", "text": "stop"}
     "#;
@@ -316,8 +319,9 @@ conformance! {
         enqueue(d, &args);
         ok(d, &["run", "--drain"]);
         let t = json(d, &["show", "t1", "--json"]);
-        assert_eq!(t["tool_calls"], 1, "{t}");
-        let sent = arrivals(d);
+        // The read, and the refund once its prerequisite was done (the one before it waited).
+        assert_eq!(t["tool_calls"], 2, "{t}");
+        let sent: Vec<Value> = arrivals(d).into_iter().filter(|a| a["tool"] == "issue_refund").collect();
         assert_eq!(sent.len(), 1, "{sent:?}");
         assert!(
             sent[0]["key"]

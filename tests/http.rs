@@ -440,7 +440,8 @@ fn lost_responses_are_held_then_settled_by_reconcile_auto() {
             ],
         );
     }
-    okc(d, &["run", "--drain"]);
+    // By hand: the daemon would settle them by the lookup itself (tests/settle.rs).
+    okc(d, &["run", "--drain", "--no-auto-settle"]);
     let held = json(d, &["reconcile", "--json"]);
     assert_eq!(held.as_array().map(Vec::len), Some(n), "{held}");
     assert!(
@@ -1028,8 +1029,9 @@ fn hole_1_http_answers_that_cannot_be_used_hold_the_write() {
                 "enqueue", "--user", "cu_ana", "--goal", "refund", "--model", "policy",
             ],
         );
-        okc(d, &["run", "--drain"]);
-        okc(d, &["run", "--drain"]);
+        // The write path alone: the daemon's own settling by lookup is tests/settle.rs's.
+        okc(d, &["run", "--drain", "--no-auto-settle"]);
+        okc(d, &["run", "--drain", "--no-auto-settle"]);
         let t = json(d, &["show", "t1", "--json"]);
         assert_eq!(t["stop"], "unknown_outcome", "{name}: {t}");
         assert_eq!(*hits.lock().expect("lock"), 1, "{name}: sent once");
@@ -1077,7 +1079,7 @@ fn hole_11_redirects_are_never_followed_and_a_redirected_write_is_held() {
             &format!("script:{}", script.display()),
         ],
     );
-    okc(d, &["run", "--drain"]);
+    okc(d, &["run", "--drain", "--no-auto-settle"]);
     let t1 = json(d, &["show", "t1", "--json"]);
     assert_eq!(t1["stop"], "unknown_outcome", "{t1}");
     assert_eq!(t1["status"], "held", "{t1}");

@@ -420,6 +420,7 @@ fn mcp_arguments_are_checked_against_the_input_schema() {
         done_phrase: String::new(),
         not_done_phrase: String::new(),
         approval: Default::default(),
+        requires: Default::default(),
         args: Default::default(),
         http: None,
         mcp: Some(McpSpec {

@@ -64,7 +64,13 @@ trusted = false
     )
     .expect("config");
     let tools = json(d, &["--config", "worker.toml", "tools", "list", "--json"]);
-    assert_eq!(tools.as_array().map(Vec::len), Some(12), "{tools:#}");
+    let mcp_rows = tools
+        .as_array()
+        .expect("tools")
+        .iter()
+        .filter(|t| t["source"].as_str().is_some_and(|s| s.starts_with("mcp:")))
+        .count();
+    assert_eq!(mcp_rows, 12, "{tools:#}");
     for server in ["local", "remote"] {
         let t = tool(&tools, server, "lookup_order");
         assert_eq!(kinds(t), (Some("read"), Some(true), Some(false)));
@@ -102,9 +108,9 @@ trusted = false
     // The table names each tool with its kinds.
     let table = ok(d, &["--config", "worker.toml", "tools", "list"]);
     assert!(
-        table
-            .lines()
-            .any(|l| l.starts_with("local") && l.contains("issue_refund") && l.contains("write")),
+        table.lines().any(|l| l.starts_with("mcp:local")
+            && l.contains("issue_refund")
+            && l.contains("write")),
         "{table}"
     );
 }
@@ -128,6 +134,10 @@ fn bad_mcp_declarations_and_dead_servers_are_named() {
             "approval must be",
         ),
         (
+            "[demo.tools.refund_everything]\napproval = \"always\"\n",
+            "the demo shop has no tool",
+        ),
+        (
             "[mcp.servers.a]\ncommand = \"x\"\ntrusted = \"yes\"\n",
             "invalid type",
         ),
@@ -145,9 +155,18 @@ fn bad_mcp_declarations_and_dead_servers_are_named() {
     let (code, err) = fails(d, &["--config", "gone.toml", "tools", "list"]);
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("MCP server gone: cannot start"), "{err}");
-    let (code, err) = fails(d, &["tools", "list"]);
-    assert_eq!(code, 2);
-    assert!(err.contains("needs --config"), "{err}");
+    // Without a config: the demo shop's tools, which need no server.
+    let demo = json(d, &["tools", "list", "--json"]);
+    let names: Vec<&str> = demo
+        .as_array()
+        .expect("tools")
+        .iter()
+        .map(|t| {
+            assert_eq!(t["source"], "demo", "{t}");
+            t["name"].as_str().unwrap_or("")
+        })
+        .collect();
+    assert!(names.contains(&"issue_refund"), "{demo}");
 }
 
 /// An `Mcp` for one stdio test server in `mode`, logging arrivals to `arrivals`.

@@ -754,3 +754,75 @@ fn hole_3_an_enqueuers_tool_kinds_are_checked_against_the_daemons() {
     assert!(trace.contains("tool_mismatch"), "{trace}");
     assert_eq!(show(d, &t)["state"]["plan"][1]["status"], "pending");
 }
+
+/// Must-show 2, the MCP route: an override's rule on arguments replaces the server's
+/// destructive hint. A refund over the bound waits for an approval (nothing arrives before
+/// it) and arrives once after it; one under the bound runs without waiting.
+#[test]
+fn an_approval_rule_on_an_mcp_tool_holds_only_the_calls_it_covers() {
+    let Some(py) = python() else { return };
+    let dir = TempDir::new("mcp-rule");
+    let d = dir.path();
+    let log = d.join("arrivals.jsonl");
+    let logs = log.display().to_string();
+    let http = python_http(&py, &[("ARRIVALS", &logs)]);
+    let cfg = shop_config(
+        d,
+        "shop.toml",
+        &format!("url = {:?}", http.url()),
+        true,
+        "[mcp.servers.shop.tools.issue_refund]\nuser_arg = \"customer_id\"\napproval = { above = { amount_cents = 500 } }\n",
+    );
+    let small = script(
+        d,
+        "small.jsonl",
+        &one_write(
+            "issue_refund",
+            json!({"order_id": "o1", "amount_cents": 300}),
+        ),
+    );
+    let large = script(
+        d,
+        "large.jsonl",
+        &one_write(
+            "issue_refund",
+            json!({"order_id": "o2", "amount_cents": 700}),
+        ),
+    );
+    let t1 = enqueue_script(d, &cfg, &small, "small");
+    let t2 = enqueue_script(d, &cfg, &large, "large");
+    with_canary(d, &cfg, &["run", "--drain"]);
+    assert_eq!(show(d, &t1)["stop"], "done", "{:#}", show(d, &t1));
+    let s = show(d, &t2);
+    assert_eq!(s["stop"], "needs_approval", "{s:#}");
+    assert_eq!(s["state"]["last_result"]["code"], "approval_rule", "{s:#}");
+    assert_eq!(sent(&log, "issue_refund", "o1"), 1);
+    assert_eq!(
+        sent(&log, "issue_refund", "o2"),
+        0,
+        "nothing before the approval"
+    );
+    let digest = held_digest(d, &t2);
+    ok(
+        d,
+        &[
+            "approve", &t2, "--digest", &digest, "--by", "alice", "--reason", "checked",
+        ],
+    );
+    with_canary(d, &cfg, &["run", "--drain"]);
+    assert_eq!(show(d, &t2)["stop"], "done", "{:#}", show(d, &t2));
+    assert_eq!(sent(&log, "issue_refund", "o2"), 1, "once, after it");
+    // `tools list` shows the rule as the tool's approval.
+    let tools = json(d, &["--config", &cfg, "tools", "list", "--json"]);
+    let mcp_refund = tools
+        .as_array()
+        .expect("tools")
+        .iter()
+        .find(|t| t["source"] == "mcp:shop" && t["name"] == "issue_refund")
+        .unwrap_or_else(|| panic!("{tools:#}"));
+    assert_eq!(
+        mcp_refund["approval"],
+        json!({"above": {"amount_cents": 500.0}}),
+        "{tools:#}"
+    );
+}

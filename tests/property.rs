@@ -126,6 +126,7 @@ fn random_scripts_never_break_a_bound() {
             repeat_max: rng.below(4) as u32,
             stalls_max: 1 + rng.below(4) as u32,
             plan_steps_max: 1 + rng.below(6) as u32,
+            replans_max: 2,
         };
         let mut replies = Vec::new();
         for _ in 0..1 + rng.below(12) {

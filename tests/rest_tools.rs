@@ -538,6 +538,12 @@ fn an_approval_rule_that_cannot_work_is_refused() {
             "approval = { above = { amount = \"x\" } }",
             "approval must be",
         ),
+        // The same file's reading of a plan rule.
+        (
+            "requires = [\"lookup\"]",
+            "which is not a tool of this catalog",
+        ),
+        ("requires = \"first\"", "requires must be"),
     ] {
         let catalog = format!(
             "version = 1\n[[tools]]\nname = \"pay\"\naccess = \"write\"\n{rule}\n\
@@ -569,4 +575,263 @@ fn an_approval_rule_that_cannot_work_is_refused() {
         );
         assert!(!err.contains("panicked"), "{err}");
     }
+}
+
+/// Must-show 4, the newcomer's sequence: a lookup, a refund held by the catalog's rule and
+/// rejected, a retry of the failed step refused (its key is spent), a revised plan with a new
+/// step, the smaller refund sent under the new step's key, and `done` with the refund.
+#[test]
+fn a_rejected_write_is_retried_with_other_arguments_in_a_revised_plan() {
+    let dir = TempDir::new("rest-revise");
+    let d = dir.path();
+    let svc = service();
+    setup(d, &svc.url);
+    let refund = |step: &str, amount: i64| {
+        call(
+            "refund_customer",
+            step,
+            json!({"customer_id": "cu_ana", "amount": amount}),
+        )
+    };
+    let id = task(
+        d,
+        "revise",
+        &[
+            plan("refund_customer"),
+            // Before its prerequisite: refused, nothing sent.
+            refund("s2", 80),
+            call("lookup_customer", "s1", json!({"customer_id": "cu_ana"})),
+            refund("s2", 500),
+            // After the rejection: the failed step is not tried again.
+            refund("s2", 70),
+            json!({"type": "plan", "steps": [{"id": "s1", "tool": "lookup_customer"},
+                {"id": "s3", "tool": "refund_customer", "depends_on": ["s1"]}]}),
+            refund("s3", 80),
+            done(),
+        ],
+    );
+    okc(d, &["run", "--drain"]);
+    let t = jsonc(d, &["show", &id, "--json"]);
+    assert_eq!(t["stop"], "needs_approval", "{t}");
+    assert!(svc.arrivals("/refunds").is_empty(), "nothing sent");
+    // The early call made no tool span: only the lookup and the held refund did.
+    let spans = jsonc(d, &["trace", &id, "--json"]);
+    let tools: Vec<&str> = spans
+        .as_array()
+        .expect("spans")
+        .iter()
+        .filter(|s| s["kind"] == "tool")
+        .filter_map(|s| s["name"].as_str())
+        .collect();
+    assert_eq!(tools, ["lookup_customer", "refund_customer"], "{spans}");
+    // What the model is told of a call before its prerequisite, and of a failed step.
+    let lines = [plan("refund_customer"), refund("s2", 80)].map(|m| m.to_string());
+    std::fs::write(d.join("early.jsonl"), lines.join("\n")).expect("script");
+    let early = okc(
+        d,
+        &[
+            "enqueue",
+            "--user",
+            "cu_ana",
+            "--goal",
+            "early",
+            "--model",
+            "script:early.jsonl",
+            "--budget",
+            "steps_max=2",
+        ],
+    )
+    .trim()
+    .to_string();
+    okc(d, &["run", "--drain"]);
+    let t = jsonc(d, &["show", &early, "--json"]);
+    assert_eq!(
+        t["state"]["last_result"]["code"], "prerequisite_not_done",
+        "{t}"
+    );
+    assert!(
+        t["state"]["last_result"]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("depends on s1 (pending)")),
+        "{t}"
+    );
+    okc(d, &["reject", &id, "--by", "ana", "--reason", "too much"]);
+    okc(d, &["run", "--drain"]);
+    let t = jsonc(d, &["show", &id, "--json"]);
+    assert_eq!(t["stop"], "done", "{t}");
+    assert_eq!(t["outcome"], "completed", "{t}");
+    assert_eq!(t["state"]["replans"], 1, "{t}");
+    let plan: Vec<(String, String)> = t["state"]["plan"]
+        .as_array()
+        .expect("plan")
+        .iter()
+        .map(|s| {
+            (
+                s["id"].as_str().unwrap_or("").into(),
+                s["status"].as_str().unwrap_or("").into(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        plan,
+        [("s1".into(), "done".into()), ("s3".into(), "done".into())]
+    );
+    let arrived = svc.arrivals("/refunds");
+    assert_eq!(arrived.len(), 1, "one refund, the revised one: {arrived:?}");
+    assert!(
+        arrived[0].key.ends_with(&format!(":{id}:s3")),
+        "a new key: {arrived:?}"
+    );
+    assert_eq!(t["state"]["facts"]["cu_ana.id"], "R-1", "{t}");
+}
+
+/// The completion check without a plan: a write refused (here: it names no plan step) keeps
+/// `completed` from being accepted; `cannot_complete` ends the task. And revisions are
+/// bounded: past `replans_max` a revision is refused, and a model that keeps revising ends.
+#[test]
+fn a_refused_write_blocks_completed_and_revisions_are_bounded() {
+    let dir = TempDir::new("rest-complete");
+    let d = dir.path();
+    let svc = service();
+    setup(d, &svc.url);
+    let id = task(
+        d,
+        "no-plan",
+        &[
+            call(
+                "create_ticket",
+                "",
+                json!({"customer_id": "cu_ana", "title": "jacket"}),
+            ),
+            done(),
+            json!({"type": "final", "outcome": "cannot_complete", "text": "no ticket"}),
+        ],
+    );
+    okc(d, &["run", "--drain"]);
+    let t = jsonc(d, &["show", &id, "--json"]);
+    assert_eq!(t["stop"], "done", "{t}");
+    assert_eq!(
+        t["outcome"], "cannot_complete",
+        "completed was refused: {t}"
+    );
+    assert!(svc.arrivals("/tickets").is_empty());
+
+    let revise = json!({"type": "plan", "steps": [{"id": "s1", "tool": "lookup_customer"}]});
+    let moves: Vec<Value> = std::iter::once(plan("create_ticket"))
+        .chain(std::iter::repeat_n(revise, 7))
+        .collect();
+    let lines: Vec<String> = moves.iter().map(Value::to_string).collect();
+    std::fs::write(d.join("revise.jsonl"), lines.join("\n")).expect("script");
+    let looping = okc(
+        d,
+        &[
+            "enqueue",
+            "--user",
+            "cu_ana",
+            "--goal",
+            "loop",
+            "--model",
+            "script:revise.jsonl",
+            "--budget",
+            "replans_max=1",
+            "--budget",
+            "steps_max=20",
+        ],
+    )
+    .trim()
+    .to_string();
+    okc(d, &["run", "--drain"]);
+    let t = jsonc(d, &["show", &looping, "--json"]);
+    assert_eq!(t["state"]["replans"], 1, "{t}");
+    assert_eq!(t["stop"], "no_progress", "ended bounded: {t}");
+    assert!(
+        t["state"]["last_result"]["detail"]
+            .to_string()
+            .contains("replans_max = 1"),
+        "{t}"
+    );
+}
+
+/// Must-show 2, the demo route: `[demo.tools.issue_refund]` gives the demo shop's refund an
+/// approval rule. A refund over the bound (under the shop's own limit) is held before it is
+/// sent, and sent once after its approval; one under the bound runs without waiting.
+#[test]
+fn an_approval_rule_holds_a_demo_shop_write_before_it_is_sent() {
+    let dir = TempDir::new("demo-approval");
+    let d = dir.path();
+    std::fs::write(
+        d.join("worker.toml"),
+        "[demo.tools.issue_refund]\napproval = { above = { amount_cents = 2000 } }\n",
+    )
+    .expect("config");
+    let enqueue = |model: &str, scope: &str| {
+        okc(
+            d,
+            &[
+                "enqueue",
+                "--user",
+                "cu_ana",
+                "--goal",
+                common::GOAL,
+                "--model",
+                model,
+                "--store-scope",
+                scope,
+            ],
+        )
+        .trim()
+        .to_string()
+    };
+    let large = enqueue("policy:ord_1001:3000", "a");
+    let small = enqueue("policy:ord_1001:1500", "b");
+    okc(d, &["run", "--drain"]);
+    assert_eq!(jsonc(d, &["show", &small, "--json"])["stop"], "done");
+    let t = jsonc(d, &["show", &large, "--json"]);
+    assert_eq!(t["stop"], "needs_approval", "{t}");
+    assert_eq!(t["state"]["last_result"]["code"], "approval_rule", "{t}");
+    assert_eq!(refund_amounts(&ledger(d)), [1500], "only the small refund");
+    let digest = held_digest(d, &large);
+    okc(d, &["approve", &large, "--digest", &digest, "--by", "ana"]);
+    okc(d, &["run", "--drain"]);
+    assert_eq!(jsonc(d, &["show", &large, "--json"])["stop"], "done");
+    assert_eq!(
+        refund_amounts(&ledger(d)),
+        [1500, 3000],
+        "sent once, after it"
+    );
+}
+
+/// `worker tools list` shows the whole catalog: the demo shop's tools, the catalog's HTTP
+/// tools, each with its kind, approval rule and retry policy.
+#[test]
+fn tools_list_shows_the_whole_catalog() {
+    let dir = TempDir::new("rest-tools-list");
+    let d = dir.path();
+    setup(d, "http://127.0.0.1:9");
+    let rows = jsonc(d, &["tools", "list", "--json"]);
+    let row = |name: &str| {
+        rows.as_array()
+            .expect("rows")
+            .iter()
+            .find(|r| r["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {name} in {rows}"))
+    };
+    assert_eq!(row("issue_refund")["source"], "demo");
+    assert_eq!(row("issue_refund")["requires"], "any_step");
+    let r = row("refund_customer");
+    assert_eq!(r["source"], "http", "{r}");
+    assert_eq!(r["access"], "write", "{r}");
+    assert_eq!(r["approval"], json!({"above": {"amount": 100.0}}), "{r}");
+    assert_eq!(r["retry"]["attempts"], 4, "{r}");
+    assert_eq!(row("add_note")["auto_settle"], true);
+    assert_eq!(row("add_memo")["auto_settle"], false, "no lookup_url");
+    let table = okc(d, &["tools", "list"]);
+    assert!(
+        table.lines().any(|l| l.starts_with("http")
+            && l.contains("refund_customer")
+            && l.contains("{\"above\":{\"amount\":100.0}}")
+            && l.contains("4 tries, 50-2000 ms")),
+        "{table}"
+    );
 }

@@ -26,6 +26,8 @@ struct Service {
     log: Arc<Mutex<Vec<(String, String)>>>,
     stall: Arc<AtomicBool>,
     lookup_down: Arc<AtomicBool>,
+    /// `POST /tickets` answers 500 after making the ticket, and the lookup says it did not.
+    broken: Arc<AtomicBool>,
 }
 
 fn service() -> Service {
@@ -35,18 +37,21 @@ fn service() -> Service {
     let tickets: Arc<Mutex<BTreeMap<String, String>>> = Arc::default();
     let stall = Arc::new(AtomicBool::new(false));
     let lookup_down = Arc::new(AtomicBool::new(false));
-    let (log2, stall2, down2) = (
+    let broken = Arc::new(AtomicBool::new(false));
+    let (log2, stall2, down2, broken2) = (
         Arc::clone(&log),
         Arc::clone(&stall),
         Arc::clone(&lookup_down),
+        Arc::clone(&broken),
     );
     std::thread::spawn(move || {
         for mut req in server.incoming_requests() {
-            let (log, tickets, stall, down) = (
+            let (log, tickets, stall, down, broken) = (
                 Arc::clone(&log2),
                 Arc::clone(&tickets),
                 Arc::clone(&stall2),
                 Arc::clone(&down2),
+                Arc::clone(&broken2),
             );
             // A thread per request: a stalled write must not hold up the lookups.
             std::thread::spawn(move || {
@@ -77,7 +82,14 @@ fn service() -> Service {
                         if stall.load(Ordering::SeqCst) {
                             std::thread::sleep(Duration::from_secs(60));
                         }
-                        (201, json!({"ticket_id": id}))
+                        if broken.load(Ordering::SeqCst) {
+                            (500, json!({"message": "internal error"}))
+                        } else {
+                            (201, json!({"ticket_id": id}))
+                        }
+                    }
+                    "/tickets/lookup" if broken.load(Ordering::SeqCst) => {
+                        (200, json!({"applied": false}))
                     }
                     "/tickets/lookup" if down.load(Ordering::SeqCst) => {
                         (503, json!({"message": "lookup unavailable"}))
@@ -104,6 +116,7 @@ fn service() -> Service {
         log,
         stall,
         lookup_down,
+        broken,
     }
 }
 
@@ -151,7 +164,7 @@ fn setup(d: &Path, url: &str, auto_settle: bool) {
          args.customer_id = {{ type = \"string\", required = true }}\n\
          [[tools]]\nname = \"open_ticket\"\naccess = \"write\"\nidempotent = false\n\
          fact_fields = [\"ticket_id\"]\n\
-         http = {{ url = \"{url}/tickets\", timeout_ms = 90000, lookup_url = \"{url}/tickets/lookup\"{switch} }}\n\
+         http = {{ url = \"{url}/tickets\", timeout_ms = 1000, lookup_url = \"{url}/tickets/lookup\"{switch} }}\n\
          args.title = {{ type = \"string\", required = true }}\n"
     );
     std::fs::write(d.join("tools.toml"), catalog).expect("catalog");
@@ -288,8 +301,10 @@ fn only_a_definite_lookup_answer_settles_and_the_switch_turns_it_off() {
     first.wait().expect("reap");
     svc.stall.store(false, Ordering::SeqCst);
 
-    // The lookup is down: the write stays held, for an operator.
+    // The lookup is down: the write stays held, for an operator. (The drain asks once the
+    // write's send can no longer be in flight: after its one-second timeout.)
     svc.lookup_down.store(true, Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(1100));
     okc(d, &["run", "--drain"]);
     let t = show(d, &id);
     assert_eq!(t["stop"], "unknown_outcome", "{t}");
@@ -312,4 +327,40 @@ fn only_a_definite_lookup_answer_settles_and_the_switch_turns_it_off() {
     assert_eq!(t["stop"], "done", "{t}");
     assert_eq!(t["state"]["facts"]["open_ticket.ticket_id"], "T-1", "{t}");
     assert_eq!(svc.count("POST /tickets"), 1, "sent once: {:?}", svc.log);
+}
+
+/// A lookup that says "not applied" is believed once: the write is sent again under its key.
+/// If that send is held again, the lookup and the service disagree, and the daemon leaves it to
+/// a person instead of sending it again and again.
+#[test]
+fn a_lookup_that_disagrees_with_the_service_gets_one_resend_then_a_person() {
+    let dir = TempDir::new("settle-disagree");
+    let d = dir.path();
+    let svc = service();
+    setup(d, &svc.url, true);
+    svc.broken.store(true, Ordering::SeqCst);
+    let id = task(d, "ticket");
+    okc(d, &["run", "--drain"]);
+    // Held after the 500; asked once its send can no longer be in flight.
+    std::thread::sleep(Duration::from_millis(1100));
+    okc(d, &["run", "--drain"]);
+    std::thread::sleep(Duration::from_millis(1100));
+    okc(d, &["run", "--drain"]);
+    okc(d, &["run", "--drain"]);
+    let t = show(d, &id);
+    assert_eq!(t["stop"], "unknown_outcome", "left to a person: {t}");
+    assert_eq!(
+        svc.count("POST /tickets"),
+        2,
+        "one re-send, no more: {:?}",
+        svc.log
+    );
+    let events: Value = serde_json::from_str(&okc(d, &["events", &id, "--json"])).expect("JSON");
+    let by_daemon = events
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|e| e["verb"] == "reconcile_not_applied")
+        .count();
+    assert_eq!(by_daemon, 1, "{events}");
 }

@@ -248,7 +248,7 @@ pub enum MemoryCommand {
 const ENQUEUE_HELP: &str = "Models (--model): policy | policy:ORDER:AMOUNT_CENTS[:LATENCY_MS] | same_call | new_ids |
 search_loop (each with optional :LATENCY_MS) | script:FILE.jsonl (one reply per line).
 Budgets (--budget NAME=VALUE): steps_max, tool_calls_max, tokens_max, output_tokens_max,
-deadline_ms, repeat_max, stalls_max, plan_steps_max.
+deadline_ms, repeat_max, stalls_max, plan_steps_max, replans_max.
 
 Examples:
   worker enqueue --user cu_ana --goal 'refund the damaged item on order ord_1001'
@@ -417,8 +417,9 @@ pub struct TraceArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum ToolsCommand {
-    /// Discover every MCP server's tools (`tools/list`) and print each with the access,
-    /// idempotency and approval rule the worker gives it, and its definition's digest.
+    /// Every tool a task may call, as the worker resolves it: the demo shop's, the catalog's
+    /// HTTP tools and each MCP server's (discovered with `tools/list`), with the access,
+    /// idempotency, approval rule and retry policy the worker gives it.
     List {
         /// How long each server may take to start and answer.
         #[arg(long, default_value_t = 30_000)]

@@ -256,56 +256,95 @@ pub(super) fn cmd_purge(cli: &Cli, a: &PurgeArgs) -> CliResult {
 
 pub(super) fn cmd_tools(cli: &Cli, c: &ToolsCommand) -> CliResult {
     let ToolsCommand::List { timeout_ms, json } = c;
-    let Some(cfg) = super::enqueue::load_config(cli)? else {
-        return Err(CliError::usage(
-            "tools list needs --config FILE (or WORKER_CONFIG) naming MCP servers",
-        )
-        .hint("declare them as [mcp.servers.NAME] with command or url"));
+    let cfg = super::enqueue::load_config(cli)?.unwrap_or_default();
+    // The demo shop's tools (with the config's rules for them), the catalog's HTTP tools,
+    // and each MCP server's, as the worker resolves them.
+    let mut rows: Vec<Value> = Vec::new();
+    let row = |source: &str, t: &crate::kernel::ToolSpec| {
+        let mut v = json!({
+            "source": source,
+            "name": t.name,
+            "description": t.description,
+            "access": if t.access == crate::kernel::catalog::Access::Read { "read" } else { "write" },
+            "idempotent": t.idempotent,
+            "approval": Value::from(t.approval.clone()),
+            "requires": Value::from(t.requires.clone()),
+        });
+        if let Some(h) = &t.http {
+            v["url"] = json!(h.url);
+            v["lookup_url"] = json!(h.lookup_url);
+            v["auto_settle"] = json!(h.auto_settle && h.lookup_url.is_some());
+            v["retry"] = serde_json::to_value(h.retry).unwrap_or(Value::Null);
+        }
+        v
     };
-    if cfg.mcp.servers.is_empty() {
-        return Err(CliError::usage(
-            "the config declares no MCP server ([mcp.servers.NAME])",
-        ));
+    for t in &cfg.demo_catalog().tools {
+        rows.push(row("demo", t));
     }
-    let mcp = crate::mcp::Mcp::new(cfg.mcp).map_err(CliError::usage)?;
-    let tools = crate::mcp::discover(&mcp, std::time::Duration::from_millis(*timeout_ms))
-        .map_err(CliError::op)?;
+    for t in cfg.catalog.iter().flat_map(|c| c.tools.iter()) {
+        rows.push(row("http", t));
+    }
+    if !cfg.mcp.servers.is_empty() {
+        let mcp = crate::mcp::Mcp::new(cfg.mcp.clone()).map_err(CliError::usage)?;
+        let tools = crate::mcp::discover(&mcp, std::time::Duration::from_millis(*timeout_ms))
+            .map_err(CliError::op)?;
+        for t in &tools {
+            let mut v = serde_json::to_value(t).unwrap_or(Value::Null);
+            v["source"] = json!(format!("mcp:{}", t.server));
+            v["approval"] = match &t.rule {
+                Some(r) => Value::from(r.clone()),
+                None => serde_json::to_value(t.approval).unwrap_or(Value::Null),
+            };
+            rows.push(v);
+        }
+    }
     if *json {
-        return print_json(&serde_json::to_value(&tools).unwrap_or(Value::Null));
+        return print_json(&Value::Array(rows));
     }
-    let w = tools.iter().map(|t| t.name.len()).max().unwrap_or(4).max(4);
-    let sw = tools
-        .iter()
-        .map(|t| t.server.len())
-        .max()
-        .unwrap_or(6)
-        .max(6);
+    let text = |v: &Value| match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
+    };
+    let width = |k: &str, least: usize| {
+        rows.iter()
+            .map(|r| text(&r[k]).chars().count())
+            .max()
+            .unwrap_or(0)
+            .max(least)
+    };
+    let (sw, nw, aw) = (width("source", 6), width("name", 4), width("approval", 8));
     outln!(
-        "{:sw$} {:w$} {:6} {:10} {:8} {:16} description",
-        "server",
+        "{:sw$} {:nw$} {:6} {:10} {:aw$} {:28} description",
+        "source",
         "tool",
         "access",
         "idempotent",
         "approval",
-        "digest"
+        "retry"
     );
-    for t in &tools {
-        let approval = if t.needs_approval { "yes" } else { "no" };
+    for r in &rows {
+        let retry = match r.get("retry") {
+            Some(p) => format!(
+                "{} tries, {}-{} ms",
+                p["attempts"], p["backoff_ms"], p["max_backoff_ms"]
+            ),
+            None => "-".into(),
+        };
         // A server's text: one line, no control characters, in the table.
-        let description: String = t
-            .description
+        let description: String = text(&r["description"])
             .chars()
             .map(|c| if c.is_control() { ' ' } else { c })
             .take(60)
             .collect();
         outln!(
-            "{:sw$} {:w$} {:6} {:10} {:8} {:16} {description}",
-            t.server,
-            t.name,
-            t.access,
-            t.idempotent,
-            approval,
-            t.digest
+            "{:sw$} {:nw$} {:6} {:10} {:aw$} {:28} {description}",
+            text(&r["source"]),
+            text(&r["name"]),
+            text(&r["access"]),
+            text(&r["idempotent"]),
+            text(&r["approval"]),
+            retry
         );
     }
     Ok(())

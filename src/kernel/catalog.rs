@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-pub use super::policy::{Approval, RetryPolicy};
+pub use super::policy::{Approval, Requires, RetryPolicy};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 
@@ -43,6 +43,9 @@ pub struct ToolSpec {
     /// sends it (on any route).
     #[serde(default, skip_serializing_if = "Approval::is_never")]
     pub approval: Approval,
+    /// What a plan step of this tool must come after.
+    #[serde(default, skip_serializing_if = "Requires::is_nothing")]
+    pub requires: Requires,
     /// Argument schema; empty means arguments are not checked here (the document's store
     /// checks its own). Unknown arguments are refused when a schema is given.
     #[serde(default)]
@@ -449,6 +452,12 @@ impl Catalog {
                 done_phrase: done.to_string(),
                 not_done_phrase: not_done.to_string(),
                 approval: Approval::Never,
+                // The document's rule for its store: a write has a prerequisite.
+                requires: if access == Access::Write {
+                    Requires::AnyStep
+                } else {
+                    Requires::Nothing
+                },
                 args: BTreeMap::new(),
                 http: None,
                 mcp: None,

@@ -1,12 +1,14 @@
 //! Static validation of a model-proposed plan, with the document's rules and messages.
 //!
 //! Checks: a non-empty list, no longer than the budget, unique ids, known tools, dependencies
-//! on earlier steps only, and a prerequisite for every write. Malformed steps (not an object,
+//! on earlier steps only, and each tool's `requires` (the document's store: a prerequisite for
+//! every write). A revision of an accepted plan keeps its done steps, never reuses a failed
+//! step's id (a new attempt gets a new call key), and counts toward `replans_max`. Malformed steps (not an object,
 //! no id, an id or dependency that is not a string) are reported the same way, never a panic.
 
 use serde_json::Value;
 
-use super::catalog::{Access, Catalog};
+use super::catalog::{Catalog, Requires};
 use super::json::py_str_repr;
 use super::state::{PlanStep, StepStatus};
 
@@ -80,8 +82,29 @@ pub fn validate_plan(
                 )),
             }
         }
-        if spec.is_some_and(|s| s.access == Access::Write) && deps.is_empty() {
-            problems.push(format!("{sid}: write step has no prerequisite"));
+        match spec.map(|s| &s.requires) {
+            Some(Requires::AnyStep) if deps.is_empty() => {
+                problems.push(format!("{sid}: write step has no prerequisite"));
+            }
+            Some(Requires::Tools(tools)) => {
+                // The tools among the step's prerequisites, direct or not.
+                let mut before: Vec<&str> = Vec::new();
+                let mut todo: Vec<&str> = dep_ids.iter().map(String::as_str).collect();
+                while let Some(d) = todo.pop() {
+                    if let Some(p) = accepted.iter().find(|p: &&PlanStep| p.id == d) {
+                        before.push(p.tool.as_str());
+                        todo.extend(p.depends_on.iter().map(String::as_str));
+                    }
+                }
+                if !tools.iter().any(|t| before.contains(&t.as_str())) {
+                    problems.push(format!(
+                        "{sid}: a step of {} must come after a step using {} (depends_on, directly or not)",
+                        tool.unwrap_or_default(),
+                        tools.join(" or ")
+                    ));
+                }
+            }
+            _ => {}
         }
         seen.push(sid);
         accepted.push(PlanStep {
@@ -93,6 +116,50 @@ pub fn validate_plan(
     }
     if problems.is_empty() {
         Ok(accepted)
+    } else {
+        Err(problems)
+    }
+}
+
+/// A revision of the accepted plan `current`, the `replans`-th so far: the new steps checked
+/// as a plan, with every done step kept (same id and tool, still done), no failed step's id
+/// reused, and no step's id given to another tool. Refused past `replans_max`.
+pub fn revise_plan(
+    current: &[PlanStep],
+    steps: &Value,
+    budget: &super::state::Budget,
+    replans: u32,
+    catalog: &Catalog,
+) -> Result<Vec<PlanStep>, Vec<String>> {
+    if replans >= budget.replans_max {
+        return Err(vec![format!(
+            "the plan was revised {replans} times already, the most this task's budget allows (replans_max = {}): carry on with it, or end with outcome cannot_complete",
+            budget.replans_max
+        )]);
+    }
+    let mut revised = validate_plan(steps, budget.plan_steps_max, catalog)?;
+    let mut problems = Vec::new();
+    for old in current {
+        let new = revised.iter_mut().find(|s| s.id == old.id);
+        match (old.status, new) {
+            (StepStatus::Done, Some(n)) if n.tool == old.tool => n.status = StepStatus::Done,
+            (StepStatus::Done, _) => problems.push(format!(
+                "{}: done ({}), so the revised plan keeps it as it is",
+                old.id, old.tool
+            )),
+            (StepStatus::Failed, Some(_)) => problems.push(format!(
+                "{}: failed, so a new attempt needs a step with a new id (its write gets a new call key)",
+                old.id
+            )),
+            (StepStatus::Pending, Some(n)) if n.tool != old.tool => problems.push(format!(
+                "{}: a {} step of the current plan; give a {} step a new id",
+                old.id, old.tool, n.tool
+            )),
+            _ => {}
+        }
+    }
+    if problems.is_empty() {
+        Ok(revised)
     } else {
         Err(problems)
     }
@@ -131,5 +198,81 @@ mod tests {
             ["s1: duplicate id"]
         );
         assert_eq!(check(json!([{"id": "s1"}])), ["s1: unknown tool None"]);
+    }
+
+    fn step(id: &str, tool: &str, status: StepStatus) -> PlanStep {
+        PlanStep {
+            id: id.into(),
+            tool: tool.into(),
+            depends_on: Vec::new(),
+            status,
+        }
+    }
+
+    #[test]
+    fn a_revision_keeps_done_steps_gives_retries_new_ids_and_is_counted() {
+        let current = [
+            step("s1", "get_order", StepStatus::Done),
+            step("s2", "issue_refund", StepStatus::Failed),
+        ];
+        let budget = crate::kernel::Budget::default();
+        let revise = |steps: Value, replans: u32| {
+            revise_plan(&current, &steps, &budget, replans, &Catalog::demo())
+        };
+        let ok = revise(
+            json!([{"id": "s1", "tool": "get_order"},
+                   {"id": "s3", "tool": "issue_refund", "depends_on": ["s1"]}]),
+            0,
+        )
+        .expect("a revision");
+        assert_eq!(ok[0].status, StepStatus::Done, "kept as done");
+        assert_eq!(ok[1].status, StepStatus::Pending);
+        assert_eq!(
+            revise(
+                json!([{"id": "s1", "tool": "get_order"},
+                       {"id": "s2", "tool": "issue_refund", "depends_on": ["s1"]}]),
+                0
+            )
+            .unwrap_err(),
+            [
+                "s2: failed, so a new attempt needs a step with a new id (its write gets a new call key)"
+            ]
+        );
+        assert_eq!(
+            revise(json!([{"id": "s4", "tool": "get_order"}]), 0).unwrap_err(),
+            ["s1: done (get_order), so the revised plan keeps it as it is"]
+        );
+        let over = revise(json!([{"id": "s1", "tool": "get_order"}]), 2).unwrap_err();
+        assert!(over[0].contains("replans_max = 2"), "{over:?}");
+    }
+
+    #[test]
+    fn requires_names_the_tools_a_step_must_come_after() {
+        let mut catalog = Catalog::demo();
+        for t in &mut catalog.tools {
+            if t.name == "issue_refund" {
+                t.requires = Requires::Tools(vec!["get_order".into()]);
+            }
+        }
+        let check = |steps: Value| validate_plan(&steps, 6, &catalog).err().unwrap_or_default();
+        assert!(
+            check(json!([{"id": "s1", "tool": "get_order"},
+            {"id": "s2", "tool": "search_policy", "depends_on": ["s1"]},
+            {"id": "s3", "tool": "issue_refund", "depends_on": ["s2"]}]))
+            .is_empty()
+        );
+        assert_eq!(
+            check(json!([{"id": "s1", "tool": "search_policy"},
+                {"id": "s2", "tool": "issue_refund", "depends_on": ["s1"]}])),
+            [
+                "s2: a step of issue_refund must come after a step using get_order (depends_on, directly or not)"
+            ]
+        );
+        // Without a rule, a write may be a plan of its own.
+        catalog
+            .tools
+            .iter_mut()
+            .for_each(|t| t.requires = Requires::Nothing);
+        assert!(validate_plan(&json!([{"id": "s1", "tool": "issue_refund"}]), 6, &catalog).is_ok());
     }
 }

@@ -1,6 +1,7 @@
 //! The per-tool policies a catalog entry carries besides its schema: when a call needs an
-//! operator's approval before it is sent, and how a transient failure is tried again. Both are
-//! read from the catalog and kept in a task's snapshot; the worker enforces them.
+//! operator's approval before it is sent, what its plan steps must come after, and how a
+//! transient failure is tried again. They are read from the catalog and kept in a task's
+//! snapshot; the kernel and the worker enforce them.
 
 use std::collections::BTreeMap;
 
@@ -78,6 +79,56 @@ impl From<Approval> for Value {
                     b.into_iter().map(|(k, n)| (k, Value::from(n))).collect();
                 serde_json::json!({"above": m})
             }
+        }
+    }
+}
+
+/// What a plan step of the tool must come after (checked when a plan is accepted): nothing
+/// (the default), `"any_step"` (some earlier step: the document's rule for its store's
+/// writes), or `["TOOL", ...]`: a step of one of those tools among its prerequisites, direct
+/// or not.
+#[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize)]
+#[serde(try_from = "Value", into = "Value")]
+pub enum Requires {
+    #[default]
+    Nothing,
+    AnyStep,
+    Tools(Vec<String>),
+}
+
+impl Requires {
+    pub fn is_nothing(&self) -> bool {
+        *self == Requires::Nothing
+    }
+}
+
+impl TryFrom<Value> for Requires {
+    type Error = String;
+    fn try_from(v: Value) -> Result<Self, String> {
+        match &v {
+            Value::String(s) if s == "any_step" => Ok(Requires::AnyStep),
+            Value::Array(a) if a.is_empty() => Ok(Requires::Nothing),
+            Value::Array(a) => a
+                .iter()
+                .map(|t| t.as_str().map(str::to_string))
+                .collect::<Option<Vec<_>>>()
+                .map(Requires::Tools)
+                .ok_or_else(|| {
+                    format!("requires must be \"any_step\" or a list of tool names, not {v}")
+                }),
+            _ => Err(format!(
+                "requires must be \"any_step\" or a list of tool names, not {v}"
+            )),
+        }
+    }
+}
+
+impl From<Requires> for Value {
+    fn from(r: Requires) -> Value {
+        match r {
+            Requires::Nothing => Value::Array(Vec::new()),
+            Requires::AnyStep => Value::from("any_step"),
+            Requires::Tools(t) => Value::from(t),
         }
     }
 }

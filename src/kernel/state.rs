@@ -33,6 +33,9 @@ pub struct Budget {
     /// Consecutive steps that leave the progress signature unchanged.
     pub stalls_max: u32,
     pub plan_steps_max: u32,
+    /// Times an accepted plan may be revised (the worker's tasks; the document's kernel
+    /// accepts one plan only).
+    pub replans_max: u32,
 }
 
 impl Default for Budget {
@@ -46,12 +49,13 @@ impl Default for Budget {
             repeat_max: 2,
             stalls_max: 3,
             plan_steps_max: 6,
+            replans_max: 2,
         }
     }
 }
 
 /// Names accepted by [`Budget::set`], in declaration order.
-pub const BUDGET_FIELDS: [&str; 8] = [
+pub const BUDGET_FIELDS: [&str; 9] = [
     "steps_max",
     "tool_calls_max",
     "tokens_max",
@@ -60,6 +64,7 @@ pub const BUDGET_FIELDS: [&str; 8] = [
     "repeat_max",
     "stalls_max",
     "plan_steps_max",
+    "replans_max",
 ];
 
 impl Budget {
@@ -80,6 +85,7 @@ impl Budget {
             "repeat_max" => self.repeat_max = small()?,
             "stalls_max" => self.stalls_max = small()?,
             "plan_steps_max" => self.plan_steps_max = small()?,
+            "replans_max" => self.replans_max = small()?,
             _ => {
                 return Err(format!(
                     "unknown budget {name:?}; known: {}",
@@ -354,6 +360,17 @@ pub struct TaskState {
     /// document's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_turn: Option<LastTurn>,
+    /// Times the accepted plan was revised (counted against `replans_max`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub replans: u32,
+    /// Writes (tool names) that were refused or failed and have not succeeded since: they
+    /// keep a worker's task from ending `completed`, with a plan or without.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed_writes: Vec<String>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 fn ser_secs<S: Serializer>(ms: &u64, s: S) -> Result<S::Ok, S::Error> {
@@ -406,6 +423,8 @@ impl TaskState {
             remembered: Vec::new(),
             cancelled_from: None,
             last_turn: None,
+            replans: 0,
+            failed_writes: Vec::new(),
         }
     }
 

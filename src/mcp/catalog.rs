@@ -11,6 +11,10 @@
 //! | trusted | otherwise | non-idempotent write: held for reconcile after a lost answer |
 //! | trusted | `destructiveHint` true or absent | write that needs approval (rule `destructive`) |
 //! | untrusted | any | non-idempotent write that needs approval |
+//!
+//! An override `approval = { above = { ARG = N } }` replaces the setting with a rule on the
+//! call's arguments, kept in the task's snapshot and held by the worker's route like a
+//! catalog tool's.
 
 use serde::Serialize;
 use serde_json::Value;
@@ -30,6 +34,8 @@ pub enum Approval {
     Always,
     Destructive,
     Never,
+    /// A rule on the call's arguments (`rule`), held by the worker's route.
+    Rule,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -44,7 +50,11 @@ pub struct McpTool {
     /// The server says (trusted) or is assumed (untrusted) to destroy or overwrite.
     pub destructive: bool,
     pub approval: Approval,
-    /// Whether a call needs an approval, by the rule and the tool's destructiveness.
+    /// The rule on arguments, when `approval` is `rule`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rule: Option<crate::kernel::policy::Approval>,
+    /// Whether every call needs an approval, by the setting and the tool's destructiveness
+    /// (a rule holds only the calls it covers).
     pub needs_approval: bool,
     pub facts: Vec<String>,
     pub user_arg: Option<String>,
@@ -81,7 +91,15 @@ pub fn resolve(server: &str, cfg: &ServerConfig, t: &Tool) -> McpTool {
         None => "write",
     };
     let idempotent = o.idempotent.unwrap_or(access == "read" || idempotent_hint);
-    let approval = match o.approval.as_deref() {
+    // A rule on arguments is the catalog's kind, enforced by the worker's route for every
+    // tool; the words are this server's kinds.
+    let rule = o
+        .approval
+        .clone()
+        .and_then(|v| crate::kernel::policy::Approval::try_from(v).ok())
+        .filter(|a| matches!(a, crate::kernel::policy::Approval::Above(_)));
+    let approval = match o.approval.as_ref().and_then(Value::as_str) {
+        _ if rule.is_some() => Approval::Rule,
         Some("always") => Approval::Always,
         Some("never") => Approval::Never,
         _ => Approval::Destructive,
@@ -89,7 +107,7 @@ pub fn resolve(server: &str, cfg: &ServerConfig, t: &Tool) -> McpTool {
     let needs_approval = access == "write"
         && match approval {
             Approval::Always => true,
-            Approval::Never => false,
+            Approval::Never | Approval::Rule => false,
             Approval::Destructive => destructive,
         };
     McpTool {
@@ -101,6 +119,7 @@ pub fn resolve(server: &str, cfg: &ServerConfig, t: &Tool) -> McpTool {
         idempotent,
         destructive,
         approval,
+        rule,
         needs_approval,
         facts: o.facts.unwrap_or_default(),
         user_arg: o.user_arg,
@@ -124,7 +143,8 @@ impl McpTool {
             fact_prefix_arg: String::new(),
             done_phrase: String::new(),
             not_done_phrase: String::new(),
-            approval: Default::default(),
+            approval: self.rule.clone().unwrap_or_default(),
+            requires: Default::default(),
             args: BTreeMap::new(),
             http: None,
             mcp: Some(McpSpec {

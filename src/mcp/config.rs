@@ -20,7 +20,7 @@
 //! [mcp.servers.billing.tools.issue_refund]
 //! access = "write"                         # read | write
 //! idempotent = false
-//! approval = "always"                      # always | destructive | never
+//! approval = "always"                      # always | destructive | never | { above = { amount_cents = 5000 } }
 //! facts = ["refunded_cents"]               # fields of structuredContent that become facts
 //! user_arg = "customer_id"                 # the argument that receives the task's user id
 //! ```
@@ -59,7 +59,9 @@ pub struct ServerConfig {
 pub struct ToolOverride {
     pub access: Option<String>,
     pub idempotent: Option<bool>,
-    pub approval: Option<String>,
+    /// `"always"`, `"destructive"` (the default), `"never"`, or a rule on arguments
+    /// (`{ above = { ARG = N } }`, as a catalog's).
+    pub approval: Option<serde_json::Value>,
     pub facts: Option<Vec<String>>,
     pub user_arg: Option<String>,
 }
@@ -88,10 +90,11 @@ impl ServerConfig {
                         ));
                     }
                     if let Some(a) = &o.approval
-                        && !["always", "destructive", "never"].contains(&a.as_str())
+                        && a.as_str() != Some("destructive")
+                        && crate::kernel::policy::Approval::try_from(a.clone()).is_err()
                     {
                         return Err(format!(
-                            "MCP server {name}, tool {tool}: approval must be always, destructive or never, not {a:?}"
+                            "MCP server {name}, tool {tool}: approval must be always, destructive, never or {{ above = {{ ARGUMENT = NUMBER }} }}, not {a}"
                         ));
                     }
                 }

@@ -95,6 +95,7 @@ pub fn real_model_budget() -> Budget {
         repeat_max: 2,
         stalls_max: 3,
         plan_steps_max: 12,
+        replans_max: 3,
     }
 }
 

@@ -296,7 +296,7 @@ impl Prompt {
 fn plan_function(tools: Vec<Value>) -> Function {
     Function {
         name: PLAN_FN.into(),
-        description: "Propose the plan, once, before acting: the steps that reach the goal, in order. A step that writes must depend on an earlier step.".into(),
+        description: "Propose the plan before acting: the steps that reach the goal, in order; a step runs only after the steps it depends on are done. Call it again to revise the plan after a failure: keep the done steps, and give a retried step a new id.".into(),
         parameters: json!({
             "type": "object",
             "properties": {
@@ -324,7 +324,7 @@ fn plan_function(tools: Vec<Value>) -> Function {
 fn final_function() -> Function {
     Function {
         name: FINAL_FN.into(),
-        description: "End the task with the answer for the person who asked. Outcome completed only when no plan step is still pending; cannot_complete, with the reason, when the goal cannot be reached.".into(),
+        description: "End the task with the answer for the person who asked. Outcome completed only when no plan step is still pending and no write failed; cannot_complete, with the reason, when the goal cannot be reached.".into(),
         parameters: json!({
             "type": "object",
             "properties": {

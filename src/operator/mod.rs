@@ -99,26 +99,32 @@ pub fn reconcile_auto(
 ) -> std::result::Result<Vec<AutoSettled>, Error> {
     let reason = reason.unwrap_or("reconcile --auto: the tool's lookup answered");
     let d = decision(by, Some(reason)).map_err(Error::Invalid)?;
-    settle_by_lookup(db, config, tools, &d, &mut |_, _, _| true)
+    settle_by_lookup(db, config, tools, &d, &mut |_, _, _, _| true)
 }
 
-/// [`reconcile_auto`] for the held writes that `select` (given the task, its held call and
-/// the call's key) picks, decided as `d`: the daemon's own settling uses it.
+/// What picks the held writes to settle: given the task, its held call, the call's key and
+/// its call record (when it can be read).
+pub type Select<'a> =
+    dyn FnMut(&TaskRecord, &crate::kernel::ToolCall, &str, Option<&CallRecord>) -> bool + 'a;
+
+/// [`reconcile_auto`] for the held writes that `select` picks, decided as `d`: the daemon's
+/// own settling uses it.
 pub fn settle_by_lookup(
     db: &dyn Backend,
     config: &crate::config::Config,
     tools: &mut dyn FnMut() -> Result<Arc<DurableStore>>,
     d: &Decision,
-    select: &mut dyn FnMut(&TaskRecord, &crate::kernel::ToolCall, &str) -> bool,
+    select: &mut Select<'_>,
 ) -> std::result::Result<Vec<AutoSettled>, Error> {
     let mut demo: Option<Arc<DurableStore>> = None;
     let mut out = Vec::new();
-    for (rec, _) in db.held()? {
+    for (rec, record) in db.held()? {
         let Some(call) = rec.state.pending.clone() else {
             continue;
         };
         let key = db.call_key(&rec, &call);
-        if !select(&rec, &call, &key) {
+        let record = record.ok().flatten();
+        if !select(&rec, &call, &key, record.as_ref()) {
             continue;
         }
         let answer = ask_tool(&rec, &call.name, &key, config, &mut || {

@@ -196,6 +196,7 @@ pub fn budget_value(b: &Budget, name: &str) -> u64 {
         "deadline_ms" => b.deadline_ms,
         "repeat_max" => b.repeat_max.into(),
         "stalls_max" => b.stalls_max.into(),
+        "replans_max" => b.replans_max.into(),
         _ => b.plan_steps_max.into(),
     }
 }

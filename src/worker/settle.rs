@@ -6,15 +6,19 @@
 //!
 //! Only HTTP tools that this daemon's own catalog gives a `lookup_url` (and does not switch
 //! off with `auto_settle = false`) are asked: never a URL a task stored, and never the demo
-//! shop, whose held writes are an operator's to settle.
+//! shop, whose held writes are an operator's to settle. A write is asked about only once the
+//! send it was held after can no longer be in flight (its tries' timeouts have passed), and a
+//! key the daemon settled as not applied once is not settled by it again: the re-send was held
+//! again, so the lookup and the service disagree, and that is a person's to look at.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::config::Config;
+use crate::kernel::ToolCall;
 use crate::operator::{decision, settle_by_lookup};
-use crate::store::{Backend, Error};
+use crate::store::{Backend, CallRecord, Error, TaskRecord};
 
 /// The first wait after a lookup that gave no definite answer; it doubles up to the most.
 const RETRY_FIRST: Duration = Duration::from_secs(1);
@@ -28,6 +32,35 @@ pub struct Settler {
     by: String,
     /// Per call key: when to ask again, and the wait after that.
     waits: Mutex<HashMap<String, (Instant, Duration)>>,
+    /// Keys a daemon settled as not applied once already: left to an operator.
+    given_up: Mutex<HashSet<String>>,
+}
+
+/// Whether a daemon settled `key` as not applied before: its re-send was held again, so the
+/// lookup and the service disagree, and a person decides (asking again would re-send it
+/// again and again). Read from the audit log, so it holds across restarts.
+fn gave_up(
+    store: &dyn Backend,
+    cache: Option<&mut HashSet<String>>,
+    rec: &TaskRecord,
+    key: &str,
+) -> bool {
+    let Some(cache) = cache else { return true };
+    if cache.contains(key) {
+        return true;
+    }
+    let before = store.events(Some(&rec.id)).is_ok_and(|events| {
+        events.iter().any(|e| {
+            e.verb == "reconcile_not_applied"
+                && e.by.starts_with("daemon ")
+                && e.detail["key"].as_str() == Some(key)
+        })
+    });
+    if before {
+        tracing::warn!(task = %rec.id, key, "the lookup said this write was not applied once already, and its re-send was held again: it is left for an operator (worker reconcile)");
+        cache.insert(key.to_string());
+    }
+    before
 }
 
 impl Settler {
@@ -35,6 +68,7 @@ impl Settler {
         Settler {
             by: format!("daemon {owner}"),
             waits: Mutex::default(),
+            given_up: Mutex::default(),
         }
     }
 
@@ -51,14 +85,34 @@ impl Settler {
             }
         };
         let now = Instant::now();
-        let mut select =
-            |rec: &crate::store::TaskRecord, call: &crate::kernel::ToolCall, key: &str| {
-                rec.catalog
-                    .as_ref()
-                    .is_some_and(|c| c.get(&call.name).is_some())
-                    && config.auto_settle_url(&call.name).is_some()
-                    && waits.get(key).is_none_or(|(at, _)| *at <= now)
+        let now_ms = crate::clock::now_ms();
+        let mut given_up = self.given_up.lock().ok();
+        let mut select = |rec: &TaskRecord, call: &ToolCall, key: &str, c: Option<&CallRecord>| {
+            let Some((t, h)) = config
+                .catalog
+                .as_ref()
+                .and_then(|cat| cat.get(&call.name))
+                .and_then(|t| Some((t, t.http.as_ref()?)))
+            else {
+                return false;
             };
+            // The send this write was held after may still be in flight until its tries
+            // time out: a lookup before then could miss a write about to land. (Only an
+            // idempotent write is tried more than once.)
+            let tries = if t.idempotent {
+                h.retry.attempts.max(1)
+            } else {
+                1
+            };
+            let in_flight_ms = h.timeout_ms.saturating_mul(u64::from(tries));
+            rec.catalog
+                .as_ref()
+                .is_some_and(|cat| cat.get(&call.name).is_some())
+                && config.auto_settle_url(&call.name).is_some()
+                && c.is_none_or(|c| now_ms.saturating_sub(c.intent_at_ms) >= in_flight_ms)
+                && waits.get(key).is_none_or(|(at, _)| *at <= now)
+                && !gave_up(store, given_up.as_deref_mut(), rec, key)
+        };
         let mut no_demo = || {
             Err(Error::Invalid(
                 "the daemon does not settle the demo shop's writes".into(),

@@ -15,11 +15,11 @@ use serde_json::{Value, json};
 
 use crate::kernel::catalog::{Access, Catalog, check_args};
 use crate::kernel::json::dumped_len;
-use crate::kernel::plan::validate_plan;
 use crate::kernel::reply::{RawReply, Reply, parse_owned};
 use crate::kernel::state::{Budget, LastTurn, Status, StopReason, TaskState, ToolCall, est_tokens};
 use crate::kernel::trace::{SpanKind, Trace};
 
+mod plan;
 mod tool;
 mod turn;
 
@@ -454,37 +454,21 @@ impl<'c> Session<'c> {
                     Some(json!({"status": "error", "code": "invalid_reply", "detail": detail}));
                 None
             }
-            Ok(Reply::Final { outcome, text }) => {
-                let open = self.state.open_steps();
-                if outcome.as_deref() == Some("completed") && !open.is_empty() {
-                    self.state.last_result =
-                        Some(json!({"status": "error", "code": "plan_incomplete", "detail": open}));
+            Ok(Reply::Final { outcome, text }) => match self.completion_refused(&outcome) {
+                Some(refusal) => {
+                    self.state.last_result = Some(refusal);
                     None
-                } else {
+                }
+                None => {
                     let t = self.state.elapsed_ms;
                     self.trace.end(self.step_span, "ok", t);
                     self.state.outcome = outcome;
                     self.finish(StopReason::Done, Some(text));
                     return;
                 }
-            }
+            },
             Ok(Reply::Plan { steps }) => {
-                let verdict = if self.state.plan.is_empty() {
-                    validate_plan(&steps, self.budget.plan_steps_max, self.catalog)
-                } else {
-                    Err(vec!["a plan is already set".to_string()])
-                };
-                match verdict {
-                    Ok(plan) => {
-                        self.state.plan = plan;
-                        self.turn_answer = Some(json!({"status": "ok", "code": "plan_accepted"}));
-                    }
-                    Err(problems) => {
-                        self.state.last_result = Some(
-                            json!({"status": "error", "code": "invalid_plan", "detail": problems}),
-                        );
-                    }
-                }
+                self.on_plan(&steps);
                 None
             }
             Ok(Reply::Tool(mut call)) => {
@@ -505,13 +489,14 @@ impl<'c> Session<'c> {
                     // Refused before any call: nothing is sent, so no tool call is counted.
                     self.state.last_result =
                         Some(json!({"status": "error", "code": "invalid_args", "detail": detail}));
+                    self.write_failed(&call.name);
                     None
-                } else if let Err(detail) = self.check_plan_step(&mut call) {
+                } else if let Err((code, detail)) = self.check_plan_step(&mut call) {
                     // The key of a write is the plan step's: a write that names no step of
                     // the plan (or one of another tool) would get a key the model chose.
-                    self.state.last_result = Some(
-                        json!({"status": "error", "code": "invalid_plan_step", "detail": detail}),
-                    );
+                    self.state.last_result =
+                        Some(json!({"status": "error", "code": code, "detail": detail}));
+                    self.write_failed(&call.name);
                     None
                 } else {
                     self.open_tool(call, self.step_span, false);

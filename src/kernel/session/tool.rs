@@ -15,10 +15,59 @@ impl Session<'_> {
     /// Under strict keys, a call that names no plan step carries out the one open step of the
     /// accepted plan that uses its tool, when there is exactly one; and a write must name (or
     /// so be given) a step of the plan whose tool matches, so that its key is the plan's.
-    pub(super) fn check_plan_step(&self, call: &mut ToolCall) -> Result<(), String> {
+    /// A call of a plan step also waits for the step's prerequisites, and a write never
+    /// carries out a failed step again (a revised plan gives the attempt a step, and a key, of
+    /// its own). `Err` is the refusal's code and what the model is told.
+    pub(super) fn check_plan_step(
+        &self,
+        call: &mut ToolCall,
+    ) -> Result<(), (&'static str, String)> {
         if !self.keys.strict {
             return Ok(());
         }
+        self.step_of(call).map_err(|d| ("invalid_plan_step", d))?;
+        let Some(step) = call
+            .plan_step
+            .as_deref()
+            .and_then(|p| self.state.plan.iter().find(|s| s.id == p))
+        else {
+            return Ok(());
+        };
+        let write = self
+            .catalog
+            .get(&call.name)
+            .is_none_or(|s| s.access == Access::Write);
+        if write && step.status == StepStatus::Failed {
+            return Err((
+                "step_failed",
+                format!(
+                    "plan step {} failed; to try {} again, revise the plan with a new step for it (done steps are kept)",
+                    step.id, call.name
+                ),
+            ));
+        }
+        let waiting: Vec<String> = step
+            .depends_on
+            .iter()
+            .filter_map(|d| self.state.plan.iter().find(|s| &s.id == d))
+            .filter(|d| d.status != StepStatus::Done)
+            .map(|d| format!("{} ({})", d.id, d.status.as_str()))
+            .collect();
+        if !waiting.is_empty() {
+            return Err((
+                "prerequisite_not_done",
+                format!(
+                    "plan step {} depends on {}, not done yet: carry that out first (a failed prerequisite needs a revised plan)",
+                    step.id,
+                    waiting.join(", ")
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Which plan step the call carries out (see [`Self::check_plan_step`]).
+    fn step_of(&self, call: &mut ToolCall) -> Result<(), String> {
         let write = self
             .catalog
             .get(&call.name)
@@ -64,6 +113,40 @@ impl Session<'_> {
             )),
             Some(_) => Ok(()),
         }
+    }
+
+    /// A write that was refused or failed (the worker's tasks): it keeps the task from
+    /// ending `completed` until a call of the same tool succeeds.
+    pub(super) fn write_failed(&mut self, tool: &str) {
+        let write = self
+            .catalog
+            .get(tool)
+            .is_some_and(|s| s.access == Access::Write);
+        if self.keys.strict && write && !self.state.failed_writes.iter().any(|t| t == tool) {
+            self.state.failed_writes.push(tool.to_string());
+        }
+    }
+
+    /// The writes that keep the task from ending `completed`: failed plan steps of writes,
+    /// and writes refused or failed since their tool last succeeded.
+    pub(super) fn writes_not_done(&self) -> Vec<String> {
+        if !self.keys.strict {
+            return Vec::new();
+        }
+        let mut out: Vec<String> = self
+            .state
+            .plan
+            .iter()
+            .filter(|s| s.status == StepStatus::Failed)
+            .filter(|s| {
+                self.catalog
+                    .get(&s.tool)
+                    .is_some_and(|t| t.access == Access::Write)
+            })
+            .map(|s| format!("step {} ({})", s.id, s.tool))
+            .collect();
+        out.extend(self.state.failed_writes.iter().cloned());
+        out
     }
 
     pub(super) fn open_tool(&mut self, call: ToolCall, parent: u32, held: bool) {
@@ -150,6 +233,7 @@ impl Session<'_> {
                 if let Some(i) = step_idx {
                     self.state.plan[i].status = StepStatus::Done;
                 }
+                self.state.failed_writes.retain(|t| *t != call.name);
                 if let (Some(spec), Some(obj)) = (self.catalog.get(&call.name), result.as_object())
                 {
                     // A tool names its facts after itself unless told otherwise.
@@ -178,8 +262,10 @@ impl Session<'_> {
                 if let Some(i) = step_idx {
                     self.state.plan[i].status = StepStatus::Failed;
                 }
+                self.write_failed(&call.name);
             }
             _ => {
+                self.write_failed(&call.name);
                 if matches!(code.as_deref(), Some("not_found" | "invalid_state"))
                     && let Some(i) = step_idx
                 {

@@ -11,10 +11,12 @@
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use std::collections::BTreeMap;
 
 mod reply;
+mod spec;
 mod task;
+
+pub use spec::{SPEC_FORMAT, SpecRow, decode_spec, encode_spec};
 
 pub use task::{StateRow, TaskRow, decode_task, encode_task};
 
@@ -26,6 +28,36 @@ use crate::kernel::{Budget, Catalog, Span, SpanKind, TaskState, ToolCall};
 use crate::model::ModelProfile;
 
 type R<T> = std::result::Result<T, String>;
+
+/// A budget as rows before `replans_max` stored it (task formats 2 and 3, spec formats 3
+/// and 4): read with the default replan budget.
+#[derive(Clone, Copy, Serialize, Deserialize)]
+pub struct BudgetRowV1 {
+    steps_max: u32,
+    tool_calls_max: u32,
+    tokens_max: u64,
+    output_tokens_max: u32,
+    deadline_ms: u64,
+    repeat_max: u32,
+    stalls_max: u32,
+    plan_steps_max: u32,
+}
+
+impl From<BudgetRowV1> for Budget {
+    fn from(b: BudgetRowV1) -> Budget {
+        Budget {
+            steps_max: b.steps_max,
+            tool_calls_max: b.tool_calls_max,
+            tokens_max: b.tokens_max,
+            output_tokens_max: b.output_tokens_max,
+            deadline_ms: b.deadline_ms,
+            repeat_max: b.repeat_max,
+            stalls_max: b.stalls_max,
+            plan_steps_max: b.plan_steps_max,
+            replans_max: Budget::default().replans_max,
+        }
+    }
+}
 
 #[derive(Serialize, Deserialize)]
 pub struct ToolCallRow {
@@ -50,93 +82,6 @@ impl Record for ToolCall {
             plan_step: r.plan_step,
         })
     }
-}
-
-/// What enqueue fixes: written once. Script replies and catalogs are blobs, by digest.
-/// Format 4 ([`SPEC_FORMAT`]): format 3 and the task's own agent instructions.
-#[derive(Serialize, Deserialize)]
-pub struct SpecRow {
-    pub key: Option<String>,
-    pub model: ModelRow,
-    pub tool_latency_ms: BTreeMap<String, u64>,
-    pub catalog: Option<String>,
-    pub store_scope: String,
-    pub created_at_ms: u64,
-    pub key_ns: Option<String>,
-    pub enqueued_budget: Option<Budget>,
-    pub instructions: Option<String>,
-}
-
-/// The format a spec row is written in.
-pub const SPEC_FORMAT: u8 = 4;
-
-/// A spec row of format 3: format 2 and the task's call-key namespace and enqueued budget.
-#[derive(Serialize, Deserialize)]
-pub struct SpecRowV3 {
-    pub key: Option<String>,
-    pub model: ModelRow,
-    pub tool_latency_ms: BTreeMap<String, u64>,
-    pub catalog: Option<String>,
-    pub store_scope: String,
-    pub created_at_ms: u64,
-    pub key_ns: Option<String>,
-    pub enqueued_budget: Option<Budget>,
-}
-
-/// A spec row of format 2 (before namespaces and enqueued budgets were kept).
-#[derive(Serialize, Deserialize)]
-pub struct SpecRowV2 {
-    pub key: Option<String>,
-    pub model: ModelRow,
-    pub tool_latency_ms: BTreeMap<String, u64>,
-    pub catalog: Option<String>,
-    pub store_scope: String,
-    pub created_at_ms: u64,
-}
-
-/// A spec row as stored.
-pub fn encode_spec(spec: &SpecRow) -> std::result::Result<Vec<u8>, crate::store::Error> {
-    super::codec::encode_row_as(SPEC_FORMAT, spec)
-}
-
-/// A stored spec row of format 4, or of an older format read as one: format 3 without
-/// instructions, format 2 also without a namespace or an enqueued budget (the task's keys use
-/// the database id).
-pub fn decode_spec(what: &str, bytes: &[u8]) -> std::result::Result<SpecRow, crate::store::Error> {
-    super::codec::decode_row_versioned(what, bytes, SPEC_FORMAT, |version, payload| {
-        let old: SpecRowV3 = match version {
-            3 => super::codec::decode_payload(what, payload)?,
-            2 => {
-                let o: SpecRowV2 = super::codec::decode_payload(what, payload)?;
-                SpecRowV3 {
-                    key: o.key,
-                    model: o.model,
-                    tool_latency_ms: o.tool_latency_ms,
-                    catalog: o.catalog,
-                    store_scope: o.store_scope,
-                    created_at_ms: o.created_at_ms,
-                    key_ns: None,
-                    enqueued_budget: None,
-                }
-            }
-            _ => {
-                return Err(crate::store::Error::Corrupt(format!(
-                    "{what} record: unknown record format {version}"
-                )));
-            }
-        };
-        Ok(SpecRow {
-            key: old.key,
-            model: old.model,
-            tool_latency_ms: old.tool_latency_ms,
-            catalog: old.catalog,
-            store_scope: old.store_scope,
-            created_at_ms: old.created_at_ms,
-            key_ns: old.key_ns,
-            enqueued_budget: old.enqueued_budget,
-            instructions: None,
-        })
-    })
 }
 
 #[derive(Serialize, Deserialize)]

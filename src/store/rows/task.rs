@@ -1,10 +1,10 @@
-//! The task row (format 3): queue status, lease, budget and the state a step or an operator
-//! changes, with the state row inside it; and format 2, which is still read.
+//! The task row (format 4): queue status, lease, budget and the state a step or an operator
+//! changes, with the state row inside it; and formats 2 and 3, which are still read.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-use super::{R, ToolCallRow};
+use super::{BudgetRowV1, R, ToolCallRow};
 use crate::kernel::{Budget, PlanStep, Status, StopReason, TaskState, ToolCall};
 use crate::store::codec::{Json, Record};
 use crate::store::{Approval, Lease, QueueStatus};
@@ -32,6 +32,63 @@ pub struct StateRow {
     cancelled_from: Option<StopReason>,
     /// The model's last turn, as JSON (task format 3).
     last_turn: Option<Json>,
+    /// Plan revisions, and writes refused or failed since their last success (format 4).
+    replans: u32,
+    failed_writes: Vec<String>,
+}
+
+/// A state row of task format 3 (before plan revisions were counted).
+#[derive(Serialize, Deserialize)]
+pub struct StateRowV3 {
+    task_id: String,
+    user_id: String,
+    goal: String,
+    plan: Vec<PlanStep>,
+    facts: Json,
+    last_result: Option<Json>,
+    step: u32,
+    tool_calls: u32,
+    tokens: u64,
+    elapsed_ms: u64,
+    seen: BTreeMap<String, u32>,
+    stalls: u32,
+    status: Status,
+    stop: Option<StopReason>,
+    answer: Option<String>,
+    pending: Option<ToolCallRow>,
+    outcome: Option<String>,
+    remembered: Vec<String>,
+    cancelled_from: Option<StopReason>,
+    last_turn: Option<Json>,
+}
+
+impl From<StateRowV3> for StateRow {
+    fn from(o: StateRowV3) -> StateRow {
+        StateRow {
+            task_id: o.task_id,
+            user_id: o.user_id,
+            goal: o.goal,
+            plan: o.plan,
+            facts: o.facts,
+            last_result: o.last_result,
+            step: o.step,
+            tool_calls: o.tool_calls,
+            tokens: o.tokens,
+            elapsed_ms: o.elapsed_ms,
+            seen: o.seen,
+            stalls: o.stalls,
+            status: o.status,
+            stop: o.stop,
+            answer: o.answer,
+            pending: o.pending,
+            outcome: o.outcome,
+            remembered: o.remembered,
+            cancelled_from: o.cancelled_from,
+            last_turn: o.last_turn,
+            replans: 0,
+            failed_writes: Vec::new(),
+        }
+    }
 }
 
 /// A state row of task format 2 (before a model's last turn was kept).
@@ -65,9 +122,9 @@ impl StateRow {
     }
 }
 
-impl From<StateRowV2> for StateRow {
-    fn from(o: StateRowV2) -> StateRow {
-        StateRow {
+impl From<StateRowV2> for StateRowV3 {
+    fn from(o: StateRowV2) -> StateRowV3 {
+        StateRowV3 {
             task_id: o.task_id,
             user_id: o.user_id,
             goal: o.goal,
@@ -120,6 +177,8 @@ impl Record for TaskState {
                 .as_ref()
                 .and_then(|t| serde_json::to_value(t).ok())
                 .map(|v| Json::of(&v)),
+            replans: self.replans,
+            failed_writes: self.failed_writes.clone(),
         }
     }
     fn from_row(r: StateRow) -> R<TaskState> {
@@ -150,6 +209,8 @@ impl Record for TaskState {
                         .map_err(|e| format!("the model's last turn: {e}"))?,
                 ),
             },
+            replans: r.replans,
+            failed_writes: r.failed_writes,
         })
     }
 }
@@ -173,17 +234,18 @@ pub struct TaskRow {
     pub approval: Option<Approval>,
 }
 
-/// The format a task row is written in: 3 adds the model's last turn to the state.
-pub const TASK_FORMAT: u8 = 3;
+/// The format a task row is written in: 3 adds the model's last turn to the state, 4 the
+/// budget's `replans_max` and the state's plan revisions and failed writes.
+pub const TASK_FORMAT: u8 = 4;
 
-/// A task row of format 2.
+/// A task row of format 3, or (with a format-2 state) of format 2.
 #[derive(Serialize, Deserialize)]
-pub struct TaskRowV2 {
+pub struct TaskRowOld<S> {
     id: String,
     status: QueueStatus,
     priority: i64,
-    budget: Budget,
-    state: StateRowV2,
+    budget: BudgetRowV1,
+    state: S,
     next_span_id: u32,
     updated_at_ms: u64,
     lease: Option<Lease>,
@@ -200,20 +262,42 @@ pub fn encode_task(row: &TaskRow) -> std::result::Result<Vec<u8>, crate::store::
     crate::store::codec::encode_row_as(TASK_FORMAT, row)
 }
 
-/// A stored task row of format 3, or of format 2 read as one (no last turn).
+/// A stored task row of format 4, or of an older format read as one: format 3 with the
+/// default replan budget and no revisions, format 2 also without a last turn.
 pub fn decode_task(what: &str, bytes: &[u8]) -> std::result::Result<TaskRow, crate::store::Error> {
     crate::store::codec::decode_row_versioned(what, bytes, TASK_FORMAT, |version, payload| {
-        if version != 2 {
-            return Err(crate::store::Error::Corrupt(format!(
-                "{what} record: unknown record format {version}"
-            )));
-        }
-        let o: TaskRowV2 = crate::store::codec::decode_payload(what, payload)?;
+        let o: TaskRowOld<StateRowV3> = match version {
+            3 => crate::store::codec::decode_payload(what, payload)?,
+            2 => {
+                let o: TaskRowOld<StateRowV2> = crate::store::codec::decode_payload(what, payload)?;
+                TaskRowOld {
+                    id: o.id,
+                    status: o.status,
+                    priority: o.priority,
+                    budget: o.budget,
+                    state: o.state.into(),
+                    next_span_id: o.next_span_id,
+                    updated_at_ms: o.updated_at_ms,
+                    lease: o.lease,
+                    runs: o.runs,
+                    cancel_requested: o.cancel_requested,
+                    settle: o.settle,
+                    approval_wait_ms: o.approval_wait_ms,
+                    suspended_at_ms: o.suspended_at_ms,
+                    approval: o.approval,
+                }
+            }
+            _ => {
+                return Err(crate::store::Error::Corrupt(format!(
+                    "{what} record: unknown record format {version}"
+                )));
+            }
+        };
         Ok(TaskRow {
             id: o.id,
             status: o.status,
             priority: o.priority,
-            budget: o.budget,
+            budget: o.budget.into(),
             state: o.state.into(),
             next_span_id: o.next_span_id,
             updated_at_ms: o.updated_at_ms,
