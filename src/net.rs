@@ -28,8 +28,62 @@ pub fn jitter(max_ms: u64) -> u64 {
 }
 
 /// The wait a response asks for before the next attempt: `retry-after-ms` (OpenAI's), or
-/// `Retry-After` in seconds (an HTTP date is not followed: the caller's backoff applies).
+/// `Retry-After` in seconds or as an HTTP date (RFC 9110's IMF-fixdate, `Wed, 21 Oct 2015
+/// 07:28:00 GMT`: the time until then, by this host's clock).
 pub fn retry_after(h: &ureq::http::HeaderMap) -> Option<Duration> {
+    let date = h
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(http_date_ms);
+    if let Some(at_ms) = date {
+        return Some(Duration::from_millis(
+            at_ms.saturating_sub(crate::clock::now_ms()),
+        ));
+    }
+    retry_after_number(h)
+}
+
+/// Milliseconds since the epoch of an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`).
+pub fn http_date_ms(text: &str) -> Option<u64> {
+    let rest = text.trim().split_once(", ")?.1;
+    let f: Vec<&str> = rest.split(' ').collect();
+    let [day, month, year, time, "GMT"] = f.as_slice() else {
+        return None;
+    };
+    let month = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ]
+    .iter()
+    .position(|m| m == month)? as i64
+        + 1;
+    let (day, year): (i64, i64) = (day.parse().ok()?, year.parse().ok()?);
+    let t: Vec<i64> = time
+        .split(':')
+        .map(|p| p.parse().ok())
+        .collect::<Option<_>>()?;
+    let [hh, mm, ss] = t.as_slice() else {
+        return None;
+    };
+    if !(1..=31).contains(&day)
+        || !(1970..=9999).contains(&year)
+        || *hh > 23
+        || *mm > 59
+        || *ss > 60
+    {
+        return None;
+    }
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    u64::try_from((days * 86_400 + hh * 3600 + mm * 60 + ss) * 1000).ok()
+}
+
+fn retry_after_number(h: &ureq::http::HeaderMap) -> Option<Duration> {
     let get = |n: &str| h.get(n).and_then(|v| v.to_str().ok()).map(str::trim);
     if let Some(ms) = get("retry-after-ms").and_then(|v| v.parse::<f64>().ok())
         && ms.is_finite()
@@ -110,4 +164,30 @@ pub fn check_url(u: &str) -> Result<(), String> {
 /// At most 200 characters of a text, for error messages and logs.
 pub fn clip(s: &str) -> String {
     s.chars().take(200).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http_dates_are_read_as_rfc_9110_writes_them() {
+        assert_eq!(
+            http_date_ms("Sun, 06 Nov 1994 08:49:37 GMT"),
+            Some(784_111_777_000)
+        );
+        assert_eq!(http_date_ms("Thu, 01 Jan 1970 00:00:00 GMT"), Some(0));
+        assert_eq!(
+            http_date_ms("Tue, 29 Feb 2028 23:59:59 GMT"),
+            Some(1_835_481_599_000)
+        );
+        for bad in [
+            "120",
+            "Sun, 06 Nov 1994 08:49:37 PST",
+            "06 Nov 1994",
+            "Sun, 32 Nov 1994 08:49:37 GMT",
+        ] {
+            assert_eq!(http_date_ms(bad), None, "{bad}");
+        }
+    }
 }

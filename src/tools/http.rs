@@ -228,7 +228,13 @@ fn send(
             } else {
                 format!("http_{status}")
             };
-            let (_, detail) = error_of(&text, status);
+            // The service's own code stays in the detail (a 409 may also be its conflict).
+            let (theirs, detail) = error_of(&text, status);
+            let detail = if theirs.starts_with("http_") {
+                detail
+            } else {
+                format!("{theirs}: {detail}")
+            };
             (
                 outcome_unknown(write, &code, detail),
                 transient(code.clone(), retry_after),
@@ -293,7 +299,8 @@ pub fn as_result(v: Value, write: bool) -> Value {
 
 /// The code and detail of an error answer: the body's `code` (or `error`, or an RFC 9457
 /// problem's `type`), else `not_found` for a 404 and `http_STATUS` otherwise; its `detail`
-/// (or `message`, or `title`), else the body itself, clipped.
+/// (or `message`, an OAuth `error_description`, the first of `errors`, or `title`), else the
+/// body itself, clipped.
 fn error_of(text: &str, status: u16) -> (String, String) {
     let v = limits::parse_json(text, "an error body").unwrap_or(Value::Null);
     let e = v.get("error").filter(|e| e.is_object()).unwrap_or(&v);
@@ -314,8 +321,21 @@ fn error_of(text: &str, status: u16) -> (String, String) {
             404 => "not_found".into(),
             s => format!("http_{s}"),
         });
+    // The first of a list of errors (JSON:API, GraphQL) says what went wrong.
+    let first = e
+        .get("errors")
+        .and_then(Value::as_array)
+        .and_then(|a| a.first())
+        .and_then(|f| {
+            ["detail", "message", "title"]
+                .iter()
+                .find_map(|k| f.get(*k).and_then(Value::as_str))
+        })
+        .filter(|s| !s.trim().is_empty());
     let detail = word("detail")
         .or_else(|| word("message"))
+        .or_else(|| word("error_description"))
+        .or(first)
         .or_else(|| word("title"))
         .map(|d| limits::one_line(&clip(d)).into_owned())
         .unwrap_or_else(|| clip(text));
@@ -380,4 +400,42 @@ pub fn parse_tool_body(text: &str) -> Result<(String, Map<String, Value>), Strin
         .cloned()
         .ok_or("body needs an object args")?;
     Ok((user, args))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_of;
+
+    #[test]
+    fn error_bodies_of_common_shapes_give_their_code_and_words() {
+        let cases = [
+            (
+                r#"{"error": "invalid_grant", "error_description": "the code expired"}"#,
+                ("invalid_grant", "the code expired"),
+            ),
+            (
+                r#"{"errors": [{"code": "x", "detail": "title is too long"}]}"#,
+                ("http_422", "title is too long"),
+            ),
+            (
+                r#"{"errors": [{"message": "Field 'amount' is required"}]}"#,
+                ("http_422", "Field 'amount' is required"),
+            ),
+            (
+                r#"{"type": "https://e.x/problems/out-of-stock", "title": "Out of stock", "detail": "none left"}"#,
+                ("out-of-stock", "none left"),
+            ),
+            (
+                r#"{"error": {"code": "rate_limited", "message": "slow down"}}"#,
+                ("rate_limited", "slow down"),
+            ),
+        ];
+        for (body, (code, detail)) in cases {
+            assert_eq!(
+                error_of(body, 422),
+                (code.to_string(), detail.to_string()),
+                "{body}"
+            );
+        }
+    }
 }
