@@ -497,6 +497,8 @@ fn the_catalogs_approval_rule_holds_a_write_before_it_is_sent() {
     let t = jsonc(d, &["show", &large, "--json"]);
     assert_eq!(t["stop"], "needs_approval", "{t}");
     assert_eq!(t["state"]["last_result"]["code"], "approval_rule", "{t}");
+    // The held call went nowhere: only the lookup counts as a tool call so far.
+    assert_eq!(t["state"]["tool_calls"], 1, "{t}");
     let arrived = svc.arrivals("/refunds");
     assert_eq!(
         arrived.len(),
@@ -512,6 +514,10 @@ fn the_catalogs_approval_rule_holds_a_write_before_it_is_sent() {
     okc(d, &["run", "--drain"]);
     let t = jsonc(d, &["show", &large, "--json"]);
     assert_eq!(t["stop"], "done", "{t}");
+    assert_eq!(
+        t["state"]["tool_calls"], 2,
+        "the refund counted once, when sent: {t}"
+    );
     let arrived = svc.arrivals("/refunds");
     assert_eq!(arrived.len(), 2, "{arrived:?}");
     assert!(

@@ -127,6 +127,10 @@ impl ModelReply {
     }
 }
 
+/// The `code` a driver answers (with status `needs_approval`) for a call that the tool's
+/// approval rule held before anything was sent: not a tool call of the budget.
+pub const HELD_BY_RULE: &str = "approval_rule";
+
 /// What a driver reports back after a tool call: the result object and the time it took.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ToolReply {

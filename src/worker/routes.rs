@@ -83,7 +83,7 @@ impl Tools for Routed<'_> {
             // until an operator approves this call's key and digest.
             Some(spec) if req.approval.is_none() && spec.approval.needs(&req.call.args) => {
                 ToolReply {
-                    result: json!({"status": "needs_approval", "code": "approval_rule",
+                    result: json!({"status": "needs_approval", "code": crate::kernel::io::HELD_BY_RULE,
                         "detail": format!("the catalog's approval rule for {} ({}) holds this call until an operator approves it",
                             spec.name, serde_json::Value::from(spec.approval.clone()))}),
                     latency_ms: 0,

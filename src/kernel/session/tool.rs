@@ -202,7 +202,11 @@ impl Session<'_> {
             (checked_result(reply.result, write), reply.latency_ms)
         };
         self.state.elapsed_ms = self.state.elapsed_ms.saturating_add(secs);
-        if sent {
+        // A call the worker held by its approval rule went nowhere: it is counted when it is
+        // sent, after the approval.
+        let held_by_rule = result["status"] == "needs_approval"
+            && result["code"] == crate::kernel::io::HELD_BY_RULE;
+        if sent && !held_by_rule {
             self.state.tool_calls = self.state.tool_calls.saturating_add(1);
         }
         let status = result
