@@ -68,6 +68,22 @@ pub const BUDGET_FIELDS: [&str; 9] = [
 ];
 
 impl Budget {
+    /// One limit by its name (a [`BUDGET_FIELDS`] name); `None` for any other name.
+    pub fn get(&self, name: &str) -> Option<u64> {
+        Some(match name {
+            "steps_max" => self.steps_max.into(),
+            "tool_calls_max" => self.tool_calls_max.into(),
+            "tokens_max" => self.tokens_max,
+            "output_tokens_max" => self.output_tokens_max.into(),
+            "deadline_ms" => self.deadline_ms,
+            "repeat_max" => self.repeat_max.into(),
+            "stalls_max" => self.stalls_max.into(),
+            "plan_steps_max" => self.plan_steps_max.into(),
+            "replans_max" => self.replans_max.into(),
+            _ => return None,
+        })
+    }
+
     /// Sets one limit by name, as `worker enqueue --budget name=value` does.
     pub fn set(&mut self, name: &str, value: &str) -> Result<(), String> {
         let parsed: u64 = value
@@ -527,6 +543,16 @@ mod tests {
             .cloned()
             .unwrap_or_default();
         assert_eq!(digest("get_order", &args), "d40389f1eb");
+    }
+
+    #[test]
+    fn every_budget_field_is_read_and_set_by_its_name() {
+        let mut b = Budget::default();
+        for (i, name) in BUDGET_FIELDS.iter().enumerate() {
+            b.set(name, &(100 + i).to_string()).expect("settable");
+            assert_eq!(b.get(name), Some(100 + i as u64), "{name}");
+        }
+        assert_eq!(b.get("plan_steps"), None);
     }
 
     #[test]

@@ -157,15 +157,19 @@ impl Extension {
     /// `b` as it was before this extension grew it (the replay starts from there).
     pub fn undo(&self, b: &mut Budget) {
         for (name, amount) in &self.0 {
-            let was = budget_value(b, name).saturating_sub(*amount);
-            let _ = b.set(name, &was.to_string());
+            // A name this build does not know (a damaged event) undoes nothing.
+            if let Some(now) = b.get(name) {
+                let _ = b.set(name, &now.saturating_sub(*amount).to_string());
+            }
         }
     }
 
     /// The budget with every limit grown (saturating: a limit never wraps around).
     pub fn apply(&self, b: &mut Budget) -> Result<()> {
         for (name, amount) in &self.0 {
-            let now = budget_value(b, name);
+            let now = b
+                .get(name)
+                .ok_or_else(|| Error::Invalid(format!("unknown budget limit {name:?}")))?;
             let grown = now.saturating_add(*amount);
             let text = match name.as_str() {
                 "tokens_max" | "deadline_ms" => grown.to_string(),
@@ -183,21 +187,6 @@ impl Extension {
                 .map(|(k, v)| (k.clone(), Value::from(*v)))
                 .collect(),
         )
-    }
-}
-
-/// The limit `name` (a [`crate::kernel::state::BUDGET_FIELDS`] name) of `b`.
-pub fn budget_value(b: &Budget, name: &str) -> u64 {
-    match name {
-        "steps_max" => b.steps_max.into(),
-        "tool_calls_max" => b.tool_calls_max.into(),
-        "tokens_max" => b.tokens_max,
-        "output_tokens_max" => b.output_tokens_max.into(),
-        "deadline_ms" => b.deadline_ms,
-        "repeat_max" => b.repeat_max.into(),
-        "stalls_max" => b.stalls_max.into(),
-        "replans_max" => b.replans_max.into(),
-        _ => b.plan_steps_max.into(),
     }
 }
 
