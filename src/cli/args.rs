@@ -157,8 +157,8 @@ pub struct PurgeArgs {
     /// Tasks deleted per transaction.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub batch: u64,
-    /// Who purges (default: $USER); recorded in the audit log.
-    #[arg(long, default_value_t = default_by())]
+    /// Who purges, as recorded in the audit log.
+    #[arg(long, env = "USER", default_value = "operator")]
     pub by: String,
     /// Why; recorded in the audit log.
     #[arg(long)]
@@ -170,12 +170,6 @@ pub struct PurgeArgs {
 
 pub use crate::clock::parse_duration_ms;
 
-pub(super) fn default_by() -> String {
-    std::env::var("USER")
-        .ok()
-        .filter(|u| !u.is_empty())
-        .unwrap_or_else(|| "operator".into())
-}
 
 #[derive(Args, Debug)]
 pub struct EventsArgs {
@@ -205,8 +199,8 @@ pub enum MemoryCommand {
         /// How long the note lives.
         #[arg(long, default_value_t = 90)]
         ttl_days: u64,
-        /// Who decides (default: $USER); recorded in the audit log.
-        #[arg(long, default_value_t = default_by())]
+        /// Who decides, as recorded in the audit log.
+        #[arg(long, env = "USER", default_value = "operator")]
         by: String,
         /// Print the result as JSON.
         #[arg(long)]
@@ -236,8 +230,8 @@ pub enum MemoryCommand {
         /// Only the notes from this source.
         #[arg(long)]
         source: Option<String>,
-        /// Who decides (default: $USER); recorded in the audit log.
-        #[arg(long, default_value_t = default_by())]
+        /// Who decides, as recorded in the audit log.
+        #[arg(long, env = "USER", default_value = "operator")]
         by: String,
         /// Print the result as JSON.
         #[arg(long)]
@@ -442,8 +436,8 @@ pub struct ConsoleArgs {
     /// cannot send one). Without this, they need a token like every other page.
     #[arg(long, requires = "token_file")]
     pub public_metrics: bool,
-    /// The operator recorded for decisions when there is no token file (default: $USER).
-    #[arg(long, default_value_t = default_by())]
+    /// The operator recorded for decisions when there is no token file.
+    #[arg(long, env = "USER", default_value = "operator")]
     pub by: String,
 }
 

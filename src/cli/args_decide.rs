@@ -3,15 +3,14 @@
 
 use clap::Args;
 
-use super::args::default_by;
 use crate::store::ops::Reviewed;
 
 #[derive(Args, Debug)]
 pub struct DecideArgs {
     /// Task id (e.g. t7), or key:KEY for the task enqueued under KEY.
     pub task: String,
-    /// Who decides (default: $USER); recorded in the audit log.
-    #[arg(long, default_value_t = default_by())]
+    /// Who decides, as recorded in the audit log.
+    #[arg(long, env = "USER", default_value = "operator")]
     pub by: String,
     /// Why; recorded in the audit log.
     #[arg(long)]
@@ -87,8 +86,8 @@ pub struct ReconcileArgs {
     /// `deadline_ms=10000` (each limit grows by its amount; recorded in the audit event).
     #[arg(long, requires = "task")]
     pub extend: Option<String>,
-    /// Who decides (default: $USER); recorded in the audit log.
-    #[arg(long, default_value_t = default_by())]
+    /// Who decides, as recorded in the audit log.
+    #[arg(long, env = "USER", default_value = "operator")]
     pub by: String,
     /// Why; recorded in the audit log.
     #[arg(long)]
