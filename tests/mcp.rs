@@ -138,6 +138,10 @@ fn bad_mcp_declarations_and_dead_servers_are_named() {
             "the demo shop has no tool",
         ),
         (
+            "[demo.tools.issue_refund]\napproval = { above = { amount_cent = 5000 } }\n",
+            "not a numeric argument of issue_refund",
+        ),
+        (
             "[mcp.servers.a]\ncommand = \"x\"\ntrusted = \"yes\"\n",
             "invalid type",
         ),

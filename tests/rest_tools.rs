@@ -344,6 +344,28 @@ fn a_write_that_is_not_idempotent_is_sent_once_and_held() {
     assert_eq!(t["stop"], "unknown_outcome", "{t}");
     assert_eq!(svc.arrivals("/notes").len(), 1, "sent once");
     assert_eq!(t["state"]["pending"]["name"], "add_note", "{t}");
+    // A result that says the write is still unknown (or waits, or was rejected) is no
+    // settlement: the task would hold it again.
+    for status in ["unknown", "needs_approval", "rejected"] {
+        let result = format!("{{\"status\": \"{status}\"}}");
+        let out = worker_c(
+            d,
+            &[
+                "reconcile",
+                &id,
+                "--applied",
+                "--result",
+                &result,
+                "--by",
+                "bob",
+            ],
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("cannot have status"),
+            "{status}: {err}"
+        );
+    }
     // Settled as applied without --result: the tool's lookup gives what it returned, read
     // under the contract of a live answer (its own `status` kept as `service_status`).
     okc(d, &["reconcile", &id, "--applied", "--by", "bob"]);
@@ -550,6 +572,7 @@ fn an_approval_rule_that_cannot_work_is_refused() {
             "which is not a tool of this catalog",
         ),
         ("requires = \"first\"", "requires must be"),
+        ("requires = [\"pay\"]", "requires names the tool itself"),
     ] {
         let catalog = format!(
             "version = 1\n[[tools]]\nname = \"pay\"\naccess = \"write\"\n{rule}\n\
@@ -839,5 +862,80 @@ fn tools_list_shows_the_whole_catalog() {
             && l.contains("{\"above\":{\"amount\":100.0}}")
             && l.contains("4 tries, 50-2000 ms")),
         "{table}"
+    );
+}
+
+/// Review findings: a write's call key is never sent twice with other arguments. A service's
+/// refusal spends the step's key (a retry needs a step of its own), a failed step's id stays
+/// spent after a revision drops it, and a done step is not carried out again.
+#[test]
+fn a_call_key_is_never_sent_again_with_other_arguments() {
+    let dir = TempDir::new("rest-key-reuse");
+    let d = dir.path();
+    let svc = service();
+    setup(d, &svc.url);
+    let lookup = call("lookup_customer", "s1", json!({"customer_id": "cu_ana"}));
+    let bad = |step: &str, severity: &str| {
+        call(
+            "create_bad_ticket",
+            step,
+            json!({"customer_id": "cu_ana", "severity": severity}),
+        )
+    };
+    let only_s1 = json!({"type": "plan", "steps": [{"id": "s1", "tool": "lookup_customer"}]});
+    let id = task(
+        d,
+        "refused",
+        &[
+            plan("create_bad_ticket"),
+            lookup.clone(),
+            bad("s2", "urgent"),
+            // The corrected call under the refused step's key: refused, nothing sent.
+            bad("s2", "low"),
+            only_s1,
+            // Re-adding the dropped failed step's id: refused.
+            plan("create_bad_ticket"),
+            json!({"type": "final", "outcome": "cannot_complete", "text": "no ticket"}),
+        ],
+    );
+    okc(d, &["run", "--drain"]);
+    let t = jsonc(d, &["show", &id, "--json"]);
+    assert_eq!(t["stop"], "done", "{t}");
+    assert_eq!(t["state"]["replans"], 1, "{t}");
+    assert_eq!(t["state"]["spent_steps"], json!(["s2"]), "{t}");
+    let sent = svc.arrivals("/tickets/bad");
+    assert_eq!(sent.len(), 1, "the refused call only: {sent:?}");
+
+    let refund = |amount: i64| {
+        call(
+            "refund_customer",
+            "s2",
+            json!({"customer_id": "cu_ana", "amount": amount}),
+        )
+    };
+    let again = task(
+        d,
+        "again",
+        &[
+            plan("refund_customer"),
+            lookup,
+            refund(50),
+            refund(60),
+            done(),
+        ],
+    );
+    okc(d, &["run", "--drain"]);
+    let t = jsonc(d, &["show", &again, "--json"]);
+    assert_eq!(t["stop"], "done", "{t}");
+    assert_eq!(t["outcome"], "completed", "{t}");
+    let refunds: Vec<Arrival> = svc
+        .arrivals("/refunds")
+        .into_iter()
+        .filter(|a| a.key.contains(&format!(":{again}:")))
+        .collect();
+    assert_eq!(
+        refunds.len(),
+        1,
+        "a done step is not carried out again: {refunds:?}"
     );
 }

@@ -28,6 +28,9 @@ struct Service {
     lookup_down: Arc<AtomicBool>,
     /// `POST /tickets` answers 500 after making the ticket, and the lookup says it did not.
     broken: Arc<AtomicBool>,
+    /// `POST /tickets` takes 2 s and makes the ticket at the end (the lookup says "not applied"
+    /// until then, honestly).
+    slow: Arc<AtomicBool>,
 }
 
 fn service() -> Service {
@@ -38,20 +41,23 @@ fn service() -> Service {
     let stall = Arc::new(AtomicBool::new(false));
     let lookup_down = Arc::new(AtomicBool::new(false));
     let broken = Arc::new(AtomicBool::new(false));
-    let (log2, stall2, down2, broken2) = (
+    let slow = Arc::new(AtomicBool::new(false));
+    let (log2, stall2, down2, broken2, slow2) = (
         Arc::clone(&log),
         Arc::clone(&stall),
         Arc::clone(&lookup_down),
         Arc::clone(&broken),
+        Arc::clone(&slow),
     );
     std::thread::spawn(move || {
         for mut req in server.incoming_requests() {
-            let (log, tickets, stall, down, broken) = (
+            let (log, tickets, stall, down, broken, slow) = (
                 Arc::clone(&log2),
                 Arc::clone(&tickets),
                 Arc::clone(&stall2),
                 Arc::clone(&down2),
                 Arc::clone(&broken2),
+                Arc::clone(&slow2),
             );
             // A thread per request: a stalled write must not hold up the lookups.
             std::thread::spawn(move || {
@@ -73,6 +79,9 @@ fn service() -> Service {
                 let (status, answer) = match path {
                     "/customers" => (200, json!({"id": "C-7", "name": "Ana"})),
                     "/tickets" => {
+                        if slow.load(Ordering::SeqCst) {
+                            std::thread::sleep(Duration::from_secs(2));
+                        }
                         let id = {
                             let mut t = tickets.lock().expect("lock");
                             let id = format!("T-{}", t.len() + 1);
@@ -117,6 +126,7 @@ fn service() -> Service {
         stall,
         lookup_down,
         broken,
+        slow,
     }
 }
 
@@ -152,10 +162,15 @@ impl Service {
 }
 
 fn setup(d: &Path, url: &str, auto_settle: bool) {
+    setup_with(d, url, auto_settle, ", lookup_grace_ms = 1000");
+}
+
+/// The catalog, with `extra` added to the write's `http` table.
+fn setup_with(d: &Path, url: &str, auto_settle: bool, extra: &str) {
     let switch = if auto_settle {
-        ""
+        extra.to_string()
     } else {
-        ", auto_settle = false"
+        format!("{extra}, auto_settle = false")
     };
     let catalog = format!(
         "version = 1\n\
@@ -363,4 +378,30 @@ fn a_lookup_that_disagrees_with_the_service_gets_one_resend_then_a_person() {
         .filter(|e| e["verb"] == "reconcile_not_applied")
         .count();
     assert_eq!(by_daemon, 1, "{events}");
+}
+
+/// A slow service that makes the ticket only when it is done answers the lookup "not applied",
+/// honestly, while it works: the daemon does not take that for final before the tool's
+/// `lookup_grace_ms` (60 s by default), asks again, and settles the write as applied once the
+/// service has done it. The write arrives once.
+#[test]
+fn a_slow_write_is_not_sent_again_while_the_service_may_still_be_doing_it() {
+    let dir = TempDir::new("settle-slow");
+    let d = dir.path();
+    let svc = service();
+    setup_with(d, &svc.url, true, "");
+    svc.slow.store(true, Ordering::SeqCst);
+    let id = task(d, "ticket");
+    let mut daemon = daemon(d);
+    wait_for("the task to end", || show(d, &id)["stop"] == "done");
+    daemon.kill().expect("stop the daemon");
+    daemon.wait().expect("reap");
+    let t = show(d, &id);
+    assert_eq!(svc.count("POST /tickets"), 1, "sent once: {:?}", svc.log);
+    assert_eq!(t["state"]["facts"]["open_ticket.ticket_id"], "T-1", "{t}");
+    assert!(
+        svc.count("GET /tickets/lookup") >= 2,
+        "asked until it knew: {:?}",
+        svc.log
+    );
 }

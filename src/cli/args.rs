@@ -82,7 +82,8 @@ pub enum Command {
         after_help = "Example:\n  worker console                                   # http://127.0.0.1:8080\n  worker console --listen 0.0.0.0:8080 --token-file tokens.txt\n\nA token file has one `OPERATOR TOKEN` line per operator (tokens of at least 16\ncharacters); the operator is recorded in the audit log of each decision, and /metrics\nand /healthz need a token too unless --public-metrics. Without a token file, the console\nlistens on loopback only, answers only requests addressed to a loopback name (so a web\npage cannot reach it through DNS rebinding), and records --by. Forms sent from another\nsite (Origin, Sec-Fetch-Site) are refused."
     )]
     Console(ConsoleArgs),
-    /// The tools of the MCP servers in the config, as the kernel sees them.
+    /// Every tool a task may call (the demo shop's, the catalog's, the MCP servers'), as the
+    /// worker resolves it.
     #[command(
         subcommand,
         after_help = "Example:\n  worker --config worker.toml tools list\n  worker --config worker.toml tools list --json"
@@ -169,7 +170,6 @@ pub struct PurgeArgs {
 }
 
 pub use crate::clock::parse_duration_ms;
-
 
 #[derive(Args, Debug)]
 pub struct EventsArgs {

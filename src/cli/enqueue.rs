@@ -191,7 +191,7 @@ pub(super) fn load_config(cli: &Cli) -> Result<Option<crate::config::Config>, Cl
                 message: e,
                 cause: None,
                 hint: Some(
-                    "see `worker enqueue --help` and data/worker.toml for the format".into(),
+                    "the format: docs/models.md (profiles), docs/catalog.md (tools), data/worker.toml (an example)".into(),
                 ),
                 code,
             }

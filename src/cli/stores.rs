@@ -284,10 +284,15 @@ pub(super) fn cmd_tools(cli: &Cli, c: &ToolsCommand) -> CliResult {
     for t in cfg.catalog.iter().flat_map(|c| c.tools.iter()) {
         rows.push(row("http", t));
     }
+    // A server that cannot be reached fails the verb, after the tools that could be listed.
+    let mut failed = None;
     if !cfg.mcp.servers.is_empty() {
         let mcp = crate::mcp::Mcp::new(cfg.mcp.clone()).map_err(CliError::usage)?;
         let tools = crate::mcp::discover(&mcp, std::time::Duration::from_millis(*timeout_ms))
-            .map_err(CliError::op)?;
+            .unwrap_or_else(|e| {
+                failed = Some(CliError::op(e));
+                Vec::new()
+            });
         for t in &tools {
             let mut v = serde_json::to_value(t).unwrap_or(Value::Null);
             v["source"] = json!(format!("mcp:{}", t.server));
@@ -299,7 +304,8 @@ pub(super) fn cmd_tools(cli: &Cli, c: &ToolsCommand) -> CliResult {
         }
     }
     if *json {
-        return print_json(&Value::Array(rows));
+        print_json(&Value::Array(rows))?;
+        return failed.map_or(Ok(()), Err);
     }
     let text = |v: &Value| match v {
         Value::String(s) => s.clone(),
@@ -347,5 +353,5 @@ pub(super) fn cmd_tools(cli: &Cli, c: &ToolsCommand) -> CliResult {
             retry
         );
     }
-    Ok(())
+    failed.map_or(Ok(()), Err)
 }

@@ -297,6 +297,14 @@ pub struct HttpSpec {
     /// (on by default; off leaves every held write to an operator).
     #[serde(default = "yes", skip_serializing_if = "is_true")]
     pub auto_settle: bool,
+    /// How long after a held write was sent the daemon waits before it believes a lookup's
+    /// `applied: false` (a slow service may still be doing the work); `applied: true` is
+    /// believed once the send's own timeout has passed.
+    #[serde(
+        default = "default_lookup_grace_ms",
+        skip_serializing_if = "is_default_grace"
+    )]
+    pub lookup_grace_ms: u64,
     /// The environment variable (of the daemon) holding this service's approval secret: an
     /// approved call is re-sent with a `Tether-Approval` header signed with it, which the
     /// service verifies. Without one, an approved call is not sent.
@@ -306,6 +314,14 @@ pub struct HttpSpec {
     /// again, for a read or an idempotent write: see [`RetryPolicy`].
     #[serde(default, skip_serializing_if = "RetryPolicy::is_default")]
     pub retry: RetryPolicy,
+}
+
+fn default_lookup_grace_ms() -> u64 {
+    60_000
+}
+
+fn is_default_grace(ms: &u64) -> bool {
+    *ms == default_lookup_grace_ms()
 }
 
 fn yes() -> bool {

@@ -123,9 +123,11 @@ pub fn validate_plan(
 
 /// A revision of the accepted plan `current`, the `replans`-th so far: the new steps checked
 /// as a plan, with every done step kept (same id and tool, still done), no failed step's id
-/// reused, and no step's id given to another tool. Refused past `replans_max`.
+/// reused (nor one of `spent`, failed steps earlier revisions dropped), and no step's id given
+/// to another tool. Refused past `replans_max`.
 pub fn revise_plan(
     current: &[PlanStep],
+    spent: &[String],
     steps: &Value,
     budget: &super::state::Budget,
     replans: u32,
@@ -139,6 +141,12 @@ pub fn revise_plan(
     }
     let mut revised = validate_plan(steps, budget.plan_steps_max, catalog)?;
     let mut problems = Vec::new();
+    for s in revised.iter().filter(|s| spent.contains(&s.id)) {
+        problems.push(format!(
+            "{}: the id of a step that failed earlier; its call key is spent, so give the step a new id",
+            s.id
+        ));
+    }
     for old in current {
         let new = revised.iter_mut().find(|s| s.id == old.id);
         match (old.status, new) {
@@ -217,7 +225,14 @@ mod tests {
         ];
         let budget = crate::kernel::Budget::default();
         let revise = |steps: Value, replans: u32| {
-            revise_plan(&current, &steps, &budget, replans, &Catalog::demo())
+            revise_plan(
+                &current,
+                &["s0".to_string()],
+                &steps,
+                &budget,
+                replans,
+                &Catalog::demo(),
+            )
         };
         let ok = revise(
             json!([{"id": "s1", "tool": "get_order"},
@@ -241,6 +256,18 @@ mod tests {
         assert_eq!(
             revise(json!([{"id": "s4", "tool": "get_order"}]), 0).unwrap_err(),
             ["s1: done (get_order), so the revised plan keeps it as it is"]
+        );
+        // A failed step an earlier revision dropped stays spent.
+        assert_eq!(
+            revise(
+                json!([{"id": "s1", "tool": "get_order"},
+                          {"id": "s0", "tool": "issue_refund", "depends_on": ["s1"]}]),
+                0
+            )
+            .unwrap_err(),
+            [
+                "s0: the id of a step that failed earlier; its call key is spent, so give the step a new id"
+            ]
         );
         let over = revise(json!([{"id": "s1", "tool": "get_order"}]), 2).unwrap_err();
         assert!(over[0].contains("replans_max = 2"), "{over:?}");

@@ -383,6 +383,10 @@ pub struct TaskState {
     /// keep a worker's task from ending `completed`, with a plan or without.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failed_writes: Vec<String>,
+    /// Ids of failed steps a revision dropped: their call keys are spent, so no later step
+    /// may take the id again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub spent_steps: Vec<String>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -441,6 +445,7 @@ impl TaskState {
             last_turn: None,
             replans: 0,
             failed_writes: Vec::new(),
+            spent_steps: Vec::new(),
         }
     }
 

@@ -99,13 +99,14 @@ pub fn reconcile_auto(
 ) -> std::result::Result<Vec<AutoSettled>, Error> {
     let reason = reason.unwrap_or("reconcile --auto: the tool's lookup answered");
     let d = decision(by, Some(reason)).map_err(Error::Invalid)?;
-    settle_by_lookup(db, config, tools, &d, &mut |_, _, _, _| true)
+    settle_by_lookup(db, config, tools, &d, &mut |_, _, _, _| Some(true))
 }
 
 /// What picks the held writes to settle: given the task, its held call, the call's key and
-/// its call record (when it can be read).
-pub type Select<'a> =
-    dyn FnMut(&TaskRecord, &crate::kernel::ToolCall, &str, Option<&CallRecord>) -> bool + 'a;
+/// its call record (when it can be read), `None` to leave it, or whether a lookup's "not
+/// applied" may settle it (`Some(false)`: only "applied" does).
+pub type Select<'a> = dyn FnMut(&TaskRecord, &crate::kernel::ToolCall, &str, Option<&CallRecord>) -> Option<bool>
+    + 'a;
 
 /// [`reconcile_auto`] for the held writes that `select` picks, decided as `d`: the daemon's
 /// own settling uses it.
@@ -124,9 +125,9 @@ pub fn settle_by_lookup(
         };
         let key = db.call_key(&rec, &call);
         let record = record.ok().flatten();
-        if !select(&rec, &call, &key, record.as_ref()) {
+        let Some(trust_not_applied) = select(&rec, &call, &key, record.as_ref()) else {
             continue;
-        }
+        };
         let answer = ask_tool(&rec, &call.name, &key, config, &mut || {
             if demo.is_none() {
                 demo = Some(tools()?);
@@ -142,7 +143,12 @@ pub fn settle_by_lookup(
         };
         let settlement = match answer {
             Lookup::Applied(result) => Settlement::Applied(result),
-            Lookup::NotApplied => Settlement::NotApplied,
+            Lookup::NotApplied if trust_not_applied => Settlement::NotApplied,
+            Lookup::NotApplied => {
+                row.why = Some("the lookup says not applied, but the write was sent too recently for that to be final (lookup_grace_ms)".into());
+                out.push(row);
+                continue;
+            }
             Lookup::Unknown(why) => {
                 row.why = Some(why);
                 out.push(row);
@@ -177,7 +183,7 @@ pub fn ask_tool(
     let spec = rec.catalog.as_ref().map(|c| c.get(tool));
     Ok(match spec {
         Some(Some(_)) => match config.lookup_url(tool) {
-            Some(url) => lookup(url, key),
+            Some(url) => lookup(url, key, config.lookup_timeout(tool)),
             None if config.catalog.is_none() => Lookup::Unknown(format!(
                 "no tool catalog to find tool {tool}'s lookup_url in: pass --config with the catalog the task runs with"
             )),

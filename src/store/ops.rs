@@ -392,6 +392,15 @@ pub fn reconcile(
                     "--result must be a JSON object with a string \"status\", e.g. {\"status\": \"ok\"}".into(),
                 ));
             }
+            // What an applied write returned cannot say it is still unknown, waits for an
+            // approval, or was rejected: settled so, the task would hold it again.
+            if let Some(st @ ("unknown" | "needs_approval" | "rejected")) =
+                result["status"].as_str()
+            {
+                return Err(Error::Invalid(format!(
+                    "an applied write's result cannot have status {st:?}: give what the write returned (status \"ok\" or \"error\"), or settle it as not applied"
+                )));
+            }
             ("reconcile_applied", result.clone())
         }
         Settlement::NotApplied => (

@@ -353,8 +353,8 @@ pub enum Lookup {
 
 /// `GET {lookup_url}?key=K`, answered `{"applied": true, "result": {...}}` or
 /// `{"applied": false}`.
-pub fn lookup(url: &str, key: &str) -> Lookup {
-    let r = agent(Duration::from_secs(5)).get(url).query("key", key);
+pub fn lookup(url: &str, key: &str, timeout: Duration) -> Lookup {
+    let r = agent(timeout).get(url).query("key", key);
     match r.call() {
         Ok(mut resp) => {
             let status = resp.status().as_u16();

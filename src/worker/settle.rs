@@ -7,9 +7,11 @@
 //! Only HTTP tools that this daemon's own catalog gives a `lookup_url` (and does not switch
 //! off with `auto_settle = false`) are asked: never a URL a task stored, and never the demo
 //! shop, whose held writes are an operator's to settle. A write is asked about only once the
-//! send it was held after can no longer be in flight (its tries' timeouts have passed), and a
-//! key the daemon settled as not applied once is not settled by it again: the re-send was held
-//! again, so the lookup and the service disagree, and that is a person's to look at.
+//! send it was held after has timed out, and a lookup's "not applied" is believed only
+//! `lookup_grace_ms` (default 60 s) after the send: a slow service may still be doing the work,
+//! and re-sending then would do it twice. A key the daemon settled as not applied once is not
+//! settled by it again: the re-send was held again, so the lookup and the service disagree, and
+//! that is a person's to look at.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -88,14 +90,11 @@ impl Settler {
         let now_ms = crate::clock::now_ms();
         let mut given_up = self.given_up.lock().ok();
         let mut select = |rec: &TaskRecord, call: &ToolCall, key: &str, c: Option<&CallRecord>| {
-            let Some((t, h)) = config
+            let (t, h) = config
                 .catalog
                 .as_ref()
                 .and_then(|cat| cat.get(&call.name))
-                .and_then(|t| Some((t, t.http.as_ref()?)))
-            else {
-                return false;
-            };
+                .and_then(|t| Some((t, t.http.as_ref()?)))?;
             // The send this write was held after may still be in flight until its tries
             // time out: a lookup before then could miss a write about to land. (Only an
             // idempotent write is tried more than once.)
@@ -105,13 +104,16 @@ impl Settler {
                 1
             };
             let in_flight_ms = h.timeout_ms.saturating_mul(u64::from(tries));
-            rec.catalog
+            let sent_ms_ago = c.map_or(u64::MAX, |c| now_ms.saturating_sub(c.intent_at_ms));
+            let picked = rec
+                .catalog
                 .as_ref()
                 .is_some_and(|cat| cat.get(&call.name).is_some())
                 && config.auto_settle_url(&call.name).is_some()
-                && c.is_none_or(|c| now_ms.saturating_sub(c.intent_at_ms) >= in_flight_ms)
+                && sent_ms_ago >= in_flight_ms
                 && waits.get(key).is_none_or(|(at, _)| *at <= now)
-                && !gave_up(store, given_up.as_deref_mut(), rec, key)
+                && !gave_up(store, given_up.as_deref_mut(), rec, key);
+            picked.then_some(sent_ms_ago >= h.lookup_grace_ms.max(in_flight_ms))
         };
         let mut no_demo = || {
             Err(Error::Invalid(

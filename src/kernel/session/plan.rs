@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 
 use super::Session;
 use crate::kernel::plan::{revise_plan, validate_plan};
+use crate::kernel::state::StepStatus;
 
 impl Session<'_> {
     pub(super) fn on_plan(&mut self, steps: &Value) {
@@ -15,6 +16,7 @@ impl Session<'_> {
         } else if self.keys.strict {
             revise_plan(
                 &self.state.plan,
+                &self.state.spent_steps,
                 steps,
                 &self.budget,
                 self.state.replans,
@@ -25,6 +27,13 @@ impl Session<'_> {
         };
         match verdict {
             Ok(plan) => {
+                // The failed steps this revision drops keep their ids spent.
+                for old in &self.state.plan {
+                    if old.status == StepStatus::Failed && !self.state.spent_steps.contains(&old.id)
+                    {
+                        self.state.spent_steps.push(old.id.clone());
+                    }
+                }
                 self.state.plan = plan;
                 self.turn_answer = Some(if first {
                     json!({"status": "ok", "code": "plan_accepted"})

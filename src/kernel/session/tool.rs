@@ -46,6 +46,15 @@ impl Session<'_> {
                 ),
             ));
         }
+        if write && step.status == StepStatus::Done {
+            return Err((
+                "step_done",
+                format!(
+                    "plan step {} is done; another {} is a step of its own: revise the plan with a new step for it",
+                    step.id, call.name
+                ),
+            ));
+        }
         let waiting: Vec<String> = step
             .depends_on
             .iter()
@@ -133,8 +142,12 @@ impl Session<'_> {
         if !self.keys.strict {
             return Vec::new();
         }
-        let mut out: Vec<String> = self
-            .state
+        // Without a plan, the writes refused so far (a write needs a plan step); with one, its
+        // steps say what was done.
+        if self.state.plan.is_empty() {
+            return self.state.failed_writes.clone();
+        }
+        self.state
             .plan
             .iter()
             .filter(|s| s.status == StepStatus::Failed)
@@ -144,9 +157,7 @@ impl Session<'_> {
                     .is_some_and(|t| t.access == Access::Write)
             })
             .map(|s| format!("step {} ({})", s.id, s.tool))
-            .collect();
-        out.extend(self.state.failed_writes.iter().cloned());
-        out
+            .collect()
     }
 
     pub(super) fn open_tool(&mut self, call: ToolCall, parent: u32, held: bool) {
@@ -270,7 +281,14 @@ impl Session<'_> {
             }
             _ => {
                 self.write_failed(&call.name);
-                if matches!(code.as_deref(), Some("not_found" | "invalid_state"))
+                // A service's refusal of a write spends its key (a service following the
+                // Idempotency-Key draft may keep the answer for it): on the worker's tasks a
+                // new attempt is a step of its own, in a revised plan.
+                let spent = self.keys.strict
+                    && self.catalog.get(&call.name).is_some_and(|s| {
+                        s.access == Access::Write && (s.http.is_some() || s.mcp.is_some())
+                    });
+                if (spent || matches!(code.as_deref(), Some("not_found" | "invalid_state")))
                     && let Some(i) = step_idx
                 {
                     self.state.plan[i].status = StepStatus::Failed;

@@ -35,6 +35,7 @@ pub struct StateRow {
     /// Plan revisions, and writes refused or failed since their last success (format 4).
     replans: u32,
     failed_writes: Vec<String>,
+    spent_steps: Vec<String>,
 }
 
 /// A state row of task format 3 (before plan revisions were counted).
@@ -87,6 +88,7 @@ impl From<StateRowV3> for StateRow {
             last_turn: o.last_turn,
             replans: 0,
             failed_writes: Vec::new(),
+            spent_steps: Vec::new(),
         }
     }
 }
@@ -179,6 +181,7 @@ impl Record for TaskState {
                 .map(|v| Json::of(&v)),
             replans: self.replans,
             failed_writes: self.failed_writes.clone(),
+            spent_steps: self.spent_steps.clone(),
         }
     }
     fn from_row(r: StateRow) -> R<TaskState> {
@@ -211,6 +214,7 @@ impl Record for TaskState {
             },
             replans: r.replans,
             failed_writes: r.failed_writes,
+            spent_steps: r.spent_steps,
         })
     }
 }

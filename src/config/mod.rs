@@ -29,8 +29,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::kernel::Catalog;
+
+mod catalog;
 use crate::model::profile::{Api, HttpProfile};
 use crate::model::{ModelProfile, RunModel};
+pub use catalog::{load_catalog, parse_catalog};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -67,13 +70,6 @@ pub struct DemoTool {
 #[serde(deny_unknown_fields)]
 struct ToolsEntry {
     catalog: PathBuf,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CatalogFile {
-    version: u32,
-    tools: Vec<crate::kernel::ToolSpec>,
 }
 
 /// A loaded config: model profiles by name, and the tool catalog if one is configured.
@@ -234,6 +230,17 @@ impl Config {
         h.lookup_url.as_deref().filter(|_| h.auto_settle)
     }
 
+    /// How long a lookup of `tool` may take: the tool's own `timeout_ms` (5 s without one).
+    pub fn lookup_timeout(&self, tool: &str) -> std::time::Duration {
+        let ms = self
+            .catalog
+            .as_ref()
+            .and_then(|c| c.get(tool))
+            .and_then(|t| t.http.as_ref())
+            .map_or(5_000, |h| h.timeout_ms);
+        std::time::Duration::from_millis(ms)
+    }
+
     /// The lookup URL of `tool` in this config's catalog.
     pub fn lookup_url(&self, tool: &str) -> Option<&str> {
         self.catalog
@@ -287,7 +294,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, String> {
         None => None,
     };
     let demo = Catalog::demo();
-    for name in file.demo.tools.keys() {
+    for (name, o) in &file.demo.tools {
         if demo.get(name).is_none() {
             return Err(format!(
                 "{}: [demo.tools.{name}]: the demo shop has no tool {name:?} (its tools: {})",
@@ -297,6 +304,25 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, String> {
                     .map(|t| t.name.as_str())
                     .collect::<Vec<_>>()
                     .join(", ")
+            ));
+        }
+        // The demo shop's numeric arguments, which a rule's bound may name.
+        let numeric: &[&str] = if name == "issue_refund" {
+            &["amount_cents"]
+        } else {
+            &[]
+        };
+        if let crate::kernel::policy::Approval::Above(bounds) = &o.approval
+            && let Some(arg) = bounds.keys().find(|a| !numeric.contains(&a.as_str()))
+        {
+            return Err(format!(
+                "{}: [demo.tools.{name}]: approval.above names {arg:?}, which is not a numeric argument of {name} (its numeric arguments: {})",
+                path.display(),
+                if numeric.is_empty() {
+                    "none".to_string()
+                } else {
+                    numeric.join(", ")
+                }
             ));
         }
     }
@@ -327,148 +353,6 @@ fn read(path: &Path) -> Result<String, String> {
             format!("{}: {e}", path.display())
         }
     })
-}
-
-/// What in a tool's approval rule cannot work: a bound on an argument the tool does not
-/// declare as a number (when it declares arguments).
-fn approval_problem(t: &crate::kernel::ToolSpec) -> Option<String> {
-    use crate::kernel::catalog::{Approval, ArgType};
-    let Approval::Above(bounds) = &t.approval else {
-        return None;
-    };
-    bounds.keys().find_map(|arg| {
-        let numeric = t
-            .args
-            .get(arg)
-            .is_some_and(|a| matches!(a.kind, ArgType::Integer | ArgType::Number));
-        (!t.args.is_empty() && !numeric).then(|| {
-            format!("approval.above names {arg:?}, which is not an integer or number argument of the tool")
-        })
-    })
-}
-
-/// An http:// or https:// URL with a host (see [`crate::net::check_url`]).
-fn is_url(u: &str) -> bool {
-    crate::net::check_url(u).is_ok()
-}
-
-pub fn load_catalog(path: &Path) -> Result<Catalog, String> {
-    parse_catalog(&read(path)?, path)
-}
-
-/// Parses a catalog file's text; `path` names it in errors.
-pub fn parse_catalog(text: &str, path: &Path) -> Result<Catalog, String> {
-    let file: CatalogFile = toml::from_str(text).map_err(|e| format!("{}: {e}", path.display()))?;
-    if file.version > CATALOG_VERSION {
-        return Err(format!(
-            "{}: catalog version {} is newer than this build reads ({CATALOG_VERSION})",
-            path.display(),
-            file.version
-        ));
-    }
-    let mut seen = std::collections::BTreeSet::new();
-    for t in &file.tools {
-        crate::limits::check_name(&t.name, "a tool name")
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        if crate::model::prompt::RESERVED_NAMES.contains(&t.name.as_str()) {
-            return Err(format!(
-                "{}: tool {:?}: the name is the kernel's own function (its names: {}); rename the tool",
-                path.display(),
-                t.name,
-                crate::model::prompt::RESERVED_NAMES.join(", ")
-            ));
-        }
-        if t.args.contains_key(crate::model::prompt::PLAN_STEP_ARG) {
-            return Err(format!(
-                "{}: tool {:?}: the argument name {:?} is the kernel's (the plan step a call carries out); rename the argument",
-                path.display(),
-                t.name,
-                crate::model::prompt::PLAN_STEP_ARG
-            ));
-        }
-        t.check_schema()
-            .map_err(|e| format!("{}: tool {:?}: {e}", path.display(), t.name))?;
-        if !t
-            .name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-        {
-            return Err(format!(
-                "{}: tool {:?}: a name is letters, digits, '_' and '-'",
-                path.display(),
-                t.name
-            ));
-        }
-        if !seen.insert(t.name.clone()) {
-            return Err(format!(
-                "{}: tool {:?} is declared twice",
-                path.display(),
-                t.name
-            ));
-        }
-        match &t.http {
-            Some(h) if !is_url(&h.url) => {
-                return Err(format!(
-                    "{}: tool {:?}: url must be an http:// or https:// URL with a host",
-                    path.display(),
-                    t.name
-                ));
-            }
-            Some(h) if h.lookup_url.as_deref().is_some_and(|u| !is_url(u)) => {
-                return Err(format!(
-                    "{}: tool {:?}: lookup_url must be an http:// or https:// URL with a host",
-                    path.display(),
-                    t.name
-                ));
-            }
-            Some(_) if approval_problem(t).is_some() => {
-                return Err(format!(
-                    "{}: tool {:?}: {}",
-                    path.display(),
-                    t.name,
-                    approval_problem(t).unwrap_or_default()
-                ));
-            }
-            Some(h) if h.retry.check().is_err() => {
-                return Err(format!(
-                    "{}: tool {:?}: {}",
-                    path.display(),
-                    t.name,
-                    h.retry.check().err().unwrap_or_default()
-                ));
-            }
-            Some(h) if !matches!(h.method.as_str(), "POST" | "PUT") => {
-                return Err(format!(
-                    "{}: tool {:?}: method must be POST or PUT",
-                    path.display(),
-                    t.name
-                ));
-            }
-            None => {
-                return Err(format!(
-                    "{}: tool {:?} has no [http] section",
-                    path.display(),
-                    t.name
-                ));
-            }
-            _ => {}
-        }
-    }
-    if file.tools.is_empty() {
-        return Err(format!("{}: the catalog declares no tools", path.display()));
-    }
-    for t in &file.tools {
-        if let crate::kernel::catalog::Requires::Tools(names) = &t.requires
-            && let Some(n) = names.iter().find(|n| !seen.contains(*n))
-        {
-            return Err(format!(
-                "{}: tool {:?}: requires names {n:?}, which is not a tool of this catalog",
-                path.display(),
-                t.name
-            ));
-        }
-    }
-    Ok(Catalog { tools: file.tools })
 }
 
 #[cfg(test)]
