@@ -687,8 +687,8 @@ fn hole_1_an_applied_mcp_write_is_never_sent_again() {
             "{mode}: {held:#}"
         );
     }
-    // A write that succeeded, proposed again under its plan step: answered from the call
-    // record with the same arguments, refused with others; sent once.
+    // A write that succeeded, proposed again under its plan step (with the same arguments or
+    // others): the step is done, so the kernel refuses it (`step_done`); sent once.
     let cfg = shop_config(
         d,
         "ok.toml",
@@ -711,9 +711,10 @@ fn hole_1_an_applied_mcp_write_is_never_sent_again() {
     );
     let t = enqueue_script(d, &cfg, &other, "other");
     with_canary(d, &cfg, &["run", "--drain", "--workers", "1"]);
-    let trace = ok(d, &["trace", &t]);
-    assert!(trace.contains("key_conflict"), "{trace}");
-    assert_eq!(sent(&log, "add_note", "o-other"), 1, "{trace}");
+    let s = show(d, &t);
+    assert_eq!(s["stop"], "done", "{s:#}");
+    assert_eq!(sent(&log, "add_note", "o-other"), 1, "{s:#}");
+    assert_eq!(s["calls"].as_array().map(Vec::len), Some(1), "{s:#}");
 }
 
 /// Review item 3, for MCP tools: a task's snapshot of its tools comes from the enqueuer's

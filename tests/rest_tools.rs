@@ -89,6 +89,14 @@ fn service() -> Service {
                         .clone();
                     (201, json!({"id": id}).to_string())
                 }
+                // The Idempotency-Key draft's "request in progress": the key's first try is
+                // still being processed when the second arrives.
+                "/orders" if earlier == 0 => (
+                    409,
+                    json!({"code": "request_in_progress", "message": "this key is being processed"})
+                        .to_string(),
+                ),
+                "/orders" => (201, json!({"id": "O-1"}).to_string()),
                 "/notes" | "/memos" => (503, "down for maintenance".to_string()),
                 // The notes service's lookup: the note was made, in its own words.
                 p if p.starts_with("/lookup?") => (
@@ -186,6 +194,7 @@ fn setup(d: &Path, url: &str) {
             "args.text = { type = \"string\", required = true }\n",
         ),
         tool("get_application", "read", true, "/applications", ""),
+        tool("place_order", "write", true, "/orders", ""),
         tool("get_report", "read", true, "/reports", ""),
         tool(
             "refund_customer",
@@ -938,4 +947,33 @@ fn a_call_key_is_never_sent_again_with_other_arguments() {
         1,
         "a done step is not carried out again: {refunds:?}"
     );
+}
+
+/// A 409 while the key is in flight (the Idempotency-Key draft's "request in progress") is
+/// waited out and tried again under the same key; the write lands once, and the service's own
+/// code is kept in what the retry logged.
+#[test]
+fn a_key_in_flight_is_tried_again_under_the_same_key() {
+    let dir = TempDir::new("rest-in-flight");
+    let d = dir.path();
+    let svc = service();
+    setup(d, &svc.url);
+    let id = task(
+        d,
+        "order",
+        &[
+            plan("place_order"),
+            call("lookup_customer", "s1", json!({"customer_id": "cu_ana"})),
+            call("place_order", "s2", json!({"customer_id": "cu_ana"})),
+            done(),
+        ],
+    );
+    okc(d, &["run", "--drain"]);
+    let t = jsonc(d, &["show", &id, "--json"]);
+    assert_eq!(t["stop"], "done", "{t}");
+    assert_eq!(t["state"]["facts"]["cu_ana.id"], "O-1", "{t}");
+    let tries = svc.arrivals("/orders");
+    let answered: Vec<u16> = tries.iter().map(|a| a.answered).collect();
+    assert_eq!(answered, [409, 201], "{tries:?}");
+    assert_eq!(tries[0].key, tries[1].key, "one key: {tries:?}");
 }

@@ -281,12 +281,15 @@ impl Session<'_> {
             }
             _ => {
                 self.write_failed(&call.name);
-                // A service's refusal of a write spends its key (a service following the
-                // Idempotency-Key draft may keep the answer for it): on the worker's tasks a
-                // new attempt is a step of its own, in a revised plan.
+                // A service's refusal of a write (an HTTP 4xx, an MCP tool error; not the
+                // worker's own refusals, which sent nothing) spends its key: a service
+                // following the Idempotency-Key draft may keep the answer for it. On the
+                // worker's tasks a new attempt is a step of its own, in a revised plan.
                 let spent = self.keys.strict
                     && self.catalog.get(&call.name).is_some_and(|s| {
-                        s.access == Access::Write && (s.http.is_some() || s.mcp.is_some())
+                        s.access == Access::Write
+                            && ((s.http.is_some() && result.get("http_status").is_some())
+                                || (s.mcp.is_some() && code.as_deref() == Some("tool_error")))
                     });
                 if (spent || matches!(code.as_deref(), Some("not_found" | "invalid_state")))
                     && let Some(i) = step_idx
