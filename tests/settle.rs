@@ -247,14 +247,9 @@ fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
-/// Must-show 3: SIGKILL between the write and its answer; the next daemon settles the held
-/// write by the lookup alone, audited as the daemon's decision, and the model gets the real
-/// ticket id. The write arrived once.
-#[test]
-fn a_write_held_by_a_crash_is_settled_by_the_daemon_from_its_lookup() {
-    let dir = TempDir::new("settle-crash");
-    let d = dir.path();
-    let svc = service();
+/// A task whose daemon was killed with SIGKILL while its ticket write was in flight (the
+/// service made the ticket and had not answered yet).
+fn killed_mid_write(d: &Path, svc: &Service) -> String {
     setup(d, &svc.url, true);
     svc.stall.store(true, Ordering::SeqCst);
     let id = task(d, "ticket");
@@ -263,6 +258,18 @@ fn a_write_held_by_a_crash_is_settled_by_the_daemon_from_its_lookup() {
     first.kill().expect("SIGKILL");
     first.wait().expect("reap");
     svc.stall.store(false, Ordering::SeqCst);
+    id
+}
+
+/// Must-show 3: SIGKILL between the write and its answer; the next daemon settles the held
+/// write by the lookup alone, audited as the daemon's decision, and the model gets the real
+/// ticket id. The write arrived once.
+#[test]
+fn a_write_held_by_a_crash_is_settled_by_the_daemon_from_its_lookup() {
+    let dir = TempDir::new("settle-crash");
+    let d = dir.path();
+    let svc = service();
+    let id = killed_mid_write(d, &svc);
     let t = show(d, &id);
     assert_eq!(t["status"], "running", "killed mid-write: {t}");
 
@@ -307,14 +314,7 @@ fn only_a_definite_lookup_answer_settles_and_the_switch_turns_it_off() {
     let dir = TempDir::new("settle-down");
     let d = dir.path();
     let svc = service();
-    setup(d, &svc.url, true);
-    svc.stall.store(true, Ordering::SeqCst);
-    let id = task(d, "ticket");
-    let mut first = daemon(d);
-    wait_for("the write to arrive", || svc.count("POST /tickets") == 1);
-    first.kill().expect("SIGKILL");
-    first.wait().expect("reap");
-    svc.stall.store(false, Ordering::SeqCst);
+    let id = killed_mid_write(d, &svc);
 
     // The lookup is down: the write stays held, for an operator. (The drain asks once the
     // write's send can no longer be in flight: after its one-second timeout.)
