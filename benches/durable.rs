@@ -15,6 +15,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
+use tether::store::prelude::*;
 
 use tether::model::ModelProfile;
 use tether::store::Store;

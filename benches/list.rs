@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 use tether::model::ModelProfile;
-use tether::store::{Backend, Store};
+use tether::store::Store;
 
 fn build(path: &Path, n: usize) {
     let store = Store::open(path, true).expect("a database");
@@ -25,7 +25,7 @@ fn build(path: &Path, n: usize) {
         for (i, task) in t.iter_mut().enumerate() {
             task.user = format!("cu_{}", (left + i) % 1000);
         }
-        Backend::enqueue(&store, &t, tether::clock::now_ms()).expect("enqueue");
+        tether::store::Queue::enqueue(&store, &t, tether::clock::now_ms()).expect("enqueue");
         left -= batch;
     }
     eprintln!(

@@ -9,6 +9,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use tether::store::prelude::*;
 
 use tether::model::ModelProfile;
 use tether::otlp::export::Target;

@@ -14,6 +14,7 @@
 #[path = "common/tasks.rs"]
 mod tasks;
 use tasks::tasks;
+use tether::store::prelude::*;
 
 #[path = "../tests/common/pg.rs"]
 #[allow(dead_code)]

@@ -16,8 +16,8 @@ use crate::kernel::{
     ToolRequest,
 };
 use crate::model::{Model, RecordedReply, RecordedTool, Replay};
+use crate::store::Event;
 use crate::store::TaskRecord;
-use crate::store::ops::Event;
 use crate::tools::{DemoStore, Effect, Tools, effects_to_python};
 
 /// What a replay found.
@@ -125,7 +125,7 @@ pub fn replay(
     let mut model = Replay::new(replies);
     // The budget the task started with: the stored one less every extension an operator's
     // decision granted, each granted back when its decision is replayed.
-    let extension = |e: &Event| crate::store::ops::Extension::from_json(&e.detail["extend"]);
+    let extension = |e: &Event| crate::operator::Extension::from_json(&e.detail["extend"]);
     let mut budget: Budget = rec.budget;
     for e in events {
         extension(e).undo(&mut budget);

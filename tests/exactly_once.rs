@@ -15,6 +15,7 @@
 
 mod common;
 use common::*;
+use tether::store::prelude::*;
 
 use serde_json::Value;
 use std::path::Path;
@@ -1133,17 +1134,17 @@ conformance! {
         assert!(tether::worker::driver::run_task(&second, claim(&store)).is_none());
         let held = store.task("t1").expect("t1");
         assert_eq!(held.status, tether::store::QueueStatus::Held, "{:?}", held.state.stop);
-        let decision = tether::store::ops::Decision {
+        let decision = tether::store::Decision {
             by: "bob".into(),
             reason: None,
             now_ms: clock.load(Ordering::SeqCst),
         };
-        store
-            .reconcile(
+        tether::operator::reconcile(
+                &*store,
                 "t1",
-                &tether::store::ops::Settlement::NotApplied,
-                &tether::store::ops::Reviewed::default(),
-                &tether::store::ops::Extension::parse("tool_calls=1,deadline_ms=30000").expect("extend"),
+                &tether::operator::Settlement::NotApplied,
+                &tether::operator::Reviewed::default(),
+                &tether::operator::Extension::parse("tool_calls=1,deadline_ms=30000").expect("extend"),
                 &decision,
             )
             .expect("reconcile");

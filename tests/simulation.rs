@@ -31,6 +31,7 @@
 
 mod common;
 use common::Rng;
+use tether::operator;
 
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
@@ -42,7 +43,8 @@ use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
 use std::time::Duration;
 use tether::kernel::Budget;
 use tether::model::ModelProfile;
-use tether::store::ops::{Decision, Extension, Reviewed, Settlement};
+use tether::operator::{Extension, Reviewed, Settlement};
+use tether::store::Decision;
 use tether::store::pg::{CommitFault, PgStore};
 use tether::store::{Backend, Error, NewTask, QueueStatus, Store, TaskRecord};
 use tether::tools::durable::DurableStore;
@@ -391,11 +393,15 @@ impl Sim {
         };
         let r = if rec.status == QueueStatus::Suspended {
             if self.rng.chance(60) {
-                self.store
-                    .approve(&id, &reviewed, &extend, &self.decision("approver"))
+                operator::approve(
+                    &*self.store,
+                    &id,
+                    &reviewed,
+                    &extend,
+                    &self.decision("approver"),
+                )
             } else {
-                self.store
-                    .reject(&id, &reviewed, &self.decision("rejecter"))
+                operator::reject(&*self.store, &id, &reviewed, &self.decision("rejecter"))
             }
         } else if rec.state.unknown_write().is_some() {
             // The oracle: the write took effect exactly when the ledger has its key.
@@ -410,8 +416,14 @@ impl Sim {
             } else {
                 Settlement::NotApplied
             };
-            self.store
-                .reconcile(&id, &s, &reviewed, &extend, &self.decision("reconciler"))
+            operator::reconcile(
+                &*self.store,
+                &id,
+                &s,
+                &reviewed,
+                &extend,
+                &self.decision("reconciler"),
+            )
         } else {
             return;
         };
@@ -423,7 +435,7 @@ impl Sim {
 
     fn cancel(&mut self) {
         let id = self.ids[self.rng.below(self.ids.len() as u64) as usize].clone();
-        match self.store.cancel(&id, &self.decision("canceller")) {
+        match operator::cancel(&*self.store, &id, None, &self.decision("canceller")) {
             Ok(_) | Err(Error::Conflict(_)) => {}
             Err(e) => panic!("seed {}: cancel {id} failed: {e}", self.seed),
         }
@@ -519,16 +531,14 @@ impl Sim {
             self.store
                 .task(id)
                 .is_ok_and(|r| r.status == QueueStatus::Finished)
-        }) && self.store.held().expect("held").is_empty()
+        }) && operator::held(&*self.store).expect("held").is_empty()
     }
 
     /// What can be transient is checked after every step: committed state and held writes.
     fn check(&mut self) {
         let seed = self.seed;
         let tasks: Vec<TaskRecord> = self.store.tasks().expect("tasks");
-        let held: BTreeSet<String> = self
-            .store
-            .held()
+        let held: BTreeSet<String> = operator::held(&*self.store)
             .expect("held")
             .into_iter()
             .map(|(r, _)| r.id)

@@ -3,7 +3,7 @@
 
 use clap::Args;
 
-use crate::store::ops::Reviewed;
+use crate::operator::Reviewed;
 
 #[derive(Args, Debug)]
 pub struct DecideArgs {

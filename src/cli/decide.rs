@@ -35,7 +35,7 @@ pub(super) fn cmd_approve(cli: &Cli, a: &ApproveArgs) -> CliResult {
     let task = db.resolve(&a.decide.task)?;
     // The approval is written once, here, with its audit event; the re-sent call carries it
     // to the tool service.
-    let call = db.approve(&task, &reviewed, &extend, &d)?;
+    let call = crate::operator::approve(&*db, &task, &reviewed, &extend, &d)?;
     if a.decide.json {
         return print_json(&decided_json("approve", &task, &call, reviewed.key));
     }
@@ -51,7 +51,7 @@ pub(super) fn cmd_reject(cli: &Cli, a: &RejectArgs) -> CliResult {
     let d = decision(&a.decide.by, &a.decide.reason)?;
     let db = open_existing(cli)?;
     let task = db.resolve(&a.decide.task)?;
-    let call = db.reject(&task, &a.call.reviewed(), &d)?;
+    let call = crate::operator::reject(&*db, &task, &a.call.reviewed(), &d)?;
     if a.decide.json {
         return print_json(&decided_json("reject", &task, &call, a.call.key.clone()));
     }
@@ -132,7 +132,8 @@ pub(super) fn cmd_reconcile(cli: &Cli, a: &ReconcileArgs) -> CliResult {
     };
     let d = decision(&a.by, &a.reason)?;
     let extend = extension(&a.extend)?;
-    let call = store.reconcile(&task, &settlement, &a.call.reviewed(), &extend, &d)?;
+    let call =
+        crate::operator::reconcile(&*store, &task, &settlement, &a.call.reviewed(), &extend, &d)?;
     if a.json {
         let verb = if a.applied {
             "reconcile_applied"
@@ -161,7 +162,7 @@ pub(super) fn cmd_cancel(cli: &Cli, a: &DecideArgs) -> CliResult {
     let d = decision(&a.by, &a.reason)?;
     let db = open_existing(cli)?;
     let task = db.resolve(&a.task)?;
-    let was = db.cancel(&task, &d)?;
+    let was = crate::operator::cancel(&*db, &task, None, &d)?;
     if a.json {
         return print_json(&json!({
             "task": task,

@@ -6,8 +6,8 @@
 use super::{Console, form, url_encode};
 use crate::httpd::{Reply, Request, percent_decode};
 use crate::operator;
+use crate::operator::{Extension, Reviewed, Settlement};
 use crate::store::Error;
-use crate::store::ops::{Extension, Reviewed, Settlement};
 use crate::tools::http::Lookup;
 
 /// What the task page says of a decision's audit event, by its verb.
@@ -89,8 +89,8 @@ impl Console {
                     "the form does not name the call it was rendered with (key and digest)".into(),
                 ))
             }
-            "approve" => self.db.approve(&id, &reviewed, &extend, &d).map(|_| ()),
-            "reject" => self.db.reject(&id, &reviewed, &d).map(|_| ()),
+            "approve" => operator::approve(&*self.db, &id, &reviewed, &extend, &d).map(|_| ()),
+            "reject" => operator::reject(&*self.db, &id, &reviewed, &d).map(|_| ()),
             "reconcile" => {
                 let settlement = match field("outcome").as_deref() {
                     // Without a result, the tool's lookup gives it (never a bare `ok` the
@@ -118,21 +118,17 @@ impl Console {
                     _ => Err(Error::Invalid("say whether the write was applied".into())),
                 };
                 settlement.and_then(|s| {
-                    self.db
-                        .reconcile(&id, &s, &reviewed, &extend, &d)
-                        .map(|_| ())
+                    operator::reconcile(&*self.db, &id, &s, &reviewed, &extend, &d).map(|_| ())
                 })
             }
             // The held-writes page's "Look up and settle": whatever the lookup answers
             // definitely, decided by this operator.
             "settle" => self.looked_up(&id).and_then(|s| {
-                self.db
-                    .reconcile(&id, &s, &reviewed, &extend, &d)
-                    .map(|_| ())
+                operator::reconcile(&*self.db, &id, &s, &reviewed, &extend, &d).map(|_| ())
             }),
             // Checked in the decision's transaction: refused if the task changed since.
             "cancel" => match field("seen").and_then(|s| s.parse::<u64>().ok()) {
-                Some(seen) => self.db.cancel_seen(&id, seen, &d).map(|_| ()),
+                Some(seen) => operator::cancel(&*self.db, &id, Some(seen), &d).map(|_| ()),
                 None => Err(Error::Invalid(
                     "the form does not say when the task was last seen".into(),
                 )),

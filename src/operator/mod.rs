@@ -1,11 +1,23 @@
-//! What an operator does, as one library API that the CLI and the web console both call, so
-//! that an action taken in either writes the same audit event through the same code.
+//! What an operator does, as one library API that the CLI, the web console and the daemon all
+//! call, so that an action taken in any of them writes the same audit event through the same
+//! code.
 //!
-//! The decisions themselves (approve, reject, reconcile, cancel) are [`Backend`] methods written
-//! once in `store/ops.rs`; this module adds what sits around them: checking who decides and
-//! why ([`decision`]), addressing a task by `key:KEY`, the held writes as an operator reviews
-//! them ([`held_writes`]), settling held writes from each tool's lookup ([`reconcile_auto`]),
-//! a task's whole detail ([`detail`]), and the effects of a task in the document's store.
+//! The decisions (approve, reject, reconcile, cancel, and the daemon's expiry of approval
+//! waits) are in `decide`, each one function over a transaction of the backend; what they
+//! carry (the reviewed call, a budget extension, a settlement) is in `review`. This module
+//! adds what sits around them: checking who decides and why ([`decision`]), the held writes
+//! as an operator reviews them ([`held_writes`]), settling held writes from each tool's lookup
+//! ([`reconcile_auto`]), a task's whole detail ([`detail`]), and the effects of a task in the
+//! demo shop.
+
+mod decide;
+mod review;
+
+pub use decide::{
+    HeldWrites, approve, cancel, complete_requested_cancel, expire_approvals, held, reconcile,
+    reject,
+};
+pub use review::{Extension, Reviewed, Settlement};
 
 use serde::Serialize;
 use serde_json::Value;
@@ -14,8 +26,8 @@ use std::sync::Arc;
 use crate::kernel::Span;
 use crate::limits;
 use crate::model::RecordedReply;
-use crate::store::ops::{Decision, Event, Extension, Reviewed, Settlement};
-use crate::store::{Backend, CallRecord, Error, QueueStatus, Result, TaskRecord};
+use crate::store::prelude::*;
+use crate::store::{CallRecord, Decision, Error, Event, QueueStatus, Result, TaskRecord};
 use crate::tools::Effect;
 use crate::tools::durable::{DurableStore, LedgerEntry};
 use crate::tools::http::{Lookup, lookup};
@@ -57,7 +69,7 @@ pub struct HeldWrite {
 /// Every held write (unknown outcome, also of cancelled tasks), oldest first.
 pub fn held_writes(db: &dyn Backend) -> Result<Vec<HeldWrite>> {
     let mut out = Vec::new();
-    for (r, c) in db.held()? {
+    for (r, c) in held(db)? {
         let Some(p) = &r.state.pending else { continue };
         let record = c.as_ref().ok().and_then(Option::as_ref);
         out.push(HeldWrite {
@@ -119,7 +131,7 @@ pub fn settle_by_lookup(
 ) -> std::result::Result<Vec<AutoSettled>, Error> {
     let mut demo: Option<Arc<DurableStore>> = None;
     let mut out = Vec::new();
-    for (rec, record) in db.held()? {
+    for (rec, record) in held(db)? {
         let Some(call) = rec.state.pending.clone() else {
             continue;
         };
@@ -160,7 +172,14 @@ pub fn settle_by_lookup(
             key: Some(key),
             digest: Some(call.digest()),
         };
-        match db.reconcile(&rec.id, &settlement, &reviewed, &Extension::default(), d) {
+        match reconcile(
+            db,
+            &rec.id,
+            &settlement,
+            &reviewed,
+            &Extension::default(),
+            d,
+        ) {
             Ok(_) => row.outcome = if applied { "applied" } else { "not_applied" },
             Err(e) => row.why = Some(e.to_string()),
         }

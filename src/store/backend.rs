@@ -1,66 +1,177 @@
-//! The storage interface the daemon, the operator verbs and the tests talk to: enqueue, claim
-//! with a lease and a fencing token, step commits in groups, recovery of expired leases,
-//! operator decisions with their audit events, reads, memory notes, check and purge.
+//! The storage interface every part of Tether talks to, and every type it speaks: a
+//! [`Backend`] is a database of tasks, with enqueue, claim under a lease and a fencing token,
+//! step commits in groups, recovery of expired leases, one transaction per operator decision,
+//! reads, memory notes, check and purge, and the span outbox of live export.
 //!
-//! Two backends implement it: [`Store`] (redb, one file, MultiWriter), the embedded default,
-//! and [`super::pg::PgStore`] (PostgreSQL), for daemons on several hosts sharing one queue.
-//! What each method must guarantee is written on it, and callers rely on nothing else. The
-//! operator decisions are written once (in `ops`), over a [`DecisionTx`] of either backend.
+//! Two engines implement it, file for file: `store::redb` (one file, the embedded default)
+//! and `store::pg` (PostgreSQL, for daemons on several hosts sharing one queue). The interface
+//! is split by concern into the traits below (`Queue`, `Commits`, `Decide`, `Reads`, `Lists`,
+//! `Notes`, `Maintenance`, `Outbox`); each engine implements each of them in the file of the
+//! same name, directly. [`Backend`] is all of them together; `use crate::store::prelude::*`
+//! brings their methods into scope. What each method must guarantee is written on it, and
+//! callers rely on nothing else. Policy (what an operator may decide, and with which
+//! messages) is not here: it lives in `operator`, over a [`DecisionTx`].
 
 use crossbeam_channel::Receiver;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 
-use super::check::CheckReport;
+use super::OutboxEntry;
 use super::list::{ListQuery, Page};
-use super::ops::{self, Decision, DecisionTx, Event, Extension, Reviewed, Settlement};
-use super::{
-    CallRecord, Commit, CommitOutcome, Enqueued, Error, Lease, NewTask, QueueStatus, Result,
-    TaskRecord,
-};
+use super::{CallRecord, Commit, CommitOutcome, Enqueued, Lease, NewTask, QueueStatus, TaskRecord};
 use crate::kernel::memory::Note;
 use crate::kernel::{Span, ToolCall};
 use crate::model::RecordedReply;
 
-/// The held writes, each with its call record (`Err` names a damaged one).
-pub type HeldWrites = Vec<(TaskRecord, std::result::Result<Option<CallRecord>, String>)>;
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("database error: {0}")]
+    Db(#[from] ::redb::Error),
+    #[error("the database is damaged: {0}")]
+    Corrupt(String),
+    #[error(
+        "{what} was written by a newer version of Tether (version {found}; this build reads up to {supported})"
+    )]
+    NewerVersion {
+        what: String,
+        found: u64,
+        supported: u64,
+    },
+    #[error("no database at {0}")]
+    Missing(PathBuf),
+    #[error("cannot open {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("no task {0:?}")]
+    NoTask(String),
+    /// The request itself is wrong (a usage error).
+    #[error("{0}")]
+    Invalid(String),
+    /// The request is fine but the task is not in a state that allows it.
+    #[error("{0}")]
+    Conflict(String),
+    #[error("the lease on task {0} is no longer held by this worker")]
+    LeaseLost(String),
+    /// The database cannot be reached (after retrying): nothing is known to have changed.
+    #[error("the database is unavailable: {0}")]
+    Unavailable(String),
+    /// PostgreSQL refused a statement (SQLSTATE and message).
+    #[error("PostgreSQL error {0}")]
+    Postgres(String),
+    /// A connection was refused for good: by the server (authentication, a role or database
+    /// that does not exist) or by our check of its certificate. Trying again would not help.
+    #[error("{0}")]
+    Refused(String),
+}
 
-/// A database of tasks, as every part of Tether sees it.
-pub trait Backend: Send + Sync {
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// One line of the audit log.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub seq: u64,
+    pub at_ms: u64,
+    pub task: Option<String>,
+    pub verb: String,
+    pub by: String,
+    pub reason: Option<String>,
+    pub detail: Value,
+}
+
+/// Who decides, why, and when.
+#[derive(Clone, Debug)]
+pub struct Decision {
+    pub by: String,
+    pub reason: Option<String>,
+    pub now_ms: u64,
+}
+
+/// One transaction of a backend, as an operator decision sees it. Each backend implements
+/// it over its own transaction; the decisions below are written once, against it, so both
+/// backends check and apply every decision the same way.
+pub trait DecisionTx {
+    /// This database's id (a task's call keys are in its namespace: `TaskRecord::call_key`).
+    fn db_id(&self) -> &str;
+    /// The task `id`, read for update (a concurrent decision on it waits or is refused).
+    fn load(&mut self, id: &str) -> Result<TaskRecord>;
+    /// Writes the task. What it is indexed under follows from the record: queued tasks (new
+    /// in the queue when `was` is not queued) in the ready queue, suspended ones by when their
+    /// wait runs out, and a write with an unknown outcome (held, or cancelled while held) in
+    /// the held list until it is settled.
+    fn save(&mut self, rec: &TaskRecord, was: QueueStatus) -> Result<()>;
+    /// Appends an audit event; returns its sequence number.
+    fn event(&mut self, task: Option<&str>, verb: &str, d: &Decision, detail: Value)
+    -> Result<u64>;
+    /// The call record under `key`: `Some(Err)` when it exists but cannot be read.
+    fn call(&mut self, key: &str) -> Result<Option<std::result::Result<CallRecord, String>>>;
+    fn put_call(&mut self, c: &CallRecord) -> Result<()>;
+    /// Queues the root span of task `id`, which this decision finished, for live export: in
+    /// the decision's transaction, and only if a daemon ever exported from this database.
+    fn queue_root(&mut self, id: &str) -> Result<()>;
+}
+
+/// What `worker check` found.
+#[derive(Debug, Default)]
+pub struct CheckReport {
+    /// Records read, by table.
+    pub records: BTreeMap<&'static str, u64>,
+    /// One line per damaged record or table, naming it and what is wrong.
+    pub damaged: Vec<String>,
+}
+
+impl CheckReport {
+    pub fn ok(&self) -> bool {
+        self.damaged.is_empty()
+    }
+}
+
+/// A database of tasks, as every part of Tether sees it: all of the interface's parts.
+pub trait Backend:
+    Queue + Commits + Decide + Reads + Lists + Notes + Maintenance + Outbox + Send + Sync
+{
     /// The id that prefixes every call key of this database.
     fn db_id(&self) -> &str;
 
-    /// What kind of database this is, for logs and errors ("redb file x", "PostgreSQL at y").
+    /// What kind of database this is, for logs and errors ("the redb file x", "PostgreSQL at y").
     fn describe(&self) -> String;
 
+    /// A task named by its id or by `key:KEY` (its enqueue key), as operators address it.
+    fn resolve(&self, name: &str) -> Result<String> {
+        match name.strip_prefix("key:") {
+            Some(key) => self
+                .task_by_key(key)?
+                .ok_or_else(|| Error::NoTask(format!("key:{key} (no task was enqueued under it)"))),
+            None => Ok(name.to_string()),
+        }
+    }
+
+    /// The call key of `call` made at the current step of task `rec`, in its namespace.
+    fn call_key(&self, rec: &TaskRecord, call: &ToolCall) -> String {
+        rec.call_key(self.db_id(), call)
+    }
+}
+
+/// The queue: enqueue, claims under leases and fencing tokens, daemons' liveness, recovery.
+pub trait Queue {
     /// Whether a lease owner on this machine can be judged dead by its process id. True for
     /// a file on one host; false for a database shared by hosts, where owners prove they are
     /// alive by heartbeats instead (containers may share a host name and pid numbers).
-    fn local_owners(&self) -> bool {
-        true
-    }
-
-    /// Whether concurrent commits gain from sharing one transaction (a single-writer file:
-    /// one fsync for many steps). A server with a connection per thread commits in parallel
-    /// instead, and groups the flushes itself.
-    fn groups_commits(&self) -> bool {
-        true
-    }
+    fn local_owners(&self) -> bool;
 
     /// Records that the daemon `owner` is alive until `until_ms`; a backend shared by hosts
     /// takes over the claims of an owner whose heartbeat ran out.
-    fn heartbeat(&self, _owner: &str, _now_ms: u64, _until_ms: u64) -> Result<()> {
-        Ok(())
-    }
+    fn heartbeat(&self, owner: &str, now_ms: u64, until_ms: u64) -> Result<()>;
 
     /// The daemon `owner` is stopping: its heartbeat is removed.
-    fn sign_off(&self, _owner: &str) -> Result<()> {
-        Ok(())
-    }
+    fn sign_off(&self, owner: &str) -> Result<()>;
 
     /// A channel that receives a message whenever a task may have become ready (PostgreSQL's
     /// LISTEN/NOTIFY), so an idle daemon starts it at once; `None` when the daemon must poll.
-    fn wakeups(&self) -> Option<Receiver<()>> {
-        None
-    }
+    fn wakeups(&self) -> Option<Receiver<()>>;
 
     /// Enqueues tasks in one transaction. A task whose key was seen before is not created
     /// again (its id is returned with `created: false`); a key reused for another request is
@@ -97,6 +208,14 @@ pub trait Backend: Send + Sync {
         is_dead: &dyn Fn(&Lease) -> bool,
         live: &dyn Fn(&str, &Lease) -> bool,
     ) -> Result<Vec<String>>;
+}
+
+/// Step commits: the hot path.
+pub trait Commits {
+    /// Whether concurrent commits gain from sharing one transaction (a single-writer file:
+    /// one fsync for many steps). A server with a connection per thread commits in parallel
+    /// instead, and groups the flushes itself.
+    fn groups_commits(&self) -> bool;
 
     /// Applies `commits` in one transaction, in order. A commit whose claim is no longer the
     /// task's current one is refused alone (`None`), with nothing of it written; any other
@@ -107,11 +226,17 @@ pub trait Backend: Send + Sync {
         &self,
         commits: &[&Commit],
     ) -> std::result::Result<Vec<Option<CommitOutcome>>, String>;
+}
 
+/// One transaction for an operator decision (the policy is in `operator`).
+pub trait Decide {
     /// Runs one operator decision in one transaction: committed when `f` returns `Ok`, rolled
     /// back when it returns `Err`.
     fn decide(&self, f: &mut dyn FnMut(&mut dyn DecisionTx) -> Result<()>) -> Result<()>;
+}
 
+/// Reads of one task and of what was recorded of it.
+pub trait Reads {
     /// The call record under `key`: a write's intent and, once known, its result.
     fn call(&self, key: &str) -> Result<Option<CallRecord>>;
 
@@ -120,13 +245,32 @@ pub trait Backend: Send + Sync {
 
     fn task(&self, id: &str) -> Result<TaskRecord>;
 
-    /// Every task that can be read, in id order; damaged ones are in [`Backend::damaged`].
+    /// Every task that can be read, in id order; damaged ones are in [`Reads::damaged`].
     fn tasks(&self) -> Result<Vec<TaskRecord>>;
 
     /// Tasks that cannot be read, with why. Reads every task: for `check` and
     /// `list --status damaged`, never for a page.
     fn damaged(&self) -> Result<Vec<(String, String)>>;
 
+    fn spans(&self, task_id: &str) -> Result<Vec<Span>>;
+
+    fn replies(&self, task_id: &str) -> Result<Vec<RecordedReply>>;
+
+    /// Every call-key record of a task.
+    fn calls(&self, task_id: &str) -> Result<Vec<CallRecord>>;
+
+    /// The audit log, of one task when given, in order.
+    fn events(&self, task: Option<&str>) -> Result<Vec<Event>>;
+
+    /// The ids of the tasks whose write is held (see [`TaskRecord::is_held`]), in id order.
+    fn held_ids(&self) -> Result<Vec<String>>;
+
+    /// The suspended tasks whose approval wait ran out by `now_ms`.
+    fn due_approvals(&self, now_ms: u64) -> Result<Vec<String>>;
+}
+
+/// Pages of tasks and counts, read through indexes.
+pub trait Lists {
     /// One page of tasks, newest first, read through an index: never every task.
     fn list(&self, q: &ListQuery) -> Result<Page>;
 
@@ -138,48 +282,10 @@ pub trait Backend: Send + Sync {
 
     /// The id of the task enqueued under `key`.
     fn task_by_key(&self, key: &str) -> Result<Option<String>>;
+}
 
-    /// A task named by its id or by `key:KEY` (its enqueue key), as operators address it.
-    fn resolve(&self, name: &str) -> Result<String> {
-        match name.strip_prefix("key:") {
-            Some(key) => self
-                .task_by_key(key)?
-                .ok_or_else(|| Error::NoTask(format!("key:{key} (no task was enqueued under it)"))),
-            None => Ok(name.to_string()),
-        }
-    }
-
-    fn spans(&self, task_id: &str) -> Result<Vec<Span>>;
-
-    /// Spans committed for live export and not yet sent: at most `max` entries, oldest first.
-    fn outbox(&self, max: usize) -> Result<Vec<super::OutboxEntry>>;
-
-    /// Drops the oldest outbox entries while more than `keep` wait; returns the entries and
-    /// spans dropped.
-    fn outbox_trim(&self, keep: usize) -> Result<(u64, u64)>;
-
-    /// Gives up the entries this process claimed to export and did not send (it stops).
-    fn outbox_release(&self) -> Result<()> {
-        Ok(())
-    }
-
-    /// Forgets outbox entries that were sent (or dropped).
-    fn outbox_done(&self, seqs: &[u64]) -> Result<()>;
-
-    fn replies(&self, task_id: &str) -> Result<Vec<RecordedReply>>;
-
-    /// Every call-key record of a task.
-    fn calls(&self, task_id: &str) -> Result<Vec<CallRecord>>;
-
-    /// The audit log, of one task when given, in order.
-    fn events(&self, task: Option<&str>) -> Result<Vec<Event>>;
-
-    /// The ids of the tasks whose write is held (see [`ops::is_held`]), in id order.
-    fn held_ids(&self) -> Result<Vec<String>>;
-
-    /// The suspended tasks whose approval wait ran out by `now_ms`.
-    fn due_approvals(&self, now_ms: u64) -> Result<Vec<String>>;
-
+/// Long-term memory notes.
+pub trait Notes {
     /// Stores a long-term memory note if the policy admits it, with its audit event.
     fn add_note(
         &self,
@@ -195,7 +301,10 @@ pub trait Backend: Send + Sync {
 
     /// Deletes a user's notes, only those from `source` when given. Returns how many.
     fn forget(&self, user: &str, source: Option<&str>, d: &Decision) -> Result<usize>;
+}
 
+/// Verifying every record, and deleting old finished tasks.
+pub trait Maintenance {
     /// Verifies every record.
     fn check(&self) -> Result<CheckReport>;
 
@@ -203,159 +312,20 @@ pub trait Backend: Send + Sync {
     /// write is still held), with everything recorded of them, at most `batch` per
     /// transaction, with one `purge` event per transaction. Returns the ids deleted.
     fn purge(&self, before_ms: u64, batch: usize, d: &Decision) -> Result<Vec<String>>;
-
-    /// The call key of `call` made at the current step of task `rec`, in its namespace.
-    fn call_key(&self, rec: &TaskRecord, call: &ToolCall) -> String {
-        rec.call_key(self.db_id(), call)
-    }
-
-    /// Stops every suspended task whose approval wait ran out, with its audit event.
-    fn expire_approvals(&self, now_ms: u64) -> Result<Vec<String>> {
-        let due = self.due_approvals(now_ms)?;
-        if due.is_empty() {
-            return Ok(due);
-        }
-        let mut done = Vec::new();
-        self.decide(&mut |tx| {
-            done = ops::expire(tx, &due, now_ms)?;
-            Ok(())
-        })?;
-        Ok(done)
-    }
-
-    /// The held writes: tasks stopped with `unknown_outcome` (or cancelled while held), each
-    /// with its call record. A write stays listed until it is settled.
-    fn held(&self) -> Result<HeldWrites> {
-        let mut out = Vec::new();
-        for id in self.held_ids()? {
-            let rec = self.task(&id)?;
-            let Some(c) = rec.state.unknown_write() else {
-                continue;
-            };
-            if !ops::is_held(&rec) {
-                continue;
-            }
-            let call = self
-                .call(&self.call_key(&rec, c))
-                .map_err(|e| e.to_string());
-            out.push((rec, call));
-        }
-        Ok(out)
-    }
-
-    /// Approves exactly the held call of a suspended task; see [`ops::approve`].
-    fn approve(
-        &self,
-        id: &str,
-        reviewed: &Reviewed,
-        extend: &Extension,
-        d: &Decision,
-    ) -> Result<ToolCall> {
-        decided(self, id, "approve", d, &mut |tx| {
-            ops::approve(tx, id, reviewed, extend, d)
-        })
-    }
-
-    /// Rejects the held call; see [`ops::reject`].
-    fn reject(&self, id: &str, reviewed: &Reviewed, d: &Decision) -> Result<ToolCall> {
-        decided(self, id, "reject", d, &mut |tx| {
-            ops::reject(tx, id, reviewed, d)
-        })
-    }
-
-    /// Settles a held write; see [`ops::reconcile`].
-    fn reconcile(
-        &self,
-        id: &str,
-        s: &Settlement,
-        reviewed: &Reviewed,
-        extend: &Extension,
-        d: &Decision,
-    ) -> Result<ToolCall> {
-        decided(self, id, "reconcile", d, &mut |tx| {
-            ops::reconcile(tx, id, s, reviewed, extend, d)
-        })
-    }
-
-    /// Cancels task `id` if a cancel was requested while it ran and its run ended waiting;
-    /// see [`ops::complete_requested_cancel`].
-    fn complete_requested_cancel(&self, id: &str, now_ms: u64) -> Result<bool> {
-        let mut done = false;
-        self.decide(&mut |tx| {
-            done = ops::complete_requested_cancel(tx, id, now_ms)?;
-            Ok(())
-        })?;
-        Ok(done)
-    }
-
-    /// Cancels a task; see [`ops::cancel`].
-    fn cancel(&self, id: &str, d: &Decision) -> Result<QueueStatus> {
-        decided(self, id, "cancel", d, &mut |tx| ops::cancel(tx, id, d))
-    }
-
-    /// Cancels a task unless it changed since `seen` (its last change when the operator
-    /// looked); see [`ops::cancel_seen`].
-    fn cancel_seen(&self, id: &str, seen: u64, d: &Decision) -> Result<QueueStatus> {
-        decided(self, id, "cancel", d, &mut |tx| {
-            ops::cancel_seen(tx, id, Some(seen), d)
-        })
-    }
 }
 
-/// Runs a decision: commits when it decided (even when its answer is a refusal it records),
-/// and logs it once it committed.
-fn decided<B: Backend + ?Sized, T>(
-    b: &B,
-    task: &str,
-    verb: &str,
-    d: &Decision,
-    f: &mut dyn FnMut(&mut dyn DecisionTx) -> ops::Decided<T>,
-) -> Result<T> {
-    let mut answer = None;
-    b.decide(&mut |tx| {
-        answer = Some(f(tx)?);
-        Ok(())
-    })?;
-    let answer = answer.unwrap_or_else(|| Err(Error::Conflict("the decision was not run".into())));
-    match &answer {
-        Ok(_) => tracing::info!(task, verb, by = %d.by, reason = ?d.reason, "decision recorded"),
-        Err(e) => tracing::info!(task, verb, by = %d.by, error = %e, "decision refused"),
-    }
-    answer
-}
+/// The span outbox of live OTLP export, written by the commits that end the spans.
+pub trait Outbox {
+    /// Spans committed for live export and not yet sent: at most `max` entries, oldest first.
+    fn outbox(&self, max: usize) -> Result<Vec<OutboxEntry>>;
 
-/// How a caller means to use the database it opens.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Access {
-    /// A daemon or an enqueue: create the file or apply the migrations if needed; reconnect
-    /// for longer when the server is away.
-    Create,
-    /// An operator decision: the database must exist.
-    Write,
-    /// A read verb: the database must exist; a redb file is opened read-only.
-    Read,
-}
+    /// Drops the oldest outbox entries while more than `keep` wait; returns the entries and
+    /// spans dropped.
+    fn outbox_trim(&self, keep: usize) -> Result<(u64, u64)>;
 
-/// Opens the database `db` names: a PostgreSQL URL (`postgres://...`) or a redb file path.
-/// `connections` sizes a PostgreSQL pool (the daemon's threads and its own needs).
-pub fn open_backend(
-    db: &str,
-    access: Access,
-    connections: usize,
-) -> Result<std::sync::Arc<dyn Backend>> {
-    use std::sync::Arc;
-    if super::pg::is_url(db) {
-        let retry = match access {
-            Access::Create => super::pg::DAEMON_RETRY,
-            _ => super::pg::CLI_RETRY,
-        };
-        let s = super::pg::PgStore::open(db, access == Access::Create, connections, retry)?;
-        return Ok(Arc::new(s));
-    }
-    let path = std::path::Path::new(db);
-    Ok(match access {
-        Access::Create => Arc::new(super::Store::open(path, true)?),
-        Access::Write => Arc::new(super::Store::open(path, false)?),
-        Access::Read => Arc::new(super::Store::open_for_reading(path)?),
-    })
+    /// Gives up the entries this process claimed to export and did not send (it stops).
+    fn outbox_release(&self) -> Result<()>;
+
+    /// Forgets outbox entries that were sent (or dropped).
+    fn outbox_done(&self, seqs: &[u64]) -> Result<()>;
 }

@@ -141,6 +141,13 @@ impl TaskRecord {
         self.key_ns.as_deref().unwrap_or(db_id)
     }
 
+    /// Whether the task's write is held (and so listed by `worker reconcile`): held, or
+    /// cancelled while held, until it is settled.
+    pub fn is_held(&self) -> bool {
+        matches!(self.status, QueueStatus::Held | QueueStatus::Finished)
+            && self.state.unknown_write().is_some()
+    }
+
     /// The call key of `call` made at this task's current step.
     pub fn call_key(&self, db_id: &str, call: &crate::kernel::ToolCall) -> String {
         call.key_in(self.key_namespace(db_id), &self.id, self.state.step)
@@ -149,7 +156,10 @@ impl TaskRecord {
 
 /// A new task's key namespace in the database `db_id`: the id and 48 random bits.
 pub(crate) fn new_key_ns(db_id: &str) -> String {
-    format!("{db_id}-{:012x}", super::random_u64() & ((1 << 48) - 1))
+    format!(
+        "{db_id}-{:012x}",
+        super::redb::random_u64() & ((1 << 48) - 1)
+    )
 }
 
 /// An operator's approval of exactly one held call: its call key and digest, who and when.
@@ -322,4 +332,35 @@ pub(crate) fn differs(rec: &TaskRecord, t: &NewTask) -> Option<&'static str> {
     } else {
         None
     }
+}
+
+/// Sort key of a task id: ids are t1, t2, ..., so t2 comes before t10.
+pub(crate) fn task_order(id: &str) -> (u64, String) {
+    let n = id.trim_start_matches('t').parse().unwrap_or(u64::MAX);
+    (n, id.to_string())
+}
+
+/// The task's remaining active time. A lease covers it on top of the lease length: one model
+/// or tool call can take up to all of it, and the lease must not run out under a worker that
+/// is only waiting. Fencing makes a lease that runs out anyway harmless: the old claim can no
+/// longer commit.
+pub(crate) fn remaining_ms(budget: &Budget, elapsed_ms: u64) -> u64 {
+    budget.deadline_ms.saturating_sub(elapsed_ms)
+}
+
+/// A note the memory policy admits (trusted source, non-empty), within its limits; the same
+/// check on both backends.
+pub(crate) fn admit_note(
+    user: &str,
+    text: &str,
+    source: &str,
+    ttl_s: u64,
+    d: &super::Decision,
+) -> super::Result<Note> {
+    let note = crate::kernel::memory::admit(user, text, source, d.now_ms / 1000, ttl_s)
+        .map_err(|e| super::Error::Invalid(e.to_string()))?;
+    crate::limits::check_text(text, "the note", crate::limits::NOTE_BYTES_MAX)
+        .map_err(|e| super::Error::Invalid(e.0))?;
+    crate::limits::check_name(user, "--user").map_err(|e| super::Error::Invalid(e.0))?;
+    Ok(note)
 }

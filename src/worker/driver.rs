@@ -497,7 +497,8 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
                 let waiting =
                     matches!(stop, StopReason::NeedsApproval | StopReason::UnknownOutcome);
                 if waiting && outcome.cancel_requested.is_some() {
-                    match ctx.store.complete_requested_cancel(&rec.id, now_ms()) {
+                    match crate::operator::complete_requested_cancel(&*ctx.store, &rec.id, now_ms())
+                    {
                         Ok(true) => {
                             tracing::info!(task = %rec.id, "cancel requested during the run; cancelled");
                             return Ok(Ended::Stopped(

@@ -314,7 +314,7 @@ pub fn run(
         }
         None => None,
     };
-    let expired = store.expire_approvals(now_ms())?;
+    let expired = crate::operator::expire_approvals(&*store, now_ms())?;
     if !expired.is_empty() {
         tracing::info!(tasks = ?expired, "approval waits ran out");
     }
@@ -483,7 +483,7 @@ pub fn run(
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "lease recovery failed"),
             }
-            match store.expire_approvals(now) {
+            match crate::operator::expire_approvals(&*store, now) {
                 Ok(ids) if !ids.is_empty() => {
                     tracing::info!(tasks = ?ids, "approval waits ran out")
                 }

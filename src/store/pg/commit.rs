@@ -2,6 +2,7 @@
 //! the `UPDATE` fenced by the claim's token), a group in one transaction, and the read-back
 //! that turns a lost acknowledgment into a known outcome before the worker goes on.
 
+use crate::store::backend::Commits;
 use postgres::types::{Json, ToSql};
 use postgres::{Row, Transaction};
 use serde_json::Value;
@@ -229,11 +230,11 @@ impl<'c> CommitParams<'c> {
     }
 }
 
-impl PgStore {
+impl Commits for PgStore {
     /// Applies `commits`: a single commit as one statement; several, or a final commit that
     /// claims the next task, in one transaction. A lost acknowledgment is resolved by the
     /// commit markers before answering.
-    pub fn commit_batch(
+    fn commit_batch(
         &self,
         commits: &[&Commit],
     ) -> std::result::Result<Vec<Option<CommitOutcome>>, String> {
@@ -302,6 +303,13 @@ impl PgStore {
         }
     }
 
+    /// A connection per thread commits in parallel; the server groups the flushes.
+    fn groups_commits(&self) -> bool {
+        false
+    }
+}
+
+impl PgStore {
     /// A commit under an injected fault, on a connection of its own: committed at once
     /// (its answer then "lost"), or left in progress and resolved `resolve_after` later by a
     /// thread of its own.

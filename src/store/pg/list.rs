@@ -2,6 +2,7 @@
 //! user through the B-tree indexes of migration 2), selecting the queue columns and the few
 //! state fields a list shows, never the spec (a script may be megabytes) or the whole state.
 
+use crate::store::backend::Lists;
 use postgres::types::Json;
 use serde_json::Value;
 
@@ -22,8 +23,8 @@ const LIST_SQL: &str = "SELECT id, num, status, state->'stop', user_id, state->>
       AND ($9::text IS NULL OR state->>'outcome' = $9) \
     ORDER BY num DESC LIMIT $8";
 
-impl PgStore {
-    pub fn list(&self, q: &ListQuery) -> Result<Page> {
+impl Lists for PgStore {
+    fn list(&self, q: &ListQuery) -> Result<Page> {
         let limit = q.limit();
         let rows = self.query(
             &self.sql(LIST_SQL),
@@ -82,7 +83,7 @@ impl PgStore {
         Ok(page)
     }
 
-    pub fn counts(&self) -> Result<Vec<(QueueStatus, u64)>> {
+    fn counts(&self) -> Result<Vec<(QueueStatus, u64)>> {
         let rows = self.query(
             &self.sql(
                 "SELECT status, count(*) FROM {s}.tasks WHERE damaged IS NULL GROUP BY status",
@@ -102,7 +103,7 @@ impl PgStore {
         Ok(out)
     }
 
-    pub fn oldest_queued_ms(&self) -> Result<Option<u64>> {
+    fn oldest_queued_ms(&self) -> Result<Option<u64>> {
         let rows = self.query(
             &self.sql("SELECT min(created_at_ms) FROM {s}.tasks WHERE status = 'queued'"),
             &[],
@@ -113,7 +114,7 @@ impl PgStore {
             .map(u64_of))
     }
 
-    pub fn task_by_key(&self, key: &str) -> Result<Option<String>> {
+    fn task_by_key(&self, key: &str) -> Result<Option<String>> {
         let rows = self.query(
             &self.sql("SELECT id FROM {s}.tasks WHERE enqueue_key = $1"),
             &[&key],

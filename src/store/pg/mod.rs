@@ -19,10 +19,12 @@
 //! recovery, heartbeats), `commit` (step commits and their read-back), `reads` (decisions,
 //! reads, notes, purge, check).
 
-mod backend;
 mod commit;
+mod decide;
 mod list;
 mod listen;
+mod maintenance;
+mod notes;
 mod outbox;
 pub(crate) use rows::random_i64;
 mod pool;
@@ -259,10 +261,6 @@ impl PgStore {
         })
     }
 
-    pub fn db_id(&self) -> &str {
-        &self.db_id
-    }
-
     /// For tests: `source` decides a fault for each step commit of a single task (not one
     /// that claims the next task), so that a seeded simulation meets lost acknowledgments and
     /// commits still in progress when their answer is lost.
@@ -471,4 +469,14 @@ enum Attempt<T> {
     Retry(String),
     /// The connection was lost during COMMIT: the result stands if the marker is found.
     Unknown(T, String),
+}
+
+impl crate::store::Backend for PgStore {
+    fn db_id(&self) -> &str {
+        &self.db_id
+    }
+
+    fn describe(&self) -> String {
+        format!("PostgreSQL at {} (schema {})", self.display(), self.schema)
+    }
 }

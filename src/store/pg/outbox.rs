@@ -6,6 +6,7 @@
 //! and another takes its entries.
 
 use super::PgStore;
+use crate::store::backend::Outbox;
 use crate::store::{OutboxEntry, Result};
 
 /// The statement part a commit adds when the daemon exports: the spans of `$15` that ended and
@@ -48,8 +49,8 @@ fn claim_sql() -> String {
     )
 }
 
-impl PgStore {
-    pub fn outbox(&self, max: usize) -> Result<Vec<OutboxEntry>> {
+impl Outbox for PgStore {
+    fn outbox(&self, max: usize) -> Result<Vec<OutboxEntry>> {
         let sql = self.sql(&claim_sql());
         let limit = max as i64;
         let mut rows = self.query(&sql, &[&limit, &self.exporter, &CLAIM_MS])?;
@@ -68,7 +69,7 @@ impl PgStore {
             .collect())
     }
 
-    pub fn outbox_trim(&self, keep: usize) -> Result<(u64, u64)> {
+    fn outbox_trim(&self, keep: usize) -> Result<(u64, u64)> {
         // Entries another exporter holds (it is sending them) are left to it, so that no span
         // is counted both as dropped and as sent.
         let sql = self.sql(&format!(
@@ -85,7 +86,7 @@ impl PgStore {
 
     /// Gives up this exporter's claims (it is stopping), so another exporter takes the
     /// entries at once rather than when the claims run out.
-    pub fn outbox_release(&self) -> Result<()> {
+    fn outbox_release(&self) -> Result<()> {
         let sql = self.sql(
             "UPDATE {s}.otlp_outbox SET claimed_by = NULL, claimed_until_ms = NULL WHERE claimed_by = $1",
         );
@@ -93,7 +94,7 @@ impl PgStore {
         Ok(())
     }
 
-    pub fn outbox_done(&self, seqs: &[u64]) -> Result<()> {
+    fn outbox_done(&self, seqs: &[u64]) -> Result<()> {
         if seqs.is_empty() {
             return Ok(());
         }

@@ -1,6 +1,7 @@
 //! The queue on PostgreSQL: enqueue, claims with `FOR UPDATE SKIP LOCKED`, recovery of
 //! expired leases and of owners whose heartbeat ran out, heartbeats. Commits are in `commit`.
 
+use crate::store::backend::Queue;
 use postgres::Row;
 use postgres::types::Json;
 use serde_json::Value;
@@ -57,8 +58,8 @@ pub(super) fn decode_claimed(
     out
 }
 
-impl PgStore {
-    pub fn enqueue(&self, tasks: &[NewTask], now_ms: u64) -> Result<Vec<Enqueued>> {
+impl Queue for PgStore {
+    fn enqueue(&self, tasks: &[NewTask], now_ms: u64) -> Result<Vec<Enqueued>> {
         let by_key = self.sql(&format!(
             "SELECT {TASK_COLUMNS} FROM {{s}}.tasks WHERE enqueue_key = $1"
         ));
@@ -104,7 +105,7 @@ impl PgStore {
                     }
                     let num: i64 = tx.query_one(&seq, &[]).map_err(db_error)?.get(0);
                     let id = format!("t{num}");
-                    let rec = new_record(self.db_id(), &id, t, &notes, now_ms);
+                    let rec = new_record(&self.db_id, &id, t, &notes, now_ms);
                     tx.execute(
                         &insert,
                         &[
@@ -134,7 +135,7 @@ impl PgStore {
         }
     }
 
-    pub fn claim(&self, lease: &Lease, max: usize, now_ms: u64) -> Result<Vec<TaskRecord>> {
+    fn claim(&self, lease: &Lease, max: usize, now_ms: u64) -> Result<Vec<TaskRecord>> {
         if max == 0 {
             return Ok(Vec::new());
         }
@@ -172,7 +173,7 @@ impl PgStore {
 
     /// How long claim `token` of task `id` is held, by the server's clock: the least of its
     /// lease and its owner's heartbeat. `None`: not current.
-    pub fn claim_left(&self, id: &str, token: u64, now_ms: u64) -> Result<Option<u64>> {
+    fn claim_left(&self, id: &str, token: u64, now_ms: u64) -> Result<Option<u64>> {
         let now = super::now_sql(3);
         let sql = self.sql(&format!(
             "SELECT LEAST(t.lease_expires_ms, coalesce((SELECT w.expires_at_ms FROM {{s}}.workers w \
@@ -187,7 +188,7 @@ impl PgStore {
     }
 
     /// Renews the lease of claim `token` of task `id`, by the server's clock.
-    pub fn renew_claim(&self, id: &str, token: u64, now_ms: u64, lease_ms: u64) -> Result<bool> {
+    fn renew_claim(&self, id: &str, token: u64, now_ms: u64, lease_ms: u64) -> Result<bool> {
         let now = super::now_sql(3);
         let sql = self.sql(&format!(
             "UPDATE {{s}}.tasks SET lease_expires_ms = {now} + $4 + GREATEST(deadline_ms - elapsed_ms, 0) \
@@ -198,13 +199,13 @@ impl PgStore {
         Ok(n == 1)
     }
 
-    pub fn ready_count(&self) -> Result<u64> {
+    fn ready_count(&self) -> Result<u64> {
         let sql = self.sql("SELECT count(*) FROM {s}.tasks WHERE status = 'queued'");
         let n: i64 = self.read(|c| Ok(c.client.query_one(&sql, &[])?.get(0)))?;
         Ok(super::rows::u64_of(n))
     }
 
-    pub fn recover(
+    fn recover(
         &self,
         now_ms: u64,
         is_dead: &dyn Fn(&Lease) -> bool,
@@ -269,7 +270,7 @@ impl PgStore {
     }
 
     /// Vouches for `owner`'s claims until `until_ms - now_ms` from now, by the server's clock.
-    pub fn heartbeat(&self, owner: &str, now_ms: u64, until_ms: u64) -> Result<()> {
+    fn heartbeat(&self, owner: &str, now_ms: u64, until_ms: u64) -> Result<()> {
         let now = super::now_sql(2);
         let sql = self.sql(&format!(
             "INSERT INTO {{s}}.workers (owner, beat_at_ms, expires_at_ms) VALUES ($1, {now}, {now} + $3) \
@@ -283,10 +284,26 @@ impl PgStore {
         Ok(())
     }
 
-    pub fn sign_off(&self, owner: &str) -> Result<()> {
+    fn sign_off(&self, owner: &str) -> Result<()> {
         let sql = self.sql("DELETE FROM {s}.workers WHERE owner = $1");
         self.read(|c| c.client.execute(&sql, &[&owner]))?;
         Ok(())
+    }
+
+    /// Hosts share the database: owners prove they are alive by heartbeats.
+    fn local_owners(&self) -> bool {
+        false
+    }
+
+    /// LISTEN/NOTIFY on the queue's channel.
+    fn wakeups(&self) -> Option<crossbeam_channel::Receiver<()>> {
+        self.listen()
+    }
+
+    fn running_count(&self) -> Result<u64> {
+        let sql = self.sql("SELECT count(*) FROM {s}.tasks WHERE status = 'running'");
+        let n: i64 = self.read(|c| Ok(c.client.query_one(&sql, &[])?.get(0)))?;
+        Ok(super::rows::u64_of(n))
     }
 }
 

@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 
 use crate::kernel::Catalog;
 use crate::model::ModelProfile;
-use crate::store::ops::is_held;
 use crate::store::{Error, Lease, QueueStatus, Result, TaskRecord};
 
 /// The columns a task is read from, in the order [`from_row`] expects.
@@ -205,7 +204,7 @@ pub fn saved(rec: &TaskRecord, was: QueueStatus) -> Result<Saved> {
             }
             _ => None,
         },
-        held: is_held(rec),
+        held: rec.is_held(),
         newly_queued: rec.status == QueueStatus::Queued && was != QueueStatus::Queued,
         suspended_at_ms: rec.suspended_at_ms.map(i64_of),
         cancel_requested: rec.cancel_requested.clone(),

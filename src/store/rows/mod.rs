@@ -21,11 +21,11 @@ pub use spec::{SPEC_FORMAT, SpecRow, decode_spec, encode_spec};
 pub use task::{StateRow, TaskRow, decode_task, encode_task};
 
 use super::codec::{Json, Record};
-use super::ops::Event;
 use super::{CallRecord, TaskRecord};
 use crate::kernel::memory::Note;
 use crate::kernel::{Budget, Catalog, Span, SpanKind, TaskState, ToolCall};
 use crate::model::ModelProfile;
+use crate::store::Event;
 
 type R<T> = std::result::Result<T, String>;
 

@@ -5,12 +5,12 @@
 use redb::{ReadableTable, Table, WriteTransaction};
 use std::collections::HashMap;
 
-use super::codec::{decode_legacy, decode_row, encode_row, is_legacy};
-use super::rows::{
+use super::schema::*;
+use crate::store::codec::{decode_legacy, decode_row, encode_row, is_legacy};
+use crate::store::rows::{
     Blob, ModelRow, SpecRow, TaskRow, decode_spec, encode_spec, join, split, task_row,
 };
-use super::schema::*;
-use super::{Error, Result, TaskRecord};
+use crate::store::{Error, Result, TaskRecord};
 
 /// The task row of `id`, if the task exists.
 pub(super) fn read_row<T>(tasks: &T, id: &str) -> Result<Option<TaskRow>>
@@ -26,7 +26,7 @@ where
         let rec: TaskRecord = decode_legacy(&format!("task {id}"), bytes)?;
         return Ok(Some(task_row(&rec)));
     }
-    Ok(Some(super::rows::decode_task(
+    Ok(Some(crate::store::rows::decode_task(
         &format!("task {id}"),
         bytes,
     )?))
@@ -64,7 +64,7 @@ where
         if is_legacy(g.value()) {
             return Ok(Some(decode_legacy(&what, g.value())?));
         }
-        let row: TaskRow = super::rows::decode_task(&what, g.value())?;
+        let row: TaskRow = crate::store::rows::decode_task(&what, g.value())?;
         drop(g);
         self.with_row(row).map(Some)
     }
@@ -177,7 +177,10 @@ pub(super) fn load(w: &WriteTransaction, id: &str) -> Result<Option<TaskRecord>>
 
 /// Writes what a step or an operator changes: the task row only.
 pub(super) fn save_row(tasks: &mut Table<&str, &[u8]>, row: &TaskRow) -> Result<()> {
-    tasks.insert(row.id.as_str(), super::rows::encode_task(row)?.as_slice())?;
+    tasks.insert(
+        row.id.as_str(),
+        crate::store::rows::encode_task(row)?.as_slice(),
+    )?;
     Ok(())
 }
 

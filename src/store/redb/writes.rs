@@ -4,7 +4,8 @@
 
 use redb::WriteTransaction;
 
-use super::{Commit, Result, tasks};
+use super::rows as tasks;
+use crate::store::{Commit, Result};
 
 /// What step commits wrote, for the storage benchmark: bytes of records in this format and,
 /// when `measure_legacy` is set, what format 1 (JSON, the whole task record rewritten by every

@@ -9,29 +9,16 @@
 use redb::ReadableTable;
 use std::collections::BTreeMap;
 
-use super::codec::{decode, decode_row};
-use super::ops::{Decision, Event};
-use super::rows::{Blob, ModelRow};
+use super::Store;
+use super::rows as tasks;
 use super::schema::*;
-use super::{CallRecord, Error, QueueStatus, Result, Store, tasks};
 use crate::kernel::Span;
 use crate::kernel::memory::Note;
 use crate::model::RecordedReply;
-
-/// What `worker check` found.
-#[derive(Debug, Default)]
-pub struct CheckReport {
-    /// Records read, by table.
-    pub records: BTreeMap<&'static str, u64>,
-    /// One line per damaged record or table, naming it and what is wrong.
-    pub damaged: Vec<String>,
-}
-
-impl CheckReport {
-    pub fn ok(&self) -> bool {
-        self.damaged.is_empty()
-    }
-}
+use crate::store::backend::{CheckReport, Decision, Event, Maintenance};
+use crate::store::codec::{decode, decode_row};
+use crate::store::rows::{self, Blob, ModelRow};
+use crate::store::{CallRecord, Error, QueueStatus, Result};
 
 /// Runs `f`, turning a panic of the storage engine into an error.
 fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
@@ -50,9 +37,9 @@ fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     }
 }
 
-impl Store {
+impl Maintenance for Store {
     /// Verifies every record of the database; see the module docs.
-    pub fn check(&self) -> Result<CheckReport> {
+    fn check(&self) -> Result<CheckReport> {
         let mut rep = CheckReport::default();
         let r = self.begin_read()?;
         macro_rules! scan {
@@ -113,7 +100,7 @@ impl Store {
                 if t.get(k.value())?.is_none() {
                     bad.push(format!("task {}: a spec without its task", k.value()));
                 }
-                if let Ok(spec) = super::rows::decode_spec("spec", v.value()) {
+                if let Ok(spec) = rows::decode_spec("spec", v.value()) {
                     if let ModelRow::Script { replies, .. } = &spec.model {
                         *uses.entry(replies.clone()).or_default() += 1;
                     }
@@ -162,7 +149,7 @@ impl Store {
     /// Deletes finished tasks last updated before `before_ms` (but a cancelled task whose write
     /// is still held), with their spans, replies, call records, audit events and enqueue keys, at most `batch` tasks per transaction, and
     /// records one `purge` event per transaction. Returns the ids deleted.
-    pub fn purge(&self, before_ms: u64, batch: usize, d: &Decision) -> Result<Vec<String>> {
+    fn purge(&self, before_ms: u64, batch: usize, d: &Decision) -> Result<Vec<String>> {
         let batch = batch.clamp(1, 10_000);
         let mut purged = Vec::new();
         loop {
@@ -187,7 +174,7 @@ impl Store {
                     {
                         let spec = s
                             .get(id)?
-                            .and_then(|g| super::rows::decode_spec("spec", g.value()).ok());
+                            .and_then(|g| rows::decode_spec("spec", g.value()).ok());
                         let (key, ns) = spec.map_or((None, None), |sp| (sp.key, sp.key_ns));
                         out.push((id.to_string(), key, ns));
                         if out.len() == batch {
@@ -245,7 +232,7 @@ impl Store {
                 })?;
             }
             if !done.is_empty() {
-                super::embedded::event(
+                super::decide::event(
                     &w,
                     None,
                     "purge",

@@ -5,33 +5,18 @@
 use redb::ReadableTable;
 use serde_json::json;
 
-use super::codec::{decode, encode};
-use super::embedded::event;
-use super::ops::Decision;
+use super::decide::event;
 use super::schema::*;
-use super::{Error, Result, Store, next_seq};
-use crate::kernel::memory::{self, Note};
+use super::{Store, next_seq};
+use crate::kernel::memory::Note;
+use crate::store::Result;
+use crate::store::backend::{Decision, Notes};
+use crate::store::codec::{decode, encode};
+use crate::store::records::admit_note;
 
-/// A note the memory policy admits (trusted source, non-empty), within its limits; the same
-/// check on both backends.
-pub(crate) fn admit_note(
-    user: &str,
-    text: &str,
-    source: &str,
-    ttl_s: u64,
-    d: &Decision,
-) -> Result<Note> {
-    let note = memory::admit(user, text, source, d.now_ms / 1000, ttl_s)
-        .map_err(|e| Error::Invalid(e.to_string()))?;
-    crate::limits::check_text(text, "the note", crate::limits::NOTE_BYTES_MAX)
-        .map_err(|e| Error::Invalid(e.0))?;
-    crate::limits::check_name(user, "--user").map_err(|e| Error::Invalid(e.0))?;
-    Ok(note)
-}
-
-impl Store {
+impl Notes for Store {
     /// Stores a long-term memory note if the policy admits it (trusted source, non-empty).
-    pub fn add_note(
+    fn add_note(
         &self,
         user: &str,
         text: &str,
@@ -56,7 +41,7 @@ impl Store {
     }
 
     /// Notes, of one user when given; expired ones only with `all`.
-    pub fn notes(&self, user: Option<&str>, now_ms: u64, all: bool) -> Result<Vec<Note>> {
+    fn notes(&self, user: Option<&str>, now_ms: u64, all: bool) -> Result<Vec<Note>> {
         let r = self.begin_read()?;
         let t = r.open_table(NOTES)?;
         let mut out = Vec::new();
@@ -71,7 +56,7 @@ impl Store {
     }
 
     /// Deletes a user's notes, only those from `source` when given. Returns how many.
-    pub fn forget(&self, user: &str, source: Option<&str>, d: &Decision) -> Result<usize> {
+    fn forget(&self, user: &str, source: Option<&str>, d: &Decision) -> Result<usize> {
         let w = self.begin_write()?;
         let mut gone = Vec::new();
         {

@@ -1,45 +1,136 @@
-//! Operator decisions, each one write transaction that checks the task's status, applies the
-//! decision and records an audit event (who, what, when, why) together: approve, reject,
-//! reconcile, cancel, and the expiry of approval waits. Memory notes are in `memory`.
+//! Operator decisions: approve, reject, reconcile (settle a held write) and cancel, and the
+//! daemon's expiry of approval waits. Each is one function here, called by the CLI, the web
+//! console and the daemon alike, and each runs as one transaction of the backend
+//! ([`DecisionTx`]) that checks the task's status, applies the decision and records its audit
+//! event (who, what, when, why) together. The rules and the messages that name CLI flags live
+//! here, not in storage.
 //!
-//! The decisions are written once, against [`DecisionTx`], a transaction of either backend:
-//! redb's single writer or a PostgreSQL transaction that reads the task `FOR UPDATE`. Two
-//! operators deciding the same task are serialized either way: the second finds the status
-//! already changed and gets a `Conflict` naming what happened.
+//! Two operators deciding the same task are serialized by the backend (redb's single writer,
+//! or PostgreSQL's `FOR UPDATE`): the second finds the status already changed and gets a
+//! `Conflict` naming what happened.
 
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::{CallRecord, Error, QueueStatus, Result, TaskRecord};
-use crate::kernel::{Budget, Status, StopReason, ToolCall};
+use super::review::{Extension, Reviewed, Settlement};
+use crate::kernel::{Status, StopReason, ToolCall};
+use crate::store::prelude::*;
+use crate::store::{CallRecord, Decision, DecisionTx, Error, QueueStatus, Result, TaskRecord};
 
-/// One line of the audit log.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Event {
-    pub seq: u64,
-    pub at_ms: u64,
-    pub task: Option<String>,
-    pub verb: String,
-    pub by: String,
-    pub reason: Option<String>,
-    pub detail: Value,
+/// Approves exactly the held call of a suspended task and requeues it; the held call then
+/// runs under its original key, carrying the approval to the tool. `reviewed` must name the
+/// held call (its key or digest, from `worker show`); `extend` grants more budget first.
+pub fn approve(
+    db: &dyn Backend,
+    id: &str,
+    reviewed: &Reviewed,
+    extend: &Extension,
+    d: &Decision,
+) -> Result<ToolCall> {
+    decided(db, id, "approve", d, &mut |tx| {
+        approve_in(tx, id, reviewed, extend, d)
+    })
 }
 
-/// Who decides, why, and when.
-#[derive(Clone, Debug)]
-pub struct Decision {
-    pub by: String,
-    pub reason: Option<String>,
-    pub now_ms: u64,
+/// Rejects the held call of a suspended task: the model is told, and the task goes on.
+pub fn reject(db: &dyn Backend, id: &str, reviewed: &Reviewed, d: &Decision) -> Result<ToolCall> {
+    decided(db, id, "reject", d, &mut |tx| {
+        reject_in(tx, id, reviewed, d)
+    })
 }
 
-/// How an operator settles a held write.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Settlement {
-    /// The write took effect; `result` is what the service answered (or `{"status": "ok"}`).
-    Applied(Value),
-    /// The write did not take effect: the step runs again under the same call key.
-    NotApplied,
+/// Settles a held write: applied (with the service's result) or not applied (sent again
+/// under the same call key).
+pub fn reconcile(
+    db: &dyn Backend,
+    id: &str,
+    s: &Settlement,
+    reviewed: &Reviewed,
+    extend: &Extension,
+    d: &Decision,
+) -> Result<ToolCall> {
+    decided(db, id, "reconcile", d, &mut |tx| {
+        reconcile_in(tx, id, s, reviewed, extend, d)
+    })
+}
+
+/// Cancels a task: at once when it is queued, suspended or held; at the running worker
+/// thread's next step boundary when it is running. A held write stays listed (and so in
+/// `worker reconcile`) until it is settled: cancelling does not make its outcome known.
+/// With `seen` (the task's last change when the operator looked, as the console's form
+/// carries it), refused when the task changed since.
+pub fn cancel(db: &dyn Backend, id: &str, seen: Option<u64>, d: &Decision) -> Result<QueueStatus> {
+    decided(db, id, "cancel", d, &mut |tx| {
+        cancel_seen_in(tx, id, seen, d)
+    })
+}
+
+/// Cancels task `id` if a cancel was requested while it ran and its run ended waiting;
+/// returns whether it did. Called by the daemon.
+pub fn complete_requested_cancel(db: &dyn Backend, id: &str, now_ms: u64) -> Result<bool> {
+    let mut done = false;
+    db.decide(&mut |tx| {
+        done = complete_requested_cancel_in(tx, id, now_ms)?;
+        Ok(())
+    })?;
+    Ok(done)
+}
+
+/// Stops every suspended task whose approval wait ran out, with its audit event. Called by
+/// the daemon.
+pub fn expire_approvals(db: &dyn Backend, now_ms: u64) -> Result<Vec<String>> {
+    let due = db.due_approvals(now_ms)?;
+    if due.is_empty() {
+        return Ok(due);
+    }
+    let mut done = Vec::new();
+    db.decide(&mut |tx| {
+        done = expire_in(tx, &due, now_ms)?;
+        Ok(())
+    })?;
+    Ok(done)
+}
+
+/// The held writes: tasks stopped with `unknown_outcome` (or cancelled while held), each
+/// with its call record (`Err` names a damaged one). A write stays listed until it is settled.
+pub fn held(db: &dyn Backend) -> Result<HeldWrites> {
+    let mut out = Vec::new();
+    for id in db.held_ids()? {
+        let rec = db.task(&id)?;
+        let Some(c) = rec.state.unknown_write() else {
+            continue;
+        };
+        if !rec.is_held() {
+            continue;
+        }
+        let call = db.call(&db.call_key(&rec, c)).map_err(|e| e.to_string());
+        out.push((rec, call));
+    }
+    Ok(out)
+}
+
+/// The held writes, each with its call record (`Err` names a damaged one).
+pub type HeldWrites = Vec<(TaskRecord, std::result::Result<Option<CallRecord>, String>)>;
+
+/// Runs a decision: commits when it decided (even when its answer is a refusal it records),
+/// and logs it once it committed.
+fn decided<T>(
+    db: &dyn Backend,
+    task: &str,
+    verb: &str,
+    d: &Decision,
+    f: &mut dyn FnMut(&mut dyn DecisionTx) -> Decided<T>,
+) -> Result<T> {
+    let mut answer = None;
+    db.decide(&mut |tx| {
+        answer = Some(f(tx)?);
+        Ok(())
+    })?;
+    let answer = answer.unwrap_or_else(|| Err(Error::Conflict("the decision was not run".into())));
+    match &answer {
+        Ok(_) => tracing::info!(task, verb, by = %d.by, reason = ?d.reason, "decision recorded"),
+        Err(e) => tracing::info!(task, verb, by = %d.by, error = %e, "decision refused"),
+    }
+    answer
 }
 
 fn not_in(rec: &TaskRecord, wanted: &str) -> Error {
@@ -68,126 +159,6 @@ fn approval_expired(rec: &TaskRecord, now_ms: u64) -> bool {
         && rec
             .suspended_at_ms
             .is_some_and(|t| now_ms >= t.saturating_add(rec.approval_wait_ms))
-}
-
-/// The held call an operator reviewed, as `worker show` printed it: its call key, its digest,
-/// or both. A decision is applied only if it still names the call the task holds when the
-/// decision's transaction runs.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Reviewed {
-    pub key: Option<String>,
-    pub digest: Option<String>,
-}
-
-impl Reviewed {
-    pub fn is_empty(&self) -> bool {
-        self.key.is_none() && self.digest.is_none()
-    }
-
-    /// Refuses unless every given part equals the held call's.
-    fn check(&self, id: &str, call: &ToolCall, key: &str) -> Result<()> {
-        let digest = call.digest();
-        let key_ok = self.key.as_deref().is_none_or(|k| k == key);
-        let digest_ok = self.digest.as_deref().is_none_or(|d| d == digest);
-        if key_ok && digest_ok {
-            return Ok(());
-        }
-        Err(Error::Conflict(format!(
-            "the decision does not match the held call: task {id} holds {} {} under key {key} with digest {digest}; the decision names {}",
-            call.name,
-            Value::Object(call.args.clone()),
-            [
-                self.key.as_ref().map(|k| format!("key {k}")),
-                self.digest.as_ref().map(|d| format!("digest {d}")),
-            ]
-            .into_iter()
-            .flatten()
-            .collect::<Vec<_>>()
-            .join(" and ")
-        )))
-    }
-}
-
-/// More budget an operator grants with a decision: each named limit grows by its amount.
-/// Recorded in the decision's audit event.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Extension(pub Vec<(String, u64)>);
-
-impl Extension {
-    /// Parses `steps=2,deadline_ms=10000` (names as in `--budget`, or without `_max`).
-    pub fn parse(text: &str) -> std::result::Result<Extension, String> {
-        let mut out = Vec::new();
-        for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let (name, value) = part
-                .split_once('=')
-                .ok_or_else(|| format!("--extend {part:?}: expected NAME=AMOUNT"))?;
-            let name = name.trim();
-            let full = if crate::kernel::state::BUDGET_FIELDS.contains(&name) {
-                name.to_string()
-            } else {
-                format!("{name}_max")
-            };
-            if !crate::kernel::state::BUDGET_FIELDS.contains(&full.as_str()) {
-                return Err(format!(
-                    "--extend: unknown limit {name:?}; known: steps, tool_calls, tokens, deadline_ms, ..."
-                ));
-            }
-            let amount: u64 = value
-                .trim()
-                .parse()
-                .map_err(|_| format!("--extend {name}: {value:?} is not a whole number"))?;
-            out.push((full, amount));
-        }
-        Ok(Extension(out))
-    }
-
-    /// The extension an audit event's `extend` detail records.
-    pub fn from_json(v: &Value) -> Extension {
-        Extension(
-            v.as_object()
-                .map(|m| {
-                    m.iter()
-                        .filter_map(|(k, n)| n.as_u64().map(|n| (k.clone(), n)))
-                        .collect()
-                })
-                .unwrap_or_default(),
-        )
-    }
-
-    /// `b` as it was before this extension grew it (the replay starts from there).
-    pub fn undo(&self, b: &mut Budget) {
-        for (name, amount) in &self.0 {
-            // A name this build does not know (a damaged event) undoes nothing.
-            if let Some(now) = b.get(name) {
-                let _ = b.set(name, &now.saturating_sub(*amount).to_string());
-            }
-        }
-    }
-
-    /// The budget with every limit grown (saturating: a limit never wraps around).
-    pub fn apply(&self, b: &mut Budget) -> Result<()> {
-        for (name, amount) in &self.0 {
-            let now = b
-                .get(name)
-                .ok_or_else(|| Error::Invalid(format!("unknown budget limit {name:?}")))?;
-            let grown = now.saturating_add(*amount);
-            let text = match name.as_str() {
-                "tokens_max" | "deadline_ms" => grown.to_string(),
-                _ => grown.min(u64::from(u32::MAX)).to_string(),
-            };
-            b.set(name, &text).map_err(Error::Invalid)?;
-        }
-        Ok(())
-    }
-
-    fn to_json(&self) -> Value {
-        Value::Object(
-            self.0
-                .iter()
-                .map(|(k, v)| (k.clone(), Value::from(*v)))
-                .collect(),
-        )
-    }
 }
 
 /// A decision that re-sends the held call promises a send: refuse it when the task's budget
@@ -222,30 +193,6 @@ fn check_can_send(rec: &TaskRecord, verb: &str) -> Result<()> {
     )))
 }
 
-/// One transaction of a backend, as an operator decision sees it. Each backend implements
-/// it over its own transaction; the decisions below are written once, against it, so both
-/// backends check and apply every decision the same way.
-pub trait DecisionTx {
-    /// This database's id (a task's call keys are in its namespace: `TaskRecord::call_key`).
-    fn db_id(&self) -> &str;
-    /// The task `id`, read for update (a concurrent decision on it waits or is refused).
-    fn load(&mut self, id: &str) -> Result<TaskRecord>;
-    /// Writes the task. What it is indexed under follows from the record: queued tasks (new
-    /// in the queue when `was` is not queued) in the ready queue, suspended ones by when their
-    /// wait runs out, and a write with an unknown outcome (held, or cancelled while held) in
-    /// the held list until it is settled.
-    fn save(&mut self, rec: &TaskRecord, was: QueueStatus) -> Result<()>;
-    /// Appends an audit event; returns its sequence number.
-    fn event(&mut self, task: Option<&str>, verb: &str, d: &Decision, detail: Value)
-    -> Result<u64>;
-    /// The call record under `key`: `Some(Err)` when it exists but cannot be read.
-    fn call(&mut self, key: &str) -> Result<Option<std::result::Result<CallRecord, String>>>;
-    fn put_call(&mut self, c: &CallRecord) -> Result<()>;
-    /// Queues the root span of task `id`, which this decision finished, for live export: in
-    /// the decision's transaction, and only if a daemon ever exported from this database.
-    fn queue_root(&mut self, id: &str) -> Result<()>;
-}
-
 /// A decision's result: `Err` of the inner result is an answer the transaction still commits
 /// (an approval wait found expired is recorded, then refused).
 pub type Decided<T> = Result<std::result::Result<T, Error>>;
@@ -276,18 +223,11 @@ fn finish(
     Ok(())
 }
 
-/// Whether the task's write is listed by `held` (and so by `worker reconcile`): held, or
-/// cancelled while held, until it is settled.
-pub fn is_held(rec: &TaskRecord) -> bool {
-    matches!(rec.status, QueueStatus::Held | QueueStatus::Finished)
-        && rec.state.unknown_write().is_some()
-}
-
 /// Approves exactly the held call of a suspended task and requeues it; the held call then
 /// runs under its original key, carrying the approval to the tool. The approval lives in the
 /// task only, with its audit event, in one transaction. `reviewed` must name the held call
 /// (its key or digest, from `worker show`); `extend` grants more budget first.
-pub fn approve(
+fn approve_in(
     tx: &mut dyn DecisionTx,
     id: &str,
     reviewed: &Reviewed,
@@ -320,7 +260,7 @@ pub fn approve(
     extend.apply(&mut rec.budget)?;
     check_can_send(&rec, "the approval")?;
     let digest = call.digest();
-    rec.approval = Some(super::Approval {
+    rec.approval = Some(crate::store::Approval {
         key,
         digest,
         by: d.by.clone(),
@@ -338,7 +278,7 @@ pub fn approve(
 
 /// Rejects the held call: it is never sent; the task continues with a `rejected` result for
 /// that step, under its budget. `reviewed`, when given, must name the held call.
-pub fn reject(
+fn reject_in(
     tx: &mut dyn DecisionTx,
     id: &str,
     reviewed: &Reviewed,
@@ -367,7 +307,7 @@ pub fn reject(
 /// the call is sent again under the same call key (refused when the budget would stop it
 /// before it goes out, unless `extend` grants more). A task cancelled while its write was held
 /// is not requeued: the settlement is recorded and it leaves the held list.
-pub fn reconcile(
+fn reconcile_in(
     tx: &mut dyn DecisionTx,
     id: &str,
     s: &Settlement,
@@ -460,16 +400,9 @@ pub fn reconcile(
     Ok(Ok(call))
 }
 
-/// Cancels a task: at once when it is queued, suspended or held; at the running worker's next
-/// step boundary when it is running. A held write stays listed by `held` (and so by `worker
-/// reconcile`) until it is settled: cancelling does not make its outcome known.
-pub fn cancel(tx: &mut dyn DecisionTx, id: &str, d: &Decision) -> Decided<QueueStatus> {
-    cancel_seen(tx, id, None, d)
-}
-
-/// [`cancel`], refused (nothing written) when `seen` is given and the task changed since: its
+/// A cancel, refused (nothing written) when `seen` is given and the task changed since: its
 /// last change is no longer `seen` (the console's form carries it).
-pub fn cancel_seen(
+fn cancel_seen_in(
     tx: &mut dyn DecisionTx,
     id: &str,
     seen: Option<u64>,
@@ -518,7 +451,7 @@ pub fn cancel_seen(
 /// cancel of a suspended or held task is (a held write stays listed until it is settled).
 /// The request's audit event is the cancel's; nothing else is recorded. Returns whether it
 /// cancelled the task.
-pub fn complete_requested_cancel(tx: &mut dyn DecisionTx, id: &str, now_ms: u64) -> Result<bool> {
+fn complete_requested_cancel_in(tx: &mut dyn DecisionTx, id: &str, now_ms: u64) -> Result<bool> {
     let mut rec = tx.load(id)?;
     if rec.cancel_requested.is_none()
         || !matches!(rec.status, QueueStatus::Suspended | QueueStatus::Held)
@@ -537,7 +470,7 @@ pub fn complete_requested_cancel(tx: &mut dyn DecisionTx, id: &str, now_ms: u64)
 
 /// Ends each of the suspended tasks `due` whose approval wait ran out (checked again here),
 /// with `approval_expired` and its audit event. Returns the ids ended.
-pub fn expire(tx: &mut dyn DecisionTx, due: &[String], now_ms: u64) -> Result<Vec<String>> {
+fn expire_in(tx: &mut dyn DecisionTx, due: &[String], now_ms: u64) -> Result<Vec<String>> {
     let ns = tx.db_id().to_string();
     let mut done = Vec::new();
     for id in due {

@@ -237,7 +237,7 @@ impl Store {
             w.open_table(REPLIES)?;
             w.open_table(EVENTS)?;
             w.open_table(NOTES)?;
-            let mut tables = super::tasks::Tables::open(&w)?;
+            let mut tables = super::rows::Tables::open(&w)?;
             if v1 {
                 let n = migrate_v1(&w, &mut tables)?;
                 tracing::info!(
@@ -279,8 +279,8 @@ impl Store {
 
 /// Rewrites every record of a version-1 file: a task record becomes its row, its spec and its
 /// blobs; every other record is re-encoded. Returns how many records were rewritten.
-fn migrate_v1(w: &redb::WriteTransaction, tables: &mut super::tasks::Tables<'_>) -> Result<u64> {
-    use super::codec::{decode_legacy, is_legacy, migrate_table};
+fn migrate_v1(w: &redb::WriteTransaction, tables: &mut super::rows::Tables<'_>) -> Result<u64> {
+    use crate::store::codec::{decode_legacy, is_legacy, migrate_table};
     let mut n = 0;
     let legacy: Vec<(String, Vec<u8>)> = {
         let mut out = Vec::new();
@@ -293,7 +293,7 @@ fn migrate_v1(w: &redb::WriteTransaction, tables: &mut super::tasks::Tables<'_>)
         out
     };
     for (id, bytes) in legacy {
-        match decode_legacy::<super::TaskRecord>(&format!("task {id}"), &bytes) {
+        match decode_legacy::<crate::store::TaskRecord>(&format!("task {id}"), &bytes) {
             Ok(rec) => {
                 tables.insert_new(&rec)?;
                 n += 1;
@@ -304,10 +304,10 @@ fn migrate_v1(w: &redb::WriteTransaction, tables: &mut super::tasks::Tables<'_>)
             }
         }
     }
-    n += migrate_table::<_, super::CallRecord>(&mut w.open_table(CALL_KEYS)?, "call key")?;
+    n += migrate_table::<_, crate::store::CallRecord>(&mut w.open_table(CALL_KEYS)?, "call key")?;
     n += migrate_table::<_, crate::kernel::Span>(&mut w.open_table(SPANS)?, "span")?;
     n += migrate_table::<_, crate::model::RecordedReply>(&mut w.open_table(REPLIES)?, "reply")?;
-    n += migrate_table::<_, super::ops::Event>(&mut w.open_table(EVENTS)?, "event")?;
+    n += migrate_table::<_, crate::store::Event>(&mut w.open_table(EVENTS)?, "event")?;
     n += migrate_table::<_, crate::kernel::memory::Note>(&mut w.open_table(NOTES)?, "note")?;
     Ok(n)
 }

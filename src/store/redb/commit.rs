@@ -1,0 +1,158 @@
+//! Step commits in the redb file: a group of commits in one write transaction (one fsync for
+//! many steps), each checked against its claim's fencing token before anything of it is
+//! written, so one refused commit never spoils the others of the group.
+
+use redb::WriteTransaction;
+
+use super::queue::claim_in;
+use super::rows as tasks;
+use super::schema::*;
+use super::writes::{WRITES, legacy_bytes};
+use super::{Store, next_seq};
+use crate::kernel::StopReason;
+use crate::store::backend::Commits;
+use crate::store::codec::{self, encode};
+use crate::store::{
+    Commit, CommitKind, CommitOutcome, Error, QueueStatus, Result, remaining_ms, rows,
+};
+
+impl Commits for Store {
+    /// A single writer: commits gain from sharing one transaction.
+    fn groups_commits(&self) -> bool {
+        true
+    }
+
+    fn commit_batch(
+        &self,
+        commits: &[&Commit],
+    ) -> std::result::Result<Vec<Option<CommitOutcome>>, String> {
+        let applied = (|| {
+            let w = self.begin_write().map_err(|e| (None, e))?;
+            let mut results = Vec::with_capacity(commits.len());
+            for c in commits {
+                match apply_commit(&w, c) {
+                    Ok(o) => results.push(Some(o)),
+                    Err(Error::LeaseLost(_) | Error::NoTask(_)) => results.push(None),
+                    Err(e) => return Err((Some(c.task_id.clone()), e)),
+                }
+            }
+            w.commit().map_err(|e| (None, Error::from(e)))?;
+            Ok(results)
+        })();
+        applied.map_err(|(task, e): (Option<String>, Error)| {
+            // A disk error leaves the handle unusable: open it again for the next commits.
+            self.after_error(&e);
+            match task {
+                Some(t) => format!("task {t}: {e}"),
+                None => e.to_string(),
+            }
+        })
+    }
+}
+
+/// Applies one worker commit inside `w`. Checks first that the worker still holds the lease
+/// and writes nothing if not, so one failed commit never spoils the others of a group.
+fn apply_commit(w: &WriteTransaction, c: &Commit) -> Result<CommitOutcome> {
+    let mut tasks = w.open_table(TASKS)?;
+    // The task row only: a step never reads or rewrites the spec or the shared blobs.
+    let mut rec =
+        tasks::read_row(&tasks, &c.task_id)?.ok_or_else(|| Error::NoTask(c.task_id.clone()))?;
+    // Fencing: only the task's current claim may commit. An older claim of the same
+    // process (a thread that kept running after its lease was taken over) is refused too.
+    let held = rec.status == QueueStatus::Running
+        && rec.lease.as_ref().is_some_and(|l| l.token == c.token);
+    if !held {
+        return Err(Error::LeaseLost(c.task_id.clone()));
+    }
+    let mut written = 0usize;
+    if let Some(call) = &c.call {
+        let v = encode(call)?;
+        written += v.len();
+        w.open_table(CALL_KEYS)?
+            .insert(call.key.as_str(), v.as_slice())?;
+    }
+    if let Some(reply) = &c.reply {
+        let v = encode(reply)?;
+        written += v.len();
+        w.open_table(REPLIES)?
+            .insert((c.task_id.as_str(), reply.step), v.as_slice())?;
+    }
+    if !c.spans.is_empty() {
+        let mut spans = w.open_table(SPANS)?;
+        for s in &c.spans {
+            let v = encode(s)?;
+            written += v.len();
+            spans.insert((c.task_id.as_str(), s.id), v.as_slice())?;
+        }
+        super::outbox::queue(w, c)?;
+    }
+    let mut outcome = CommitOutcome {
+        cancel_requested: rec.cancel_requested.clone(),
+        next: None,
+    };
+    if c.kind == CommitKind::Intent {
+        WRITES.count(written, || legacy_bytes(w, c, false));
+        return Ok(outcome);
+    }
+    rec.state = codec::Record::to_row(&c.state);
+    rec.next_span_id = c.next_span_id;
+    if c.clear_settle {
+        rec.settle = None;
+    }
+    rec.updated_at_ms = c.now_ms;
+    let mut running = w.open_table(RUNNING)?;
+    match c.kind {
+        CommitKind::Intent => {}
+        CommitKind::Step => {
+            // The renewed expiry lives in the record; RUNNING keeps the claim-time expiry
+            // as an index, and recovery reads the record before taking a task over.
+            if let Some(l) = rec.lease.as_mut() {
+                l.expires_at_ms = c
+                    .now_ms
+                    .saturating_add(c.lease_ms)
+                    .saturating_add(remaining_ms(&rec.budget, c.state.elapsed_ms));
+            }
+        }
+        CommitKind::Final(stop) => {
+            rec.status = QueueStatus::after(stop);
+            rec.suspended_at_ms = (stop == StopReason::NeedsApproval).then_some(c.now_ms);
+            let mut waiting = w.open_table(WAITING)?;
+            if stop == StopReason::NeedsApproval {
+                waiting.insert(
+                    c.task_id.as_str(),
+                    c.now_ms.saturating_add(rec.approval_wait_ms),
+                )?;
+            } else {
+                waiting.remove(c.task_id.as_str())?;
+            }
+            let mut held = w.open_table(HELD)?;
+            if stop == StopReason::UnknownOutcome {
+                held.insert(c.task_id.as_str(), c.now_ms)?;
+            } else {
+                held.remove(c.task_id.as_str())?;
+            }
+            rec.lease = None;
+            running.remove(c.task_id.as_str())?;
+        }
+        CommitKind::Release => {
+            rec.status = QueueStatus::Queued;
+            rec.lease = None;
+            running.remove(c.task_id.as_str())?;
+            let seq = next_seq(&mut w.open_table(META)?, META_READY_SEQ)?;
+            w.open_table(READY)?
+                .insert((-rec.priority, seq), c.task_id.as_str())?;
+        }
+    }
+    if rec.status != QueueStatus::Running {
+        super::list::Indexes::open(w)?.moved(&c.task_id, QueueStatus::Running, rec.status)?;
+    }
+    let row = rows::encode_task(&rec)?;
+    written += row.len();
+    tasks.insert(c.task_id.as_str(), row.as_slice())?;
+    drop((tasks, running));
+    WRITES.count(written, || legacy_bytes(w, c, true));
+    if let (CommitKind::Final(_), Some(lease)) = (c.kind, &c.claim_next) {
+        outcome.next = claim_in(w, lease, 1, c.now_ms)?.pop();
+    }
+    Ok(outcome)
+}

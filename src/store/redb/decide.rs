@@ -1,0 +1,119 @@
+//! Operator decisions in the redb file: each runs in one write transaction through
+//! [`RedbTx`], the one place that keeps the file's index tables (ready, running, waiting,
+//! held, and the list indexes) in step with a task's status when a decision writes it.
+
+use redb::{ReadableTable, WriteTransaction};
+use serde_json::Value;
+
+use super::rows as tasks;
+use super::schema::*;
+use super::{Store, next_seq};
+use crate::store::backend::{Decide, Decision, DecisionTx, Event};
+use crate::store::codec::{decode, encode};
+use crate::store::{CallRecord, Error, QueueStatus, Result, TaskRecord};
+
+/// Appends an audit event inside `w`.
+pub(super) fn event(
+    w: &WriteTransaction,
+    task: Option<&str>,
+    verb: &str,
+    d: &Decision,
+    detail: Value,
+) -> Result<u64> {
+    let seq = next_seq(&mut w.open_table(META)?, META_EVENT_SEQ)?;
+    let ev = Event {
+        seq,
+        at_ms: d.now_ms,
+        task: task.map(str::to_string),
+        verb: verb.to_string(),
+        by: d.by.clone(),
+        reason: d.reason.clone(),
+        detail,
+    };
+    w.open_table(EVENTS)?.insert(seq, encode(&ev)?.as_slice())?;
+    Ok(seq)
+}
+
+/// An operator decision's view of one redb write transaction.
+struct RedbTx<'a> {
+    w: &'a WriteTransaction,
+    db_id: &'a str,
+}
+
+impl DecisionTx for RedbTx<'_> {
+    fn db_id(&self) -> &str {
+        self.db_id
+    }
+
+    fn load(&mut self, id: &str) -> Result<TaskRecord> {
+        tasks::load(self.w, id)?.ok_or_else(|| Error::NoTask(id.to_string()))
+    }
+
+    fn save(&mut self, rec: &TaskRecord, was: QueueStatus) -> Result<()> {
+        let id = rec.id.as_str();
+        let now = rec.updated_at_ms;
+        let mut waiting = self.w.open_table(WAITING)?;
+        match (rec.status, rec.suspended_at_ms) {
+            (QueueStatus::Suspended, Some(at)) => {
+                waiting.insert(id, at.saturating_add(rec.approval_wait_ms))?;
+            }
+            _ => {
+                waiting.remove(id)?;
+            }
+        }
+        let mut held = self.w.open_table(HELD)?;
+        if !rec.is_held() {
+            held.remove(id)?;
+        } else if held.get(id)?.is_none() {
+            held.insert(id, now)?;
+        }
+        if rec.status != QueueStatus::Running {
+            self.w.open_table(RUNNING)?.remove(id)?;
+        }
+        if rec.status == QueueStatus::Queued && was != QueueStatus::Queued {
+            let seq = next_seq(&mut self.w.open_table(META)?, META_READY_SEQ)?;
+            self.w.open_table(READY)?.insert((-rec.priority, seq), id)?;
+        }
+        super::list::Indexes::open(self.w)?.moved(id, was, rec.status)?;
+        tasks::save(self.w, rec)
+    }
+
+    fn event(
+        &mut self,
+        task: Option<&str>,
+        verb: &str,
+        d: &Decision,
+        detail: Value,
+    ) -> Result<u64> {
+        event(self.w, task, verb, d, detail)
+    }
+
+    fn call(&mut self, key: &str) -> Result<Option<std::result::Result<CallRecord, String>>> {
+        let t = self.w.open_table(CALL_KEYS)?;
+        Ok(t.get(key)?
+            .map(|g| decode("call key", g.value()).map_err(|e| e.to_string())))
+    }
+
+    fn put_call(&mut self, c: &CallRecord) -> Result<()> {
+        self.w
+            .open_table(CALL_KEYS)?
+            .insert(c.key.as_str(), encode(c)?.as_slice())?;
+        Ok(())
+    }
+
+    fn queue_root(&mut self, id: &str) -> Result<()> {
+        super::outbox::queue_root(self.w, id)
+    }
+}
+
+impl Decide for Store {
+    fn decide(&self, f: &mut dyn FnMut(&mut dyn DecisionTx) -> Result<()>) -> Result<()> {
+        let w = self.begin_write()?;
+        f(&mut RedbTx {
+            w: &w,
+            db_id: &self.db_id,
+        })?;
+        w.commit()?;
+        Ok(())
+    }
+}

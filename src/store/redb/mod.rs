@@ -1,0 +1,87 @@
+//! The redb engine: the worker database as one redb file in `ConcurrencyMode::MultiWriter`,
+//! shared by daemons, `worker enqueue` and the operator verbs, one write transaction at a
+//! time across them.
+//!
+//! It mirrors `store::pg` file for file: each part of the interface (`store::backend`) is
+//! implemented in the file of its name (`queue`, `commit`, `decide`, `reads`, `list`, `notes`,
+//! `maintenance`, `outbox`), over the tables of `schema` and the task rows of `rows`. Opening
+//! and migrating the file is in `open`, the redb handles (read-only, reopened after an I/O
+//! error) in `handle`. No write transaction here stays open across a model or tool call:
+//! callers hand in finished data.
+
+mod commit;
+mod decide;
+mod handle;
+mod list;
+mod maintenance;
+mod notes;
+mod open;
+mod outbox;
+mod queue;
+mod reads;
+mod rows;
+pub mod schema;
+mod writes;
+
+pub use handle::{Opener, Reopening};
+pub(crate) use handle::{create_private, open_redb};
+pub(crate) use open::check_not_empty;
+pub use open::random_u64;
+pub use writes::{WRITES, WriteStats};
+
+use redb::{ReadTransaction, ReadableTable, WriteTransaction};
+use std::path::PathBuf;
+
+use super::{Backend, Error, Result};
+use handle::Handle;
+
+macro_rules! from_redb {
+    ($($t:ty),*) => {$(
+        impl From<$t> for Error {
+            fn from(e: $t) -> Error {
+                Error::Db(redb::Error::from(e))
+            }
+        }
+    )*};
+}
+from_redb!(
+    redb::DatabaseError,
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError
+);
+
+pub struct Store {
+    db: Handle,
+    path: PathBuf,
+    /// This database's id: made at random when the file is created, it prefixes every call
+    /// key, so keys of two databases (or of a restored backup) never collide at a tool service.
+    db_id: String,
+}
+
+fn next_seq(meta: &mut redb::Table<&str, u64>, name: &str) -> Result<u64> {
+    let n = meta.get(name)?.map_or(1, |g| g.value());
+    meta.insert(name, n + 1)?;
+    Ok(n)
+}
+
+impl Store {
+    pub fn begin_write(&self) -> Result<WriteTransaction> {
+        self.db.begin_write()
+    }
+
+    pub fn begin_read(&self) -> Result<ReadTransaction> {
+        Ok(self.db.begin_read()?)
+    }
+}
+
+impl Backend for Store {
+    fn db_id(&self) -> &str {
+        &self.db_id
+    }
+
+    fn describe(&self) -> String {
+        format!("the redb file {}", self.path().display())
+    }
+}
