@@ -1,6 +1,7 @@
 //! The source layout's rules, read from the sources: no import circle between the crate's
 //! top-level modules, no file under `src/` over 600 lines, every file opens with its module
-//! docs, and the command line is a `cli/` module of verb files (no `src/cli.rs`).
+//! docs, the command line is a `cli/` module of verb files (no `src/cli.rs`), no module
+//! imports a higher layer, and inside `store/` the engines sit beside each other, under nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -148,5 +149,91 @@ fn the_command_line_is_a_module_of_verb_files() {
     assert!(
         files.len() >= 5,
         "expected a file per verb family: {files:?}"
+    );
+}
+
+/// The layers of the crate, lowest first, as ARCHITECTURE.md writes them: a module may import
+/// modules of its own layer (without a circle) or of a lower one, never of a higher one.
+const LAYERS: [&[&str]; 8] = [
+    &["clock", "group", "limits", "net", "httpd"],
+    &["kernel"],
+    &["model"],
+    &["store"],
+    &["metrics", "tools", "mcp", "config", "sim"],
+    &["operator", "otlp", "replay", "console"],
+    &["worker"],
+    &["cli"],
+];
+
+fn layer_of(m: &str) -> Option<usize> {
+    LAYERS.iter().position(|l| l.contains(&m))
+}
+
+#[test]
+fn no_module_imports_a_higher_layer() {
+    let mut files = Vec::new();
+    sources(&src(), &mut files);
+    let mut upward = Vec::new();
+    for f in &files {
+        let Some(m) = module_of(f) else { continue };
+        let own = layer_of(&m).unwrap_or_else(|| {
+            panic!("module {m} is in no layer: add it to LAYERS and to ARCHITECTURE.md")
+        });
+        let text = std::fs::read_to_string(f).expect("readable source");
+        for d in imports(&text) {
+            if let Some(l) = layer_of(&d)
+                && l > own
+            {
+                upward.push(format!("{} imports {d}", f.display()));
+            }
+        }
+    }
+    assert!(upward.is_empty(), "imports of a higher layer: {upward:#?}");
+}
+
+/// Inside `store/`: the interface and the shared records (`backend`, `records`, `codec`,
+/// `rows`, `list`, `outbox`) never import an engine, and the engines never import each other.
+#[test]
+fn the_store_engines_sit_below_nothing_and_beside_each_other() {
+    let store = src().join("store");
+    let mut files = Vec::new();
+    sources(&store, &mut files);
+    let engine_of = |p: &Path| -> Option<&'static str> {
+        let rel = p.strip_prefix(&store).ok()?;
+        match rel.components().next()?.as_os_str().to_str()? {
+            "redb" => Some("redb"),
+            "pg" => Some("pg"),
+            _ => None,
+        }
+    };
+    let mut wrong = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).expect("readable source");
+        let code: String = text
+            .lines()
+            .map(|l| l.split("//").next().unwrap_or(""))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let names_redb = code.contains("store::redb") || code.contains("super::redb");
+        let names_pg = code.contains("store::pg") || code.contains("super::pg");
+        let rel = f.strip_prefix(&store).expect("under store");
+        match engine_of(f) {
+            // The front door opens either engine.
+            None if rel == Path::new("mod.rs") => {}
+            None if names_redb || names_pg => {
+                wrong.push(format!("{} names an engine", f.display()))
+            }
+            Some("redb") if names_pg => wrong.push(format!("{} names the pg engine", f.display())),
+            Some("pg") if names_redb => {
+                wrong.push(format!("{} names the redb engine", f.display()))
+            }
+            _ => {}
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    let front = std::fs::read_to_string(store.join("mod.rs")).expect("store/mod.rs");
+    assert!(
+        front.lines().count() < 100,
+        "store/mod.rs is the front door: modules, re-exports and opening a backend"
     );
 }

@@ -156,10 +156,7 @@ impl TaskRecord {
 
 /// A new task's key namespace in the database `db_id`: the id and 48 random bits.
 pub(crate) fn new_key_ns(db_id: &str) -> String {
-    format!(
-        "{db_id}-{:012x}",
-        super::redb::random_u64() & ((1 << 48) - 1)
-    )
+    format!("{db_id}-{:012x}", random_u64() & ((1 << 48) - 1))
 }
 
 /// An operator's approval of exactly one held call: its call key and digest, who and when.
@@ -363,4 +360,26 @@ pub(crate) fn admit_note(
         .map_err(|e| super::Error::Invalid(e.0))?;
     crate::limits::check_name(user, "--user").map_err(|e| super::Error::Invalid(e.0))?;
     Ok(note)
+}
+
+/// 64 random bits from the operating system, or (if it has none to give) from the standard
+/// library's randomly seeded hasher mixed with the time and the process id.
+pub fn random_u64() -> u64 {
+    use std::io::Read;
+    let mut b = [0u8; 8];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .is_ok()
+    {
+        return u64::from_le_bytes(b);
+    }
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    h.finish()
 }

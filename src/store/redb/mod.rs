@@ -26,7 +26,6 @@ mod writes;
 pub use handle::{Opener, Reopening};
 pub(crate) use handle::{create_private, open_redb};
 pub(crate) use open::check_not_empty;
-pub use open::random_u64;
 pub use writes::{WRITES, WriteStats};
 
 use redb::{ReadTransaction, ReadableTable, WriteTransaction};

@@ -4,6 +4,8 @@
 use redb::ReadableTable;
 use std::path::Path;
 
+use crate::store::random_u64;
+
 use super::handle::{Handle, Reopening, open_error, open_redb};
 use super::schema::*;
 use super::{Error, Opener, Result, Store, create_private};
@@ -341,25 +343,3 @@ pub(crate) fn check_not_empty(path: &Path) -> Result<()> {
 
 /// Database ids are 48 bits: 12 hex digits in every call key.
 const DB_ID_MASK: u64 = (1 << 48) - 1;
-
-/// 64 random bits from the operating system, or (if it has none to give) from the standard
-/// library's randomly seeded hasher mixed with the time and the process id.
-pub fn random_u64() -> u64 {
-    use std::io::Read;
-    let mut b = [0u8; 8];
-    if std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .is_ok()
-    {
-        return u64::from_le_bytes(b);
-    }
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.write_u32(std::process::id());
-    h.finish()
-}
