@@ -79,13 +79,15 @@ fn durable(name: &str, model: &ModelProfile, n: usize, workers: usize) -> (f64, 
     let tasks = tasks(model, n);
     store.enqueue(&tasks, worker::now_ms()).expect("enqueue");
     let cfg = Config {
+        demo: Some(std::sync::Arc::new(
+            tether::tools::durable::DemoShop::opened(std::sync::Arc::clone(&tools)),
+        )),
         workers,
         drain: true,
         ..Config::default()
     };
     let t = Instant::now();
-    let stats =
-        worker::run(store.clone(), tools, &cfg, Arc::new(AtomicBool::new(false))).expect("run");
+    let stats = worker::run(store.clone(), &cfg, Arc::new(AtomicBool::new(false))).expect("run");
     let secs = t.elapsed().as_secs_f64();
     let steps = stats.steps.load(Ordering::Relaxed) as f64;
     let ended = stats.tasks_ended.load(Ordering::Relaxed);

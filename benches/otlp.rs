@@ -35,13 +35,16 @@ fn run(name: &str, otlp: Option<Target>) -> f64 {
         .enqueue(&tasks(&model, TASKS), worker::now_ms())
         .expect("enqueue");
     let cfg = Config {
+        demo: Some(std::sync::Arc::new(
+            tether::tools::durable::DemoShop::opened(std::sync::Arc::clone(&tools)),
+        )),
         workers: 4,
         drain: true,
         otlp,
         ..Config::default()
     };
     let t = Instant::now();
-    let stats = worker::run(store, tools, &cfg, Arc::new(AtomicBool::new(false))).expect("run");
+    let stats = worker::run(store, &cfg, Arc::new(AtomicBool::new(false))).expect("run");
     // The drain's time, the exporter's final flush included (a receiver that is up gets what
     // is left before the daemon exits; one that is down is not waited for).
     let secs = t.elapsed().as_secs_f64();

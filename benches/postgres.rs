@@ -58,13 +58,15 @@ fn durable(base: &str, name: &str, model: &ModelProfile, n: usize, workers: usiz
         .enqueue(&tasks(model, n), worker::now_ms())
         .expect("enqueue");
     let cfg = Config {
+        demo: Some(std::sync::Arc::new(
+            tether::tools::durable::DemoShop::opened(std::sync::Arc::clone(&tools)),
+        )),
         workers,
         drain: true,
         ..Config::default()
     };
     let t = Instant::now();
-    let stats =
-        worker::run(store.clone(), tools, &cfg, Arc::new(AtomicBool::new(false))).expect("run");
+    let stats = worker::run(store.clone(), &cfg, Arc::new(AtomicBool::new(false))).expect("run");
     let secs = t.elapsed().as_secs_f64();
     assert_eq!(
         stats.tasks_ended.load(Ordering::Relaxed) as usize,
@@ -85,10 +87,13 @@ fn wake_latency(base: &str, n: usize) -> Vec<f64> {
         let (store, stop) = (store.clone(), stop.clone());
         std::thread::spawn(move || {
             let cfg = Config {
+                demo: Some(std::sync::Arc::new(
+                    tether::tools::durable::DemoShop::opened(std::sync::Arc::clone(&tools)),
+                )),
                 workers: 1,
                 ..Config::default()
             };
-            worker::run(store, tools, &cfg, stop).expect("daemon")
+            worker::run(store, &cfg, stop).expect("daemon")
         })
     };
     let reads = ModelProfile::NewIds { latency_ms: 1500 };

@@ -913,6 +913,9 @@ fn a_panicking_run_neither_stalls_a_drain_nor_loses_its_task() {
     let panicked = Arc::new(AtomicBool::new(false));
     let once = Arc::clone(&panicked);
     let cfg = tether::worker::Config {
+        demo: Some(std::sync::Arc::new(
+            tether::tools::durable::DemoShop::opened(std::sync::Arc::clone(&tools)),
+        )),
         workers: 2,
         drain: true,
         lease_ms: 1_000,
@@ -926,11 +929,11 @@ fn a_panicking_run_neither_stalls_a_drain_nor_loses_its_task() {
         ..Default::default()
     };
     let drain = |cfg: tether::worker::Config| {
-        let (store, tools) = (Arc::clone(&store), Arc::clone(&tools));
+        let store = Arc::clone(&store);
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let stop = Arc::new(AtomicBool::new(false));
-            let _ = tx.send(tether::worker::run(store, tools, &cfg, stop).map(|_| ()));
+            let _ = tx.send(tether::worker::run(store, &cfg, stop).map(|_| ()));
         });
         rx.recv_timeout(std::time::Duration::from_secs(60))
             .expect("the drain ends (it used to wait forever after a panic)")
@@ -1074,7 +1077,9 @@ fn test_context(
             instance: n,
         },
         store: Arc::clone(store),
-        tools: Arc::clone(tools),
+        demo: Some(Arc::new(tether::tools::durable::DemoShop::opened(
+            Arc::clone(tools),
+        ))),
         committer: tether::worker::Committer::direct(Arc::clone(store)),
         lease_ms: 1_000,
         heartbeat_ttl_ms: u64::MAX / 4,

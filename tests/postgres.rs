@@ -104,12 +104,15 @@ fn an_idle_daemon_is_woken_by_notify() {
         let (store, stop) = (store.clone(), stop.clone());
         std::thread::spawn(move || {
             let cfg = tether::worker::Config {
+                demo: Some(std::sync::Arc::new(
+                    tether::tools::durable::DemoShop::opened(std::sync::Arc::clone(&tools)),
+                )),
                 workers: 1,
                 poll_ms: 600_000,
                 recover_every_ms: 600_000,
                 ..Default::default()
             };
-            tether::worker::run(store, tools, &cfg, stop).expect("daemon")
+            tether::worker::run(store, &cfg, stop).expect("daemon")
         })
     };
     // Let it find the queue empty and wait.

@@ -280,6 +280,12 @@ fn transient_failures_are_tried_again_under_the_same_key_until_they_land() {
         ],
     );
     okc(d, &["run", "--drain"]);
+    // The demo shop is one route among three, opened only when a task calls one of its
+    // tools: this daemon's only task calls HTTP tools.
+    assert!(
+        !d.join("worker.store.redb").exists(),
+        "the daemon opened the demo shop for a task that never calls it"
+    );
     let t = jsonc(d, &["show", &id, "--json"]);
     assert_eq!(t["stop"], "done", "{t}");
     // The lookup: a 503, then the customer; its own `status` is kept as `service_status`.

@@ -242,7 +242,9 @@ impl Sim {
             export: false,
             identity: me.clone(),
             store: self.store.clone(),
-            tools: Arc::clone(&self.tools),
+            demo: Some(Arc::new(tether::tools::durable::DemoShop::opened(
+                Arc::clone(&self.tools),
+            ))),
             committer: Committer::direct(self.store.clone()),
             lease_ms: LEASE_MS,
             heartbeat_ttl_ms: u64::MAX / 4,

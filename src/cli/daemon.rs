@@ -49,10 +49,8 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
     // A pool connection for each worker thread, the committer, the dispatcher, the settler
     // and the heartbeat (which must never wait behind the others).
     let store = open_created(cli, a.workers as usize + 4)?;
-    let tools = Arc::new(DurableStore::open_sized(
-        &store_target(cli),
-        a.workers as usize + 1,
-    )?);
+    // The demo shop is opened only if a task calls one of its tools.
+    let demo = Arc::new(DemoShop::at(&store_target(cli), a.workers as usize + 1));
     let shutdown = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, Arc::clone(&shutdown))
@@ -69,6 +67,7 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
         otlp,
         trusted,
         auto_settle: !a.no_auto_settle,
+        demo: Some(demo),
         ..Config::default()
     };
     if let Some(addr) = &a.metrics {
@@ -87,7 +86,7 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
         );
         progress::drain_reporter(Arc::clone(&store), Arc::clone(&reporting), every);
     }
-    let stats = worker::run(store, tools, &cfg, shutdown);
+    let stats = worker::run(store, &cfg, shutdown);
     reporting.store(true, std::sync::atomic::Ordering::SeqCst);
     let stats = stats?;
     tracing::info!(
@@ -182,14 +181,10 @@ fn run_demo(store: Db, tools: Arc<DurableStore>, a: &DemoArgs) -> CliResult {
     let cfg = Config {
         workers: a.workers as usize,
         drain: true,
+        demo: Some(Arc::new(DemoShop::opened(Arc::clone(&tools)))),
         ..Config::default()
     };
-    worker::run(
-        store.clone(),
-        Arc::clone(&tools),
-        &cfg,
-        Arc::new(AtomicBool::new(false)),
-    )?;
+    worker::run(store.clone(), &cfg, Arc::new(AtomicBool::new(false)))?;
     let ledger = tools.ledger()?;
     outln!("{SCENARIO_HEADER}");
     for (sc, e) in all.iter().zip(&ids) {

@@ -67,7 +67,7 @@ use crate::operator::{Extension, Settlement};
 use crate::sim::{SCENARIO_HEADER, scenario_row, scenarios};
 use crate::store::Decision;
 use crate::store::{self, Access, Backend, NewTask, QueueStatus, Store, TaskRecord};
-use crate::tools::durable::DurableStore;
+use crate::tools::durable::{DemoShop, DurableStore};
 use crate::tools::{Order, effects_to_python};
 use crate::worker::{self, Config, now_ms};
 

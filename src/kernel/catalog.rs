@@ -16,6 +16,16 @@ pub enum Access {
     Write,
 }
 
+/// Where a tool's calls go: one of three routes, named exhaustively, so a new route cannot be
+/// forgotten by a match.
+#[derive(Clone, Copy, Debug)]
+pub enum Route<'a> {
+    /// The demo shop (`tools::durable`), the design reference's example service.
+    Demo,
+    Http(&'a HttpSpec),
+    Mcp(&'a McpSpec),
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ToolSpec {
@@ -413,6 +423,15 @@ fn validate(tool: &str, schema: &Value, instance: &Value) -> Result<(), String> 
 }
 
 impl ToolSpec {
+    /// The route of this tool's calls: MCP or HTTP when it names one, else the demo shop.
+    pub fn route(&self) -> Route<'_> {
+        match (&self.mcp, &self.http) {
+            (Some(m), _) => Route::Mcp(m),
+            (None, Some(h)) => Route::Http(h),
+            (None, None) => Route::Demo,
+        }
+    }
+
     /// The tool's arguments as JSON Schema: an MCP tool's `inputSchema` as its server gave it;
     /// a catalog tool's schema from its `args` (any object, when it declares none).
     pub fn input_schema(&self) -> Value {

@@ -19,7 +19,7 @@ pub mod state;
 pub mod trace;
 pub mod view;
 
-pub use catalog::{Access, Catalog, ToolSpec};
+pub use catalog::{Access, Catalog, Route, ToolSpec};
 pub use reply::RawReply;
 pub use session::{
     Action, InputStyle, Keys, ModelError, ModelReply, ModelRequest, ResponseInfo, Run, Session,

@@ -29,7 +29,7 @@ use crate::mcp::McpTools;
 use crate::model::RecordedReply;
 use crate::store::{Backend, CallRecord, Commit, CommitKind, TaskRecord};
 use crate::tools::Tools;
-use crate::tools::durable::{DurableStore, DurableTools};
+use crate::tools::durable::DemoShop;
 use crate::tools::http::HttpTools;
 
 /// Where a driver stops to let a simulation run other work first, or crash it: before a model
@@ -68,7 +68,8 @@ pub struct Context {
     /// This process as a lease owner, for the claim made with a task's final commit.
     pub identity: super::Identity,
     pub store: Arc<dyn Backend>,
-    pub tools: Arc<DurableStore>,
+    /// The demo shop, for tasks whose catalog routes a tool to it; `None`: this daemon has none.
+    pub demo: Option<Arc<DemoShop>>,
     pub committer: Committer,
     pub lease_ms: u64,
     /// How long this daemon's heartbeat vouches for its claims (a shared backend).
@@ -218,8 +219,8 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
     let mut routed = Routed {
         catalog: &catalog,
         unavailable: &unavailable,
-        demo: DurableTools {
-            store: &ctx.tools,
+        demo: super::routes::DemoRoute {
+            shop: ctx.demo.as_deref(),
             scope: &rec.store_scope,
             latency_ms: &rec.tool_latency_ms,
         },

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::store::{Backend, Commit, CommitOutcome, Error, Lease, Result, TaskRecord};
-use crate::tools::durable::DurableStore;
+use crate::tools::durable::DemoShop;
 
 pub use crate::clock::now_ms;
 
@@ -57,6 +57,9 @@ pub struct Config {
     pub trusted: Arc<crate::config::Config>,
     /// Settle held writes by asking their tool's `lookup_url` (see `settle`).
     pub auto_settle: bool,
+    /// The demo shop, for tasks whose catalog routes a tool to it (opened on first use);
+    /// `None`: a call routed there is answered `tool_unavailable`.
+    pub demo: Option<Arc<DemoShop>>,
 }
 
 impl std::fmt::Debug for Config {
@@ -70,6 +73,7 @@ impl std::fmt::Debug for Config {
             .field("mcp", &self.mcp.is_some())
             .field("otlp", &self.otlp.as_ref().map(|t| t.url.as_str()))
             .field("auto_settle", &self.auto_settle)
+            .field("demo", &self.demo.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -89,6 +93,7 @@ impl Default for Config {
             otlp: None,
             trusted: Arc::default(),
             auto_settle: true,
+            demo: None,
         }
     }
 }
@@ -281,12 +286,7 @@ fn refused(o: Option<CommitOutcome>) -> std::result::Result<CommitOutcome, Commi
 }
 
 /// Runs the daemon until `shutdown` is set (or, with `drain`, until nothing is runnable).
-pub fn run(
-    store: Arc<dyn Backend>,
-    tools: Arc<DurableStore>,
-    cfg: &Config,
-    shutdown: Arc<AtomicBool>,
-) -> Result<Arc<Stats>> {
+pub fn run(store: Arc<dyn Backend>, cfg: &Config, shutdown: Arc<AtomicBool>) -> Result<Arc<Stats>> {
     let workers = cfg.workers.max(1);
     let me = Identity::current();
     let stats = Arc::new(Stats::default());
@@ -355,7 +355,7 @@ pub fn run(
         let ctx = driver::Context {
             identity: me.clone(),
             store: Arc::clone(&store),
-            tools: Arc::clone(&tools),
+            demo: cfg.demo.clone(),
             committer: Committer {
                 // One thread has no one to share a transaction with, and a server with a
                 // connection per thread commits in parallel: such threads commit directly,

@@ -4,12 +4,13 @@
 
 use serde_json::json;
 
+use crate::kernel::Route;
 use crate::kernel::{Catalog, Session, ToolReply};
 use crate::mcp::McpTools;
 use crate::model::RecordedReply;
 use crate::store::CallRecord;
 use crate::tools::Tools;
-use crate::tools::durable::DurableTools;
+use crate::tools::durable::{DemoShop, DurableTools};
 use crate::tools::http::HttpTools;
 
 /// Counts a tool call by its result's status and logs one that did not succeed, with the task
@@ -32,12 +33,13 @@ pub(super) fn observe_tool(task: &str, key: &str, tool: &str, reply: &ToolReply)
     }
 }
 
-/// A task's tools, each call sent where its catalog entry says the tool lives: an MCP server,
-/// an HTTP URL, or (neither) the document's store; a tool the daemon's config lacks, nowhere.
+/// A task's tools, each call sent where its catalog entry says the tool lives (its
+/// [`Route`]): an MCP server, an HTTP URL, or the demo shop, which is opened only when a call
+/// goes there; a tool the daemon's config lacks, nowhere.
 pub(super) struct Routed<'a> {
     pub catalog: &'a Catalog,
     pub unavailable: &'a std::collections::BTreeMap<String, String>,
-    pub demo: DurableTools<'a>,
+    pub demo: DemoRoute<'a>,
     pub http: HttpTools<'a>,
     pub mcp: McpTools<'a>,
 }
@@ -45,7 +47,39 @@ pub(super) struct Routed<'a> {
 /// Whether `tool` is reached by a route that carries no idempotency key (MCP), so a repeated
 /// call under a key would reach the service as a new one.
 pub(super) fn keyless(catalog: &Catalog, tool: &str) -> bool {
-    catalog.get(tool).is_some_and(|s| s.mcp.is_some())
+    catalog
+        .get(tool)
+        .is_some_and(|s| matches!(s.route(), Route::Mcp(_)))
+}
+
+/// The demo shop as one task's route: the daemon's shop (if it has one), in the task's scope
+/// with its latency overrides.
+pub(super) struct DemoRoute<'a> {
+    pub shop: Option<&'a DemoShop>,
+    pub scope: &'a str,
+    pub latency_ms: &'a std::collections::BTreeMap<String, u64>,
+}
+
+impl Tools for DemoRoute<'_> {
+    fn call(&mut self, req: &crate::kernel::ToolRequest<'_>) -> ToolReply {
+        let opened = match self.shop {
+            Some(shop) => shop.get(),
+            None => Err("this daemon has no demo shop".to_string()),
+        };
+        match opened {
+            Ok(store) => DurableTools {
+                store: &store,
+                scope: self.scope,
+                latency_ms: self.latency_ms,
+            }
+            .call(req),
+            // Nothing was sent: the call may be made again.
+            Err(why) => ToolReply {
+                result: json!({"status": "error", "code": "tool_unavailable", "detail": why}),
+                latency_ms: 0,
+            },
+        }
+    }
 }
 
 /// The answer to a repeat of the write recorded in `c`, if the tool answered it: applied
@@ -89,9 +123,16 @@ impl Tools for Routed<'_> {
                     latency_ms: 0,
                 }
             }
-            Some(spec) if spec.mcp.is_some() => self.mcp.call(req),
-            Some(spec) if spec.http.is_some() => self.http.call(req),
-            _ => self.demo.call(req),
+            Some(spec) => match spec.route() {
+                Route::Mcp(_) => self.mcp.call(req),
+                Route::Http(_) => self.http.call(req),
+                Route::Demo => self.demo.call(req),
+            },
+            None => ToolReply {
+                result: json!({"status": "error", "code": "unknown_tool",
+                    "detail": format!("{} is not in this task's catalog", req.call.name)}),
+                latency_ms: 0,
+            },
         }
     }
 }

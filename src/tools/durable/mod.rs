@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::{Effect, Order, REPLAY_LATENCY_MS, Tools, apply, demo_orders, latency_ms};
 use crate::kernel::{ToolReply, ToolRequest};
@@ -315,6 +316,49 @@ pub(crate) fn fresh_copy(scope: &str, order_id: &str) -> Option<Order> {
         None
     } else {
         demo_orders().remove(order_id)
+    }
+}
+
+/// The demo shop as a daemon's route: opened the first time a task calls one of its tools,
+/// so a daemon whose tasks never name it never opens it; or handed in already open. A failed
+/// open is tried again at the next call.
+pub struct DemoShop {
+    target: String,
+    connections: usize,
+    shop: std::sync::Mutex<Option<Arc<DurableStore>>>,
+}
+
+impl DemoShop {
+    /// The demo shop at `target` (a redb path or a PostgreSQL URL), not opened yet.
+    pub fn at(target: &str, connections: usize) -> DemoShop {
+        DemoShop {
+            target: target.to_string(),
+            connections,
+            shop: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// A demo shop already open.
+    pub fn opened(shop: Arc<DurableStore>) -> DemoShop {
+        DemoShop {
+            target: String::new(),
+            connections: 1,
+            shop: std::sync::Mutex::new(Some(shop)),
+        }
+    }
+
+    /// The open demo shop, opening it on first use.
+    pub fn get(&self) -> std::result::Result<Arc<DurableStore>, String> {
+        let mut shop = self.shop.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = shop.as_ref() {
+            return Ok(Arc::clone(s));
+        }
+        let opened = Arc::new(
+            DurableStore::open_sized(&self.target, self.connections)
+                .map_err(|e| format!("the demo shop at {} cannot be opened: {e}", self.target))?,
+        );
+        *shop = Some(Arc::clone(&opened));
+        Ok(opened)
     }
 }
 
