@@ -2,7 +2,7 @@
 //! - the raw redb commit rate of a step-shaped transaction (about 2 KiB of state, a call-key
 //!   record and three spans) in MultiWriter mode;
 //! - durable steps/s and tasks/s with one worker thread (one task at a time), for a read-only
-//!   workload (1 commit per step) and the document's Policy (refund and email: intents and
+//!   workload (1 commit per step) and the design reference's Policy (refund and email: intents and
 //!   store writes too);
 //! - the same with 64 tasks in flight (64 threads; the committer groups their steps);
 //! - enqueue throughput: one `worker enqueue` process per task, and one batch file;
@@ -73,8 +73,20 @@ fn raw_commit_rate(n: usize) -> f64 {
 /// Enqueues `n` tasks of `model` (each with its own store tenant), runs them with `workers`
 /// threads until drained, and returns (steps/s, tasks/s, transactions, commits).
 fn durable(name: &str, model: &ModelProfile, n: usize, workers: usize) -> (f64, f64, u64, u64) {
+    durable_metered(name, model, n, workers, |_| {})
+}
+
+/// `durable`, with `meter` called on the database before the run (to switch its write meter on).
+fn durable_metered(
+    name: &str,
+    model: &ModelProfile,
+    n: usize,
+    workers: usize,
+    meter: impl FnOnce(&Store),
+) -> (f64, f64, u64, u64) {
     let dir = temp_dir(name);
     let store = Arc::new(Store::open(&dir.join("w.redb"), true).expect("db"));
+    meter(&store);
     let tools = Arc::new(DurableStore::open(&dir.join("w.store.redb")).expect("store"));
     let tasks = tasks(model, n);
     store.enqueue(&tasks, worker::now_ms()).expect("enqueue");
@@ -136,7 +148,7 @@ fn enqueue_rates(single: usize, batch: usize) -> (f64, f64) {
     }
     let single_rate = single as f64 / t.elapsed().as_secs_f64();
     let lines: Vec<String> = (0..batch)
-        .map(|i| format!(r#"{{"user": "u", "goal": "g", "key": "batch-{i}"}}"#))
+        .map(|i| format!(r#"{{"model": "policy", "user": "u", "goal": "g", "key": "batch-{i}"}}"#))
         .collect();
     std::fs::write(dir.join("batch.jsonl"), lines.join("\n")).expect("write batch");
     let t = Instant::now();
@@ -214,15 +226,17 @@ fn main() {
         commits as f64 / tx.max(1) as f64
     );
     let bytes = |name: &str, model: &ModelProfile, n: usize| {
-        use tether::store::WRITES;
-        WRITES.reset();
-        WRITES.measure_legacy.store(true, Ordering::Relaxed);
-        durable(name, model, n, 1);
-        WRITES.measure_legacy.store(false, Ordering::Relaxed);
-        let commits = WRITES.commits.load(Ordering::Relaxed).max(1) as f64;
+        let mut meter = None;
+        durable_metered(name, model, n, 1, |store| {
+            let m = store.meter_writes();
+            m.measure_legacy.store(true, Ordering::Relaxed);
+            meter = Some(m);
+        });
+        let m = meter.expect("the run switched the meter on");
+        let commits = m.commits.load(Ordering::Relaxed).max(1) as f64;
         (
-            WRITES.bytes.load(Ordering::Relaxed) as f64 / commits,
-            WRITES.legacy_bytes.load(Ordering::Relaxed) as f64 / commits,
+            m.bytes.load(Ordering::Relaxed) as f64 / commits,
+            m.legacy_bytes.load(Ordering::Relaxed) as f64 / commits,
         )
     };
     let (now, before) = bytes("bytes-policy", &policy, 20);

@@ -22,7 +22,7 @@ pub use backend::{
 };
 pub use outbox::OutboxEntry;
 pub use records::*;
-pub use redb::{Opener, Reopening, Store, WRITES, WriteStats, schema};
+pub use redb::{Opener, Reopening, Store, WriteStats, schema};
 pub(crate) use redb::{check_not_empty, create_private, open_redb};
 
 /// Every part of the storage interface, to bring their methods into scope:

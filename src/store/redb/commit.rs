@@ -7,7 +7,6 @@ use redb::WriteTransaction;
 use super::queue::claim_in;
 use super::rows as tasks;
 use super::schema::*;
-use super::writes::{WRITES, legacy_bytes};
 use super::{Store, next_seq};
 use crate::kernel::StopReason;
 use crate::store::backend::Commits;
@@ -34,6 +33,14 @@ impl Commits for Store {
                     Ok(o) => results.push(Some(o)),
                     Err(Error::LeaseLost(_) | Error::NoTask(_)) => results.push(None),
                     Err(e) => return Err((Some(c.task_id.clone()), e)),
+                }
+            }
+            if let Some(meter) = self.meter.get() {
+                let applied = commits.iter().zip(&results).filter(|(_, r)| r.is_some());
+                for (c, _) in applied {
+                    meter
+                        .count(&w, c)
+                        .map_err(|e| (Some(c.task_id.clone()), e))?;
                 }
             }
             w.commit().map_err(|e| (None, Error::from(e)))?;
@@ -64,25 +71,18 @@ fn apply_commit(w: &WriteTransaction, c: &Commit) -> Result<CommitOutcome> {
     if !held {
         return Err(Error::LeaseLost(c.task_id.clone()));
     }
-    let mut written = 0usize;
     if let Some(call) = &c.call {
-        let v = encode(call)?;
-        written += v.len();
         w.open_table(CALL_KEYS)?
-            .insert(call.key.as_str(), v.as_slice())?;
+            .insert(call.key.as_str(), encode(call)?.as_slice())?;
     }
     if let Some(reply) = &c.reply {
-        let v = encode(reply)?;
-        written += v.len();
         w.open_table(REPLIES)?
-            .insert((c.task_id.as_str(), reply.step), v.as_slice())?;
+            .insert((c.task_id.as_str(), reply.step), encode(reply)?.as_slice())?;
     }
     if !c.spans.is_empty() {
         let mut spans = w.open_table(SPANS)?;
         for s in &c.spans {
-            let v = encode(s)?;
-            written += v.len();
-            spans.insert((c.task_id.as_str(), s.id), v.as_slice())?;
+            spans.insert((c.task_id.as_str(), s.id), encode(s)?.as_slice())?;
         }
         super::outbox::queue(w, c)?;
     }
@@ -91,7 +91,6 @@ fn apply_commit(w: &WriteTransaction, c: &Commit) -> Result<CommitOutcome> {
         next: None,
     };
     if c.kind == CommitKind::Intent {
-        WRITES.count(written, || legacy_bytes(w, c, false));
         return Ok(outcome);
     }
     rec.state = codec::Record::to_row(&c.state);
@@ -146,11 +145,8 @@ fn apply_commit(w: &WriteTransaction, c: &Commit) -> Result<CommitOutcome> {
     if rec.status != QueueStatus::Running {
         super::list::Indexes::open(w)?.moved(&c.task_id, QueueStatus::Running, rec.status)?;
     }
-    let row = rows::encode_task(&rec)?;
-    written += row.len();
-    tasks.insert(c.task_id.as_str(), row.as_slice())?;
+    tasks.insert(c.task_id.as_str(), rows::encode_task(&rec)?.as_slice())?;
     drop((tasks, running));
-    WRITES.count(written, || legacy_bytes(w, c, true));
     if let (CommitKind::Final(_), Some(lease)) = (c.kind, &c.claim_next) {
         outcome.next = claim_in(w, lease, 1, c.now_ms)?.pop();
     }

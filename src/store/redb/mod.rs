@@ -26,7 +26,7 @@ mod writes;
 pub use handle::{Opener, Reopening};
 pub(crate) use handle::{create_private, open_redb};
 pub(crate) use open::check_not_empty;
-pub use writes::{WRITES, WriteStats};
+pub use writes::WriteStats;
 
 use redb::{ReadTransaction, ReadableTable, WriteTransaction};
 use std::path::PathBuf;
@@ -57,6 +57,8 @@ pub struct Store {
     /// This database's id: made at random when the file is created, it prefixes every call
     /// key, so keys of two databases (or of a restored backup) never collide at a tool service.
     db_id: String,
+    /// The benchmark's write meter, when it switched one on.
+    meter: std::sync::OnceLock<std::sync::Arc<WriteStats>>,
 }
 
 fn next_seq(meta: &mut redb::Table<&str, u64>, name: &str) -> Result<u64> {
@@ -66,6 +68,11 @@ fn next_seq(meta: &mut redb::Table<&str, u64>, name: &str) -> Result<u64> {
 }
 
 impl Store {
+    /// Switches on this database's write meter (for the storage benchmark) and returns it.
+    pub fn meter_writes(&self) -> std::sync::Arc<WriteStats> {
+        std::sync::Arc::clone(self.meter.get_or_init(Default::default))
+    }
+
     pub fn begin_write(&self) -> Result<WriteTransaction> {
         self.db.begin_write()
     }

@@ -37,6 +37,7 @@ impl Store {
             db: Handle::Writer(Reopening::new(open)?),
             path: path.to_path_buf(),
             db_id: String::new(),
+            meter: Default::default(),
         };
         store.init()?;
         store.db_id = store.load_db_id()?;
@@ -88,6 +89,7 @@ impl Store {
             db: Handle::Reader(db),
             path: path.to_path_buf(),
             db_id: String::new(),
+            meter: Default::default(),
         };
         let (schema, id) = {
             let r = store.db.begin_read()?;
@@ -219,7 +221,7 @@ impl Store {
                     return Err(Error::Io {
                         path: self.path.clone(),
                         source: std::io::Error::other(format!(
-                            "it is a redb database of another kind, not a Tether worker database (it has the tables {}); is it the store file (--store)?",
+                            "it is a redb database of another kind, not a Tether worker database (it has the tables {}); is it the demo shop's file (--store)?",
                             others.join(", ")
                         )),
                     });

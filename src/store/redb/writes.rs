@@ -1,54 +1,62 @@
-//! Accounting of what step commits write, for the storage benchmark: the bytes of the records
-//! in this format and, when asked, what format 1 (JSON records, the whole task record
-//! rewritten by every step) would have written for the same commits.
+//! A write meter for the storage benchmark: what the step commits of one database wrote, in
+//! this format and, when asked, in format 1 (JSON records, the whole task record rewritten by
+//! every step). Off unless the benchmark switches it on (`Store::meter_writes`); then it reads
+//! back, inside each commit group's transaction and after the commits are applied, what they
+//! wrote. The commit code itself counts nothing.
 
-use redb::WriteTransaction;
+use redb::{ReadableTable, WriteTransaction};
 
 use super::rows as tasks;
-use crate::store::{Commit, Result};
+use super::schema::TASKS;
+use crate::store::{Commit, CommitKind, Result, codec::encode};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
-/// What step commits wrote, for the storage benchmark: bytes of records in this format and,
-/// when `measure_legacy` is set, what format 1 (JSON, the whole task record rewritten by every
-/// step) would have written for the same commits.
+/// What step commits wrote: bytes of records in this format and, when `measure_legacy` is
+/// set, what format 1 would have written for the same commits.
 #[derive(Debug, Default)]
 pub struct WriteStats {
-    pub commits: std::sync::atomic::AtomicU64,
-    pub bytes: std::sync::atomic::AtomicU64,
-    pub legacy_bytes: std::sync::atomic::AtomicU64,
-    pub measure_legacy: std::sync::atomic::AtomicBool,
+    pub commits: AtomicU64,
+    pub bytes: AtomicU64,
+    pub legacy_bytes: AtomicU64,
+    pub measure_legacy: AtomicBool,
 }
 
 impl WriteStats {
-    pub(super) fn count(&self, bytes: usize, legacy: impl FnOnce() -> Result<usize>) {
-        use std::sync::atomic::Ordering::Relaxed;
-        self.commits.fetch_add(1, Relaxed);
-        self.bytes.fetch_add(bytes as u64, Relaxed);
-        if self.measure_legacy.load(Relaxed)
-            && let Ok(n) = legacy()
-        {
-            self.legacy_bytes.fetch_add(n as u64, Relaxed);
+    /// Counts commit `c`, already applied inside `w`.
+    pub(super) fn count(&self, w: &WriteTransaction, c: &Commit) -> Result<()> {
+        let whole_record = c.kind != CommitKind::Intent;
+        let mut n = 0;
+        if let Some(call) = &c.call {
+            n += encode(call)?.len();
         }
+        if let Some(reply) = &c.reply {
+            n += encode(reply)?.len();
+        }
+        for s in &c.spans {
+            n += encode(s)?.len();
+        }
+        if whole_record && let Some(row) = w.open_table(TASKS)?.get(c.task_id.as_str())? {
+            n += row.value().len();
+        }
+        self.commits.fetch_add(1, Relaxed);
+        self.bytes.fetch_add(n as u64, Relaxed);
+        if self.measure_legacy.load(Relaxed) {
+            self.legacy_bytes
+                .fetch_add(legacy_bytes(w, c, whole_record)? as u64, Relaxed);
+        }
+        Ok(())
     }
 
     pub fn reset(&self) {
-        use std::sync::atomic::Ordering::Relaxed;
         self.commits.store(0, Relaxed);
         self.bytes.store(0, Relaxed);
         self.legacy_bytes.store(0, Relaxed);
     }
 }
 
-/// Bytes written by the step commits of this process.
-pub static WRITES: WriteStats = WriteStats {
-    commits: std::sync::atomic::AtomicU64::new(0),
-    bytes: std::sync::atomic::AtomicU64::new(0),
-    legacy_bytes: std::sync::atomic::AtomicU64::new(0),
-    measure_legacy: std::sync::atomic::AtomicBool::new(false),
-};
-
 /// What format 1 wrote for commit `c`: each record as JSON with its `"v"` tag, and (but for
 /// an intent) the whole task record.
-pub(super) fn legacy_bytes(w: &WriteTransaction, c: &Commit, whole_record: bool) -> Result<usize> {
+fn legacy_bytes(w: &WriteTransaction, c: &Commit, whole_record: bool) -> Result<usize> {
     let json = |v: serde_json::Result<Vec<u8>>| v.map_or(0, |b| b.len() + 6);
     let mut n = 0;
     if let Some(call) = &c.call {
