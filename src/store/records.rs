@@ -88,7 +88,7 @@ pub struct TaskRecord {
     /// Latency overrides of the demo store's tools for this task (simulated milliseconds).
     #[serde(default)]
     pub tool_latency_ms: BTreeMap<String, u64>,
-    /// The task's tool catalog (from the config file); `None` for the document's store.
+    /// The task's tool catalog (from the config file); `None` for the demo shop.
     #[serde(default)]
     pub catalog: Option<crate::kernel::Catalog>,
     /// The demo store tenant this task's orders belong to (empty: the shared book).
@@ -207,7 +207,7 @@ pub struct CallRecord {
     pub step: u32,
     pub tool: String,
     pub args: Map<String, Value>,
-    /// The document's digest of tool name and args.
+    /// The design reference's digest of tool name and args.
     pub digest: String,
     pub intent_at_ms: u64,
     /// None while the write is in flight (or its outcome was never learned).
@@ -307,8 +307,21 @@ pub(crate) fn new_record(
     }
 }
 
+/// A retried enqueue under key `key`, which made task `rec`: the same request is answered
+/// with that task; another request under a used key is a mistake that would otherwise vanish
+/// silently, refused with the first field that differs.
+pub(crate) fn same_request(rec: &TaskRecord, t: &NewTask, key: &str) -> super::Result<()> {
+    match differs(rec, t) {
+        None => Ok(()),
+        Some(field) => Err(super::Error::Conflict(format!(
+            "enqueue key {key:?} was used for task {} with another {field}; a retry must repeat the same request (use a new key for a new task)",
+            rec.id
+        ))),
+    }
+}
+
 /// The first field in which a new request differs from the task its key already made.
-pub(crate) fn differs(rec: &TaskRecord, t: &NewTask) -> Option<&'static str> {
+fn differs(rec: &TaskRecord, t: &NewTask) -> Option<&'static str> {
     if rec.state.user_id != t.user {
         Some("user")
     } else if rec.state.goal != t.goal {

@@ -10,7 +10,7 @@ use super::pool::{db_error, is_connection_error};
 use super::rows::{TASK_COLUMNS, from_row, i64_of, lease_at, lease_of, ms_col, spec_of};
 use super::{PgStore, random_i64};
 use crate::kernel::memory::Note;
-use crate::store::{Enqueued, Error, Lease, NewTask, Result, TaskRecord, differs, new_record};
+use crate::store::{Enqueued, Error, Lease, NewTask, Result, TaskRecord, new_record, same_request};
 
 /// Takes up to `$1` ready tasks under the lease `$2`/`$3` (owner), for `$4` ms (a lease's
 /// length) plus each task's remaining active time from now by the server's clock (`$5`: the
@@ -94,13 +94,11 @@ impl Queue for PgStore {
                         && let Some(row) = tx.query_opt(&by_key, &[k]).map_err(db_error)?
                     {
                         let rec = from_row(&row)?;
-                        if let Some(field) = differs(&rec, t) {
-                            return Err(Error::Conflict(format!(
-                                "enqueue key {k:?} was used for task {} with another {field}; a retry must repeat the same request (use a new key for a new task)",
-                                rec.id
-                            )));
-                        }
-                        out.push(Enqueued { id: rec.id, created: false });
+                        same_request(&rec, t, k)?;
+                        out.push(Enqueued {
+                            id: rec.id,
+                            created: false,
+                        });
                         continue;
                     }
                     let num: i64 = tx.query_one(&seq, &[]).map_err(db_error)?.get(0);

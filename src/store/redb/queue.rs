@@ -11,7 +11,7 @@ use super::{Store, next_seq};
 use crate::kernel::memory::Note;
 use crate::store::backend::Queue;
 use crate::store::codec::decode;
-use crate::store::records::{differs, new_record};
+use crate::store::records::{new_record, same_request};
 use crate::store::{
     Enqueued, Error, Lease, NewTask, QueueStatus, Result, TaskRecord, remaining_ms,
 };
@@ -54,14 +54,8 @@ impl Queue for Store {
                 {
                     let id = existing.value().to_string();
                     drop(existing);
-                    // A retried enqueue must be the same request; another one under a used key
-                    // is a mistake that would otherwise vanish silently.
                     let rec = tables.get(&id)?.ok_or_else(|| Error::NoTask(id.clone()))?;
-                    if let Some(field) = differs(&rec, t) {
-                        return Err(Error::Conflict(format!(
-                            "enqueue key {k:?} was used for task {id} with another {field}; a retry must repeat the same request (use a new key for a new task)"
-                        )));
-                    }
+                    same_request(&rec, t, k)?;
                     out.push(Enqueued { id, created: false });
                     continue;
                 }
