@@ -1,7 +1,8 @@
 //! The source layout's rules, read from the sources: no import circle between the crate's
 //! top-level modules, no file under `src/` over 600 lines, every file opens with its module
 //! docs, the command line is a `cli/` module of verb files (no `src/cli.rs`), no module
-//! imports a higher layer, and inside `store/` the engines sit beside each other, under nothing.
+//! imports a higher layer, inside `store/` the engines sit beside each other, under nothing, and
+//! no function grows past 80 lines without a reason.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -235,5 +236,148 @@ fn the_store_engines_sit_below_nothing_and_beside_each_other() {
     assert!(
         front.lines().count() < 100,
         "store/mod.rs is the front door: modules, re-exports and opening a backend"
+    );
+}
+
+/// Functions over [`FN_LINES_MAX`] lines when the check was written, with their length then:
+/// debt to pay down, never to grow. A function on this list may not get longer, one that
+/// shrinks under the limit must leave the list, and a function not on it may not pass the
+/// limit unless the line above it is a comment saying why (`// Long: ...`).
+const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
+    ("src/bin/worker.rs", "main", 83),
+    ("src/cli/daemon.rs", "cmd_run", 93),
+    ("src/cli/enqueue.rs", "cmd_enqueue", 109),
+    ("src/cli/enqueue.rs", "new_task", 98),
+    ("src/cli/read.rs", "cmd_list", 130),
+    ("src/cli/read.rs", "cmd_replay", 125),
+    ("src/cli/stores.rs", "cmd_store", 93),
+    ("src/cli/stores.rs", "cmd_tools", 101),
+    ("src/config/catalog.rs", "parse_catalog", 122),
+    ("src/console/actions.rs", "act", 114),
+    ("src/console/pages.rs", "new", 134),
+    ("src/httpd.rs", "read_request", 121),
+    ("src/kernel/plan.rs", "validate_plan", 107),
+    ("src/kernel/report.rs", "closing_message", 98),
+    ("src/kernel/session/mod.rs", "on_model", 122),
+    ("src/kernel/session/mod.rs", "poll", 83),
+    ("src/kernel/session/tool.rs", "fold_tool", 133),
+    ("src/mcp/tools.rs", "result", 98),
+    ("src/metrics.rs", "build", 125),
+    ("src/model/http.rs", "send", 92),
+    ("src/model/profile.rs", "from_entry", 94),
+    ("src/model/prompt.rs", "new", 105),
+    ("src/operator/decide.rs", "reconcile_in", 92),
+    ("src/otlp/mod.rs", "spans_of", 150),
+    ("src/replay.rs", "replay", 148),
+    ("src/store/redb/commit.rs", "apply_commit", 93),
+    ("src/store/redb/maintenance.rs", "check", 106),
+    ("src/store/redb/maintenance.rs", "purge", 99),
+    ("src/tools/http.rs", "send", 109),
+    ("src/tools/service.rs", "handle", 146),
+    ("src/worker/driver.rs", "drive", 85),
+];
+
+/// The length past which a function needs a reason.
+const FN_LINES_MAX: usize = 80;
+
+/// Every function of `text` as (name, first line, lines from its signature to its closing
+/// brace, whether the line above says why it is long). A function ends at the first line
+/// that is its own indentation followed by `}`, as rustfmt writes it.
+fn functions(text: &str) -> Vec<(String, usize, usize, bool)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let body = line.trim_start();
+        let indent = &line[..line.len() - body.len()];
+        let mut rest = body;
+        for prefix in [
+            "pub(crate) ",
+            "pub(super) ",
+            "pub ",
+            "const ",
+            "async ",
+            "unsafe ",
+        ] {
+            rest = rest.strip_prefix(prefix).unwrap_or(rest);
+        }
+        let Some(sig) = rest.strip_prefix("fn ") else {
+            continue;
+        };
+        let name: String = sig
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        // A declaration without a body (a trait's required method) ends with `;`.
+        let open = lines[i..]
+            .iter()
+            .position(|l| l.contains('{') || l.trim_end().ends_with(';'));
+        let Some(open) = open.filter(|&o| lines[i + o].contains('{')) else {
+            continue;
+        };
+        let close = format!("{indent}}}");
+        if let Some(end) = lines[i + open..].iter().position(|l| *l == close) {
+            let why = i > 0 && lines[i - 1].trim_start().starts_with("// Long:");
+            out.push((name, i + 1, open + end + 1, why));
+        }
+    }
+    out
+}
+
+#[test]
+fn no_function_is_over_80_lines_without_a_reason() {
+    let mut files = Vec::new();
+    sources(&src(), &mut files);
+    files.sort();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut found = BTreeMap::new();
+    let mut problems = Vec::new();
+    for f in &files {
+        let rel = f
+            .strip_prefix(root)
+            .expect("under the crate")
+            .display()
+            .to_string();
+        let text = std::fs::read_to_string(f).expect("readable source");
+        for (name, line, len, why) in functions(&text) {
+            if len <= FN_LINES_MAX || why {
+                continue;
+            }
+            let known = LONG_FUNCTIONS
+                .iter()
+                .find(|(p, n, _)| *p == rel && *n == name);
+            match known {
+                Some(&(_, _, was)) if len <= was => {
+                    found.insert((rel.clone(), name), len);
+                }
+                Some(&(_, _, was)) => problems.push(format!(
+                    "{rel}:{line}: fn {name} grew from {was} to {len} lines: split it"
+                )),
+                None => problems.push(format!(
+                    "{rel}:{line}: fn {name} is {len} lines (over {FN_LINES_MAX}): split it, or say why on the line above it (// Long: ...)"
+                )),
+            }
+        }
+    }
+    for (p, n, _) in LONG_FUNCTIONS {
+        if !found.contains_key(&(p.to_string(), n.to_string())) {
+            problems.push(format!(
+                "{p}: fn {n} is not over {FN_LINES_MAX} lines any more (or is gone): take it off LONG_FUNCTIONS"
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn the_function_scan_measures_bodies() {
+    let text = "//! x\n\npub fn short() {\n    1;\n}\n\nimpl A {\n    pub(crate) fn long(\n        a: u8,\n    ) -> u8 {\n        a\n    }\n    fn decl(&self);\n}\n// Long: a table\nfn table() {\n}\n";
+    let fns = functions(text);
+    assert_eq!(
+        fns,
+        vec![
+            ("short".to_string(), 3, 3, false),
+            ("long".to_string(), 8, 5, false),
+            ("table".to_string(), 16, 2, true),
+        ]
     );
 }
