@@ -1,4 +1,4 @@
-//! Benchmark: the document's 2,000-random-model workload, in memory, against the Python
+//! Benchmark: the design reference's 2,000-random-model workload, in memory, against the Python
 //! reference measured in the same run on the same machine. Prints runs/s and steps/s for both
 //! and their ratio. Run with `cargo bench --bench kernel`.
 //!

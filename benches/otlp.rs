@@ -1,4 +1,4 @@
-//! Does live OTLP export cost task progress? The same workload (the document's Policy, 1000
+//! Does live OTLP export cost task progress? The same workload (the design reference's Policy, 1000
 //! tasks, 4 worker threads, on redb) run with export off, exporting to a receiver that is up
 //! (an in-process OTLP/HTTP sink answering 200), and exporting to a receiver that is down
 //! (nothing listens: every attempt is refused and retried with backoff). Rounds alternate the

@@ -3,7 +3,7 @@
 //! happened; the final state is compared with the stored one, and every call the replay makes
 //! with the call the run made at that point (a different call is a divergence: the kernel, or
 //! its catalog, no longer takes the path it took). Replies recorded before tool answers were
-//! kept are replayed against a fresh copy of the document's store instead, and its effects
+//! kept are replayed against a fresh copy of the demo shop instead, and its effects
 //! compared with the ones the run left. Neither needs a model provider or a tool service.
 
 use std::collections::VecDeque;
@@ -26,8 +26,8 @@ pub struct ReplayReport {
     pub state: TaskState,
     /// Where the tool answers came from.
     pub answers: Answers,
-    /// The writes of the replay and of the run, as the document prints effects: with recorded
-    /// answers, each write call as `(tool, digest of its arguments)`; against the document's
+    /// The writes of the replay and of the run, as the design reference prints effects: with recorded
+    /// answers, each write call as `(tool, digest of its arguments)`; against the design reference's
     /// store, the store's effects.
     pub effects: String,
     pub stored_effects: String,
@@ -45,7 +45,7 @@ pub struct ReplayReport {
 pub enum Answers {
     /// The answers the run recorded with its replies.
     Recorded,
-    /// A fresh copy of the document's store (replies recorded before answers were kept).
+    /// A fresh copy of the demo shop (replies recorded before answers were kept).
     DocumentStore,
 }
 
@@ -107,7 +107,7 @@ pub fn differences(a: &Value, b: &Value, max: usize) -> Vec<Difference> {
 }
 
 /// Replays `rec` from its `replies`, applying the decisions among `events` in order.
-/// `stored_effects` are the document store's effects of the run (used only when the replies
+/// `stored_effects` are the demo shop's effects of the run (used only when the replies
 /// carry no tool answers).
 pub fn replay(
     rec: &TaskRecord,
@@ -270,7 +270,7 @@ enum Source {
 }
 
 impl Source {
-    /// The recorded answers of `replies`, or (none recorded) a fresh copy of the document's
+    /// The recorded answers of `replies`, or (none recorded) a fresh copy of the design reference's
     /// store with the task's simulated latencies.
     fn of(rec: &TaskRecord, replies: &[RecordedReply], catalog: &Catalog) -> Source {
         let recorded: Option<Vec<RecordedTool>> =

@@ -1475,7 +1475,7 @@ fn hole_14_a_redb_file_of_another_kind_is_refused() {
     for verb in [&["store", "orders"][..], &["store", "ledger"]] {
         let mut args = vec!["--store", "worker.redb"];
         args.extend_from_slice(verb);
-        refused(d, &args, 1, "not the demo store's file");
+        refused(d, &args, 1, "not the demo shop's file");
     }
     ok(d, &["list"]);
 }

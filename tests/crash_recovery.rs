@@ -28,7 +28,7 @@ fn daemon_killed_at_random_moments_loses_and_repeats_nothing(dir) {
     let d = dir.to_path_buf();
     ok(&d, &["store", "orders"]); // creates the store with its orders
 
-    // The task mix: mostly the document's Policy (refund + email), some that suspend for
+    // The task mix: mostly the design reference's Policy (refund + email), some that suspend for
     // approval, some that get stuck. Each has its own store tenant and an enqueue key.
     let mut chunks: Vec<Vec<String>> = vec![Vec::new(); TASKS / 6];
     for i in 0..TASKS {

@@ -1,5 +1,5 @@
 //! The worker against real HTTP on loopback: a mock OpenAI-compatible server scripted per test
-//! (valid, malformed, refused, truncated, 429, slow past the deadline) and the document's store
+//! (valid, malformed, refused, truncated, 429, slow past the deadline) and the demo shop
 //! served by `worker demo-store` (with lost responses). Also `reconcile --auto` and OTLP export.
 
 mod common;

@@ -1,4 +1,4 @@
-//! Kernel behaviour beyond the document's tables: malformed model replies and tool results,
+//! Kernel behaviour beyond the design reference's tables: malformed model replies and tool results,
 //! closing messages, held writes on resume, cancellation, and remembered notes.
 
 use serde_json::{Value, json};

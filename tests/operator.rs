@@ -9,7 +9,7 @@ use serde_json::Value;
 use std::process::Command;
 
 conformance! {
-    /// The document's suspend-and-resume program through the CLI.
+    /// The design reference's suspend-and-resume program through the CLI.
     fn approve_resumes_g_to_done_with_one_refund(d) {
         suspended_g(d);
         let digest = json(d, &["show", "t1", "--json"])["state"]["pending"].clone();
@@ -179,7 +179,7 @@ conformance! {
     }
 
     /// Issue 22: `reconcile --applied` without `--result` settles with the result the tool's
-    /// lookup gives (here the document's store's stored answer), never a bare `ok`.
+    /// lookup gives (here the demo shop's stored answer), never a bare `ok`.
     fn reconcile_applied_takes_the_result_from_the_lookup(d) {
         enqueue(d, &["--tool-latency", "issue_refund=40000"]);
         ok(d, &["run", "--drain"]);

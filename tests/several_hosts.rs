@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// A batch file of `n` tasks: mostly the document's Policy (refund and email), some that
+/// A batch file of `n` tasks: mostly the design reference's Policy (refund and email), some that
 /// suspend for approval, some that get stuck; each with its own store tenant and key.
 fn task_file(d: &Path, rng: &mut Rng, prefix: &str, n: usize) -> String {
     let lines: Vec<String> = (0..n)
@@ -83,7 +83,7 @@ fn count_in_logs(d: &Path, prefix: &str, text: &str) -> usize {
 }
 
 /// A throwaway cluster, a proxy in front of it, the URLs of schema `name` directly and through
-/// the proxy, and a test directory on the direct one, with the document's store created.
+/// the proxy, and a test directory on the direct one, with the demo shop created.
 fn setup(name: &str) -> Option<(PgCluster, Proxy, String, TempDir)> {
     let pg = PgCluster::start(name)?;
     let proxy = Proxy::start(pg.port);

@@ -1,5 +1,5 @@
 //! A seeded simulation of the durable layer: several workers and operators interleaved by a
-//! seeded scheduler on the real `Store`, the real durable driver and the document's store as
+//! seeded scheduler on the real `Store`, the real durable driver and the demo shop as
 //! the strict sink, under a simulated clock.
 //!
 //! Each worker is a thread that runs the real driver (`worker::driver::run_task`) and stops at

@@ -10,10 +10,11 @@ const AFTER_HELP: &str = "Examples:
   worker show t1
   worker trace t1
 
-The database is ./worker.redb unless --db or WORKER_DB says otherwise; the document's store
-(orders, ledger, stored results) is a second file beside it (--store or WORKER_STORE).
-With --db postgres://user@host/db (several hosts share one queue) the store is a schema of
-the same database, and every verb works the same way.";
+The database is ./worker.redb unless --db or WORKER_DB says otherwise. The demo shop (the
+orders and refund ledger that the demo's tools act on) is a second file beside it (--store or
+WORKER_STORE), opened only when a task calls one of its tools. With --db
+postgres://user@host/db (several hosts share one queue) the demo shop is a schema of the same
+database, and every verb works the same way.";
 
 #[derive(Parser, Debug)]
 #[command(name = "worker", version, about = "Tether: a durable, bounded agent worker on redb or PostgreSQL", after_help = AFTER_HELP)]
@@ -22,8 +23,9 @@ pub struct Cli {
     /// postgres://user@host:port/db[?schema=NAME] shared by daemons on several hosts.
     #[arg(long, global = true, env = "WORKER_DB", default_value = "worker.redb")]
     pub db: String,
-    /// The document's store (orders, ledger, stored results); default: <db>.store.redb beside
-    /// a file --db, or the same PostgreSQL database.
+    /// The demo shop's database (orders, refund ledger, stored results of its writes), for
+    /// tasks that call its tools; default: <db>.store.redb beside a file --db, or the same
+    /// PostgreSQL database.
     #[arg(long, global = true, env = "WORKER_STORE")]
     pub store: Option<String>,
     /// Config file (TOML) with model profiles and the tool catalog, for `worker enqueue`.
@@ -66,10 +68,10 @@ pub enum Command {
         after_help = "Example:\n  worker trace t1\n  worker trace t1 --otlp t1.otlp.json   # GenAI semantic conventions"
     )]
     Trace(TraceArgs),
-    /// The document's post-mortem of a task.
+    /// A task's post-mortem: what it did, why it stopped, and what an operator can do.
     #[command(after_help = "Example:\n  worker postmortem t2")]
     Postmortem(TaskArgs),
-    /// Serve the document's store over HTTP (Stripe-style idempotency keys, fault injection).
+    /// Serve the demo shop over HTTP (Stripe-style idempotency keys, fault injection).
     /// Its file is --store, or --db when given, or worker.store.redb.
     #[command(
         name = "demo-store",
@@ -92,7 +94,7 @@ pub enum Command {
     /// Enqueue scenarios A-H on a fresh temporary database, run them, print the table.
     #[command(after_help = "Example:\n  worker demo --workers 4")]
     Demo(DemoArgs),
-    /// The document's store: orders and ledger.
+    /// The demo shop: its orders and refund ledger.
     #[command(subcommand)]
     Store(StoreCommand),
     /// Approve exactly the held call of a suspended task; the task is requeued.
@@ -113,7 +115,7 @@ pub enum Command {
     /// Cancel a queued, running (at its next step boundary), suspended or held task.
     #[command(after_help = "Example:\n  worker cancel t3 --reason 'customer withdrew the request'")]
     Cancel(DecideArgs),
-    /// Re-run a task offline from its recorded replies against a fresh copy of the demo store,
+    /// Re-run a task offline from its recorded replies against a fresh copy of the demo shop,
     /// and compare its final state and effects with the stored ones (exit 1 if they differ).
     #[command(after_help = "Example:\n  worker replay t1 --json")]
     Replay(TaskArgs),
@@ -123,7 +125,7 @@ pub enum Command {
     /// Long-term memory: notes from trusted sources, scoped to a user, expiring.
     #[command(subcommand)]
     Memory(MemoryCommand),
-    /// Verify every record of the database (and of the document's store): checksums, rows,
+    /// Verify every record of the database (and of the demo shop's): checksums, rows,
     /// blobs, and the storage engine's own integrity check. Exit 1 if anything is damaged.
     #[command(after_help = "Example:\n  worker check\n  worker check --json")]
     Check(JsonArgs),
@@ -333,10 +335,10 @@ pub struct EnqueueArgs {
     /// 4 KiB; for a model profile of the config).
     #[arg(long, conflicts_with = "file")]
     pub instructions: Option<String>,
-    /// Simulated latency of a demo-store tool, TOOL=MS; repeatable.
+    /// Simulated latency of a demo-shop tool, TOOL=MS; repeatable.
     #[arg(long = "tool-latency", value_name = "TOOL=MS", conflicts_with = "file")]
     pub tool_latency: Vec<String>,
-    /// Demo-store tenant: the task gets its own fresh copy of the document's orders.
+    /// Demo-shop tenant: the task gets its own fresh copy of the demo shop's orders.
     #[arg(long, default_value = "", conflicts_with = "file")]
     pub store_scope: String,
     /// How long the task may wait for an approval before it stops with approval_expired
@@ -483,7 +485,7 @@ pub struct DemoArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum StoreCommand {
-    /// List the store's orders.
+    /// List the demo shop's orders.
     Orders {
         /// Print the result as JSON.
         #[arg(long)]

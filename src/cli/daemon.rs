@@ -1,5 +1,5 @@
 //! `worker run` (the daemon), `worker console` (the web console), `worker demo` (scenarios A-H
-//! through the durable worker) and `worker demo-store` (the document's store over HTTP).
+//! through the durable worker) and `worker demo-store` (the demo shop over HTTP).
 
 use super::*;
 
@@ -154,7 +154,7 @@ fn demo_pg(cli: &Cli, a: &DemoArgs) -> CliResult {
     ran
 }
 
-/// Enqueues scenarios A-H, runs them to the end and prints the document's table.
+/// Enqueues scenarios A-H, runs them to the end and prints the design reference's table.
 fn run_demo(store: Db, tools: Arc<DurableStore>, a: &DemoArgs) -> CliResult {
     let all = scenarios();
     let tasks: Vec<NewTask> = all

@@ -5,7 +5,7 @@
 //! This file holds the errors, the dispatch and the helpers every verb family shares; the
 //! arguments are in `args`, and each family of verbs has a file: `daemon` (run, demo,
 //! demo-store), `enqueue`, `read` (list, show, trace, postmortem, replay, events), `decide`
-//! (approve, reject, reconcile, cancel) and `stores` (the document's store, memory notes).
+//! (approve, reject, reconcile, cancel) and `stores` (the demo shop, memory notes).
 
 /// `println!` for verbs: control characters in the text (stored goals, notes, model text,
 /// operator names) are shown escaped, so nothing printed can drive the terminal; a closed
@@ -169,7 +169,7 @@ impl From<store::Error> for CliError {
 
 type CliResult = Result<(), CliError>;
 
-/// Where the document's store is: `--store`, else beside a file `--db` or in the same
+/// Where the demo shop is: `--store`, else beside a file `--db` or in the same
 /// PostgreSQL database.
 fn store_target(cli: &Cli) -> String {
     cli.store.clone().unwrap_or_else(|| {

@@ -397,7 +397,7 @@ pub(super) fn cmd_replay(cli: &Cli, a: &TaskArgs) -> CliResult {
             match report.answers {
                 crate::replay::Answers::Recorded => "as the run recorded them",
                 crate::replay::Answers::DocumentStore =>
-                    "from a fresh copy of the document's store (recorded before answers were kept)",
+                    "from a fresh copy of the demo shop (recorded before answers were kept)",
             }
         );
         outln!("final state JSON: {}", yn(report.same_state));
@@ -434,7 +434,7 @@ pub(super) fn cmd_replay(cli: &Cli, a: &TaskArgs) -> CliResult {
             }
             crate::replay::Answers::DocumentStore => {
                 "this task was recorded before tool answers were kept, so the replay asked a \
-                 fresh copy of the document's store, which can answer differently from the \
+                 fresh copy of the demo shop, which can answer differently from the \
                  tools the run used"
             }
         };

@@ -1,4 +1,4 @@
-//! `worker store` (the document's store: orders, ledger, arrivals) and `worker memory`.
+//! `worker store` (the demo shop: orders, ledger, arrivals) and `worker memory`.
 
 use super::*;
 

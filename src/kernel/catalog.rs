@@ -56,7 +56,7 @@ pub struct ToolSpec {
     /// What a plan step of this tool must come after.
     #[serde(default, skip_serializing_if = "Requires::is_nothing")]
     pub requires: Requires,
-    /// Argument schema; empty means arguments are not checked here (the document's store
+    /// Argument schema; empty means arguments are not checked here (the demo shop
     /// checks its own). Unknown arguments are refused when a schema is given.
     #[serde(default)]
     pub args: BTreeMap<String, ArgSpec>,
@@ -473,7 +473,7 @@ impl Catalog {
         self.tools.iter().find(|t| t.name == name)
     }
 
-    /// The document's store: two reads and two writes. Refunds are money, so a refund whose
+    /// The demo shop: two reads and two writes. Refunds are money, so a refund whose
     /// outcome is unknown is held for reconcile; a status email is safe to retry by key.
     pub fn demo() -> Catalog {
         let spec = |name: &str, access, idempotent, fields: &[&str], done: &str, not_done: &str| {
@@ -487,7 +487,7 @@ impl Catalog {
                 done_phrase: done.to_string(),
                 not_done_phrase: not_done.to_string(),
                 approval: Approval::Never,
-                // The document's rule for its store: a write has a prerequisite.
+                // The design reference's rule for its store: a write has a prerequisite.
                 requires: if access == Access::Write {
                     Requires::AnyStep
                 } else {

@@ -68,7 +68,7 @@ pub struct Turn {
 /// How a model takes its input.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum InputStyle {
-    /// The document's view alone, the goal and last result in it (the scripted models).
+    /// The design reference's view alone, the goal and last result in it (the scripted models).
     #[default]
     View,
     /// Messages: instructions and tools (`overhead_chars` of them), the goal, the last turn
@@ -184,21 +184,21 @@ pub enum Action<'a> {
 
 /// How a session names the idempotency keys of its writes.
 ///
-/// The document's keys are `task_id:plan_step` (or `task_id:adhoc<step>`), and a model may
+/// The design reference's keys are `task_id:plan_step` (or `task_id:adhoc<step>`), and a model may
 /// name any plan step. The durable path is strict: a write must name a step of the accepted
 /// plan whose tool matches, so the kernel, not the model's text, decides which logical write a
 /// key stands for; and every key starts with the database's id, so keys of two databases never
 /// collide at a shared tool service.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Keys {
-    /// Prefix of every key (`namespace:task_id:plan_step`); empty for the document's keys.
+    /// Prefix of every key (`namespace:task_id:plan_step`); empty for the design reference's keys.
     pub namespace: String,
     /// A write must name a plan step whose tool matches.
     pub strict: bool,
 }
 
 impl Keys {
-    /// The document's keys, for the in-memory reproduction of its figures.
+    /// The design reference's keys, for the in-memory reproduction of its figures.
     pub fn document() -> Keys {
         Keys::default()
     }

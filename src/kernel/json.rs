@@ -230,7 +230,7 @@ pub fn write_str<S: Sink>(out: &mut S, s: &str) {
     out.put("\"");
 }
 
-/// Python's `repr` of a string, as the document's tables print it.
+/// Python's `repr` of a string, as the design reference's tables print it.
 pub fn py_str_repr(s: &str) -> String {
     let quote = if s.contains('\'') && !s.contains('"') {
         '"'

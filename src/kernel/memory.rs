@@ -1,7 +1,7 @@
 //! Long-term memory policy: who may write, whose a note is, how long it lasts, how it is removed.
 //!
 //! Only trusted sources may write; the user scope and expiry are applied before any matching;
-//! notes are found and deleted by user and by source. Retrieval is the document's word overlap
+//! notes are found and deleted by user and by source. Retrieval is the design reference's word overlap
 //! (long words, plural `s` removed), chosen so that the policy is the visible part. Times are
 //! seconds on whatever clock the caller uses; the kernel reads no clock.
 
@@ -64,7 +64,7 @@ pub fn admit(
     })
 }
 
-/// The document's crude word set: lowercase words longer than 3 letters, trailing `s` removed.
+/// The design reference's crude word set: lowercase words longer than 3 letters, trailing `s` removed.
 pub fn words(text: &str) -> BTreeSet<String> {
     let lower = text.to_lowercase();
     lower

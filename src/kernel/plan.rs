@@ -1,7 +1,7 @@
-//! Static validation of a model-proposed plan, with the document's rules and messages.
+//! Static validation of a model-proposed plan, with the design reference's rules and messages.
 //!
 //! Checks: a non-empty list, no longer than the budget, unique ids, known tools, dependencies
-//! on earlier steps only, and each tool's `requires` (the document's store: a prerequisite for
+//! on earlier steps only, and each tool's `requires` (the demo shop: a prerequisite for
 //! every write). A revision of an accepted plan keeps its done steps, never reuses a failed
 //! step's id (a new attempt gets a new call key), and counts toward `replans_max`. Malformed steps (not an object,
 //! no id, an id or dependency that is not a string) are reported the same way, never a panic.

@@ -84,7 +84,7 @@ impl From<Approval> for Value {
 }
 
 /// What a plan step of the tool must come after (checked when a plan is accepted): nothing
-/// (the default), `"any_step"` (some earlier step: the document's rule for its store's
+/// (the default), `"any_step"` (some earlier step: the design reference's rule for its store's
 /// writes), or `["TOOL", ...]`: a step of one of those tools among its prerequisites, direct
 /// or not.
 #[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize)]

@@ -1,5 +1,5 @@
 //! What a finished run tells people: the closing message built from the plan statuses (no
-//! model call, so it exists for every stop reason, even past a deadline), and the document's
+//! model call, so it exists for every stop reason, even past a deadline), and the design reference's
 //! post-mortem computed from the spans.
 
 use serde::Serialize;
@@ -126,7 +126,7 @@ fn capitalize(s: &str) -> String {
     }
 }
 
-/// The document's post-mortem of one run.
+/// The design reference's post-mortem of one run.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Postmortem {
     pub stop: Option<StopReason>,
@@ -144,7 +144,7 @@ pub struct Postmortem {
     pub first_model_error: Option<(u32, String)>,
 }
 
-/// The document's post-mortem of one run.
+/// The design reference's post-mortem of one run.
 pub fn postmortem(state: &TaskState, spans: &[Span]) -> Postmortem {
     postmortem_with(state, spans, None)
 }
@@ -201,7 +201,7 @@ pub fn postmortem_with(
 }
 
 impl Postmortem {
-    /// The document's printed form: a Python dict literal.
+    /// The design reference's printed form: a Python dict literal.
     pub fn to_python(&self) -> String {
         let opt_pair = |p: &Option<(String, String)>| match p {
             Some((a, b)) => format!("({}, {})", py_str_repr(a), py_str_repr(b)),
@@ -240,7 +240,7 @@ pub fn secs_1(ms: u64) -> String {
     format!("{:.1}", ms as f64 / 1000.0)
 }
 
-/// The document's span table.
+/// The design reference's span table.
 pub fn span_table(spans: &[Span]) -> String {
     let mut out = format!(
         "{:>2} {:>6} {:6} {:18} {:>5} {:>5}  status  details\n",

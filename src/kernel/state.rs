@@ -1,9 +1,9 @@
 //! The task state, the budget, stop reasons and the progress signature.
 //!
-//! `TaskState` carries every field of the document's TaskState. Time is kept as whole
-//! milliseconds of active time (`elapsed_ms`), which is what the document's `round(t + s, 3)`
+//! `TaskState` carries every field of the design reference's TaskState. Time is kept as whole
+//! milliseconds of active time (`elapsed_ms`), which is what the design reference's `round(t + s, 3)`
 //! arithmetic amounts to, and is written to JSON as float seconds (`"elapsed": 10.0`) so that a
-//! state reads the same as the document's. Two additions, both omitted from JSON while empty:
+//! state reads the same as the design reference's. Two additions, both omitted from JSON while empty:
 //! `outcome` (the final reply's outcome, e.g. `cannot_complete`) and `remembered` (long-term
 //! memory notes selected for this task when it was created).
 
@@ -15,7 +15,7 @@ use std::fmt;
 
 use super::json;
 
-/// Limits of one task. Names carry their unit; the defaults are the document's.
+/// Limits of one task. Names carry their unit; the defaults are the design reference's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Budget {
@@ -33,7 +33,7 @@ pub struct Budget {
     /// Consecutive steps that leave the progress signature unchanged.
     pub stalls_max: u32,
     pub plan_steps_max: u32,
-    /// Times an accepted plan may be revised (the worker's tasks; the document's kernel
+    /// Times an accepted plan may be revised (the worker's tasks; the design reference's kernel
     /// accepts one plan only).
     pub replans_max: u32,
 }
@@ -113,7 +113,7 @@ impl Budget {
     }
 }
 
-/// The document's rough 4-characters-per-token estimate; not a tokenizer.
+/// The design reference's rough 4-characters-per-token estimate; not a tokenizer.
 pub fn est_tokens(len_chars: usize) -> u64 {
     (len_chars as u64).div_ceil(4)
 }
@@ -268,7 +268,7 @@ impl ToolCall {
         }
     }
 
-    /// The document's fingerprint of (tool, args): first 10 hex digits of the SHA-256 of
+    /// The design reference's fingerprint of (tool, args): first 10 hex digits of the SHA-256 of
     /// `json.dumps([name, args], sort_keys=True)`. Approvals bind to it.
     pub fn digest(&self) -> String {
         digest(&self.name, &self.args)
@@ -323,7 +323,7 @@ pub struct LastTurn {
     pub results: Vec<Value>,
 }
 
-/// The document's TaskState.
+/// The design reference's TaskState.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TaskState {
     pub task_id: String,
@@ -372,7 +372,7 @@ pub struct TaskState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cancelled_from: Option<StopReason>,
     /// The model's last reply and its calls' results, when its adapter speaks a protocol of
-    /// function calls (never for the document's models, so their state reads as the
+    /// function calls (never for the design reference's models, so their state reads as the
     /// document's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_turn: Option<LastTurn>,
@@ -411,7 +411,7 @@ pub fn ms_to_secs(ms: u64) -> f64 {
     ms as f64 / 1000.0
 }
 
-/// Seconds to whole milliseconds, the document's `round(x, 3)`.
+/// Seconds to whole milliseconds, the design reference's `round(x, 3)`.
 pub fn secs_to_ms(secs: f64) -> u64 {
     if secs.is_finite() && secs > 0.0 {
         (secs * 1000.0).round() as u64

@@ -1,5 +1,5 @@
 //! Trace spans: task, step, model, tool and resume, each with a parent, start and end times in
-//! milliseconds of active time, a status, and the attributes the document records.
+//! milliseconds of active time, a status, and the attributes the design reference records.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};

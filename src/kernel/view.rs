@@ -1,6 +1,6 @@
 //! What the model is shown: a view rendered from the state, never the transcript.
 //!
-//! Byte-identical to the document's `render` (Python `json.dumps(..., sort_keys=True)`), because
+//! Byte-identical to the design reference's `render` (Python `json.dumps(..., sort_keys=True)`), because
 //! every token figure is computed on it. Remembered notes, when a task has any, appear under
 //! `remembered_context`, labeled as such and sorted after the task's own goal and plan.
 

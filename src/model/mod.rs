@@ -1,9 +1,9 @@
-//! Models: the `Model` trait and the document's stand-ins.
+//! Models: the `Model` trait and the design reference's stand-ins.
 //!
 //! A model reads only the rendered view, as a real prompt builder would hand it over. The
-//! stand-ins: the document's `Policy`, the one-line scripted models of the scenarios
+//! stand-ins: the design reference's `Policy`, the one-line scripted models of the scenarios
 //! (`same_call`, `new_ids`, `search_loop`), a script of replies (one JSON reply per line, so any
-//! sequence can drive a task), the random model of the document's bound check, and a
+//! sequence can drive a task), the random model of the design reference's bound check, and a
 //! [`Recorder`] and [`Replay`] pair. A [`ModelProfile`] names a model as data, so a stored task
 //! can rebuild its model in another process.
 
@@ -25,7 +25,7 @@ use pyrandom::PyRandom;
 
 pub trait Model: Send {
     fn next(&mut self, req: &ModelRequest<'_>) -> ModelReply;
-    /// How the model takes its input: the view alone (the document's models), or messages.
+    /// How the model takes its input: the view alone (the design reference's models), or messages.
     fn input(&self) -> InputStyle {
         InputStyle::View
     }
@@ -70,7 +70,7 @@ impl RunModel {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ModelProfile {
-    /// The document's Policy: plan, read the order, refund, email, final answer.
+    /// The design reference's Policy: plan, read the order, refund, email, final answer.
     Policy {
         order: String,
         amount_cents: i64,
@@ -128,7 +128,7 @@ impl ModelProfile {
         }
     }
 
-    /// Builds the model with the document's catalog.
+    /// Builds the model with the design reference's catalog.
     pub fn build(&self) -> Box<dyn Model> {
         match self.clone() {
             ModelProfile::Policy {
@@ -271,7 +271,7 @@ impl Model for Unavailable {
     }
 }
 
-/// The document's Policy: decides the next call from the facts and plan in its view.
+/// The design reference's Policy: decides the next call from the facts and plan in its view.
 pub struct Policy {
     pub order: String,
     pub amount_cents: i64,
@@ -322,7 +322,7 @@ enum OneLinerKind {
     SearchLoop,
 }
 
-/// The document's `Fn` one-liners. `i` is the step number, so a resumed or recovered task
+/// The design reference's `Fn` one-liners. `i` is the step number, so a resumed or recovered task
 /// proposes what the same step proposed before.
 struct OneLiner {
     kind: OneLinerKind,
@@ -372,7 +372,7 @@ impl Model for Script {
     }
 }
 
-/// The random model of the document's bound check (`random_demo.py`), on the same random
+/// The random model of the design reference's bound check (`random_demo.py`), on the same random
 /// numbers as Python's `random.Random(seed)`.
 pub struct RandomModel {
     rng: PyRandom,

@@ -84,7 +84,7 @@ pub struct HttpProfile {
 
 /// The budget of a task on a real model, unless its profile or its enqueue says otherwise:
 /// room for model calls of several seconds each, a long final answer, and a plan of a dozen
-/// steps. (The document's smaller defaults stay with its own models.)
+/// steps. (The design reference's smaller defaults stay with its own models.)
 pub fn real_model_budget() -> Budget {
     Budget {
         steps_max: 24,

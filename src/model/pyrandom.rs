@@ -1,7 +1,7 @@
 //! Python's `random.Random`, bit for bit: MT19937 seeded the way CPython seeds it from an
 //! integer, with `random()`, `getrandbits()` and `choice()` as CPython 3.11 computes them.
 //!
-//! It exists so that the document's 2,000-random-model workload runs here on the very same
+//! It exists so that the design reference's 2,000-random-model workload runs here on the very same
 //! replies as in the reference, and its stop distribution can be compared figure for figure.
 
 const N: usize = 624;

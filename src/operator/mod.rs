@@ -100,7 +100,7 @@ pub struct AutoSettled {
 }
 
 /// Asks each held write's tool whether its key was applied (an HTTP tool's `lookup_url`, or
-/// the document's store, opened by `tools` when first needed) and settles only on a definite
+/// the demo shop, opened by `tools` when first needed) and settles only on a definite
 /// answer; the key looked up is checked again in the transaction that settles it.
 pub fn reconcile_auto(
     db: &dyn Backend,
@@ -190,7 +190,7 @@ pub fn settle_by_lookup(
 
 /// Asks the tool of a task's call whether `key` was applied: an HTTP tool's `lookup_url` from
 /// `config`'s catalog (the operator's own; never a URL the task stored, whose answer would
-/// settle the write), or the document's store (opened by `tools`) for a task without a
+/// settle the write), or the demo shop (opened by `tools`) for a task without a
 /// catalog.
 pub fn ask_tool(
     rec: &TaskRecord,

@@ -1,4 +1,4 @@
-//! The document's programs, each as a function returning the text the reference prints, so the
+//! The design reference's programs, each as a function returning the text the reference prints, so the
 //! examples print them and the tests compare them with the reference's output.
 
 use std::fmt::Write;
@@ -367,8 +367,8 @@ pub fn compounding_demo() -> String {
     out
 }
 
-/// The document's "Choosing limits" program: step counts of 200 successful runs (toy data from
-/// `random.Random(7)`, as in the document) and what each step cap would cut off.
+/// The design reference's "Choosing limits" program: step counts of 200 successful runs (toy data from
+/// `random.Random(7)`, as in the design reference) and what each step cap would cut off.
 pub fn limits_demo() -> String {
     let mut rng = crate::model::pyrandom::PyRandom::new(7);
     let mut runs: Vec<u32> = Vec::with_capacity(200);

@@ -1,5 +1,5 @@
 //! The in-memory driver: runs a kernel session against a model and tools in this thread, with
-//! time simulated by the latencies they report. The document's programs, the scenarios A-H, the
+//! time simulated by the latencies they report. The design reference's programs, the scenarios A-H, the
 //! random-model workload and the benchmarks run here; the durable driver must give the same
 //! figures for the same scripted model.
 
@@ -46,7 +46,7 @@ pub struct RunOutput {
     pub store: DemoStore,
 }
 
-/// The document's `go`: a fresh task `t1` for Ana, run to its end.
+/// The design reference's `go`: a fresh task `t1` for Ana, run to its end.
 pub fn go(model: &mut dyn Model, budget: Budget, store: DemoStore) -> RunOutput {
     let catalog = Catalog::demo();
     go_with(
@@ -89,7 +89,7 @@ pub fn resume(
     (state, trace.spans)
 }
 
-/// One of the document's scenarios, as data, so the durable worker can enqueue the same ones.
+/// One of the design reference's scenarios, as data, so the durable worker can enqueue the same ones.
 #[derive(Clone, Debug)]
 pub struct Scenario {
     pub name: &'static str,
@@ -113,7 +113,7 @@ impl Scenario {
     }
 }
 
-/// Scenarios A-H of the document.
+/// Scenarios A-H of the design reference.
 pub fn scenarios() -> Vec<Scenario> {
     let d = Budget::default();
     let s = |name, model, budget, tool_latency| Scenario {
@@ -182,7 +182,7 @@ pub fn scenarios() -> Vec<Scenario> {
 pub const SCENARIO_HEADER: &str =
     "scenario                 stop             steps tools tokens   secs  effects";
 
-/// One row of the document's scenario table.
+/// One row of the design reference's scenario table.
 pub fn scenario_row(name: &str, state: &TaskState, effects: &str) -> String {
     format!(
         "{:24} {:16} {:5} {:5} {:6} {:6.1}  {}",
@@ -212,7 +212,7 @@ pub fn scenario_table() -> String {
     out
 }
 
-/// Summary of the document's random-model workload.
+/// Summary of the design reference's random-model workload.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct RandomSummary {
     pub runs: u64,

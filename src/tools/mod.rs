@@ -1,4 +1,4 @@
-//! Tools: the `Tools` trait and the document's store backend.
+//! Tools: the `Tools` trait and the demo shop backend.
 //!
 //! The store has orders, refunds with an automatic limit and approval of exact arguments,
 //! status emails, and a stored result per call key that a repeated write gets back instead of a
@@ -24,7 +24,7 @@ pub const AUTO_LIMIT_CENTS: i64 = 5000;
 /// Time a replayed result takes.
 pub const REPLAY_LATENCY_MS: u64 = 100;
 
-/// A tool's simulated latency: the task's override, else the document's figure.
+/// A tool's simulated latency: the task's override, else the design reference's figure.
 pub fn latency_ms(tool: &str, override_ms: Option<u64>) -> u64 {
     override_ms.unwrap_or_else(|| default_latency_ms(tool))
 }
@@ -56,7 +56,7 @@ pub enum Effect {
 }
 
 impl Effect {
-    /// As the document prints it: `('refund', 'ord_1001', 3000)`.
+    /// As the design reference prints it: `('refund', 'ord_1001', 3000)`.
     pub fn to_python(&self) -> String {
         match self {
             Effect::Refund {
@@ -73,7 +73,7 @@ pub fn effects_to_python(effects: &[Effect]) -> String {
     format!("[{}]", parts.join(", "))
 }
 
-/// The document's two orders, both Ana's.
+/// The design reference's two orders, both Ana's.
 pub fn demo_orders() -> BTreeMap<String, Order> {
     let order = |total| Order {
         customer: "cu_ana".into(),
@@ -160,7 +160,7 @@ pub fn apply(
     }
 }
 
-/// The document's fake backend, in memory.
+/// The design reference's fake backend, in memory.
 #[derive(Debug)]
 pub struct DemoStore {
     pub orders: BTreeMap<String, Order>,

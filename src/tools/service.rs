@@ -1,4 +1,4 @@
-//! The document's store as an HTTP service (`worker demo-store`), with Stripe's idempotency
+//! The demo shop as an HTTP service (`worker demo-store`), with Stripe's idempotency
 //! semantics and fault injection, for tests and for trying the worker against real HTTP.
 //!
 //! - `POST /tools/NAME` with `{"user_id", "args"}` and an `Idempotency-Key` header (required for

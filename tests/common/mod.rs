@@ -214,7 +214,7 @@ pub fn signal(pid: u32, sig: &str) {
     assert!(st.success(), "kill {sig} {pid}");
 }
 
-/// The document's goal for Ana's damaged jacket.
+/// The design reference's goal for Ana's damaged jacket.
 pub const GOAL: &str = "refund the damaged item on order ord_1001";
 
 /// `worker enqueue --user cu_ana --goal GOAL EXTRA...` (with `--model policy` unless EXTRA
@@ -300,12 +300,12 @@ pub fn json_list(dir: &Path, args: &[&str]) -> Vec<serde_json::Value> {
     json(dir, args).as_array().cloned().unwrap_or_default()
 }
 
-/// The document store's ledger, of the default store file.
+/// The demo shop's ledger, of the default store file.
 pub fn ledger(dir: &Path) -> Vec<serde_json::Value> {
     json_list(dir, &["store", "ledger", "--json"])
 }
 
-/// The document store's arrivals log, of the default store file.
+/// The demo shop's arrivals log, of the default store file.
 pub fn arrivals(dir: &Path) -> Vec<serde_json::Value> {
     json_list(dir, &["store", "arrivals", "--json"])
 }

@@ -1,4 +1,4 @@
-//! The document's shop served over HTTP by `worker demo-store`, for tests whose tasks call
+//! The design reference's shop served over HTTP by `worker demo-store`, for tests whose tasks call
 //! HTTP tools.
 
 use std::io::{BufRead, BufReader};

@@ -6,7 +6,7 @@
 //! [`Session::on_tool`]. Time enters only as the latency a driver reports, so the same replies
 //! and latencies always give the same state, spans and figures, in memory or on redb.
 //!
-//! The transitions are the document's `run`, `execute` and `resume`: budgets are checked before
+//! The transitions are the design reference's `run`, `execute` and `resume`: budgets are checked before
 //! every model call (the token check is pessimistic: next view plus output cap), the remaining
 //! active time is the timeout of every call, a repeated (tool, args) and a flat progress
 //! signature end the run, and every end is a [`StopReason`].
@@ -93,7 +93,7 @@ pub struct Session<'c> {
 }
 
 impl<'c> Session<'c> {
-    /// Starts (or continues) the loop on `state` with the document's keys. Spans are numbered
+    /// Starts (or continues) the loop on `state` with the design reference's keys. Spans are numbered
     /// from `first_span_id`.
     pub fn start(
         state: TaskState,
@@ -239,7 +239,7 @@ impl<'c> Session<'c> {
         }
     }
 
-    /// Tells the session how its model takes its input: the document's view, or messages
+    /// Tells the session how its model takes its input: the design reference's view, or messages
     /// (see [`InputStyle`]); the token check then counts what the messages add.
     pub fn set_input(&mut self, style: InputStyle) {
         self.input = style;

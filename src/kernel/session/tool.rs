@@ -340,7 +340,7 @@ fn checked_result(result: Value, write: bool) -> Value {
     Value::Object(m)
 }
 
-/// Python's `str()` of an argument, as the document's f-string prefixes facts with it.
+/// Python's `str()` of an argument, as the design reference's f-string prefixes facts with it.
 fn python_str(v: Option<&Value>) -> String {
     match v {
         None | Some(Value::Null) => "None".into(),

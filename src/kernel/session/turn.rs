@@ -12,7 +12,7 @@ use crate::kernel::state::est_tokens;
 use crate::kernel::view::{render_into, render_state_message};
 
 impl Session<'_> {
-    /// Renders the model's next input and estimates its tokens: the document's view, or the
+    /// Renders the model's next input and estimates its tokens: the design reference's view, or the
     /// state message beside the goal, the last turn and what every request repeats.
     pub(super) fn render_view(&mut self) {
         match self.input {

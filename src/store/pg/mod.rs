@@ -47,7 +47,7 @@ use pool::{Pool, Settings, is_connection_error};
 use super::{Error, Result};
 
 /// A Tether database in PostgreSQL: the worker schema (`tether` unless the URL's `schema`
-/// parameter names another) and the document's store schema beside it (`<schema>_store`).
+/// parameter names another) and the demo shop schema beside it (`<schema>_store`).
 pub struct PgStore {
     pool: Pool,
     schema: String,

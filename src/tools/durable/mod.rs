@@ -1,4 +1,4 @@
-//! The document's store, durable: orders, the ledger of effects, stored results per call key and
+//! The demo shop, durable: orders, the ledger of effects, stored results per call key and
 //! the arrivals log live in their own redb file, so they survive the worker's crashes the way an
 //! external service would. Each write call is one transaction: the effect, the stored result,
 //! the order change and the arrival commit together, so a call key takes effect at most once.
@@ -24,7 +24,7 @@ mod pg;
 mod redb;
 /// The rows of the store's records (see [`crate::store::codec`]).
 mod rows;
-/// The document's store: in a redb file of its own beside the worker's file, or in its own
+/// The demo shop: in a redb file of its own beside the worker's file, or in its own
 /// schema of the worker's PostgreSQL database, so a task taken over on another host sees the
 /// same effects. Every method means the same on both.
 pub struct DurableStore {
@@ -48,7 +48,7 @@ macro_rules! both {
 }
 
 impl DurableStore {
-    /// Opens the store file, creating it with the document's two orders if it is new.
+    /// Opens the store file, creating it with the design reference's two orders if it is new.
     pub fn open(path: &Path) -> Result<DurableStore> {
         Ok(DurableStore {
             inner: Inner::Redb(redb::RedbStore::open(path)?),
@@ -132,8 +132,8 @@ impl DurableStore {
     /// One call as the service runs it. Errors of the store itself become error results.
     ///
     /// `scope` names a tenant: its orders are stored apart, and the first time a scope touches
-    /// one of the document's order ids it gets a fresh copy of that order, so each demo task
-    /// runs against the document's store as it starts out. `approval` is the digest an
+    /// one of the design reference's order ids it gets a fresh copy of that order, so each demo task
+    /// runs against the demo shop as it starts out. `approval` is the digest an
     /// operator approved, carried by the request; it counts only if it is this call's digest.
     #[allow(clippy::too_many_arguments)]
     pub fn call_once(
@@ -181,7 +181,7 @@ pub struct Arrival {
     pub seq: u64,
     pub key: String,
     pub tool: String,
-    /// Digest of tool and args (the document's).
+    /// Digest of tool and args (the design reference's).
     pub digest: String,
     /// `applied`, `replayed` (a stored result answered it), `needs_approval`, `conflict` (the
     /// key was used for other arguments), `in_flight`, or `refused` (an error, nothing done).
@@ -310,7 +310,7 @@ fn book_of(b: &mut dyn Book, scope: &str, order_id: &str) -> Result<BTreeMap<Str
         .collect())
 }
 
-/// A tenant's first sight of one of the document's orders is a fresh copy of it.
+/// A tenant's first sight of one of the design reference's orders is a fresh copy of it.
 pub(crate) fn fresh_copy(scope: &str, order_id: &str) -> Option<Order> {
     if scope.is_empty() {
         None

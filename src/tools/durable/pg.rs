@@ -1,4 +1,4 @@
-//! The document's store in PostgreSQL, in its own schema (`<schema>_store`) of the worker's
+//! The demo shop in PostgreSQL, in its own schema (`<schema>_store`) of the worker's
 //! database: a task taken over on another host sees the same orders, ledger and stored
 //! results. A write call is one transaction, under advisory locks on its call key and its
 //! order (so concurrent calls from several hosts are serialized as one service would), with
@@ -29,7 +29,7 @@ fn db(e: postgres::Error) -> Error {
 }
 
 fn from_json<T: serde::de::DeserializeOwned>(v: Value, what: &str) -> Result<T> {
-    serde_json::from_value(v).map_err(|e| Error::Corrupt(format!("store {what}: {e}")))
+    serde_json::from_value(v).map_err(|e| Error::Corrupt(format!("demo shop {what}: {e}")))
 }
 
 fn to_json<T: serde::Serialize>(v: &T) -> Result<Value> {
@@ -205,7 +205,7 @@ impl PgBookStore {
         let rows = self.pg.read(|c| c.client.query(&orders, &[]))?;
         for r in &rows {
             if let Err(e) = from_json::<Order>(r.get::<_, Json<Value>>(1).0, "order") {
-                bad.push(format!("store order {:?}: {e}", r.get::<_, String>(0)));
+                bad.push(format!("demo shop order {:?}: {e}", r.get::<_, String>(0)));
             }
         }
         let n = rows.len() as u64 + self.ledger()?.len() as u64 + self.arrivals()?.len() as u64;

@@ -1,4 +1,4 @@
-//! The document's store in a redb file of its own: orders, ledger, stored results, arrivals
+//! The demo shop in a redb file of its own: orders, ledger, stored results, arrivals
 //! and idempotency records, with one thread that groups concurrent write calls into one
 //! transaction (as a service handling many clients would).
 
@@ -62,7 +62,7 @@ struct WriteReq {
 const GROUP_MAX: usize = 128;
 
 impl RedbStore {
-    /// Opens the store file, creating it with the document's two orders if it is new.
+    /// Opens the store file, creating it with the design reference's two orders if it is new.
     pub fn open(path: &Path) -> Result<RedbStore> {
         if path.exists() {
             crate::store::check_not_empty(path)?;
@@ -93,7 +93,7 @@ impl RedbStore {
         match format {
             Some(v) if v > STORE_FORMAT => {
                 return Err(Error::NewerVersion {
-                    what: format!("store {}", path.display()),
+                    what: format!("demo shop {}", path.display()),
                     found: v,
                     supported: STORE_FORMAT,
                 });
@@ -117,7 +117,7 @@ impl RedbStore {
                         return Err(Error::Io {
                             path: path.to_path_buf(),
                             source: std::io::Error::other(format!(
-                                "it is not the demo store's file (it has the tables {}); is it the worker database (--db)?",
+                                "it is not the demo shop's file (it has the tables {}); is it the worker database (--db)?",
                                 foreign.join(", ")
                             )),
                         });
@@ -215,7 +215,7 @@ impl RedbStore {
                             let (k, v) = e?;
                             n += 1;
                             if let Err(e) = decode::<$ty>($what, v.value()) {
-                                bad.push(format!("store {} {:?}: {e}", $what, k.value()));
+                                bad.push(format!("demo shop {} {:?}: {e}", $what, k.value()));
                             }
                         }
                     }
@@ -284,9 +284,9 @@ impl RedbStore {
         let sender = self.writer_handle()?;
         sender
             .send(WriteReq { call, reply: tx })
-            .map_err(|_| Error::Conflict("the store's writer has stopped".into()))?;
+            .map_err(|_| Error::Conflict("the demo shop's writer has stopped".into()))?;
         rx.recv()
-            .map_err(|_| Error::Conflict("the store's writer has stopped".into()))?
+            .map_err(|_| Error::Conflict("the demo shop's writer has stopped".into()))?
             .map_err(Error::Corrupt)
     }
 
@@ -294,7 +294,7 @@ impl RedbStore {
         let mut guard = self
             .writer
             .lock()
-            .map_err(|_| Error::Conflict("store writer lock poisoned".into()))?;
+            .map_err(|_| Error::Conflict("the demo shop's writer lock is poisoned".into()))?;
         if let Some(tx) = guard.as_ref() {
             return Ok(tx.clone());
         }
@@ -303,7 +303,9 @@ impl RedbStore {
         std::thread::Builder::new()
             .name("store-writer".into())
             .spawn(move || group_writer(&db, &rx))
-            .map_err(|e| Error::Conflict(format!("cannot start the store's writer thread: {e}")))?;
+            .map_err(|e| {
+                Error::Conflict(format!("cannot start the demo shop's writer thread: {e}"))
+            })?;
         *guard = Some(tx.clone());
         Ok(tx)
     }

@@ -1,4 +1,4 @@
-//! The rows of the document's store: what [`crate::store::codec`] stores for each of its
+//! The rows of the demo shop: what [`crate::store::codec`] stores for each of its
 //! records (orders, ledger entries, arrivals, stored results, idempotency records).
 
 use super::{Arrival, Effect, IdempotencyRecord, LedgerEntry, Order, Stored};
