@@ -135,7 +135,9 @@ pub(super) struct Dispatch<'a> {
     settler: &'a Settler,
     workers: usize,
     task_tx: Sender<TaskRecord>,
-    done_rx: Receiver<()>,
+    /// Borrowed, so it outlives the loop: a thread that finishes after the loop ended can
+    /// still report, and goes on to take the tasks left in the channel until it closes.
+    done_rx: &'a Receiver<()>,
     wake: Receiver<()>,
     poll: Duration,
     in_flight: usize,
@@ -152,7 +154,7 @@ impl<'a> Dispatch<'a> {
         claims: &'a Claims,
         settler: &'a Settler,
         task_tx: Sender<TaskRecord>,
-        done_rx: Receiver<()>,
+        done_rx: &'a Receiver<()>,
     ) -> Dispatch<'a> {
         // Wake-ups when a task becomes ready (PostgreSQL's NOTIFY); polling is the fallback.
         let wake = store.wakeups();

@@ -178,7 +178,7 @@ pub fn run(store: Arc<dyn Backend>, cfg: &Config, shutdown: Arc<AtomicBool>) -> 
         true => Some(start_settler(&store, cfg, &settler, &shutdown)?),
         false => None,
     };
-    let result = dispatch::Dispatch::new(&store, cfg, &me, &claims, &settler, task_tx, done_rx)
+    let result = dispatch::Dispatch::new(&store, cfg, &me, &claims, &settler, task_tx, &done_rx)
         .run(&shutdown);
     if let Some((t, quit)) = settling {
         drop(quit);

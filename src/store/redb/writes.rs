@@ -40,9 +40,12 @@ impl WriteStats {
         }
         self.commits.fetch_add(1, Relaxed);
         self.bytes.fetch_add(n as u64, Relaxed);
-        if self.measure_legacy.load(Relaxed) {
-            self.legacy_bytes
-                .fetch_add(legacy_bytes(w, c, whole_record)? as u64, Relaxed);
+        // What format 1 would have written is an estimate: one that cannot be made is left
+        // out, never a reason to fail the commit.
+        if self.measure_legacy.load(Relaxed)
+            && let Ok(legacy) = legacy_bytes(w, c, whole_record)
+        {
+            self.legacy_bytes.fetch_add(legacy as u64, Relaxed);
         }
         Ok(())
     }
