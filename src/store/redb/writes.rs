@@ -49,12 +49,6 @@ impl WriteStats {
         }
         Ok(())
     }
-
-    pub fn reset(&self) {
-        self.commits.store(0, Relaxed);
-        self.bytes.store(0, Relaxed);
-        self.legacy_bytes.store(0, Relaxed);
-    }
 }
 
 /// What format 1 wrote for commit `c`: each record as JSON with its `"v"` tag, and (but for
