@@ -334,6 +334,63 @@ fn read_request(
     limits: &Limits,
     idle: Duration,
 ) -> Result<(Request, bool), ReadError> {
+    let (head_len, deadline) = read_head(s, buf, limits, idle)?;
+    let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
+    let mut parsed = httparse::Request::new(&mut headers);
+    if parsed.parse(buf).is_err() {
+        return Err(ReadError::Status(400, "not an HTTP/1.1 request"));
+    }
+    let method = parsed.method.unwrap_or("").to_string();
+    let target = parsed.path.unwrap_or("/").to_string();
+    let http10 = parsed.version == Some(0);
+    let headers: Vec<(String, Vec<u8>)> = parsed
+        .headers
+        .iter()
+        .map(|h| (h.name.to_string(), h.value.to_vec()))
+        .collect();
+    let header = |name: &str| {
+        headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_slice())
+    };
+    let body_len = body_length(&headers, limits)?;
+    let keep_alive = match header("Connection") {
+        Some(v) if v.eq_ignore_ascii_case(b"close") => false,
+        Some(v) if v.eq_ignore_ascii_case(b"keep-alive") => true,
+        _ => !http10,
+    };
+    let total = head_len + body_len as usize;
+    while buf.len() < total {
+        match read_some(s, buf, deadline) {
+            Ok(0) => return Err(ReadError::Closed),
+            Ok(_) => {}
+            Err(_) => return Err(ReadError::Status(408, "the request did not arrive in time")),
+        }
+    }
+    let body = buf[head_len..total].to_vec();
+    buf.drain(..total);
+    let (path, query) = target.split_once('?').unwrap_or((target.as_str(), ""));
+    Ok((
+        Request {
+            method,
+            path: path.to_string(),
+            query: query.to_string(),
+            headers,
+            body,
+        },
+        keep_alive,
+    ))
+}
+
+/// Reads until `buf` holds a whole request head: waits up to `idle` for a first byte, then
+/// the request timeout; the head's length, and the deadline for the rest of the request.
+fn read_head(
+    s: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    limits: &Limits,
+    idle: Duration,
+) -> Result<(usize, Instant), ReadError> {
     // The head: wait up to `idle` for a first byte, then the request timeout.
     let mut deadline: Option<Instant> =
         (!buf.is_empty()).then(|| Instant::now() + limits.request_timeout);
@@ -365,20 +422,15 @@ fn read_request(
     if head_len > limits.head_bytes_max {
         return Err(ReadError::Status(431, "the request head is too large"));
     }
-    let deadline = deadline.unwrap_or_else(|| Instant::now() + limits.request_timeout);
-    let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
-    let mut parsed = httparse::Request::new(&mut headers);
-    if parsed.parse(buf).is_err() {
-        return Err(ReadError::Status(400, "not an HTTP/1.1 request"));
-    }
-    let method = parsed.method.unwrap_or("").to_string();
-    let target = parsed.path.unwrap_or("/").to_string();
-    let http10 = parsed.version == Some(0);
-    let headers: Vec<(String, Vec<u8>)> = parsed
-        .headers
-        .iter()
-        .map(|h| (h.name.to_string(), h.value.to_vec()))
-        .collect();
+    Ok((
+        head_len,
+        deadline.unwrap_or_else(|| Instant::now() + limits.request_timeout),
+    ))
+}
+
+/// The body's length from the head's headers, refused unless it is one plain
+/// Content-Length within the limit (no chunked bodies, no second length or host).
+fn body_length(headers: &[(String, Vec<u8>)], limits: &Limits) -> Result<u64, ReadError> {
     let header = |name: &str| {
         headers
             .iter()
@@ -422,32 +474,7 @@ fn read_request(
     if body_len > limits.body_bytes_max as u64 {
         return Err(ReadError::Status(413, "the body is too large"));
     }
-    let keep_alive = match header("Connection") {
-        Some(v) if v.eq_ignore_ascii_case(b"close") => false,
-        Some(v) if v.eq_ignore_ascii_case(b"keep-alive") => true,
-        _ => !http10,
-    };
-    let total = head_len + body_len as usize;
-    while buf.len() < total {
-        match read_some(s, buf, deadline) {
-            Ok(0) => return Err(ReadError::Closed),
-            Ok(_) => {}
-            Err(_) => return Err(ReadError::Status(408, "the request did not arrive in time")),
-        }
-    }
-    let body = buf[head_len..total].to_vec();
-    buf.drain(..total);
-    let (path, query) = target.split_once('?').unwrap_or((target.as_str(), ""));
-    Ok((
-        Request {
-            method,
-            path: path.to_string(),
-            query: query.to_string(),
-            headers,
-            body,
-        },
-        keep_alive,
-    ))
+    Ok(body_len)
 }
 
 /// Reads what is there, waiting at most until `until`. `Err` on a timeout or an error.

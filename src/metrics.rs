@@ -47,6 +47,7 @@ const LATENCY: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0,
 ];
 
+// Long: one declaration per metric, with its help text, as /metrics lists them; a table.
 fn build() -> prometheus::Result<Metrics> {
     let registry = Registry::new();
     let counter = |name: &str, help: &str| -> prometheus::Result<IntCounter> {

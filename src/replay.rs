@@ -125,118 +125,32 @@ pub fn replay(
     let mut model = Replay::new(replies);
     // The budget the task started with: the stored one less every extension an operator's
     // decision granted, each granted back when its decision is replayed.
-    let extension = |e: &Event| crate::operator::Extension::from_json(&e.detail["extend"]);
     let mut budget: Budget = rec.budget;
     for e in events {
         extension(e).undo(&mut budget);
     }
-    // The run as the daemon made it: its key policy (which infers a call's plan step) and its
-    // model's input style (which the token check counts).
-    let session = |run: Run, state: TaskState, budget: Budget| {
-        let mut s = Session::begin(run, state, budget, &catalog, 0, keys.clone());
-        s.set_input(input);
-        s
-    };
-    // A cancel asked for while a run went on took effect at the step boundary where that
-    // run's recorded replies end; a decision that reached a task already stopped (cancelled,
-    // or queued again and then cancelled) changed nothing in it.
-    let running_cancel = |i: usize| {
-        events
-            .get(i)
-            .is_some_and(|e| e.verb == "cancel" && e.detail["was"] == "running")
-    };
-    let queued_cancel = |i: usize| {
-        events
-            .get(i)
-            .is_some_and(|e| e.verb == "cancel" && e.detail["was"] == "queued")
+    let d = Decisions {
+        events,
+        catalog: &catalog,
+        keys,
+        input,
     };
     // A task cancelled while queued before it ever ran is as it was enqueued; one cancelled
     // while queued after a crash stopped at its last recorded step.
-    let mut state = if queued_cancel(0) && model.is_done() {
+    let mut state = if d.queued_cancel(0) && model.is_done() {
         initial
     } else {
-        run(
-            session(Run::Start, initial, budget),
+        let cancel = d.running_cancel(0) || d.queued_cancel(0);
+        run_to_end(
+            d.session(Run::Start, initial, budget),
             &mut model,
             &mut tools,
-            running_cancel(0) || queued_cancel(0),
+            cancel,
         )
     };
     for (i, ev) in events.iter().enumerate() {
         let _ = extension(ev).apply(&mut budget);
-        let result = ev.detail.get("result").cloned().unwrap_or(Value::Null);
-        let (held, suspended) = (
-            state.stop == Some(StopReason::UnknownOutcome),
-            state.stop == Some(StopReason::NeedsApproval),
-        );
-        // Queued again by this decision, then cancelled before a worker ran it.
-        let runs = !queued_cancel(i + 1);
-        let cancel_next = running_cancel(i + 1);
-        state = match ev.verb.as_str() {
-            "approve" if suspended && runs => {
-                if let (Some(p), Source::Document(store)) = (&state.pending, &mut tools) {
-                    store.approve(&p.name, &p.digest());
-                }
-                run(
-                    session(Run::Resume, state, budget),
-                    &mut model,
-                    &mut tools,
-                    cancel_next,
-                )
-            }
-            "reject" if suspended && runs => {
-                let result = if result.is_null() {
-                    json!({"status": "rejected", "code": "rejected"})
-                } else {
-                    result
-                };
-                let s = session(Run::Settled(result), state, budget);
-                run(s, &mut model, &mut tools, cancel_next)
-            }
-            "reconcile_applied" if held && runs => {
-                let s = session(Run::Settled(result), state, budget);
-                run(s, &mut model, &mut tools, cancel_next)
-            }
-            "reconcile_not_applied" if held && runs => run(
-                session(Run::Resume, state, budget),
-                &mut model,
-                &mut tools,
-                cancel_next,
-            ),
-            // A write held when its task was cancelled, settled afterwards: recorded, not run.
-            "reconcile_applied" | "reconcile_not_applied"
-                if state.stop == Some(StopReason::Cancelled) && state.unknown_write().is_some() =>
-            {
-                let mut s = state;
-                if ev.verb == "reconcile_applied"
-                    && result["status"] == "ok"
-                    && let Some(step) = s.pending.as_ref().and_then(|c| c.plan_step.clone())
-                    && let Some(st) = s.plan.iter_mut().find(|st| st.id == step)
-                {
-                    st.status = crate::kernel::StepStatus::Done;
-                }
-                s.pending = None;
-                s.cancelled_from = None;
-                s.last_result = Some(result);
-                s
-            }
-            "cancel" if held || suspended || (ev.detail["was"] == "queued" && i == 0) => {
-                let mut s = state;
-                if held && ev.detail["was"] != "queued" {
-                    s.cancelled_from = s.stop;
-                }
-                s.stop = Some(StopReason::Cancelled);
-                s.status = crate::kernel::Status::Stopped;
-                s
-            }
-            "expire" if suspended => {
-                let mut s = state;
-                s.stop = Some(StopReason::ApprovalExpired);
-                s.status = crate::kernel::Status::Stopped;
-                s
-            }
-            _ => state,
-        };
+        state = d.apply(i, state, budget, &mut model, &mut tools);
     }
     let same_state = state.to_json() == rec.state.to_json();
     let differences = if same_state {
@@ -256,6 +170,115 @@ pub fn replay(
         divergence,
         differences,
     }
+}
+
+/// The budget extension an operator's decision granted, if any.
+fn extension(e: &Event) -> crate::operator::Extension {
+    crate::operator::Extension::from_json(&e.detail["extend"])
+}
+
+/// The operators' decisions of one task, replayed where they happened, with the run as the
+/// daemon made it: its key policy (which infers a call's plan step) and its model's input
+/// style (which the token check counts).
+struct Decisions<'a> {
+    events: &'a [Event],
+    catalog: &'a Catalog,
+    keys: Keys,
+    input: InputStyle,
+}
+
+impl<'a> Decisions<'a> {
+    fn session(&self, run: Run, state: TaskState, budget: Budget) -> Session<'a> {
+        let mut s = Session::begin(run, state, budget, self.catalog, 0, self.keys.clone());
+        s.set_input(self.input);
+        s
+    }
+
+    /// A cancel asked for while a run went on took effect at the step boundary where that
+    /// run's recorded replies end; a decision that reached a task already stopped (cancelled,
+    /// or queued again and then cancelled) changed nothing in it.
+    fn running_cancel(&self, i: usize) -> bool {
+        (self.events.get(i)).is_some_and(|e| e.verb == "cancel" && e.detail["was"] == "running")
+    }
+
+    fn queued_cancel(&self, i: usize) -> bool {
+        (self.events.get(i)).is_some_and(|e| e.verb == "cancel" && e.detail["was"] == "queued")
+    }
+
+    /// The task's state after decision `i`, and after the run that decision started.
+    fn apply(
+        &self,
+        i: usize,
+        state: TaskState,
+        budget: Budget,
+        model: &mut Replay,
+        tools: &mut Source,
+    ) -> TaskState {
+        let ev = &self.events[i];
+        let result = ev.detail.get("result").cloned().unwrap_or(Value::Null);
+        let held = state.stop == Some(StopReason::UnknownOutcome);
+        let suspended = state.stop == Some(StopReason::NeedsApproval);
+        // Queued again by this decision, then cancelled before a worker ran it.
+        let runs = !self.queued_cancel(i + 1);
+        let cancel_next = self.running_cancel(i + 1);
+        let mut go = |run: Run, state: TaskState, tools: &mut Source| {
+            run_to_end(self.session(run, state, budget), model, tools, cancel_next)
+        };
+        match ev.verb.as_str() {
+            "approve" if suspended && runs => {
+                if let (Some(p), Source::Document(store)) = (&state.pending, &mut *tools) {
+                    store.approve(&p.name, &p.digest());
+                }
+                go(Run::Resume, state, tools)
+            }
+            "reject" if suspended && runs => {
+                let result = if result.is_null() {
+                    json!({"status": "rejected", "code": "rejected"})
+                } else {
+                    result
+                };
+                go(Run::Settled(result), state, tools)
+            }
+            "reconcile_applied" if held && runs => go(Run::Settled(result), state, tools),
+            "reconcile_not_applied" if held && runs => go(Run::Resume, state, tools),
+            // A write held when its task was cancelled, settled afterwards: recorded, not run.
+            "reconcile_applied" | "reconcile_not_applied"
+                if state.stop == Some(StopReason::Cancelled) && state.unknown_write().is_some() =>
+            {
+                settled_after_cancel(state, ev.verb == "reconcile_applied", result)
+            }
+            "cancel" if held || suspended || (ev.detail["was"] == "queued" && i == 0) => {
+                let mut s = state;
+                if held && ev.detail["was"] != "queued" {
+                    s.cancelled_from = s.stop;
+                }
+                stopped(s, StopReason::Cancelled)
+            }
+            "expire" if suspended => stopped(state, StopReason::ApprovalExpired),
+            _ => state,
+        }
+    }
+}
+
+/// A cancelled task's held write, settled by an operator: its step done if it applied.
+fn settled_after_cancel(mut s: TaskState, applied: bool, result: Value) -> TaskState {
+    if applied
+        && result["status"] == "ok"
+        && let Some(step) = s.pending.as_ref().and_then(|c| c.plan_step.clone())
+        && let Some(st) = s.plan.iter_mut().find(|st| st.id == step)
+    {
+        st.status = crate::kernel::StepStatus::Done;
+    }
+    s.pending = None;
+    s.cancelled_from = None;
+    s.last_result = Some(result);
+    s
+}
+
+fn stopped(mut s: TaskState, why: StopReason) -> TaskState {
+    s.stop = Some(why);
+    s.status = crate::kernel::Status::Stopped;
+    s
 }
 
 /// Whether the recorded answer only said the call needs an approval first.
@@ -401,7 +424,7 @@ impl Tools for RecordedTools {
 
 /// Drives `session` to its end; with `cancel_at_end`, a cancel takes effect at the first step
 /// boundary after the last recorded reply, as the daemon's did.
-fn run(
+fn run_to_end(
     mut session: Session<'_>,
     model: &mut Replay,
     tools: &mut Source,

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::clock::{ago, parse_when, rfc3339};
-use crate::store::list::{ListQuery, Listed, TaskSummary, task_num};
+use crate::store::list::{ListQuery, Listed, Page, TaskSummary, task_num};
 
 fn record_json(r: &TaskRecord) -> Value {
     json!({
@@ -67,6 +67,48 @@ fn parse_status(s: &str) -> Result<QueueStatus, CliError> {
 
 pub(super) fn cmd_list(cli: &Cli, a: &ListArgs) -> CliResult {
     let now = now_ms();
+    let q = list_query(a, now)?;
+    let store = open_reader(cli)?;
+    if a.status.as_deref() == Some("damaged") {
+        // Quarantined records: found by reading every task, as `worker check` does.
+        let damaged = store.damaged()?;
+        if a.json {
+            let v: Vec<Value> = damaged
+                .iter()
+                .map(|(id, why)| json!({"id": id, "status": "damaged", "error": why}))
+                .collect();
+            return print_json(&Value::Array(v));
+        }
+        for (id, why) in &damaged {
+            outln!("{id:8} damaged    {why}");
+        }
+        return Ok(());
+    }
+    let page = store.list(&q)?;
+    if a.json {
+        let v: Vec<Value> = page
+            .tasks
+            .iter()
+            .map(|l| match l {
+                Listed::Task(t) => summary_json(t),
+                Listed::Damaged { id, error } => {
+                    json!({"id": id, "status": "damaged", "error": error})
+                }
+            })
+            .collect();
+        print_json(&Value::Array(v))?;
+    } else {
+        print_table(&page, now)?;
+    }
+    if let Some(n) = page.next {
+        // On stderr, so a pipe of the table gets rows only.
+        eprintln!("more: worker list --before t{n} (with the same filters)");
+    }
+    Ok(())
+}
+
+/// The query `worker list`'s flags ask for, or what is wrong with them.
+fn list_query(a: &ListArgs, now: u64) -> Result<ListQuery, CliError> {
     let when = |flag: &str, v: &Option<String>| -> Result<Option<u64>, CliError> {
         v.as_deref()
             .map(|t| parse_when(t, now).map_err(|e| CliError::usage(format!("{flag}: {e}"))))
@@ -93,28 +135,10 @@ pub(super) fn cmd_list(cli: &Cli, a: &ListArgs) -> CliResult {
         })?),
         None => None,
     };
-    let only_damaged = a.status.as_deref() == Some("damaged");
-    let status = match &a.status {
-        Some(s) if !only_damaged => Some(parse_status(s)?),
-        _ => None,
+    let status = match a.status.as_deref() {
+        Some("damaged") | None => None,
+        Some(s) => Some(parse_status(s)?),
     };
-    let (since_ms, until_ms) = (when("--since", &a.since)?, when("--until", &a.until)?);
-    let store = open_reader(cli)?;
-    if only_damaged {
-        // Quarantined records: found by reading every task, as `worker check` does.
-        let damaged = store.damaged()?;
-        if a.json {
-            let v: Vec<Value> = damaged
-                .iter()
-                .map(|(id, why)| json!({"id": id, "status": "damaged", "error": why}))
-                .collect();
-            return print_json(&Value::Array(v));
-        }
-        for (id, why) in &damaged {
-            outln!("{id:8} damaged    {why}");
-        }
-        return Ok(());
-    }
     let outcome = match a.outcome.as_deref() {
         None => None,
         Some(o @ ("completed" | "cannot_complete")) => Some(o.to_string()),
@@ -125,36 +149,21 @@ pub(super) fn cmd_list(cli: &Cli, a: &ListArgs) -> CliResult {
             );
         }
     };
-    let q = ListQuery {
+    Ok(ListQuery {
         status,
         stop,
         outcome,
         user: a.user.clone(),
         key: a.key.clone(),
-        since_ms,
-        until_ms,
+        since_ms: when("--since", &a.since)?,
+        until_ms: when("--until", &a.until)?,
         before,
         limit: a.limit,
-    };
-    let page = store.list(&q)?;
-    let next = page.next.map(|n| format!("t{n}"));
-    if a.json {
-        let v: Vec<Value> = page
-            .tasks
-            .iter()
-            .map(|l| match l {
-                Listed::Task(t) => summary_json(t),
-                Listed::Damaged { id, error } => {
-                    json!({"id": id, "status": "damaged", "error": error})
-                }
-            })
-            .collect();
-        print_json(&Value::Array(v))?;
-        if let Some(n) = next {
-            eprintln!("more: worker list --before {n} (with the same filters)");
-        }
-        return Ok(());
-    }
+    })
+}
+
+/// `worker list` as a table, one line per task.
+fn print_table(page: &Page, now: u64) -> CliResult {
     outln!(
         "{:8} {:10} {:16} {:>5} {:>5} {:>6} {:>6}  {:10} {:9} goal",
         "id",
@@ -188,10 +197,6 @@ pub(super) fn cmd_list(cli: &Cli, a: &ListArgs) -> CliResult {
             }
             Listed::Damaged { id, error } => outln!("{id:8} damaged    {error}"),
         }
-    }
-    if let Some(n) = next {
-        // On stderr, so a pipe of the table gets rows only.
-        eprintln!("more: worker list --before {n} (with the same filters)");
     }
     Ok(())
 }
@@ -335,33 +340,7 @@ pub(super) fn cmd_replay(cli: &Cli, a: &TaskArgs) -> CliResult {
     // A model of the config took messages: the replay counts its input as it did, which needs
     // the config's profile to build the prompt the run was given.
     let replies = store.replies(&rec.id)?;
-    let recorded_prompt = replies.iter().find_map(|r| r.prompt.clone());
-    let built = super::enqueue::load_config(cli)?
-        .and_then(|c| c.model_for(&rec.model).ok())
-        .map(|m| {
-            let catalog = rec
-                .catalog
-                .clone()
-                .unwrap_or_else(crate::kernel::Catalog::demo);
-            m.build(&catalog, rec.instructions.as_deref())
-        });
-    let input = built
-        .as_ref()
-        .map_or(crate::kernel::InputStyle::View, |m| m.input());
-    let now_prompt = built.as_ref().and_then(|m| m.prompt_id());
-    // The token check counts the prompt's size: with another prompt (or none) it may stop the
-    // replay elsewhere than the run.
-    let prompt_note = match (&recorded_prompt, &now_prompt) {
-        (Some(r), Some(n)) if r != n => Some(format!(
-            "the run's model was told prompt {r}; this config's profile {} builds {n}",
-            rec.model.label()
-        )),
-        (Some(r), None) => Some(format!(
-            "the run's model was told prompt {r}, and no profile {} of this config builds it (pass the config the daemon used: --config)",
-            rec.model.label()
-        )),
-        _ => None,
-    };
+    let (input, prompt_note) = replay_input(cli, &rec, &replies)?;
     let keys = crate::kernel::Keys::durable(rec.key_namespace(store.db_id()));
     let report = crate::replay::replay(
         &rec,
@@ -385,65 +364,112 @@ pub(super) fn cmd_replay(cli: &Cli, a: &TaskArgs) -> CliResult {
             "stored_effects": report.stored_effects,
         }))?;
     } else {
-        let yn = |b: bool| if b { "identical" } else { "DIFFERENT" };
-        outln!(
-            "replay of {}: stop {}, {} steps",
-            rec.id,
-            report.state.stop.map_or("-", |s| s.as_str()),
-            report.state.step
-        );
-        outln!(
-            "tool answers    : {}",
-            match report.answers {
-                crate::replay::Answers::Recorded => "as the run recorded them",
-                crate::replay::Answers::DocumentStore =>
-                    "from a fresh copy of the demo shop (recorded before answers were kept)",
-            }
-        );
-        outln!("final state JSON: {}", yn(report.same_state));
-        for d in &report.differences {
-            outln!(
-                "  {}: stored {}, replayed {}",
-                d.path,
-                clip(&d.stored),
-                clip(&d.replayed)
-            );
-        }
-        let label = match report.answers {
-            crate::replay::Answers::Recorded => "writes          ",
-            crate::replay::Answers::DocumentStore => "effects         ",
-        };
-        outln!("{label}: {} {}", yn(report.same_effects), report.effects);
-        if let Some(d) = &report.divergence {
-            outln!("diverged        : {}", crate::limits::printable(d));
-        }
-        if let Some(n) = &prompt_note {
-            outln!("note            : {}", crate::limits::printable(n));
-        }
+        print_replay(&rec.id, &report, prompt_note.as_deref())?;
     }
     if report.same_state && report.same_effects {
-        Ok(())
-    } else {
-        let hint = match report.answers {
-            _ if prompt_note.is_some() => {
-                "the replay was not given the prompt the run was: replay with the config the daemon used"
-            }
-            crate::replay::Answers::Recorded => {
-                "the kernel took another path from the same model replies and tool answers: \
-                 its code, or the task's catalog, changed since the run"
-            }
-            crate::replay::Answers::DocumentStore => {
-                "this task was recorded before tool answers were kept, so the replay asked a \
-                 fresh copy of the demo shop, which can answer differently from the \
-                 tools the run used"
-            }
-        };
-        Err(CliError::op(format!(
-            "the replay of task {} differs from the stored run",
-            rec.id
-        ))
-        .hint(hint))
+        return Ok(());
     }
+    let hint = match report.answers {
+        _ if prompt_note.is_some() => {
+            "the replay was not given the prompt the run was: replay with the config the daemon used"
+        }
+        crate::replay::Answers::Recorded => {
+            "the kernel took another path from the same model replies and tool answers: \
+             its code, or the task's catalog, changed since the run"
+        }
+        crate::replay::Answers::DocumentStore => {
+            "this task was recorded before tool answers were kept, so the replay asked a \
+             fresh copy of the demo shop, which can answer differently from the \
+             tools the run used"
+        }
+    };
+    Err(CliError::op(format!(
+        "the replay of task {} differs from the stored run",
+        rec.id
+    ))
+    .hint(hint))
+}
+
+/// How the run's model counted its input (which the token check needs: a model of the
+/// config took messages, built from its profile), and a note when this config's profile
+/// builds another prompt than the run was told.
+fn replay_input(
+    cli: &Cli,
+    rec: &TaskRecord,
+    replies: &[crate::model::RecordedReply],
+) -> Result<(crate::kernel::InputStyle, Option<String>), CliError> {
+    let recorded_prompt = replies.iter().find_map(|r| r.prompt.clone());
+    let built = super::enqueue::load_config(cli)?
+        .and_then(|c| c.model_for(&rec.model).ok())
+        .map(|m| {
+            let catalog = rec
+                .catalog
+                .clone()
+                .unwrap_or_else(crate::kernel::Catalog::demo);
+            m.build(&catalog, rec.instructions.as_deref())
+        });
+    let input = built
+        .as_ref()
+        .map_or(crate::kernel::InputStyle::View, |m| m.input());
+    let now_prompt = built.as_ref().and_then(|m| m.prompt_id());
+    // The token check counts the prompt's size: with another prompt (or none) it may stop the
+    // replay elsewhere than the run.
+    let note = match (&recorded_prompt, &now_prompt) {
+        (Some(r), Some(n)) if r != n => Some(format!(
+            "the run's model was told prompt {r}; this config's profile {} builds {n}",
+            rec.model.label()
+        )),
+        (Some(r), None) => Some(format!(
+            "the run's model was told prompt {r}, and no profile {} of this config builds it (pass the config the daemon used: --config)",
+            rec.model.label()
+        )),
+        _ => None,
+    };
+    Ok((input, note))
+}
+
+/// A replay's verdict for people.
+fn print_replay(
+    task: &str,
+    report: &crate::replay::ReplayReport,
+    prompt_note: Option<&str>,
+) -> CliResult {
+    let yn = |b: bool| if b { "identical" } else { "DIFFERENT" };
+    outln!(
+        "replay of {}: stop {}, {} steps",
+        task,
+        report.state.stop.map_or("-", |s| s.as_str()),
+        report.state.step
+    );
+    outln!(
+        "tool answers    : {}",
+        match report.answers {
+            crate::replay::Answers::Recorded => "as the run recorded them",
+            crate::replay::Answers::DocumentStore =>
+                "from a fresh copy of the demo shop (recorded before answers were kept)",
+        }
+    );
+    outln!("final state JSON: {}", yn(report.same_state));
+    for d in &report.differences {
+        outln!(
+            "  {}: stored {}, replayed {}",
+            d.path,
+            clip(&d.stored),
+            clip(&d.replayed)
+        );
+    }
+    let label = match report.answers {
+        crate::replay::Answers::Recorded => "writes          ",
+        crate::replay::Answers::DocumentStore => "effects         ",
+    };
+    outln!("{label}: {} {}", yn(report.same_effects), report.effects);
+    if let Some(d) = &report.divergence {
+        outln!("diverged        : {}", crate::limits::printable(d));
+    }
+    if let Some(n) = prompt_note {
+        outln!("note            : {}", crate::limits::printable(n));
+    }
+    Ok(())
 }
 
 /// A JSON value on one line, at most 120 characters, with control and bidirectional

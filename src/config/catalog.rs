@@ -53,116 +53,81 @@ pub fn parse_catalog(text: &str, path: &Path) -> Result<Catalog, String> {
             file.version
         ));
     }
+    let at = |e: String| format!("{}: {e}", path.display());
     let mut seen = std::collections::BTreeSet::new();
     for t in &file.tools {
-        crate::limits::check_name(&t.name, "a tool name")
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        if crate::model::prompt::RESERVED_NAMES.contains(&t.name.as_str()) {
-            return Err(format!(
-                "{}: tool {:?}: the name is the kernel's own function (its names: {}); rename the tool",
-                path.display(),
-                t.name,
-                crate::model::prompt::RESERVED_NAMES.join(", ")
-            ));
-        }
-        if t.args.contains_key(crate::model::prompt::PLAN_STEP_ARG) {
-            return Err(format!(
-                "{}: tool {:?}: the argument name {:?} is the kernel's (the plan step a call carries out); rename the argument",
-                path.display(),
-                t.name,
-                crate::model::prompt::PLAN_STEP_ARG
-            ));
-        }
-        t.check_schema()
-            .map_err(|e| format!("{}: tool {:?}: {e}", path.display(), t.name))?;
-        if !t
-            .name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-        {
-            return Err(format!(
-                "{}: tool {:?}: a name is letters, digits, '_' and '-'",
-                path.display(),
-                t.name
-            ));
-        }
+        check_tool(t).map_err(at)?;
         if !seen.insert(t.name.clone()) {
-            return Err(format!(
-                "{}: tool {:?} is declared twice",
-                path.display(),
-                t.name
-            ));
-        }
-        match &t.http {
-            Some(h) if !is_url(&h.url) => {
-                return Err(format!(
-                    "{}: tool {:?}: url must be an http:// or https:// URL with a host",
-                    path.display(),
-                    t.name
-                ));
-            }
-            Some(h) if h.lookup_url.as_deref().is_some_and(|u| !is_url(u)) => {
-                return Err(format!(
-                    "{}: tool {:?}: lookup_url must be an http:// or https:// URL with a host",
-                    path.display(),
-                    t.name
-                ));
-            }
-            Some(_) if approval_problem(t).is_some() => {
-                return Err(format!(
-                    "{}: tool {:?}: {}",
-                    path.display(),
-                    t.name,
-                    approval_problem(t).unwrap_or_default()
-                ));
-            }
-            Some(h) if h.retry.check().is_err() => {
-                return Err(format!(
-                    "{}: tool {:?}: {}",
-                    path.display(),
-                    t.name,
-                    h.retry.check().err().unwrap_or_default()
-                ));
-            }
-            Some(h) if !matches!(h.method.as_str(), "POST" | "PUT") => {
-                return Err(format!(
-                    "{}: tool {:?}: method must be POST or PUT",
-                    path.display(),
-                    t.name
-                ));
-            }
-            None => {
-                return Err(format!(
-                    "{}: tool {:?} has no [http] section",
-                    path.display(),
-                    t.name
-                ));
-            }
-            _ => {}
+            return Err(at(format!("tool {:?} is declared twice", t.name)));
         }
     }
     if file.tools.is_empty() {
-        return Err(format!("{}: the catalog declares no tools", path.display()));
+        return Err(at("the catalog declares no tools".into()));
     }
     for t in &file.tools {
-        if let crate::kernel::catalog::Requires::Tools(names) = &t.requires
-            && names.contains(&t.name)
-        {
-            return Err(format!(
-                "{}: tool {:?}: requires names the tool itself, so no plan could use it",
-                path.display(),
-                t.name
-            ));
-        }
-        if let crate::kernel::catalog::Requires::Tools(names) = &t.requires
-            && let Some(n) = names.iter().find(|n| !seen.contains(*n))
-        {
-            return Err(format!(
-                "{}: tool {:?}: requires names {n:?}, which is not a tool of this catalog",
-                path.display(),
-                t.name
-            ));
+        if let crate::kernel::catalog::Requires::Tools(names) = &t.requires {
+            if names.contains(&t.name) {
+                return Err(at(format!(
+                    "tool {:?}: requires names the tool itself, so no plan could use it",
+                    t.name
+                )));
+            }
+            if let Some(n) = names.iter().find(|n| !seen.contains(*n)) {
+                return Err(at(format!(
+                    "tool {:?}: requires names {n:?}, which is not a tool of this catalog",
+                    t.name
+                )));
+            }
         }
     }
     Ok(Catalog { tools: file.tools })
+}
+
+/// What is wrong with one tool of a catalog file, on its own.
+fn check_tool(t: &crate::kernel::ToolSpec) -> Result<(), String> {
+    crate::limits::check_name(&t.name, "a tool name").map_err(|e| e.to_string())?;
+    let name = &t.name;
+    let prompt = &crate::model::prompt::RESERVED_NAMES;
+    if prompt.contains(&name.as_str()) {
+        return Err(format!(
+            "tool {name:?}: the name is the kernel's own function (its names: {}); rename the tool",
+            prompt.join(", ")
+        ));
+    }
+    if t.args.contains_key(crate::model::prompt::PLAN_STEP_ARG) {
+        return Err(format!(
+            "tool {name:?}: the argument name {:?} is the kernel's (the plan step a call carries out); rename the argument",
+            crate::model::prompt::PLAN_STEP_ARG
+        ));
+    }
+    t.check_schema()
+        .map_err(|e| format!("tool {name:?}: {e}"))?;
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        return Err(format!(
+            "tool {name:?}: a name is letters, digits, '_' and '-'"
+        ));
+    }
+    let Some(h) = &t.http else {
+        return Err(format!("tool {name:?} has no [http] section"));
+    };
+    let problem = if !is_url(&h.url) {
+        Some("url must be an http:// or https:// URL with a host".to_string())
+    } else if h.lookup_url.as_deref().is_some_and(|u| !is_url(u)) {
+        Some("lookup_url must be an http:// or https:// URL with a host".to_string())
+    } else if let Some(p) = approval_problem(t) {
+        Some(p)
+    } else if let Err(e) = h.retry.check() {
+        Some(e)
+    } else if !matches!(h.method.as_str(), "POST" | "PUT") {
+        Some("method must be POST or PUT".to_string())
+    } else {
+        None
+    };
+    match problem {
+        Some(p) => Err(format!("tool {name:?}: {p}")),
+        None => Ok(()),
+    }
 }

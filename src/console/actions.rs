@@ -92,31 +92,7 @@ impl Console {
             "approve" => operator::approve(&*self.db, &id, &reviewed, &extend, &d).map(|_| ()),
             "reject" => operator::reject(&*self.db, &id, &reviewed, &d).map(|_| ()),
             "reconcile" => {
-                let settlement = match field("outcome").as_deref() {
-                    // Without a result, the tool's lookup gives it (never a bare `ok` the
-                    // model would take for the result).
-                    Some("applied") => match field("result") {
-                        None => match self.looked_up(&id) {
-                            Ok(s @ Settlement::Applied(_)) => Ok(s),
-                            Ok(Settlement::NotApplied) => Err(Error::Conflict(
-                                "the tool's lookup says this write was not applied: settle it as not applied, or give the result if you know it was".into(),
-                            )),
-                            Err(e) => Err(Error::Invalid(format!(
-                                "\"It was applied\" needs the write's result, and {e}: paste what the write returned"
-                            ))),
-                        },
-                        Some(text) => match crate::limits::parse_json_input(
-                            &text,
-                            "the result",
-                            crate::limits::OPERATOR_RESULT_BYTES_MAX,
-                        ) {
-                            Ok(v) => Ok(Settlement::Applied(v)),
-                            Err(e) => Err(Error::Invalid(e.0)),
-                        },
-                    },
-                    Some("not_applied") => Ok(Settlement::NotApplied),
-                    _ => Err(Error::Invalid("say whether the write was applied".into())),
-                };
+                let settlement = self.settlement(&id, field("outcome"), field("result"));
                 settlement.and_then(|s| {
                     operator::reconcile(&*self.db, &id, &s, &reviewed, &extend, &d).map(|_| ())
                 })
@@ -145,17 +121,7 @@ impl Console {
         };
         match outcome {
             // Back to the task, naming the audit event the decision wrote.
-            Ok(()) => {
-                let event = self
-                    .db
-                    .events(Some(&id))
-                    .ok()
-                    .and_then(|e| e.last().map(|e| e.seq));
-                Reply::see_other(&match event {
-                    Some(n) => format!("/tasks/{}?event={n}", url_encode(&id)),
-                    None => format!("/tasks/{}", url_encode(&id)),
-                })
-            }
+            Ok(()) => self.after_decision(&id),
             Err(e) => {
                 let status = match e {
                     Error::NoTask(_) => 404,
@@ -165,5 +131,49 @@ impl Console {
                 self.message(op, status, "Refused", e.to_string(), back)
             }
         }
+    }
+
+    /// What the reconcile form says became of the write: applied (with the result pasted,
+    /// else the tool's lookup's), or not applied.
+    fn settlement(
+        &self,
+        id: &str,
+        outcome: Option<String>,
+        result: Option<String>,
+    ) -> Result<Settlement, Error> {
+        match outcome.as_deref() {
+            // Without a result, the tool's lookup gives it (never a bare `ok` the model would
+            // take for the result).
+            Some("applied") => match result {
+                None => match self.looked_up(id) {
+                    Ok(s @ Settlement::Applied(_)) => Ok(s),
+                    Ok(Settlement::NotApplied) => Err(Error::Conflict(
+                        "the tool's lookup says this write was not applied: settle it as not applied, or give the result if you know it was".into(),
+                    )),
+                    Err(e) => Err(Error::Invalid(format!(
+                        "\"It was applied\" needs the write's result, and {e}: paste what the write returned"
+                    ))),
+                },
+                Some(text) => match crate::limits::parse_json_input(
+                    &text,
+                    "the result",
+                    crate::limits::OPERATOR_RESULT_BYTES_MAX,
+                ) {
+                    Ok(v) => Ok(Settlement::Applied(v)),
+                    Err(e) => Err(Error::Invalid(e.0)),
+                },
+            },
+            Some("not_applied") => Ok(Settlement::NotApplied),
+            _ => Err(Error::Invalid("say whether the write was applied".into())),
+        }
+    }
+
+    /// Back to the task, naming the audit event the decision wrote.
+    fn after_decision(&self, id: &str) -> Reply {
+        let event = (self.db.events(Some(id)).ok()).and_then(|e| e.last().map(|e| e.seq));
+        Reply::see_other(&match event {
+            Some(n) => format!("/tasks/{}?event={n}", url_encode(id)),
+            None => format!("/tasks/{}", url_encode(id)),
+        })
     }
 }

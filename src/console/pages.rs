@@ -229,78 +229,9 @@ impl TaskPage {
                 || (r.status == QueueStatus::Finished && st.outcome.is_some()),
             actionable: matches!(r.status, QueueStatus::Suspended | QueueStatus::Held),
         });
-        let b = &r.budget;
-        let secs = |ms: u64| format!("{:.1} s", ms as f64 / 1000.0);
-        let budgets = vec![
-            bar("steps", st.step.into(), b.steps_max.into(), |v| {
-                v.to_string()
-            }),
-            bar(
-                "tool calls",
-                st.tool_calls.into(),
-                b.tool_calls_max.into(),
-                |v| v.to_string(),
-            ),
-            bar("tokens", st.tokens, b.tokens_max, |v| v.to_string()),
-            bar("active time", st.elapsed_ms, b.deadline_ms, secs),
-            bar(
-                "stalled steps",
-                st.stalls.into(),
-                b.stalls_max.into(),
-                |v| v.to_string(),
-            ),
-        ];
-        // The waterfall: each span placed on the task's active time, indented by depth.
-        let total_ms = d
-            .spans
-            .iter()
-            .map(|s| s.t1_ms.unwrap_or(s.t0_ms))
-            .max()
-            .unwrap_or(0)
-            .max(1);
-        let depth = |mut id: Option<u32>| {
-            let mut n = 0;
-            while let Some(p) = id.and_then(|i| d.spans.iter().find(|s| s.id == i)) {
-                n += 1;
-                id = p.parent;
-                if n > 16 {
-                    break;
-                }
-            }
-            n
-        };
-        let spans = d
-            .spans
-            .iter()
-            .map(|s| {
-                let left = s.t0_ms as f64 * 100.0 / total_ms as f64;
-                let width = (s.duration_ms() as f64 * 100.0 / total_ms as f64).max(0.4);
-                SpanBar {
-                    kind: s.kind.as_str(),
-                    name: match (&s.kind, &s.key) {
-                        (SpanKind::Tool, Some(k)) => format!("{} ({k})", s.name),
-                        _ => s.name.clone(),
-                    },
-                    status: s.status.clone(),
-                    ms: s.duration_ms(),
-                    left: format!("{left:.2}"),
-                    width: format!("{:.2}", width.min(100.0 - left).max(0.4)),
-                    indent: 8 + 14 * depth(s.parent),
-                }
-            })
-            .collect();
-        let events = d
-            .events
-            .iter()
-            .map(|e| EventRow {
-                seq: e.seq,
-                at: rfc3339(e.at_ms),
-                verb: e.verb.clone(),
-                by: e.by.clone(),
-                reason: e.reason.clone().unwrap_or_default(),
-                detail: e.detail.to_string(),
-            })
-            .collect();
+        let budgets = budget_bars(st, &r.budget);
+        let (total_ms, spans) = waterfall(&d.spans);
+        let events = d.events.iter().map(EventRow::of).collect();
         let replies = d
             .replies
             .iter()
@@ -347,6 +278,77 @@ impl TaskPage {
             facts: serde_json::to_string_pretty(&st.facts).unwrap_or_default(),
             replies,
             events,
+        }
+    }
+}
+
+/// One bar per budget: used against its limit.
+fn budget_bars(st: &crate::kernel::TaskState, b: &crate::kernel::Budget) -> Vec<BudgetBar> {
+    let secs = |ms: u64| format!("{:.1} s", ms as f64 / 1000.0);
+    let n = |v: u64| v.to_string();
+    vec![
+        bar("steps", st.step.into(), b.steps_max.into(), n),
+        bar(
+            "tool calls",
+            st.tool_calls.into(),
+            b.tool_calls_max.into(),
+            n,
+        ),
+        bar("tokens", st.tokens, b.tokens_max, n),
+        bar("active time", st.elapsed_ms, b.deadline_ms, secs),
+        bar("stalled steps", st.stalls.into(), b.stalls_max.into(), n),
+    ]
+}
+
+/// The waterfall: each span placed on the task's active time, indented by depth; and that
+/// time.
+fn waterfall(all: &[crate::kernel::Span]) -> (u64, Vec<SpanBar>) {
+    let total_ms = (all.iter().map(|s| s.t1_ms.unwrap_or(s.t0_ms)))
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let depth = |mut id: Option<u32>| {
+        let mut n = 0;
+        while let Some(p) = id.and_then(|i| all.iter().find(|s| s.id == i)) {
+            n += 1;
+            id = p.parent;
+            if n > 16 {
+                break;
+            }
+        }
+        n
+    };
+    let spans = all
+        .iter()
+        .map(|s| {
+            let left = s.t0_ms as f64 * 100.0 / total_ms as f64;
+            let width = (s.duration_ms() as f64 * 100.0 / total_ms as f64).max(0.4);
+            SpanBar {
+                kind: s.kind.as_str(),
+                name: match (&s.kind, &s.key) {
+                    (SpanKind::Tool, Some(k)) => format!("{} ({k})", s.name),
+                    _ => s.name.clone(),
+                },
+                status: s.status.clone(),
+                ms: s.duration_ms(),
+                left: format!("{left:.2}"),
+                width: format!("{:.2}", width.min(100.0 - left).max(0.4)),
+                indent: 8 + 14 * depth(s.parent),
+            }
+        })
+        .collect();
+    (total_ms, spans)
+}
+
+impl EventRow {
+    fn of(e: &crate::store::Event) -> EventRow {
+        EventRow {
+            seq: e.seq,
+            at: rfc3339(e.at_ms),
+            verb: e.verb.clone(),
+            by: e.by.clone(),
+            reason: e.reason.clone().unwrap_or_default(),
+            detail: e.detail.to_string(),
         }
     }
 }

@@ -12,7 +12,25 @@ use super::trace::{Span, SpanKind};
 
 /// A closing message for the customer or operator, from state alone.
 pub fn closing_message(state: &TaskState, catalog: &Catalog) -> String {
-    let lead = match state.stop {
+    let lead = lead(state);
+    if state.plan.is_empty() {
+        let calls = match state.tool_calls {
+            0 => "no tool calls were made".to_string(),
+            1 => "1 tool call was made".to_string(),
+            n => format!("{n} tool calls were made"),
+        };
+        return format!("{lead} No plan was set; {calls}.");
+    }
+    format!(
+        "{lead} {}.",
+        capitalize(&join_and(&plan_parts(state, catalog)))
+    )
+}
+
+/// The message's first sentence: why the run ended, and what it waits on.
+fn lead(state: &TaskState) -> String {
+    let args = |call: &super::state::ToolCall| dumps(&Value::Object(call.args.clone()));
+    match state.stop {
         None => "The task is still running.".to_string(),
         Some(StopReason::Done) => match state.outcome.as_deref() {
             Some("completed") | None => "The task is complete.".to_string(),
@@ -35,7 +53,7 @@ pub fn closing_message(state: &TaskState, catalog: &Catalog) -> String {
             Some(call) => format!(
                 "The task is waiting for approval of {} with {}.",
                 call.name,
-                dumps(&Value::Object(call.args.clone()))
+                args(call)
             ),
             None => "The task is waiting for approval.".into(),
         },
@@ -43,7 +61,7 @@ pub fn closing_message(state: &TaskState, catalog: &Catalog) -> String {
             Some(call) => format!(
                 "The task stopped because it is not known whether {} with {} took effect; it must be reconciled before any retry.",
                 call.name,
-                dumps(&Value::Object(call.args.clone()))
+                args(call)
             ),
             None => "The task stopped because a write's outcome is unknown.".into(),
         },
@@ -51,7 +69,7 @@ pub fn closing_message(state: &TaskState, catalog: &Catalog) -> String {
             Some(call) => format!(
                 "The task was cancelled by an operator while it is not known whether {} with {} took effect; it must be reconciled.",
                 call.name,
-                dumps(&Value::Object(call.args.clone()))
+                args(call)
             ),
             None => "The task was cancelled by an operator.".into(),
         },
@@ -68,21 +86,17 @@ pub fn closing_message(state: &TaskState, catalog: &Catalog) -> String {
             Some(call) => format!(
                 "The task stopped because the approval of {} with {} did not come in time; nothing was sent.",
                 call.name,
-                dumps(&Value::Object(call.args.clone()))
+                args(call)
             ),
             None => "The task stopped because an approval did not come in time.".into(),
         },
-    };
-    if state.plan.is_empty() {
-        let calls = match state.tool_calls {
-            0 => "no tool calls were made".to_string(),
-            1 => "1 tool call was made".to_string(),
-            n => format!("{n} tool calls were made"),
-        };
-        return format!("{lead} No plan was set; {calls}.");
     }
+}
+
+/// One phrase per plan step: done, not done, failed, or unknown (the held write's step).
+fn plan_parts(state: &TaskState, catalog: &Catalog) -> Vec<String> {
     let held = state.unknown_write().and_then(|c| c.plan_step.clone());
-    let parts: Vec<String> = state
+    state
         .plan
         .iter()
         .map(|s| {
@@ -106,8 +120,7 @@ pub fn closing_message(state: &TaskState, catalog: &Catalog) -> String {
                 StepStatus::Pending => not_done,
             }
         })
-        .collect();
-    format!("{lead} {}.", capitalize(&join_and(&parts)))
+        .collect()
 }
 
 fn join_and(parts: &[String]) -> String {

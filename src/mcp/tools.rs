@@ -71,47 +71,8 @@ impl McpTools<'_> {
         }
         let deadline = start + Duration::from_millis(req.timeout_ms.max(1));
         let left = || deadline.saturating_duration_since(Instant::now());
-        match mcp.definition(&m.server, name, left()) {
-            Ok(Some(now)) => {
-                let digest = definition_digest(&now);
-                // The task's snapshot must be what this worker's own config makes of the
-                // definition: its kinds (read, idempotent, approval), facts and user argument
-                // come from the daemon's trust in the server, never from whoever enqueued.
-                let here = mcp
-                    .server_config(&m.server)
-                    .map(|cfg| super::resolve(&m.server, cfg, &now).to_spec());
-                if digest == m.digest && here.as_ref() != Some(spec) {
-                    tracing::warn!(server = %m.server, tool = name, "MCP tool snapshot differs from this worker's reading of it; call refused");
-                    return refused(
-                        "tool_mismatch",
-                        format!(
-                            "the task's snapshot of {name} (from its enqueue) is not what this worker's config makes of MCP server {}'s definition (kind, approval, facts or user argument differ); nothing was sent",
-                            m.server
-                        ),
-                    );
-                }
-                if digest != m.digest {
-                    tracing::warn!(server = %m.server, tool = name, enqueued = %m.digest, now = %digest, "MCP tool changed since enqueue; call refused");
-                    return refused(
-                        "tool_changed",
-                        format!(
-                            "the definition of {name} on MCP server {} changed since the task was enqueued (digest {} then, {digest} now); nothing was sent",
-                            m.server, m.digest
-                        ),
-                    );
-                }
-            }
-            Ok(None) => {
-                return refused(
-                    "tool_changed",
-                    format!(
-                        "MCP server {} no longer offers {name}; nothing was sent",
-                        m.server
-                    ),
-                );
-            }
-            // Nothing was sent: the session or its tools/list failed.
-            Err(e) => return refused("unavailable", e),
+        if let Err(refusal) = check_definition(mcp, spec, m, name, left()) {
+            return refusal;
         }
         let args = args_as_sent(spec, &req.call.args, req.user_id);
         let attempts = if req.idempotent {
@@ -141,5 +102,57 @@ impl McpTools<'_> {
         } else {
             json!({"status": "error", "code": code, "detail": detail})
         }
+    }
+}
+
+/// Refused unless MCP server `m.server` still offers `name` with the definition the task was
+/// enqueued with, and this worker's config reads that definition as the task's snapshot.
+fn check_definition(
+    mcp: &Mcp,
+    spec: &crate::kernel::ToolSpec,
+    m: &crate::kernel::catalog::McpSpec,
+    name: &str,
+    time: Duration,
+) -> Result<(), Value> {
+    match mcp.definition(&m.server, name, time) {
+        Ok(Some(now)) => {
+            let digest = definition_digest(&now);
+            // The task's snapshot must be what this worker's own config makes of the
+            // definition: its kinds (read, idempotent, approval), facts and user argument
+            // come from the daemon's trust in the server, never from whoever enqueued.
+            let here = mcp
+                .server_config(&m.server)
+                .map(|cfg| super::resolve(&m.server, cfg, &now).to_spec());
+            if digest == m.digest && here.as_ref() != Some(spec) {
+                tracing::warn!(server = %m.server, tool = name, "MCP tool snapshot differs from this worker's reading of it; call refused");
+                return Err(refused(
+                    "tool_mismatch",
+                    format!(
+                        "the task's snapshot of {name} (from its enqueue) is not what this worker's config makes of MCP server {}'s definition (kind, approval, facts or user argument differ); nothing was sent",
+                        m.server
+                    ),
+                ));
+            }
+            if digest != m.digest {
+                tracing::warn!(server = %m.server, tool = name, enqueued = %m.digest, now = %digest, "MCP tool changed since enqueue; call refused");
+                return Err(refused(
+                    "tool_changed",
+                    format!(
+                        "the definition of {name} on MCP server {} changed since the task was enqueued (digest {} then, {digest} now); nothing was sent",
+                        m.server, m.digest
+                    ),
+                ));
+            }
+            Ok(())
+        }
+        Ok(None) => Err(refused(
+            "tool_changed",
+            format!(
+                "MCP server {} no longer offers {name}; nothing was sent",
+                m.server
+            ),
+        )),
+        // Nothing was sent: the session or its tools/list failed.
+        Err(e) => Err(refused("unavailable", e)),
     }
 }

@@ -116,17 +116,7 @@ impl HttpModel {
             if left.is_zero() {
                 return Err(ModelError::Timeout);
             }
-            let mut r = agent(left)
-                .post(&url)
-                .header("Content-Type", "application/json");
-            match (self.profile.api, key) {
-                (Api::OpenAi, Some(k)) => r = r.header("Authorization", &format!("Bearer {k}")),
-                (Api::Anthropic, Some(k)) => r = r.header("x-api-key", k),
-                (_, None) => {}
-            }
-            if self.profile.api == Api::Anthropic {
-                r = r.header("anthropic-version", super::anthropic::VERSION);
-            }
+            let r = self.request(&url, left, key);
             let (status, wait_asked, text) = match r.send(body.as_str()) {
                 Ok(mut resp) => {
                     let status = resp.status().as_u16();
@@ -168,26 +158,8 @@ impl HttpModel {
                     attempt += 1;
                     continue;
                 }
-                let what = match status {
-                    429 => "rate limited",
-                    529 => "overloaded",
-                    408 => "request timeout",
-                    409 => "conflict",
-                    _ => "server error",
-                };
-                let why = if fits {
-                    format!("after {} attempts", attempt + 1)
-                } else {
-                    format!(
-                        "after {} attempts; the next wait ({} ms) would outlast the task's remaining active time",
-                        attempt + 1,
-                        wait.as_millis()
-                    )
-                };
-                return Err(ModelError::Failed(format!(
-                    "HTTP {status} ({what}) {why}{}",
-                    message.map(|m| format!(": {m}")).unwrap_or_default()
-                )));
+                let waited = (!fits).then_some(wait);
+                return Err(gave_up(status, attempt + 1, waited, message));
             }
             let detail = message.unwrap_or_else(|| clip(&text));
             return Err(ModelError::Fatal(self.fatal(
@@ -196,6 +168,27 @@ impl HttpModel {
                 &detail,
             )));
         }
+    }
+
+    /// A POST of the provider's API to `url`, with its key and version headers.
+    fn request(
+        &self,
+        url: &str,
+        left: Duration,
+        key: Option<&str>,
+    ) -> ureq::RequestBuilder<ureq::typestate::WithBody> {
+        let mut r = agent(left)
+            .post(url)
+            .header("Content-Type", "application/json");
+        match (self.profile.api, key) {
+            (Api::OpenAi, Some(k)) => r = r.header("Authorization", &format!("Bearer {k}")),
+            (Api::Anthropic, Some(k)) => r = r.header("x-api-key", k),
+            (_, None) => {}
+        }
+        if self.profile.api == Api::Anthropic {
+            r = r.header("anthropic-version", super::anthropic::VERSION);
+        }
+        r
     }
 
     /// What a 4xx answer that asking again cannot fix means, for a person.
@@ -275,6 +268,34 @@ impl Model for HttpModel {
 
 /// The backoff before retry `n` (0-based): 0.5 s doubled each time, at most 8 s, less up to a
 /// quarter at random so that tasks that failed together do not retry together.
+/// A retryable answer given up on after `attempts`; `waited` is the next wait when it
+/// would have outlasted the task's remaining active time.
+fn gave_up(
+    status: u16,
+    attempts: u32,
+    waited: Option<Duration>,
+    message: Option<String>,
+) -> ModelError {
+    let what = match status {
+        429 => "rate limited",
+        529 => "overloaded",
+        408 => "request timeout",
+        409 => "conflict",
+        _ => "server error",
+    };
+    let why = match waited {
+        None => format!("after {attempts} attempts"),
+        Some(wait) => format!(
+            "after {attempts} attempts; the next wait ({} ms) would outlast the task's remaining active time",
+            wait.as_millis()
+        ),
+    };
+    ModelError::Failed(format!(
+        "HTTP {status} ({what}) {why}{}",
+        message.map(|m| format!(": {m}")).unwrap_or_default()
+    ))
+}
+
 pub fn jittered(n: u32) -> Duration {
     let base = (500u64 << n.min(4)).min(8_000);
     Duration::from_millis(base - crate::net::jitter(base / 4))

@@ -196,7 +196,33 @@ pub(crate) fn from_entry(name: &str, m: ProfileEntry, path: &Path) -> Result<Htt
             "models.{name}.max_tokens_param is for kind \"openai\" (Messages always uses max_tokens)"
         ));
     }
-    let instructions = match (m.instructions, m.instructions_file) {
+    let instructions = instructions_of(name, m.instructions, m.instructions_file, path)?;
+    let budget = budget_of(name, &m.budget)?;
+    Ok(HttpProfile {
+        api,
+        base_url: m.base_url.trim_end_matches('/').to_string(),
+        model: m.model,
+        api_key_env: m.api_key_env,
+        max_retries: m.max_retries.min(10),
+        temperature: m.temperature,
+        max_tokens_param: m
+            .max_tokens_param
+            .unwrap_or(MaxTokensParam::MaxCompletionTokens),
+        tool_calling: m.tool_calling.unwrap_or(ToolCalling::Native),
+        final_answer: m.final_answer.unwrap_or(FinalAnswer::Function),
+        instructions,
+        budget,
+    })
+}
+
+/// A profile's instructions: given in the config, or read from a file named relative to it.
+fn instructions_of(
+    name: &str,
+    text: Option<String>,
+    file: Option<std::path::PathBuf>,
+    path: &Path,
+) -> Result<Option<String>, String> {
+    let instructions = match (text, file) {
         (Some(_), Some(_)) => {
             return Err(format!(
                 "models.{name}: give instructions or instructions_file, not both"
@@ -224,8 +250,13 @@ pub(crate) fn from_entry(name: &str, m: ProfileEntry, path: &Path) -> Result<Htt
             i.len()
         ));
     }
+    Ok(instructions)
+}
+
+/// A profile's budget: the real-model defaults with the config's `budget` table applied.
+fn budget_of(name: &str, table: &BTreeMap<String, toml::Value>) -> Result<Budget, String> {
     let mut budget: Budget = real_model_budget();
-    for (k, v) in &m.budget {
+    for (k, v) in table {
         let v = match v {
             toml::Value::String(s) => s.clone(),
             toml::Value::Integer(i) => i.to_string(),
@@ -239,19 +270,5 @@ pub(crate) fn from_entry(name: &str, m: ProfileEntry, path: &Path) -> Result<Htt
             .set(k, &v)
             .map_err(|e| format!("models.{name}.budget: {e}"))?;
     }
-    Ok(HttpProfile {
-        api,
-        base_url: m.base_url.trim_end_matches('/').to_string(),
-        model: m.model,
-        api_key_env: m.api_key_env,
-        max_retries: m.max_retries.min(10),
-        temperature: m.temperature,
-        max_tokens_param: m
-            .max_tokens_param
-            .unwrap_or(MaxTokensParam::MaxCompletionTokens),
-        tool_calling: m.tool_calling.unwrap_or(ToolCalling::Native),
-        final_answer: m.final_answer.unwrap_or(FinalAnswer::Function),
-        instructions,
-        budget,
-    })
+    Ok(budget)
 }

@@ -87,44 +87,11 @@ impl Prompt {
         let mut own_plan_step = BTreeSet::new();
         let mut functions = Vec::new();
         for t in &catalog.tools {
-            let mut schema = t.input_schema();
-            // The task's user id is the task's, never the model's: not offered.
-            if let Some(u) = t.mcp.as_ref().and_then(|m| m.user_arg.as_deref()) {
-                remove_property(&mut schema, u);
-            }
-            let has_own = schema
-                .get("properties")
-                .and_then(Value::as_object)
-                .is_some_and(|p| p.contains_key(PLAN_STEP_ARG));
-            if has_own {
+            let (f, own) = function_of(t);
+            if own {
                 own_plan_step.insert(t.name.clone());
-            } else if let Some(obj) = schema.as_object_mut() {
-                let props = obj
-                    .entry("properties")
-                    .or_insert_with(|| Value::Object(Map::new()));
-                if let Some(p) = props.as_object_mut() {
-                    p.insert(
-                        PLAN_STEP_ARG.into(),
-                        json!({"type": "string", "description": "The id of the plan step this call carries out (s1, s2, ...). May be left out when only one open step uses this tool."}),
-                    );
-                }
             }
-            let access = match t.access {
-                Access::Read => "Reads; changes nothing.",
-                Access::Write => {
-                    "Writes: it changes something outside, and may wait for a person's approval."
-                }
-            };
-            let description = if t.description.trim().is_empty() {
-                access.to_string()
-            } else {
-                format!("{} ({access})", t.description.trim())
-            };
-            functions.push(Function {
-                name: t.name.clone(),
-                description,
-                parameters: schema,
-            });
+            functions.push(f);
         }
         let tool_names: Vec<Value> = catalog
             .tools
@@ -290,6 +257,49 @@ impl Prompt {
             }
         }
     }
+}
+
+/// What the model is told of one tool: its description (with its access) and its
+/// arguments' schema, less the task's user argument, plus the plan step argument unless the
+/// tool has one of its own (then `true`).
+fn function_of(t: &crate::kernel::ToolSpec) -> (Function, bool) {
+    let mut schema = t.input_schema();
+    // The task's user id is the task's, never the model's: not offered.
+    if let Some(u) = t.mcp.as_ref().and_then(|m| m.user_arg.as_deref()) {
+        remove_property(&mut schema, u);
+    }
+    let has_own = schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .is_some_and(|p| p.contains_key(PLAN_STEP_ARG));
+    if !has_own && let Some(obj) = schema.as_object_mut() {
+        let props = obj
+            .entry("properties")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if let Some(p) = props.as_object_mut() {
+            p.insert(
+                PLAN_STEP_ARG.into(),
+                json!({"type": "string", "description": "The id of the plan step this call carries out (s1, s2, ...). May be left out when only one open step uses this tool."}),
+            );
+        }
+    }
+    let access = match t.access {
+        Access::Read => "Reads; changes nothing.",
+        Access::Write => {
+            "Writes: it changes something outside, and may wait for a person's approval."
+        }
+    };
+    let description = if t.description.trim().is_empty() {
+        access.to_string()
+    } else {
+        format!("{} ({access})", t.description.trim())
+    };
+    let f = Function {
+        name: t.name.clone(),
+        description,
+        parameters: schema,
+    };
+    (f, has_own)
 }
 
 /// The function that proposes a plan, its `tool` limited to the catalog's tools.

@@ -325,29 +325,7 @@ fn reconcile_in(
     let key = rec.call_key(&ns, &call);
     reviewed.check(id, &call, &key)?;
     let mut detail = call_json(&ns, &rec, &call);
-    let (verb, recorded) = match s {
-        Settlement::Applied(result) => {
-            if !result.get("status").is_some_and(Value::is_string) {
-                return Err(Error::Invalid(
-                    "--result must be a JSON object with a string \"status\", e.g. {\"status\": \"ok\"}".into(),
-                ));
-            }
-            // What an applied write returned cannot say it is still unknown, waits for an
-            // approval, or was rejected: settled so, the task would hold it again.
-            if let Some(st @ ("unknown" | "needs_approval" | "rejected")) =
-                result["status"].as_str()
-            {
-                return Err(Error::Invalid(format!(
-                    "an applied write's result cannot have status {st:?}: give what the write returned (status \"ok\" or \"error\"), or settle it as not applied"
-                )));
-            }
-            ("reconcile_applied", result.clone())
-        }
-        Settlement::NotApplied => (
-            "reconcile_not_applied",
-            json!({"status": "not_applied", "by": d.by}),
-        ),
-    };
+    let (verb, recorded) = settled_as(s, &d.by)?;
     if !cancelled {
         extend.apply(&mut rec.budget)?;
         if *s == Settlement::NotApplied {
@@ -361,24 +339,7 @@ fn reconcile_in(
     if !extend.0.is_empty() && !cancelled {
         detail["extend"] = extend.to_json();
     }
-    if let Some(existing) = tx.call(&key)? {
-        // A damaged record is replaced by one made from the held call: the operator's
-        // settlement is what is known of it now.
-        let mut c = existing.unwrap_or_else(|_| CallRecord {
-            key: key.clone(),
-            task_id: rec.id.clone(),
-            step: rec.state.step,
-            tool: call.name.clone(),
-            args: call.args.clone(),
-            digest: call.digest(),
-            intent_at_ms: d.now_ms,
-            result: None,
-            result_at_ms: None,
-        });
-        c.result = Some(recorded.clone());
-        c.result_at_ms = Some(d.now_ms);
-        tx.put_call(&c)?;
-    }
+    settle_call(tx, &key, &rec, &call, &recorded, d.now_ms)?;
     if cancelled {
         // The task stays cancelled; the write is settled and leaves the held list.
         let applied_ok = matches!(s, Settlement::Applied(r) if r["status"] == "ok");
@@ -398,6 +359,64 @@ fn reconcile_in(
     }
     tx.event(Some(id), verb, d, detail)?;
     Ok(Ok(call))
+}
+
+/// The audit verb of a settlement and the result recorded for the write, or why the given
+/// result cannot be an applied write's.
+fn settled_as(s: &Settlement, by: &str) -> Result<(&'static str, Value)> {
+    Ok(match s {
+        Settlement::Applied(result) => {
+            if !result.get("status").is_some_and(Value::is_string) {
+                return Err(Error::Invalid(
+                    "--result must be a JSON object with a string \"status\", e.g. {\"status\": \"ok\"}".into(),
+                ));
+            }
+            // What an applied write returned cannot say it is still unknown, waits for an
+            // approval, or was rejected: settled so, the task would hold it again.
+            if let Some(st @ ("unknown" | "needs_approval" | "rejected")) =
+                result["status"].as_str()
+            {
+                return Err(Error::Invalid(format!(
+                    "an applied write's result cannot have status {st:?}: give what the write returned (status \"ok\" or \"error\"), or settle it as not applied"
+                )));
+            }
+            ("reconcile_applied", result.clone())
+        }
+        Settlement::NotApplied => (
+            "reconcile_not_applied",
+            json!({"status": "not_applied", "by": by}),
+        ),
+    })
+}
+
+/// The held write's call record, if it has one, settled with `recorded`. A damaged record is
+/// replaced by one made from the held call: the operator's settlement is what is known of it
+/// now.
+fn settle_call(
+    tx: &mut dyn DecisionTx,
+    key: &str,
+    rec: &TaskRecord,
+    call: &ToolCall,
+    recorded: &Value,
+    now_ms: u64,
+) -> Result<()> {
+    if let Some(existing) = tx.call(key)? {
+        let mut c = existing.unwrap_or_else(|_| CallRecord {
+            key: key.to_string(),
+            task_id: rec.id.clone(),
+            step: rec.state.step,
+            tool: call.name.clone(),
+            args: call.args.clone(),
+            digest: call.digest(),
+            intent_at_ms: now_ms,
+            result: None,
+            result_at_ms: None,
+        });
+        c.result = Some(recorded.clone());
+        c.result_at_ms = Some(now_ms);
+        tx.put_call(&c)?;
+    }
+    Ok(())
 }
 
 /// A cancel, refused (nothing written) when `seen` is given and the task changed since: its

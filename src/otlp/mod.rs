@@ -183,12 +183,18 @@ pub fn spans_of(
         (None, ModelProfile::OpenAi { temperature, .. }) => Some(*temperature),
         _ => None,
     };
-    // The step number of each `step N` span, for its model call's recorded reply.
-    let steps: std::collections::HashMap<u32, u32> = spans
-        .iter()
-        .filter_map(|p| Some((p.id, p.name.strip_prefix("step ")?.parse().ok()?)))
-        .collect();
-    let step_of = |span: &Span| span.parent.and_then(|p| steps.get(&p).copied());
+    let run = Run {
+        rec,
+        replies,
+        model,
+        provider,
+        temperature,
+        // The step number of each `step N` span, for its model call's recorded reply.
+        steps: spans
+            .iter()
+            .filter_map(|p| Some((p.id, p.name.strip_prefix("step ")?.parse().ok()?)))
+            .collect(),
+    };
     spans
         .iter()
         .filter(|sp| keep(sp.id))
@@ -198,94 +204,13 @@ pub fn spans_of(
                 ("tether.span.kind".into(), s(sp.kind.as_str())),
                 ("tether.status".into(), s(&sp.status)),
             ];
-            let mut kind = KIND_INTERNAL;
-            let mut message = String::new();
-            let name = match sp.kind {
-                SpanKind::Model => {
-                    kind = KIND_CLIENT;
-                    a.push(("gen_ai.operation.name".into(), s("chat")));
-                    a.push(("gen_ai.provider.name".into(), s(&provider)));
-                    a.push(("gen_ai.request.model".into(), s(&model)));
-                    a.push((
-                        "gen_ai.request.max_tokens".into(),
-                        Attr::Int(i64::from(rec.budget.output_tokens_max)),
-                    ));
-                    if let Some(t) = temperature {
-                        a.push(("gen_ai.request.temperature".into(), Attr::Double(t)));
-                    }
-                    if let Some(t) = sp.tin {
-                        a.push(("gen_ai.usage.input_tokens".into(), Attr::Int(t as i64)));
-                    }
-                    if let Some(t) = sp.tout {
-                        a.push(("gen_ai.usage.output_tokens".into(), Attr::Int(t as i64)));
-                    }
-                    a.push(("openinference.span.kind".into(), s("LLM")));
-                    a.push(("llm.model_name".into(), s(&model)));
-                    let reply = step_of(sp).and_then(|n| replies.iter().find(|r| r.step == n));
-                    if let Some(r) = reply.and_then(|r| r.response.as_ref()) {
-                        if let Some(id) = &r.id {
-                            a.push(("gen_ai.response.id".into(), s(id)));
-                        }
-                        if let Some(m) = &r.model {
-                            a.push(("gen_ai.response.model".into(), s(m)));
-                        }
-                        if !r.finish_reasons.is_empty() {
-                            a.push((
-                                "gen_ai.response.finish_reasons".into(),
-                                Attr::Strs(r.finish_reasons.clone()),
-                            ));
-                        }
-                    }
-                    if sp.status != "ok" {
-                        message = match reply.map(|r| &r.outcome) {
-                            Some(
-                                RecordedOutcome::Failed(m)
-                                | RecordedOutcome::Refused(m)
-                                | RecordedOutcome::Fatal(m),
-                            ) => m.clone(),
-                            Some(RecordedOutcome::Timeout) => {
-                                "no answer within the remaining active time".into()
-                            }
-                            _ => format!("model call: {}", sp.status),
-                        };
-                    }
-                    format!("chat {model}")
-                }
-                SpanKind::Tool => {
-                    a.push(("gen_ai.operation.name".into(), s("execute_tool")));
-                    a.push(("gen_ai.tool.name".into(), s(&sp.name)));
-                    if let Some(k) = &sp.key {
-                        a.push(("gen_ai.tool.call.id".into(), s(k)));
-                        a.push(("tether.call_key".into(), s(k)));
-                    }
-                    if let Some(r) = sp.result_tokens {
-                        a.push(("tether.result_tokens".into(), Attr::Int(r as i64)));
-                    }
-                    let mcp = rec
-                        .catalog
-                        .as_ref()
-                        .and_then(|c| c.get(&sp.name))
-                        .and_then(|t| t.mcp.as_ref());
-                    if let Some(m) = mcp {
-                        a.push(("gen_ai.tool.type".into(), s("extension")));
-                        a.push(("mcp.method.name".into(), s("tools/call")));
-                        a.push(("tether.mcp.server".into(), s(&m.server)));
-                    } else {
-                        a.push(("gen_ai.tool.type".into(), s("function")));
-                    }
-                    a.push(("openinference.span.kind".into(), s("TOOL")));
-                    a.push(("tool.name".into(), s(&sp.name)));
-                    if status_of(&sp.status) == STATUS_ERROR {
-                        message = format!("the tool call ended {}", sp.status);
-                    }
-                    format!("execute_tool {}", sp.name)
-                }
+            let (name, kind, message) = match sp.kind {
+                SpanKind::Model => run.model_span(sp, &mut a),
+                SpanKind::Tool => run.tool_span(sp, &mut a),
                 _ => {
                     a.push(("openinference.span.kind".into(), s("CHAIN")));
-                    if status_of(&sp.status) == STATUS_ERROR {
-                        message = format!("{} ended {}", sp.name, sp.status);
-                    }
-                    sp.name.clone()
+                    let message = format!("{} ended {}", sp.name, sp.status);
+                    (sp.name.clone(), KIND_INTERNAL, message)
                 }
             };
             let status_code = status_of(&sp.status);
@@ -313,6 +238,96 @@ pub fn spans_of(
             }
         })
         .collect()
+}
+
+/// What every span of one task's export shares: the task, its recorded replies and the
+/// model it ran on.
+struct Run<'a> {
+    rec: &'a TaskRecord,
+    replies: &'a [RecordedReply],
+    model: String,
+    provider: String,
+    temperature: Option<f64>,
+    steps: std::collections::HashMap<u32, u32>,
+}
+
+impl Run<'_> {
+    /// A model call's attributes (GenAI and OpenInference conventions); its name, kind and
+    /// the message shown if it failed.
+    fn model_span(&self, sp: &Span, a: &mut Vec<(String, Attr)>) -> (String, i32, String) {
+        let model = &self.model;
+        a.push(("gen_ai.operation.name".into(), s("chat")));
+        a.push(("gen_ai.provider.name".into(), s(&self.provider)));
+        a.push(("gen_ai.request.model".into(), s(model)));
+        a.push((
+            "gen_ai.request.max_tokens".into(),
+            Attr::Int(i64::from(self.rec.budget.output_tokens_max)),
+        ));
+        if let Some(t) = self.temperature {
+            a.push(("gen_ai.request.temperature".into(), Attr::Double(t)));
+        }
+        if let Some(t) = sp.tin {
+            a.push(("gen_ai.usage.input_tokens".into(), Attr::Int(t as i64)));
+        }
+        if let Some(t) = sp.tout {
+            a.push(("gen_ai.usage.output_tokens".into(), Attr::Int(t as i64)));
+        }
+        a.push(("openinference.span.kind".into(), s("LLM")));
+        a.push(("llm.model_name".into(), s(model)));
+        let step = sp.parent.and_then(|p| self.steps.get(&p).copied());
+        let reply = step.and_then(|n| self.replies.iter().find(|r| r.step == n));
+        if let Some(r) = reply.and_then(|r| r.response.as_ref()) {
+            if let Some(id) = &r.id {
+                a.push(("gen_ai.response.id".into(), s(id)));
+            }
+            if let Some(m) = &r.model {
+                a.push(("gen_ai.response.model".into(), s(m)));
+            }
+            if !r.finish_reasons.is_empty() {
+                a.push((
+                    "gen_ai.response.finish_reasons".into(),
+                    Attr::Strs(r.finish_reasons.clone()),
+                ));
+            }
+        }
+        let message = match reply.map(|r| &r.outcome) {
+            Some(
+                RecordedOutcome::Failed(m)
+                | RecordedOutcome::Refused(m)
+                | RecordedOutcome::Fatal(m),
+            ) => m.clone(),
+            Some(RecordedOutcome::Timeout) => "no answer within the remaining active time".into(),
+            _ => format!("model call: {}", sp.status),
+        };
+        (format!("chat {model}"), KIND_CLIENT, message)
+    }
+
+    /// A tool call's attributes; its name, kind and the message shown if it failed.
+    fn tool_span(&self, sp: &Span, a: &mut Vec<(String, Attr)>) -> (String, i32, String) {
+        a.push(("gen_ai.operation.name".into(), s("execute_tool")));
+        a.push(("gen_ai.tool.name".into(), s(&sp.name)));
+        if let Some(k) = &sp.key {
+            a.push(("gen_ai.tool.call.id".into(), s(k)));
+            a.push(("tether.call_key".into(), s(k)));
+        }
+        if let Some(r) = sp.result_tokens {
+            a.push(("tether.result_tokens".into(), Attr::Int(r as i64)));
+        }
+        let mcp = (self.rec.catalog.as_ref())
+            .and_then(|c| c.get(&sp.name))
+            .and_then(|t| t.mcp.as_ref());
+        if let Some(m) = mcp {
+            a.push(("gen_ai.tool.type".into(), s("extension")));
+            a.push(("mcp.method.name".into(), s("tools/call")));
+            a.push(("tether.mcp.server".into(), s(&m.server)));
+        } else {
+            a.push(("gen_ai.tool.type".into(), s("function")));
+        }
+        a.push(("openinference.span.kind".into(), s("TOOL")));
+        a.push(("tool.name".into(), s(&sp.name)));
+        let message = format!("the tool call ended {}", sp.status);
+        (format!("execute_tool {}", sp.name), KIND_INTERNAL, message)
+    }
 }
 
 /// The task's root span, `invoke_agent tether`: from the task's creation to the end of its last

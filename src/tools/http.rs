@@ -204,8 +204,19 @@ fn send(
         }
         Err(e) => e,
     };
+    answer(status, &text, &location, retry_after, write)
+}
+
+/// What an HTTP answer means for the call: its result, and whether to try again later.
+fn answer(
+    status: u16,
+    text: &str,
+    location: &str,
+    retry_after: Option<Duration>,
+    write: bool,
+) -> (Value, Option<Transient>) {
     match status {
-        200..=299 => (success(&text, write), None),
+        200..=299 => (success(text, write), None),
         // A redirect is never followed (see `net::agent`): where the call went is not known,
         // so for a write its outcome is not either.
         300..=399 => (
@@ -214,7 +225,7 @@ fn send(
                 &format!("http_{status}"),
                 format!(
                     "the tool answered a redirect to {:?}; tool calls never follow redirects",
-                    clip(&location)
+                    clip(location)
                 ),
             ),
             None,
@@ -229,7 +240,7 @@ fn send(
                 format!("http_{status}")
             };
             // The service's own code stays in the detail (a 409 may also be its conflict).
-            let (theirs, detail) = error_of(&text, status);
+            let (theirs, detail) = error_of(text, status);
             let detail = if theirs.starts_with("http_") {
                 detail
             } else {
@@ -237,19 +248,22 @@ fn send(
             };
             (
                 outcome_unknown(write, &code, detail),
-                transient(code.clone(), retry_after),
+                Some(Transient {
+                    cause: code.clone(),
+                    retry_after,
+                }),
             )
         }
         // Any other 4xx: the service refused the call, so nothing was done; the model sees why.
         400..=499 => {
-            let (code, detail) = error_of(&text, status);
+            let (code, detail) = error_of(text, status);
             (
                 json!({"status": "error", "code": code, "http_status": status, "detail": detail}),
                 None,
             )
         }
         _ => (
-            outcome_unknown(write, &format!("http_{status}"), clip(&text)),
+            outcome_unknown(write, &format!("http_{status}"), clip(text)),
             None,
         ),
     }

@@ -144,29 +144,15 @@ fn handle(svc: &Service, req: &Request) -> Reply {
         return respond(200, json!({"ok": true}));
     }
     if let Some(name) = path.strip_prefix("/lookup/") {
-        let key = req.param("key").unwrap_or_default();
-        if key.is_empty() || !TOOLS.contains(&name) {
-            return respond(400, json!({"error": "GET /lookup/TOOL?key=CALL_KEY"}));
-        }
-        if let Err(e) = check_key(key.as_bytes()) {
-            return respond(400, json!({"error": e}));
-        }
-        if svc.in_flight.lock().is_ok_and(|f| f.contains(&key)) {
-            return respond(409, json!({"error": "the key is in flight"}));
-        }
-        return match svc.store.lookup(&key, name) {
-            Ok(Some(result)) => respond(200, json!({"applied": true, "result": result})),
-            Ok(None) => respond(200, json!({"applied": false})),
-            Err(e) => respond(500, json!({"error": e.to_string()})),
-        };
+        return lookup(svc, name, req);
     }
-    let Some(name) = path.strip_prefix("/tools/").map(str::to_string) else {
+    let Some(name) = path.strip_prefix("/tools/") else {
         return respond(404, json!({"error": "unknown path"}));
     };
     if req.method != "POST" {
         return respond(405, json!({"error": "use POST"}));
     }
-    if !TOOLS.contains(&name.as_str()) {
+    if !TOOLS.contains(&name) {
         return respond(404, json!({"error": format!("unknown tool {name:?}")}));
     }
     let Ok(body) = std::str::from_utf8(&req.body) else {
@@ -176,7 +162,7 @@ fn handle(svc: &Service, req: &Request) -> Reply {
         Ok(x) => x,
         Err(e) => return respond(400, json!({"error": e})),
     };
-    let write = WRITES.contains(&name.as_str());
+    let write = WRITES.contains(&name);
     let key = match req.header("Idempotency-Key").map(check_key) {
         None => None,
         Some(Ok(k)) => Some(k),
@@ -189,42 +175,65 @@ fn handle(svc: &Service, req: &Request) -> Reply {
                 json!({"error": "a write needs an Idempotency-Key header"}),
             );
         }
-        return run(svc, &name, &user, &args, "", false);
+        return run(svc, name, &user, &args, "", false);
     };
-    let digest = payload_digest(&name, &user, &args);
-    let call_digest = crate::kernel::state::digest(&name, &args);
-    // An approval counts only if it verifies: then the store sees this call's digest.
-    let approval = req.header(super::approval::HEADER).and_then(|v| {
-        let header = String::from_utf8_lossy(v);
-        let Some(secret) = &svc.approval_secret else {
-            tracing::warn!(key = %key, "an approval arrived, but this service has no approval secret");
-            return None;
-        };
-        let now_s = crate::clock::now_ms() / 1000;
-        let hash = crate::kernel::state::call_hash(&name, &args);
-        let call = super::approval::Call {
-            key: &key,
-            user: &user,
-            hash: &hash,
-        };
-        match super::approval::verify(secret, &header, &call, now_s) {
-            Ok(()) => Some(call_digest.clone()),
-            Err(e) => {
-                tracing::warn!(key = %key, error = %e, "approval refused");
-                None
-            }
-        }
-    });
+    let call = Keyed {
+        name,
+        user: &user,
+        args: &args,
+        key: &key,
+        write,
+    };
+    keyed(svc, req, &call)
+}
+
+/// `GET /lookup/TOOL?key=K`: whether the write under key K was applied, and its result.
+fn lookup(svc: &Service, name: &str, req: &Request) -> Reply {
+    let key = req.param("key").unwrap_or_default();
+    if key.is_empty() || !TOOLS.contains(&name) {
+        return respond(400, json!({"error": "GET /lookup/TOOL?key=CALL_KEY"}));
+    }
+    if let Err(e) = check_key(key.as_bytes()) {
+        return respond(400, json!({"error": e}));
+    }
+    if svc.in_flight.lock().is_ok_and(|f| f.contains(&key)) {
+        return respond(409, json!({"error": "the key is in flight"}));
+    }
+    match svc.store.lookup(&key, name) {
+        Ok(Some(result)) => respond(200, json!({"applied": true, "result": result})),
+        Ok(None) => respond(200, json!({"applied": false})),
+        Err(e) => respond(500, json!({"error": e.to_string()})),
+    }
+}
+
+/// A tool call under an idempotency key.
+struct Keyed<'a> {
+    name: &'a str,
+    user: &'a str,
+    args: &'a serde_json::Map<String, Value>,
+    key: &'a str,
+    write: bool,
+}
+
+/// A keyed call, as Stripe runs one: one request per key at a time, the stored response
+/// for the same payload again, 422 for another payload under a used key; then the injected
+/// faults.
+fn keyed(svc: &Service, req: &Request, c: &Keyed) -> Reply {
+    let (name, key) = (c.name, c.key);
+    let digest = payload_digest(name, c.user, c.args);
+    let call_digest = crate::kernel::state::digest(name, c.args);
+    let approval = approval(svc, req, c).then(|| call_digest.clone());
     let arrive = |outcome: &str| {
-        if write {
-            let _ = svc.store.arrive(&key, &name, &call_digest, outcome);
+        if c.write {
+            let _ = svc.store.arrive(key, name, &call_digest, outcome);
         }
     };
+    let done = || svc.in_flight.lock().map(|mut f| f.remove(key)).ok();
     {
         let Ok(mut f) = svc.in_flight.lock() else {
             return respond(500, json!({"error": "lock poisoned"}));
         };
-        if !f.insert(key.clone()) {
+        if !f.insert(key.to_string()) {
             drop(f);
             arrive("in_flight");
             return respond(
@@ -234,9 +243,9 @@ fn handle(svc: &Service, req: &Request) -> Reply {
         }
     }
     // Stripe: the same key must carry the same payload.
-    match svc.store.idempotent_response(&key) {
+    match svc.store.idempotent_response(key) {
         Ok(Some((d, resp))) => {
-            svc.in_flight.lock().map(|mut f| f.remove(&key)).ok();
+            done();
             if d == digest {
                 arrive("replayed");
                 return respond(200, resp).with_header("Idempotent-Replayed", "true");
@@ -249,24 +258,22 @@ fn handle(svc: &Service, req: &Request) -> Reply {
         }
         Ok(None) => {}
         Err(e) => {
-            svc.in_flight.lock().map(|mut f| f.remove(&key)).ok();
+            done();
             return respond(500, json!({"error": e.to_string()}));
         }
     }
     if svc.faults.error_rate > 0.0 && svc.draw() < svc.faults.error_rate {
-        svc.in_flight.lock().map(|mut f| f.remove(&key)).ok();
+        done();
         arrive("refused");
         return respond(503, json!({"error": "injected fault: service unavailable"}));
     }
-    let result = svc
-        .store
-        .call_once("", &user, &name, &args, &key, write, approval.as_deref());
+    let result = (svc.store).call_once("", c.user, name, c.args, key, c.write, approval.as_deref());
     let outcome = match result {
         Ok((res, _replayed)) => {
             // A call waiting for approval is not answered for good: the approved call that
             // follows under the same key must be decided afresh.
-            if write && res["status"] != "needs_approval" {
-                let _ = svc.store.remember_response(&key, &digest, &res);
+            if c.write && res["status"] != "needs_approval" {
+                let _ = svc.store.remember_response(key, &digest, &res);
             }
             Ok(res)
         }
@@ -275,13 +282,40 @@ fn handle(svc: &Service, req: &Request) -> Reply {
     if svc.faults.latency_ms > 0 {
         std::thread::sleep(Duration::from_millis(svc.faults.latency_ms));
     }
-    svc.in_flight.lock().map(|mut f| f.remove(&key)).ok();
+    done();
     match outcome {
-        Ok(_) if write && svc.faults.lose_rate > 0.0 && svc.draw() < svc.faults.lose_rate => {
+        Ok(_) if c.write && svc.faults.lose_rate > 0.0 && svc.draw() < svc.faults.lose_rate => {
             Reply::Lose
         }
         Ok(res) => respond(200, res),
         Err(e) => respond(500, json!({"error": e})),
+    }
+}
+
+/// Whether the request carries an approval of this very call that verifies; only then
+/// does the store see the call's digest as approved.
+fn approval(svc: &Service, req: &Request, c: &Keyed) -> bool {
+    let Some(v) = req.header(super::approval::HEADER) else {
+        return false;
+    };
+    let header = String::from_utf8_lossy(v);
+    let Some(secret) = &svc.approval_secret else {
+        tracing::warn!(key = %c.key, "an approval arrived, but this service has no approval secret");
+        return false;
+    };
+    let now_s = crate::clock::now_ms() / 1000;
+    let hash = crate::kernel::state::call_hash(c.name, c.args);
+    let call = super::approval::Call {
+        key: c.key,
+        user: c.user,
+        hash: &hash,
+    };
+    match super::approval::verify(secret, &header, &call, now_s) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(key = %c.key, error = %e, "approval refused");
+            false
+        }
     }
 }
 

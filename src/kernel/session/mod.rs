@@ -270,17 +270,7 @@ impl<'c> Session<'c> {
     pub fn poll(&mut self) -> Action<'_> {
         loop {
             match self.phase {
-                Phase::Begin => {
-                    self.state.status = Status::Running;
-                    self.state.stop = None;
-                    let t = self.state.elapsed_ms;
-                    self.root =
-                        Some(
-                            self.trace
-                                .start(SpanKind::Task, self.state.task_id.clone(), None, t),
-                        );
-                    self.phase = Phase::Top;
-                }
+                Phase::Begin => self.open_run(),
                 Phase::Top => {
                     if let Some(stop) = self.check_budget() {
                         self.finish(stop, None);
@@ -300,23 +290,7 @@ impl<'c> Session<'c> {
                     self.phase = Phase::Begin;
                     return Action::StepEnd;
                 }
-                Phase::Ready => {
-                    self.state.step += 1;
-                    let t = self.state.elapsed_ms;
-                    self.step_span = self.trace.start(
-                        SpanKind::Step,
-                        format!("step {}", self.state.step),
-                        self.root,
-                        t,
-                    );
-                    self.model_span = self.trace.start(
-                        SpanKind::Model,
-                        "model.next".into(),
-                        Some(self.step_span),
-                        t,
-                    );
-                    self.phase = Phase::AwaitModel;
-                }
+                Phase::Ready => self.open_step(),
                 Phase::AwaitModel => {
                     return Action::Model(ModelRequest {
                         view: &self.view,
@@ -349,6 +323,27 @@ impl<'c> Session<'c> {
                 Phase::Finished(stop) => return Action::Finished(stop),
             }
         }
+    }
+
+    /// A run begins: the task is running again, under a new task span.
+    fn open_run(&mut self) {
+        self.state.status = Status::Running;
+        self.state.stop = None;
+        let t = self.state.elapsed_ms;
+        let task = self.state.task_id.clone();
+        self.root = Some(self.trace.start(SpanKind::Task, task, None, t));
+        self.phase = Phase::Top;
+    }
+
+    /// A step begins with its model call.
+    fn open_step(&mut self) {
+        self.state.step += 1;
+        let t = self.state.elapsed_ms;
+        let name = format!("step {}", self.state.step);
+        self.step_span = self.trace.start(SpanKind::Step, name, self.root, t);
+        let model = "model.next".into();
+        self.model_span = (self.trace).start(SpanKind::Model, model, Some(self.step_span), t);
+        self.phase = Phase::AwaitModel;
     }
 
     /// Renders the next view and checks the budgets: `None` means another step may run.
@@ -416,34 +411,11 @@ impl<'c> Session<'c> {
             return;
         };
         self.model_failures = 0;
-        let tin = reply.usage.map_or(self.view_tokens, |u| u.input_tokens);
-        if self.view_tokens > 0 && tin > self.view_tokens {
-            self.input_scale = self.input_scale.max(tin as f64 / self.view_tokens as f64);
-        }
-        let estimated_out = match &raw {
-            RawReply::Json(v) => est_tokens(dumped_len(v)),
-            RawReply::Text(t) | RawReply::Invalid(t) => est_tokens(t.chars().count()),
-        };
-        let mut tout = reply.usage.map_or(estimated_out, |u| u.output_tokens);
-        let cap = self.budget.output_tokens_max as u64;
-        // A reply longer than the output cap is what a provider would have cut off: it counts
-        // as the cap and is rejected, so the token bound holds for any model.
-        let too_long = tout > cap;
-        if too_long {
-            tout = cap;
-        }
-        // Saturating: a provider may report any number, and a wrapped count would let a task
-        // run on past its token budget.
-        self.state.elapsed_ms = self.state.elapsed_ms.saturating_add(reply.latency_ms);
-        self.state.tokens = self.state.tokens.saturating_add(tin.saturating_add(tout));
-        let t = self.state.elapsed_ms;
-        let span = self.trace.get_mut(self.model_span);
-        span.tin = Some(tin);
-        span.tout = Some(tout);
-        self.trace.end(self.model_span, "ok", t);
+        let too_long = self.charge_model(&raw, reply.usage, reply.latency_ms);
         let parsed = if too_long {
             Err(format!(
-                "reply is longer than the output cap of {cap} tokens"
+                "reply is longer than the output cap of {} tokens",
+                self.budget.output_tokens_max
             ))
         } else {
             parse_owned(raw)
@@ -471,40 +443,74 @@ impl<'c> Session<'c> {
                 self.on_plan(&steps);
                 None
             }
-            Ok(Reply::Tool(mut call)) => {
-                let fp = call.digest();
-                let n = self.state.seen.entry(fp).or_insert(0);
-                *n += 1;
-                if *n > self.budget.repeat_max {
-                    Some(StopReason::RepeatedCall)
-                } else if self.catalog.get(&call.name).is_none() {
-                    self.state.last_result =
-                        Some(json!({"status": "error", "code": "unknown_tool"}));
-                    None
-                } else if let Some(Err(detail)) = self
-                    .catalog
-                    .get(&call.name)
-                    .map(|s| check_args(s, &call.args, &self.state.user_id))
-                {
-                    // Refused before any call: nothing is sent, so no tool call is counted.
-                    self.state.last_result =
-                        Some(json!({"status": "error", "code": "invalid_args", "detail": detail}));
-                    self.write_failed(&call.name);
-                    None
-                } else if let Err((code, detail)) = self.check_plan_step(&mut call) {
-                    // The key of a write is the plan step's: a write that names no step of
-                    // the plan (or one of another tool) would get a key the model chose.
-                    self.state.last_result =
-                        Some(json!({"status": "error", "code": code, "detail": detail}));
-                    self.write_failed(&call.name);
-                    None
-                } else {
-                    self.open_tool(call, self.step_span, false);
-                    return;
-                }
-            }
+            Ok(Reply::Tool(call)) => match self.propose(call) {
+                Ok(()) => return,
+                Err(stop) => stop,
+            },
         };
         self.end_step(stop);
+    }
+
+    /// Charges a model reply's time and tokens (the provider's count, else an estimate, at
+    /// most the output cap) and ends its span; whether the reply was over the cap.
+    fn charge_model(&mut self, raw: &RawReply, usage: Option<Usage>, latency_ms: u64) -> bool {
+        let tin = usage.map_or(self.view_tokens, |u| u.input_tokens);
+        if self.view_tokens > 0 && tin > self.view_tokens {
+            self.input_scale = self.input_scale.max(tin as f64 / self.view_tokens as f64);
+        }
+        let estimated_out = match raw {
+            RawReply::Json(v) => est_tokens(dumped_len(v)),
+            RawReply::Text(t) | RawReply::Invalid(t) => est_tokens(t.chars().count()),
+        };
+        let mut tout = usage.map_or(estimated_out, |u| u.output_tokens);
+        let cap = self.budget.output_tokens_max as u64;
+        // A reply longer than the output cap is what a provider would have cut off: it counts
+        // as the cap and is rejected, so the token bound holds for any model.
+        let too_long = tout > cap;
+        if too_long {
+            tout = cap;
+        }
+        // Saturating: a provider may report any number, and a wrapped count would let a task
+        // run on past its token budget.
+        self.state.elapsed_ms = self.state.elapsed_ms.saturating_add(latency_ms);
+        self.state.tokens = self.state.tokens.saturating_add(tin.saturating_add(tout));
+        let t = self.state.elapsed_ms;
+        let span = self.trace.get_mut(self.model_span);
+        span.tin = Some(tin);
+        span.tout = Some(tout);
+        self.trace.end(self.model_span, "ok", t);
+        too_long
+    }
+
+    /// A tool call the model proposed: sent to its tool (`Ok`), or refused before anything
+    /// is sent, with the stop the step ends in, if any.
+    fn propose(&mut self, mut call: ToolCall) -> Result<(), Option<StopReason>> {
+        let fp = call.digest();
+        let n = self.state.seen.entry(fp).or_insert(0);
+        *n += 1;
+        if *n > self.budget.repeat_max {
+            return Err(Some(StopReason::RepeatedCall));
+        }
+        let Some(spec) = self.catalog.get(&call.name) else {
+            self.state.last_result = Some(json!({"status": "error", "code": "unknown_tool"}));
+            return Err(None);
+        };
+        // Refused before any call: nothing is sent, so no tool call is counted.
+        let refusal = match check_args(spec, &call.args, &self.state.user_id) {
+            Err(detail) => json!({"status": "error", "code": "invalid_args", "detail": detail}),
+            // The key of a write is the plan step's: a write that names no step of the plan
+            // (or one of another tool) would get a key the model chose.
+            Ok(()) => match self.check_plan_step(&mut call) {
+                Err((code, detail)) => json!({"status": "error", "code": code, "detail": detail}),
+                Ok(()) => {
+                    self.open_tool(call, self.step_span, false);
+                    return Ok(());
+                }
+            },
+        };
+        self.state.last_result = Some(refusal);
+        self.write_failed(&call.name);
+        Err(None)
     }
 
     fn end_step(&mut self, mut stop: Option<StopReason>) {

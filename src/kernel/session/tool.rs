@@ -238,40 +238,61 @@ impl Session<'_> {
             .unwrap_or(&status)
             .to_string();
         self.trace.end(span, &shown, t);
+        let stop = self.apply_status(call, &status, code.as_deref(), &result);
+        self.state.last_result = Some(result);
+        if held {
+            self.held_call_done(stop);
+        } else {
+            self.end_step(stop);
+        }
+    }
+
+    /// The held call was this turn's move: the model is shown what came of it now.
+    fn held_call_done(&mut self, stop: Option<StopReason>) {
+        self.answer_turn();
+        let t = self.state.elapsed_ms;
+        if let Some(rid) = self.resume_span {
+            self.trace
+                .end(rid, stop.map_or("ok", StopReason::as_str), t);
+        }
+        match stop {
+            Some(stop) => self.finish(stop, None),
+            None => {
+                self.signature = self.state.signature();
+                self.phase = Phase::HeldDone;
+            }
+        }
+    }
+
+    /// What a tool's answer does to the plan, the facts and the held call; the stop it asks
+    /// for, if any.
+    fn apply_status(
+        &mut self,
+        call: ToolCall,
+        status: &str,
+        code: Option<&str>,
+        result: &Value,
+    ) -> Option<StopReason> {
         let step_idx = call
             .plan_step
             .as_deref()
             .and_then(|p| self.state.plan.iter().position(|s| s.id == p));
-        let mut stop = None;
-        match status.as_str() {
+        match status {
             "ok" => {
                 if let Some(i) = step_idx {
                     self.state.plan[i].status = StepStatus::Done;
                 }
                 self.state.failed_writes.retain(|t| *t != call.name);
-                if let (Some(spec), Some(obj)) = (self.catalog.get(&call.name), result.as_object())
-                {
-                    // A tool names its facts after itself unless told otherwise.
-                    let prefix = if spec.fact_prefix_arg.is_empty() {
-                        call.name.clone()
-                    } else {
-                        python_str(call.args.get(&spec.fact_prefix_arg))
-                    };
-                    for (k, v) in obj {
-                        if spec.fact_fields.iter().any(|f| f == k) {
-                            self.state.facts.insert(format!("{prefix}.{k}"), v.clone());
-                        }
-                    }
-                }
+                self.record_facts(&call, result);
             }
             "needs_approval" => {
                 self.state.pending = Some(call);
-                stop = Some(StopReason::NeedsApproval);
+                return Some(StopReason::NeedsApproval);
             }
             "unknown" => {
                 // Held for reconcile: resuming re-sends it under the same call key.
                 self.state.pending = Some(call);
-                stop = Some(StopReason::UnknownOutcome);
+                return Some(StopReason::UnknownOutcome);
             }
             "rejected" => {
                 if let Some(i) = step_idx {
@@ -289,33 +310,33 @@ impl Session<'_> {
                     && self.catalog.get(&call.name).is_some_and(|s| {
                         s.access == Access::Write
                             && ((s.http.is_some() && result.get("http_status").is_some())
-                                || (s.mcp.is_some() && code.as_deref() == Some("tool_error")))
+                                || (s.mcp.is_some() && code == Some("tool_error")))
                     });
-                if (spent || matches!(code.as_deref(), Some("not_found" | "invalid_state")))
+                if (spent || matches!(code, Some("not_found" | "invalid_state")))
                     && let Some(i) = step_idx
                 {
                     self.state.plan[i].status = StepStatus::Failed;
                 }
             }
         }
-        self.state.last_result = Some(result);
-        if held {
-            // The held call was this turn's move: the model is shown what came of it now.
-            self.answer_turn();
-            let t = self.state.elapsed_ms;
-            if let Some(rid) = self.resume_span {
-                self.trace
-                    .end(rid, stop.map_or("ok", StopReason::as_str), t);
-            }
-            match stop {
-                Some(stop) => self.finish(stop, None),
-                None => {
-                    self.signature = self.state.signature();
-                    self.phase = Phase::HeldDone;
-                }
-            }
+        None
+    }
+
+    /// The result's fact fields, named after the tool unless its catalog entry says which
+    /// argument names them.
+    fn record_facts(&mut self, call: &ToolCall, result: &Value) {
+        let (Some(spec), Some(obj)) = (self.catalog.get(&call.name), result.as_object()) else {
+            return;
+        };
+        let prefix = if spec.fact_prefix_arg.is_empty() {
+            call.name.clone()
         } else {
-            self.end_step(stop);
+            python_str(call.args.get(&spec.fact_prefix_arg))
+        };
+        for (k, v) in obj {
+            if spec.fact_fields.iter().any(|f| f == k) {
+                self.state.facts.insert(format!("{prefix}.{k}"), v.clone());
+            }
         }
     }
 }
