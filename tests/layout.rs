@@ -239,23 +239,12 @@ fn the_store_engines_sit_below_nothing_and_beside_each_other() {
     );
 }
 
-/// Functions over [`FN_LINES_MAX`] lines when the check was written, with their length then:
-/// debt to pay down, never to grow. A function on this list may not get longer, one that
-/// shrinks under the limit must leave the list, and a function not on it may not pass the
-/// limit unless the line above it is a comment saying why (`// Long: ...`).
-const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
-    ("src/bin/worker.rs", "main", 83),
-    ("src/cli/daemon.rs", "cmd_run", 93),
-    ("src/cli/enqueue.rs", "cmd_enqueue", 109),
-    ("src/cli/enqueue.rs", "new_task", 98),
-    ("src/cli/stores.rs", "cmd_store", 93),
-    ("src/cli/stores.rs", "cmd_tools", 101),
-    ("src/kernel/plan.rs", "validate_plan", 107),
-    ("src/store/redb/commit.rs", "apply_commit", 93),
-    ("src/store/redb/maintenance.rs", "check", 106),
-    ("src/store/redb/maintenance.rs", "purge", 99),
-    ("src/worker/driver.rs", "drive", 85),
-];
+/// Functions over [`FN_LINES_MAX`] lines that may stay so for now, with their length: debt to
+/// pay down, never to grow. A function on this list may not get longer, one that shrinks under
+/// the limit must leave the list, and a function not on it may not pass the limit unless the
+/// line above it is a comment saying why (`// Long: ...`). The 31 functions listed when the
+/// check was written have all been split; keep it empty.
+const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[];
 
 /// The length past which a function needs a reason.
 const FN_LINES_MAX: usize = 80;

@@ -21,46 +21,8 @@ fn main() {
             std::process::exit(e.exit_code());
         }
     };
-    // Daemons log their work by default; one-shot verbs only warnings. RUST_LOG overrides both.
-    let default = match cli.command {
-        Command::Run(_) | Command::DemoStore(_) => "info",
-        _ => "warn",
-    };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    use std::io::IsTerminal;
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match cli.log_format {
-        // One JSON object per line, with the task id, call key and the other fields as
-        // fields, and the span (task) they happened in.
-        LogFormat::Json => logs.json().with_current_span(true).init(),
-        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
-    }
-    // No panic reaches the user as a panic: redb panics on some damaged files, and a bug of
-    // ours must still end in an `error:` line. The hook keeps the message for that line
-    // instead of printing a backtrace first.
-    std::panic::set_hook(Box::new(|info| {
-        let msg = info
-            .payload()
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| info.payload().downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "unknown".into());
-        let at = info
-            .location()
-            .map_or(String::new(), |l| format!("{}:{}", l.file(), l.line()));
-        let thread = std::thread::current();
-        if thread.name() != Some("main") {
-            // A worker thread: the daemon goes on or stops on its own terms; say what happened.
-            tracing::error!(thread = thread.name().unwrap_or("?"), at, "panic: {msg}");
-            return;
-        }
-        if let Ok(mut last) = PANIC.lock() {
-            *last = Some((msg, at));
-        }
-    }));
+    init_logs(&cli);
+    install_panic_hook();
     let db = cli.db.clone();
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(cli))) {
         Ok(Ok(())) => {}
@@ -87,6 +49,53 @@ fn main() {
             std::process::exit(1);
         }
     }
+}
+
+/// Logs on stderr: daemons log their work by default, one-shot verbs only warnings.
+fn init_logs(cli: &Cli) {
+    // RUST_LOG overrides both.
+    let default = match cli.command {
+        Command::Run(_) | Command::DemoStore(_) => "info",
+        _ => "warn",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    use std::io::IsTerminal;
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        // One JSON object per line, with the task id, call key and the other fields as
+        // fields, and the span (task) they happened in.
+        LogFormat::Json => logs.json().with_current_span(true).init(),
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+    }
+}
+
+/// No panic reaches the user as a panic: redb panics on some damaged files, and a bug of
+/// ours must still end in an `error:` line. The hook keeps the message for that line
+/// instead of printing a backtrace first.
+fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown".into());
+        let at = info
+            .location()
+            .map_or(String::new(), |l| format!("{}:{}", l.file(), l.line()));
+        let thread = std::thread::current();
+        if thread.name() != Some("main") {
+            // A worker thread: the daemon goes on or stops on its own terms; say what happened.
+            tracing::error!(thread = thread.name().unwrap_or("?"), at, "panic: {msg}");
+            return;
+        }
+        if let Ok(mut last) = PANIC.lock() {
+            *last = Some((msg, at));
+        }
+    }));
 }
 
 static PANIC: std::sync::Mutex<Option<(String, String)>> = std::sync::Mutex::new(None);

@@ -4,21 +4,7 @@
 use super::*;
 
 pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
-    if !(a.time_scale.is_finite() && (0.0..=10.0).contains(&a.time_scale)) {
-        return Err(CliError::usage(format!(
-            "--time-scale {} must be between 0 and 10",
-            a.time_scale
-        )));
-    }
-    if let Some(addr) = &a.metrics {
-        use std::net::ToSocketAddrs;
-        addr.to_socket_addrs().map_err(|e| {
-            CliError::usage(format!(
-                "--metrics {addr:?} is not an address to listen on: {e}"
-            ))
-            .hint("give HOST:PORT, e.g. --metrics 127.0.0.1:9464")
-        })?;
-    }
+    check_run_args(a)?;
     // The daemon's own config: its model profiles, tool catalog and MCP servers are what a
     // task's names mean here (a task names them; it never supplies an endpoint or a secret).
     let trusted = Arc::new(super::enqueue::load_config(cli)?.unwrap_or_default());
@@ -76,16 +62,7 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
         tracing::info!(addr = %bound, "serving /metrics and /healthz");
     }
     tracing::info!(db = %store.describe(), workers = cfg.workers, drain = cfg.drain, "worker started");
-    let reporting = Arc::new(AtomicBool::new(false));
-    if cfg.drain {
-        let every = std::time::Duration::from_millis(
-            std::env::var("WORKER_PROGRESS_EVERY_MS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(5000),
-        );
-        progress::drain_reporter(Arc::clone(&store), Arc::clone(&reporting), every);
-    }
+    let reporting = drain_progress(&store, cfg.drain);
     let stats = worker::run(store, &cfg, shutdown);
     reporting.store(true, std::sync::atomic::Ordering::SeqCst);
     let stats = stats?;
@@ -95,6 +72,41 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
         "worker stopped"
     );
     Ok(())
+}
+
+/// The daemon's arguments that can be checked before anything is opened.
+fn check_run_args(a: &RunArgs) -> CliResult {
+    if !(a.time_scale.is_finite() && (0.0..=10.0).contains(&a.time_scale)) {
+        return Err(CliError::usage(format!(
+            "--time-scale {} must be between 0 and 10",
+            a.time_scale
+        )));
+    }
+    if let Some(addr) = &a.metrics {
+        use std::net::ToSocketAddrs;
+        addr.to_socket_addrs().map_err(|e| {
+            CliError::usage(format!(
+                "--metrics {addr:?} is not an address to listen on: {e}"
+            ))
+            .hint("give HOST:PORT, e.g. --metrics 127.0.0.1:9464")
+        })?;
+    }
+    Ok(())
+}
+
+/// With `--drain`, progress lines every few seconds until the returned flag is set.
+fn drain_progress(store: &Db, drain: bool) -> Arc<AtomicBool> {
+    let reporting = Arc::new(AtomicBool::new(false));
+    if drain {
+        let every = std::time::Duration::from_millis(
+            std::env::var("WORKER_PROGRESS_EVERY_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(5000),
+        );
+        progress::drain_reporter(Arc::clone(store), Arc::clone(&reporting), every);
+    }
+    reporting
 }
 
 pub(super) fn cmd_demo(cli: &Cli, a: &DemoArgs) -> CliResult {

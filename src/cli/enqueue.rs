@@ -58,6 +58,45 @@ fn parse_pair<'a>(flag: &str, s: &'a str) -> Result<(&'a str, &'a str), String> 
         .ok_or_else(|| format!("--{flag} {s:?}: expected NAME=VALUE"))
 }
 
+/// The profiles a config offers, for an error about a model name.
+fn profiles(cfg: Option<&crate::config::Config>) -> String {
+    match cfg {
+        Some(c) if !c.models.is_empty() => format!(
+            "the config's profiles: {}",
+            c.models.keys().cloned().collect::<Vec<_>>().join(", ")
+        ),
+        Some(_) => "the config has no model profiles".to_string(),
+        None => "no config was given (--config or WORKER_CONFIG)".to_string(),
+    }
+}
+
+/// The model a task names and its default budget. A profile of the config is stored by name:
+/// the daemon resolves it in its own config.
+fn resolve_model(
+    name: &str,
+    cfg: Option<&crate::config::Config>,
+) -> Result<(ModelProfile, Budget), String> {
+    match cfg.and_then(|c| c.models.get(name)) {
+        Some(p) => {
+            p.api_key().map_err(|e| {
+                format!("model {name}: {e}; the worker that runs the task needs it too")
+            })?;
+            let model = ModelProfile::Profile {
+                name: name.to_string(),
+            };
+            Ok((model, p.budget))
+        }
+        None => match parse_model(name) {
+            Ok(m) => Ok((m, Budget::default())),
+            Err(e) if e.contains("unknown model") => Err(format!(
+                "unknown model {name:?}: {}; the demo models: {DEMO_MODELS}",
+                profiles(cfg)
+            )),
+            Err(e) => Err(e),
+        },
+    }
+}
+
 fn new_task(l: TaskLine, cfg: Option<&crate::config::Config>) -> Result<NewTask, String> {
     check_name("user", &l.user)?;
     check_text("goal", &l.goal, limits::GOAL_BYTES_MAX)?;
@@ -77,14 +116,6 @@ fn new_task(l: TaskLine, cfg: Option<&crate::config::Config>) -> Result<NewTask,
             max = limits::PRIORITY_MAX
         ));
     }
-    let profiles = || match cfg {
-        Some(c) if !c.models.is_empty() => format!(
-            "the config's profiles: {}",
-            c.models.keys().cloned().collect::<Vec<_>>().join(", ")
-        ),
-        Some(_) => "the config has no model profiles".to_string(),
-        None => "no config was given (--config or WORKER_CONFIG)".to_string(),
-    };
     let Some(name) = l
         .model
         .as_deref()
@@ -92,33 +123,10 @@ fn new_task(l: TaskLine, cfg: Option<&crate::config::Config>) -> Result<NewTask,
     else {
         return Err(format!(
             "no model: give --model NAME ({}; the demo models: {DEMO_MODELS}) or set default_model in the config",
-            profiles()
+            profiles(cfg)
         ));
     };
-    // A profile of the config is stored by name: the daemon resolves it in its own config.
-    let (model, mut budget) = match cfg.and_then(|c| c.models.get(name)) {
-        Some(p) => {
-            p.api_key().map_err(|e| {
-                format!("model {name}: {e}; the worker that runs the task needs it too")
-            })?;
-            (
-                ModelProfile::Profile {
-                    name: name.to_string(),
-                },
-                p.budget,
-            )
-        }
-        None => match parse_model(name) {
-            Ok(m) => (m, Budget::default()),
-            Err(e) if e.contains("unknown model") => {
-                return Err(format!(
-                    "unknown model {name:?}: {}; the demo models: {DEMO_MODELS}",
-                    profiles()
-                ));
-            }
-            Err(e) => return Err(e),
-        },
-    };
+    let (model, mut budget) = resolve_model(name, cfg)?;
     let instructions = match l.instructions {
         None => None,
         Some(i) => {
@@ -221,95 +229,104 @@ fn enqueue_config(cli: &Cli) -> Result<Option<crate::config::Config>, CliError> 
 /// How long enqueue waits for each MCP server's session and tool list.
 const MCP_LIST_TIMEOUT_MS: u64 = 30_000;
 
+/// The tasks of a JSONL batch file, every line checked before any is written.
+fn read_batch(
+    path: &std::path::Path,
+    cfg: Option<&crate::config::Config>,
+    model: Option<&str>,
+) -> Result<Vec<NewTask>, CliError> {
+    let file = std::fs::File::open(path).map_err(|e| {
+        let m = format!("cannot read {}: {e}", path.display());
+        // A file that is not there is a wrong argument; anything else is operational.
+        if e.kind() == std::io::ErrorKind::NotFound {
+            CliError::usage(m)
+        } else {
+            CliError::op(m)
+        }
+    })?;
+    let size = file.metadata().map_or(0, |m| m.len());
+    let mut bar = super::progress::Bar::new("reading", size);
+    let mut read = 0u64;
+    let mut lines = limits::Lines::new(std::io::BufReader::new(file));
+    let mut tasks = Vec::new();
+    let mut n = 0;
+    loop {
+        n += 1;
+        let at = |m: String| CliError::usage(format!("{}:{n}: {m}", path.display()));
+        let line = match lines.next_line(limits::BATCH_LINE_BYTES_MAX) {
+            Ok(Some(line)) => line,
+            Ok(None) => break,
+            Err(limits::LineError::Io(e)) => {
+                return Err(CliError::op(format!("cannot read {}: {e}", path.display())));
+            }
+            Err(limits::LineError::Bad(m)) => return Err(at(m)),
+        };
+        read += line.len() as u64 + 1;
+        bar.set(read, &format!("{} tasks checked", tasks.len()));
+        if line.trim().is_empty() {
+            continue;
+        }
+        if tasks.len() == limits::BATCH_TASKS_MAX {
+            return Err(at(format!(
+                "more than {} tasks in one batch; split the file",
+                limits::BATCH_TASKS_MAX
+            )));
+        }
+        tasks.push(parse_batch_line(&line, cfg, model).map_err(at)?);
+    }
+    if tasks.is_empty() {
+        return Err(CliError::usage(format!(
+            "{}: no tasks in the file",
+            path.display()
+        )));
+    }
+    bar.finish(&format!(
+        "{} tasks checked; writing them in one transaction",
+        tasks.len()
+    ));
+    Ok(tasks)
+}
+
+/// The one task the command line describes.
+fn one_task(a: &EnqueueArgs, cfg: Option<&crate::config::Config>) -> Result<NewTask, CliError> {
+    let mut budget = BTreeMap::new();
+    for b in &a.budgets {
+        let (k, v) = parse_pair("budget", b).map_err(CliError::usage)?;
+        budget.insert(k.to_string(), Value::String(v.to_string()));
+    }
+    let mut latency = BTreeMap::new();
+    for t in &a.tool_latency {
+        let (k, v) = parse_pair("tool-latency", t).map_err(CliError::usage)?;
+        let ms = v.parse().map_err(|_| {
+            CliError::usage(format!(
+                "--tool-latency {t:?}: {v:?} is not a whole number of ms"
+            ))
+        })?;
+        latency.insert(k.to_string(), ms);
+    }
+    new_task(
+        TaskLine {
+            user: a.user.clone().unwrap_or_default(),
+            goal: a.goal.clone().unwrap_or_default(),
+            key: a.key.clone(),
+            priority: a.priority,
+            budget,
+            model: a.model.clone(),
+            tool_latency_ms: latency,
+            store_scope: a.store_scope.clone(),
+            approval_wait_ms: a.approval_wait_ms,
+            instructions: a.instructions.clone(),
+        },
+        cfg,
+    )
+    .map_err(CliError::usage)
+}
+
 pub(super) fn cmd_enqueue(cli: &Cli, a: &EnqueueArgs) -> CliResult {
     let cfg = enqueue_config(cli)?;
     let tasks = match &a.file {
-        Some(path) => {
-            let file = std::fs::File::open(path).map_err(|e| {
-                let m = format!("cannot read {}: {e}", path.display());
-                // A file that is not there is a wrong argument; anything else is operational.
-                if e.kind() == std::io::ErrorKind::NotFound {
-                    CliError::usage(m)
-                } else {
-                    CliError::op(m)
-                }
-            })?;
-            let size = file.metadata().map_or(0, |m| m.len());
-            let mut bar = super::progress::Bar::new("reading", size);
-            let mut read = 0u64;
-            let mut lines = limits::Lines::new(std::io::BufReader::new(file));
-            let mut tasks = Vec::new();
-            let mut n = 0;
-            loop {
-                n += 1;
-                let at = |m: String| CliError::usage(format!("{}:{n}: {m}", path.display()));
-                let line = match lines.next_line(limits::BATCH_LINE_BYTES_MAX) {
-                    Ok(Some(line)) => line,
-                    Ok(None) => break,
-                    Err(limits::LineError::Io(e)) => {
-                        return Err(CliError::op(format!("cannot read {}: {e}", path.display())));
-                    }
-                    Err(limits::LineError::Bad(m)) => return Err(at(m)),
-                };
-                read += line.len() as u64 + 1;
-                bar.set(read, &format!("{} tasks checked", tasks.len()));
-                if line.trim().is_empty() {
-                    continue;
-                }
-                if tasks.len() == limits::BATCH_TASKS_MAX {
-                    return Err(at(format!(
-                        "more than {} tasks in one batch; split the file",
-                        limits::BATCH_TASKS_MAX
-                    )));
-                }
-                tasks.push(parse_batch_line(&line, cfg.as_ref(), a.model.as_deref()).map_err(at)?);
-            }
-            if tasks.is_empty() {
-                return Err(CliError::usage(format!(
-                    "{}: no tasks in the file",
-                    path.display()
-                )));
-            }
-            bar.finish(&format!(
-                "{} tasks checked; writing them in one transaction",
-                tasks.len()
-            ));
-            tasks
-        }
-        None => {
-            let mut budget = BTreeMap::new();
-            for b in &a.budgets {
-                let (k, v) = parse_pair("budget", b).map_err(CliError::usage)?;
-                budget.insert(k.to_string(), Value::String(v.to_string()));
-            }
-            let mut latency = BTreeMap::new();
-            for t in &a.tool_latency {
-                let (k, v) = parse_pair("tool-latency", t).map_err(CliError::usage)?;
-                let ms = v.parse().map_err(|_| {
-                    CliError::usage(format!(
-                        "--tool-latency {t:?}: {v:?} is not a whole number of ms"
-                    ))
-                })?;
-                latency.insert(k.to_string(), ms);
-            }
-            let t = new_task(
-                TaskLine {
-                    user: a.user.clone().unwrap_or_default(),
-                    goal: a.goal.clone().unwrap_or_default(),
-                    key: a.key.clone(),
-                    priority: a.priority,
-                    budget,
-                    model: a.model.clone(),
-                    tool_latency_ms: latency,
-                    store_scope: a.store_scope.clone(),
-                    approval_wait_ms: a.approval_wait_ms,
-                    instructions: a.instructions.clone(),
-                },
-                cfg.as_ref(),
-            )
-            .map_err(CliError::usage)?;
-            vec![t]
-        }
+        Some(path) => read_batch(path, cfg.as_ref(), a.model.as_deref())?,
+        None => vec![one_task(a, cfg.as_ref())?],
     };
     let store = open_created(cli, 1)?;
     let out = store.enqueue(&tasks, now_ms())?;

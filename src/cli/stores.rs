@@ -30,34 +30,7 @@ pub(super) fn cmd_store(cli: &Cli, c: &StoreCommand) -> CliResult {
             }
         }
         StoreCommand::AddOrder { orders, json } => {
-            let mut parsed = Vec::new();
-            for o in orders {
-                let parts: Vec<&str> = o.split(':').collect();
-                let [id, customer, total] = parts.as_slice() else {
-                    return Err(CliError::usage(format!(
-                        "--order {o:?}: expected ID:CUSTOMER:TOTAL_CENTS"
-                    )));
-                };
-                let total: i64 = total.parse().ok().filter(|t| *t > 0).ok_or_else(|| {
-                    CliError::usage(format!(
-                        "--order {o:?}: total must be a positive whole number of cents"
-                    ))
-                })?;
-                if id.is_empty() || customer.is_empty() || id.contains('/') {
-                    return Err(CliError::usage(format!(
-                        "--order {o:?}: id and customer must be non-empty (and the id without '/')"
-                    )));
-                }
-                parsed.push((
-                    id.to_string(),
-                    Order {
-                        customer: customer.to_string(),
-                        total,
-                        refunded: 0,
-                        status: "delivered".into(),
-                    },
-                ));
-            }
+            let parsed = parse_orders(orders)?;
             open()?.put_orders(&parsed)?;
             if *json {
                 let ids: Vec<&str> = parsed.iter().map(|(id, _)| id.as_str()).collect();
@@ -94,6 +67,39 @@ pub(super) fn cmd_store(cli: &Cli, c: &StoreCommand) -> CliResult {
         }
     }
     Ok(())
+}
+
+/// `--order ID:CUSTOMER:TOTAL_CENTS` values as the orders they describe.
+fn parse_orders(orders: &[String]) -> Result<Vec<(String, Order)>, CliError> {
+    let mut parsed = Vec::new();
+    for o in orders {
+        let parts: Vec<&str> = o.split(':').collect();
+        let [id, customer, total] = parts.as_slice() else {
+            return Err(CliError::usage(format!(
+                "--order {o:?}: expected ID:CUSTOMER:TOTAL_CENTS"
+            )));
+        };
+        let total: i64 = total.parse().ok().filter(|t| *t > 0).ok_or_else(|| {
+            CliError::usage(format!(
+                "--order {o:?}: total must be a positive whole number of cents"
+            ))
+        })?;
+        if id.is_empty() || customer.is_empty() || id.contains('/') {
+            return Err(CliError::usage(format!(
+                "--order {o:?}: id and customer must be non-empty (and the id without '/')"
+            )));
+        }
+        parsed.push((
+            id.to_string(),
+            Order {
+                customer: customer.to_string(),
+                total,
+                refunded: 0,
+                status: "delivered".into(),
+            },
+        ));
+    }
+    Ok(parsed)
 }
 
 pub(super) fn cmd_memory(cli: &Cli, c: &MemoryCommand) -> CliResult {
@@ -254,6 +260,57 @@ pub(super) fn cmd_purge(cli: &Cli, a: &PurgeArgs) -> CliResult {
     Ok(())
 }
 
+/// The tools as a table, one line each.
+fn print_tools_table(rows: &[Value]) -> CliResult {
+    let text = |v: &Value| match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
+    };
+    let width = |k: &str, least: usize| {
+        rows.iter()
+            .map(|r| text(&r[k]).chars().count())
+            .max()
+            .unwrap_or(0)
+            .max(least)
+    };
+    let (sw, nw, aw) = (width("source", 6), width("name", 4), width("approval", 8));
+    outln!(
+        "{:sw$} {:nw$} {:6} {:10} {:aw$} {:28} description",
+        "source",
+        "tool",
+        "access",
+        "idempotent",
+        "approval",
+        "retry"
+    );
+    for r in rows {
+        let retry = match r.get("retry") {
+            Some(p) => format!(
+                "{} tries, {}-{} ms",
+                p["attempts"], p["backoff_ms"], p["max_backoff_ms"]
+            ),
+            None => "-".into(),
+        };
+        // A server's text: one line, no control characters, in the table.
+        let description: String = text(&r["description"])
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .take(60)
+            .collect();
+        outln!(
+            "{:sw$} {:nw$} {:6} {:10} {:aw$} {:28} {description}",
+            text(&r["source"]),
+            text(&r["name"]),
+            text(&r["access"]),
+            text(&r["idempotent"]),
+            text(&r["approval"]),
+            retry
+        );
+    }
+    Ok(())
+}
+
 pub(super) fn cmd_tools(cli: &Cli, c: &ToolsCommand) -> CliResult {
     let ToolsCommand::List { timeout_ms, json } = c;
     let cfg = super::enqueue::load_config(cli)?.unwrap_or_default();
@@ -307,51 +364,6 @@ pub(super) fn cmd_tools(cli: &Cli, c: &ToolsCommand) -> CliResult {
         print_json(&Value::Array(rows))?;
         return failed.map_or(Ok(()), Err);
     }
-    let text = |v: &Value| match v {
-        Value::String(s) => s.clone(),
-        Value::Null => "-".into(),
-        other => other.to_string(),
-    };
-    let width = |k: &str, least: usize| {
-        rows.iter()
-            .map(|r| text(&r[k]).chars().count())
-            .max()
-            .unwrap_or(0)
-            .max(least)
-    };
-    let (sw, nw, aw) = (width("source", 6), width("name", 4), width("approval", 8));
-    outln!(
-        "{:sw$} {:nw$} {:6} {:10} {:aw$} {:28} description",
-        "source",
-        "tool",
-        "access",
-        "idempotent",
-        "approval",
-        "retry"
-    );
-    for r in &rows {
-        let retry = match r.get("retry") {
-            Some(p) => format!(
-                "{} tries, {}-{} ms",
-                p["attempts"], p["backoff_ms"], p["max_backoff_ms"]
-            ),
-            None => "-".into(),
-        };
-        // A server's text: one line, no control characters, in the table.
-        let description: String = text(&r["description"])
-            .chars()
-            .map(|c| if c.is_control() { ' ' } else { c })
-            .take(60)
-            .collect();
-        outln!(
-            "{:sw$} {:nw$} {:6} {:10} {:aw$} {:28} {description}",
-            text(&r["source"]),
-            text(&r["name"]),
-            text(&r["access"]),
-            text(&r["idempotent"]),
-            text(&r["approval"]),
-            retry
-        );
-    }
+    print_tools_table(&rows)?;
     failed.map_or(Ok(()), Err)
 }

@@ -37,14 +37,10 @@ pub fn validate_plan(
             problems.push(format!("step {n}: must be an object"));
             continue;
         };
-        let sid = match obj.get("id") {
-            Some(Value::String(s)) if !s.is_empty() => s.as_str(),
-            Some(Value::String(_)) | None | Some(Value::Null) => {
-                problems.push(format!("step {n}: missing id"));
-                continue;
-            }
-            Some(_) => {
-                problems.push(format!("step {n}: id must be a string"));
+        let sid = match step_id(obj, n) {
+            Ok(sid) => sid,
+            Err(problem) => {
+                problems.push(problem);
                 continue;
             }
         };
@@ -62,40 +58,15 @@ pub fn validate_plan(
         }
         let spec = tool.and_then(|t| catalog.get(t));
         if spec.is_none() {
-            let shown = match obj.get("tool") {
-                Some(Value::String(t)) => py_str_repr(t),
-                None | Some(Value::Null) => "None".to_string(),
-                Some(other) => other.to_string(),
-            };
-            problems.push(format!("{sid}: unknown tool {shown}"));
+            problems.push(format!("{sid}: unknown tool {}", shown(obj.get("tool"))));
         }
-        let mut dep_ids = Vec::with_capacity(deps.len());
-        for d in deps {
-            match d.as_str() {
-                Some(d) if seen.contains(&d) => dep_ids.push(d.to_string()),
-                Some(d) => problems.push(format!(
-                    "{sid}: depends on {}, which is not an earlier step",
-                    py_str_repr(d)
-                )),
-                None => problems.push(format!(
-                    "{sid}: depends on {d}, which is not an earlier step"
-                )),
-            }
-        }
+        let dep_ids = earlier_steps(sid, deps, &seen, &mut problems);
         match spec.map(|s| &s.requires) {
             Some(Requires::AnyStep) if deps.is_empty() => {
                 problems.push(format!("{sid}: write step has no prerequisite"));
             }
             Some(Requires::Tools(tools)) => {
-                // The tools among the step's prerequisites, direct or not.
-                let mut before: Vec<&str> = Vec::new();
-                let mut todo: Vec<&str> = dep_ids.iter().map(String::as_str).collect();
-                while let Some(d) = todo.pop() {
-                    if let Some(p) = accepted.iter().find(|p: &&PlanStep| p.id == d) {
-                        before.push(p.tool.as_str());
-                        todo.extend(p.depends_on.iter().map(String::as_str));
-                    }
-                }
+                let before = tools_before(&accepted, &dep_ids);
                 if !tools.iter().any(|t| before.contains(&t.as_str())) {
                     problems.push(format!(
                         "{sid}: a step of {} must come after a step using {} (depends_on, directly or not)",
@@ -119,6 +90,60 @@ pub fn validate_plan(
     } else {
         Err(problems)
     }
+}
+
+/// The ids in `deps` of steps `seen` earlier; a problem for each other one.
+fn earlier_steps(
+    sid: &str,
+    deps: &[Value],
+    seen: &[&str],
+    problems: &mut Vec<String>,
+) -> Vec<String> {
+    let mut dep_ids = Vec::with_capacity(deps.len());
+    for d in deps {
+        match d.as_str() {
+            Some(d) if seen.contains(&d) => dep_ids.push(d.to_string()),
+            Some(d) => problems.push(format!(
+                "{sid}: depends on {}, which is not an earlier step",
+                py_str_repr(d)
+            )),
+            None => problems.push(format!(
+                "{sid}: depends on {d}, which is not an earlier step"
+            )),
+        }
+    }
+    dep_ids
+}
+
+/// A step's `tool` as Python's message shows it.
+fn shown(tool: Option<&Value>) -> String {
+    match tool {
+        Some(Value::String(t)) => py_str_repr(t),
+        None | Some(Value::Null) => "None".to_string(),
+        Some(other) => other.to_string(),
+    }
+}
+
+/// A plan step's id, or the problem with it (step `n`, counted from 1).
+fn step_id(obj: &serde_json::Map<String, Value>, n: usize) -> Result<&str, String> {
+    match obj.get("id") {
+        Some(Value::String(s)) if !s.is_empty() => Ok(s.as_str()),
+        Some(Value::String(_)) | None | Some(Value::Null) => Err(format!("step {n}: missing id")),
+        Some(_) => Err(format!("step {n}: id must be a string")),
+    }
+}
+
+/// The tools of the accepted steps among `deps` and their prerequisites, direct or not.
+fn tools_before<'a>(accepted: &'a [PlanStep], deps: &'a [String]) -> Vec<&'a str> {
+    let mut before: Vec<&str> = Vec::new();
+    let mut todo: Vec<&str> = deps.iter().map(String::as_str).collect();
+    while let Some(d) = todo.pop() {
+        if let Some(p) = accepted.iter().find(|p| p.id == d) {
+            before.push(p.tool.as_str());
+            todo.extend(p.depends_on.iter().map(String::as_str));
+        }
+    }
+    before
 }
 
 /// A revision of the accepted plan `current`, the `replans`-th so far: the new steps checked

@@ -226,13 +226,7 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
     for (tool, why) in &unavailable {
         tracing::warn!(task = %rec.id, tool = %tool, reason = %why, "tool unavailable to this worker");
     }
-    let model: Box<dyn crate::model::Model> = match ctx.trusted.model_for(&rec.model) {
-        Ok(m) => m.build(&catalog, rec.instructions.as_deref()),
-        Err(why) => {
-            tracing::error!(task = %rec.id, reason = %why, "model unavailable to this worker");
-            Box::new(crate::model::Unavailable(why))
-        }
-    };
+    let model = task_model(ctx, &rec, &catalog);
     let routes = Routed {
         catalog: &catalog,
         unavailable: &unavailable,
@@ -271,18 +265,7 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
     } else {
         Vec::new()
     };
-    // The reply of the step in progress, with what its tools answered: a resumed held call
-    // belongs to the step that proposed it, so its answer joins that step's recorded reply.
-    let step_reply = if resumed {
-        ctx.store.reply(&rec.id, rec.state.step).map_err(|e| {
-            CommitFail::Failed(format!(
-                "cannot read the recorded reply of task {}: {e}",
-                rec.id
-            ))
-        })?
-    } else {
-        None
-    };
+    let step_reply = step_reply(ctx, &rec, resumed)?;
     Drive {
         ctx,
         rec: &rec,
@@ -297,6 +280,40 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
         clear_settle,
     }
     .run(&mut session)
+}
+
+/// The task's model as the daemon's config makes it, or a stand-in that fails every call
+/// with the reason it is unavailable.
+fn task_model(
+    ctx: &Context,
+    rec: &TaskRecord,
+    catalog: &crate::kernel::Catalog,
+) -> Box<dyn crate::model::Model> {
+    match ctx.trusted.model_for(&rec.model) {
+        Ok(m) => m.build(catalog, rec.instructions.as_deref()),
+        Err(why) => {
+            tracing::error!(task = %rec.id, reason = %why, "model unavailable to this worker");
+            Box::new(crate::model::Unavailable(why))
+        }
+    }
+}
+
+/// The reply of the step in progress, with what its tools answered: a resumed held call
+/// belongs to the step that proposed it, so its answer joins that step's recorded reply.
+fn step_reply(
+    ctx: &Context,
+    rec: &TaskRecord,
+    resumed: bool,
+) -> Result<Option<crate::model::RecordedReply>, CommitFail> {
+    if !resumed {
+        return Ok(None);
+    }
+    ctx.store.reply(&rec.id, rec.state.step).map_err(|e| {
+        CommitFail::Failed(format!(
+            "cannot read the recorded reply of task {}: {e}",
+            rec.id
+        ))
+    })
 }
 
 /// The spans of `rec` that an earlier run left open (it crashed), ended as "interrupted".

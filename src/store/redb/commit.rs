@@ -57,6 +57,36 @@ impl Commits for Store {
     }
 }
 
+/// A run ends: the task leaves the running index for the status its stop gives it, with
+/// its approval wait (suspended) or its held write (held) indexed.
+fn end_run(
+    w: &WriteTransaction,
+    rec: &mut crate::store::rows::TaskRow,
+    c: &Commit,
+    stop: StopReason,
+) -> Result<()> {
+    rec.status = QueueStatus::after(stop);
+    rec.suspended_at_ms = (stop == StopReason::NeedsApproval).then_some(c.now_ms);
+    let mut waiting = w.open_table(WAITING)?;
+    if stop == StopReason::NeedsApproval {
+        waiting.insert(
+            c.task_id.as_str(),
+            c.now_ms.saturating_add(rec.approval_wait_ms),
+        )?;
+    } else {
+        waiting.remove(c.task_id.as_str())?;
+    }
+    let mut held = w.open_table(HELD)?;
+    if stop == StopReason::UnknownOutcome {
+        held.insert(c.task_id.as_str(), c.now_ms)?;
+    } else {
+        held.remove(c.task_id.as_str())?;
+    }
+    rec.lease = None;
+    w.open_table(RUNNING)?.remove(c.task_id.as_str())?;
+    Ok(())
+}
+
 /// Applies one worker commit inside `w`. Checks first that the worker still holds the lease
 /// and writes nothing if not, so one failed commit never spoils the others of a group.
 fn apply_commit(w: &WriteTransaction, c: &Commit) -> Result<CommitOutcome> {
@@ -99,7 +129,6 @@ fn apply_commit(w: &WriteTransaction, c: &Commit) -> Result<CommitOutcome> {
         rec.settle = None;
     }
     rec.updated_at_ms = c.now_ms;
-    let mut running = w.open_table(RUNNING)?;
     match c.kind {
         CommitKind::Intent => {}
         CommitKind::Step => {
@@ -112,31 +141,11 @@ fn apply_commit(w: &WriteTransaction, c: &Commit) -> Result<CommitOutcome> {
                     .saturating_add(remaining_ms(&rec.budget, c.state.elapsed_ms));
             }
         }
-        CommitKind::Final(stop) => {
-            rec.status = QueueStatus::after(stop);
-            rec.suspended_at_ms = (stop == StopReason::NeedsApproval).then_some(c.now_ms);
-            let mut waiting = w.open_table(WAITING)?;
-            if stop == StopReason::NeedsApproval {
-                waiting.insert(
-                    c.task_id.as_str(),
-                    c.now_ms.saturating_add(rec.approval_wait_ms),
-                )?;
-            } else {
-                waiting.remove(c.task_id.as_str())?;
-            }
-            let mut held = w.open_table(HELD)?;
-            if stop == StopReason::UnknownOutcome {
-                held.insert(c.task_id.as_str(), c.now_ms)?;
-            } else {
-                held.remove(c.task_id.as_str())?;
-            }
-            rec.lease = None;
-            running.remove(c.task_id.as_str())?;
-        }
+        CommitKind::Final(stop) => end_run(w, &mut rec, c, stop)?,
         CommitKind::Release => {
             rec.status = QueueStatus::Queued;
             rec.lease = None;
-            running.remove(c.task_id.as_str())?;
+            w.open_table(RUNNING)?.remove(c.task_id.as_str())?;
             let seq = next_seq(&mut w.open_table(META)?, META_READY_SEQ)?;
             w.open_table(READY)?
                 .insert((-rec.priority, seq), c.task_id.as_str())?;
@@ -146,7 +155,7 @@ fn apply_commit(w: &WriteTransaction, c: &Commit) -> Result<CommitOutcome> {
         super::list::Indexes::open(w)?.moved(&c.task_id, QueueStatus::Running, rec.status)?;
     }
     tasks.insert(c.task_id.as_str(), rows::encode_task(&rec)?.as_slice())?;
-    drop((tasks, running));
+    drop(tasks);
     if let (CommitKind::Final(_), Some(lease)) = (c.kind, &c.claim_next) {
         outcome.next = claim_in(w, lease, 1, c.now_ms)?.pop();
     }
