@@ -18,7 +18,7 @@ use std::time::Instant;
 use tether::store::prelude::*;
 
 use tether::model::ModelProfile;
-use tether::store::Store;
+use tether::store::RedbStore;
 use tether::tools::durable::DurableStore;
 use tether::worker::{self, Config};
 
@@ -82,10 +82,10 @@ fn durable_metered(
     model: &ModelProfile,
     n: usize,
     workers: usize,
-    meter: impl FnOnce(&Store),
+    meter: impl FnOnce(&RedbStore),
 ) -> (f64, f64, u64, u64) {
     let dir = temp_dir(name);
-    let store = Arc::new(Store::open(&dir.join("w.redb"), true).expect("db"));
+    let store = Arc::new(RedbStore::open(&dir.join("w.redb"), true).expect("db"));
     meter(&store);
     let tools = Arc::new(DurableStore::open(&dir.join("w.store.redb")).expect("store"));
     let tasks = tasks(model, n);

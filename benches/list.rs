@@ -12,10 +12,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 use tether::model::ModelProfile;
-use tether::store::Store;
+use tether::store::RedbStore;
 
 fn build(path: &Path, n: usize) {
-    let store = Store::open(path, true).expect("a database");
+    let store = RedbStore::open(path, true).expect("a database");
     let model = ModelProfile::policy();
     let started = Instant::now();
     let mut left = n;

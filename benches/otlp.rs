@@ -13,7 +13,7 @@ use tether::store::prelude::*;
 
 use tether::model::ModelProfile;
 use tether::otlp::export::Target;
-use tether::store::Store;
+use tether::store::RedbStore;
 use tether::tools::durable::DurableStore;
 use tether::worker::{self, Config};
 
@@ -28,7 +28,7 @@ fn run(name: &str, otlp: Option<Target>) -> f64 {
     let dir = std::env::temp_dir().join(format!("tether-bench-otlp-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("dir");
-    let store = Arc::new(Store::open(&dir.join("w.redb"), true).expect("db"));
+    let store = Arc::new(RedbStore::open(&dir.join("w.redb"), true).expect("db"));
     let tools = Arc::new(DurableStore::open(&dir.join("w.store.redb")).expect("store"));
     let model = ModelProfile::parse("policy", None).expect("policy");
     store

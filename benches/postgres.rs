@@ -16,7 +16,7 @@ mod tasks;
 use tasks::tasks;
 use tether::store::prelude::*;
 
-#[path = "../tests/common/pg.rs"]
+#[path = "../tests/it/common/pg.rs"]
 #[allow(dead_code)]
 mod pg;
 

@@ -12,7 +12,8 @@ const AFTER_HELP: &str = "Examples:
 
 The database is ./worker.redb unless --db or WORKER_DB says otherwise. The demo shop (the
 orders and refund ledger that the demo's tools act on) is a second file beside it (--store or
-WORKER_STORE), opened only when a task calls one of its tools. With --db
+WORKER_STORE on the verbs that reach it: run, console, reconcile, replay, check, migrate,
+store, demo-store), opened only when a task calls one of its tools. With --db
 postgres://user@host/db (several hosts share one queue) the demo shop is a schema of the same
 database, and every verb works the same way.";
 
@@ -23,11 +24,6 @@ pub struct Cli {
     /// postgres://user@host:port/db[?schema=NAME] shared by daemons on several hosts.
     #[arg(long, global = true, env = "WORKER_DB", default_value = "worker.redb")]
     pub db: String,
-    /// The demo shop's database (orders, refund ledger, stored results of its writes), for
-    /// tasks that call its tools; default: <db>.store.redb beside a file --db, or the same
-    /// PostgreSQL database.
-    #[arg(long, global = true, env = "WORKER_STORE")]
-    pub store: Option<String>,
     /// Config file (TOML) with model profiles and the tool catalog, for `worker enqueue`.
     #[arg(long, global = true, env = "WORKER_CONFIG")]
     pub config: Option<PathBuf>,
@@ -95,8 +91,7 @@ pub enum Command {
     #[command(after_help = "Example:\n  worker demo --workers 4")]
     Demo(DemoArgs),
     /// The demo shop: its orders and refund ledger.
-    #[command(subcommand)]
-    Store(StoreCommand),
+    Store(StoreArgs),
     /// Approve exactly the held call of a suspended task; the task is requeued.
     #[command(
         after_help = "Examples:\n  worker show t7                 # the held call, its key and its digest\n  worker approve t7 --by alice --reason 'damage confirmed' --digest 3f2a9c1d0e\n  worker approve t7 --digest 3f2a9c1d0e --extend tool_calls=1   # when its budget is spent"
@@ -118,7 +113,7 @@ pub enum Command {
     /// Re-run a task offline from its recorded replies against a fresh copy of the demo shop,
     /// and compare its final state and effects with the stored ones (exit 1 if they differ).
     #[command(after_help = "Example:\n  worker replay t1 --json")]
-    Replay(TaskArgs),
+    Replay(ReplayArgs),
     /// The audit log (who, what, when, why), of one task when given.
     #[command(after_help = "Example:\n  worker events t7")]
     Events(EventsArgs),
@@ -128,7 +123,7 @@ pub enum Command {
     /// Verify every record of the database (and of the demo shop's): checksums, rows,
     /// blobs, and the storage engine's own integrity check. Exit 1 if anything is damaged.
     #[command(after_help = "Example:\n  worker check\n  worker check --json")]
-    Check(JsonArgs),
+    Check(ShopJsonArgs),
     /// Delete finished tasks (with their spans, replies, call records, audit events and
     /// enqueue keys) last updated longer ago than DURATION, in bounded transactions; each
     /// transaction records a `purge` audit event.
@@ -141,7 +136,63 @@ pub enum Command {
     #[command(
         after_help = "Example:\n  worker migrate --db postgres://tether@db.internal/jobs\n  worker migrate --db postgres://tether@db.internal/jobs?schema=team_a"
     )]
-    Migrate(JsonArgs),
+    Migrate(ShopJsonArgs),
+}
+
+/// Where the demo shop is, for the verbs that reach it.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ShopArg {
+    /// The demo shop's database (orders, refund ledger, stored results of its writes), for
+    /// tasks that call its tools; default: <db>.store.redb beside a file --db, or the same
+    /// PostgreSQL database.
+    #[arg(long = "store", env = "WORKER_STORE", value_name = "FILE|URL")]
+    pub store: Option<String>,
+}
+
+/// The demo shop's verbs, with `--store` before or after the verb.
+#[derive(Args, Debug)]
+pub struct StoreArgs {
+    /// The demo shop's database; default: <db>.store.redb beside a file --db, or the same
+    /// PostgreSQL database.
+    #[arg(
+        long = "store",
+        env = "WORKER_STORE",
+        value_name = "FILE|URL",
+        global = true
+    )]
+    pub store: Option<String>,
+    #[command(subcommand)]
+    pub command: StoreCommand,
+}
+
+impl StoreArgs {
+    pub fn shop(&self) -> ShopArg {
+        ShopArg {
+            store: self.store.clone(),
+        }
+    }
+}
+
+/// A verb that reads a task and may reach the demo shop.
+#[derive(Args, Debug)]
+pub struct ReplayArgs {
+    /// Task id, as printed by `worker enqueue` (e.g. t1), or key:KEY (its enqueue key).
+    pub task: String,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub shop: ShopArg,
+}
+
+/// `--json`, and where the demo shop is.
+#[derive(Args, Debug)]
+pub struct ShopJsonArgs {
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub shop: ShopArg,
 }
 
 /// A verb whose only flag is `--json`.
@@ -300,6 +351,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "COMMITS", default_value_t = crate::otlp::export::BACKLOG_MAX,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000_000))]
     pub otlp_backlog: usize,
+    #[command(flatten)]
+    pub shop: ShopArg,
 }
 
 #[derive(Args, Debug)]
@@ -441,6 +494,8 @@ pub struct ConsoleArgs {
     /// The operator recorded for decisions when there is no token file.
     #[arg(long, env = "USER", default_value = "operator")]
     pub by: String,
+    #[command(flatten)]
+    pub shop: ShopArg,
 }
 
 #[derive(Args, Debug)]
@@ -471,6 +526,8 @@ pub struct DemoStoreArgs {
     /// call is accepted.
     #[arg(long, default_value = "TETHER_APPROVAL_SECRET", value_name = "VAR")]
     pub approval_secret_env: String,
+    #[command(flatten)]
+    pub shop: ShopArg,
 }
 
 #[derive(Args, Debug)]

@@ -3,6 +3,7 @@
 
 use clap::Args;
 
+use super::args::ShopArg;
 use crate::operator::Reviewed;
 
 #[derive(Args, Debug)]
@@ -95,4 +96,6 @@ pub struct ReconcileArgs {
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub shop: ShopArg,
 }

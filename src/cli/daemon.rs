@@ -36,7 +36,10 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
     // and the heartbeat (which must never wait behind the others).
     let store = open_created(cli, a.workers as usize + 4)?;
     // The demo shop is opened only if a task calls one of its tools.
-    let demo = Arc::new(DemoShop::at(&store_target(cli), a.workers as usize + 1));
+    let demo = Arc::new(DemoShop::at(
+        &store_target(cli, &a.shop),
+        a.workers as usize + 1,
+    ));
     let shutdown = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, Arc::clone(&shutdown))
@@ -131,7 +134,7 @@ pub(super) fn cmd_demo(cli: &Cli, a: &DemoArgs) -> CliResult {
         }
     };
     let db = dir.join("worker.redb");
-    let store: Db = Arc::new(Store::open(&db, true)?);
+    let store: Db = Arc::new(RedbStore::open(&db, true)?);
     let tools = Arc::new(DurableStore::open(&sibling_store(&db))?);
     run_demo(store, tools, a)?;
     if a.keep.is_some() {
@@ -236,7 +239,7 @@ pub(super) fn cmd_demo_store(cli: &Cli, a: &DemoStoreArgs) -> CliResult {
             )));
         }
     }
-    let path = match &cli.store {
+    let path = match &a.shop.store {
         Some(p) => p.clone(),
         None if cli.db != "worker.redb" => cli.db.clone(),
         None => sibling_store(Path::new(&cli.db)).display().to_string(),
@@ -302,7 +305,13 @@ pub(super) fn cmd_console(cli: &Cli, a: &ConsoleArgs) -> CliResult {
             .map_err(|e| CliError::op(format!("cannot install the signal handler: {e}")))?;
     }
     let config = super::enqueue::load_config(cli)?.unwrap_or_default();
-    let console = Console::new(db, store_target(cli), config, access, a.public_metrics);
+    let console = Console::new(
+        db,
+        store_target(cli, &a.shop),
+        config,
+        access,
+        a.public_metrics,
+    );
     console
         .serve(&a.listen, stop, |addr| {
             tracing::info!(addr = %addr, "console listening");

@@ -119,7 +119,7 @@ pub(super) fn cmd_reconcile(cli: &Cli, a: &ReconcileArgs) -> CliResult {
                 .map_err(|e| CliError::usage(e.0))?,
                 // The model is told what the write returned (a ticket's id), so an applied
                 // write is settled with its real result: the tool's lookup gives it.
-                None => looked_up_result(cli, store.as_ref(), &task)?,
+                None => looked_up_result(cli, &a.shop, store.as_ref(), &task)?,
             };
             Settlement::Applied(result)
         }
@@ -183,7 +183,12 @@ pub(super) fn cmd_cancel(cli: &Cli, a: &DecideArgs) -> CliResult {
 /// Settles held writes from each tool's lookup, only on a definite answer.
 /// The result of task `id`'s held write, from the tool's lookup: for `reconcile --applied`
 /// without `--result`. Refused when the lookup cannot give it, or says it was not applied.
-fn looked_up_result(cli: &Cli, store: &dyn Backend, id: &str) -> Result<Value, CliError> {
+fn looked_up_result(
+    cli: &Cli,
+    shop: &ShopArg,
+    store: &dyn Backend,
+    id: &str,
+) -> Result<Value, CliError> {
     let rec = store.task(id)?;
     let Some(call) = rec.state.unknown_write().cloned() else {
         // Not held: the decision itself says what is wrong.
@@ -191,7 +196,11 @@ fn looked_up_result(cli: &Cli, store: &dyn Backend, id: &str) -> Result<Value, C
     };
     let key = store.call_key(&rec, &call);
     let config = super::enqueue::load_config(cli)?.unwrap_or_default();
-    let mut tools = || Ok(Arc::new(DurableStore::open_target(&store_target(cli))?));
+    let mut tools = || {
+        Ok(Arc::new(DurableStore::open_target(&store_target(
+            cli, shop,
+        ))?))
+    };
     match crate::operator::ask_tool(&rec, &call.name, &key, &config, &mut tools)? {
         crate::tools::http::Lookup::Applied(result) => Ok(result),
         crate::tools::http::Lookup::NotApplied => Err(CliError::op(format!(
@@ -207,7 +216,12 @@ fn looked_up_result(cli: &Cli, store: &dyn Backend, id: &str) -> Result<Value, C
 }
 
 fn auto(cli: &Cli, store: &dyn Backend, a: &ReconcileArgs) -> CliResult {
-    let mut tools = || Ok(Arc::new(DurableStore::open_target(&store_target(cli))?));
+    let shop = &a.shop;
+    let mut tools = || {
+        Ok(Arc::new(DurableStore::open_target(&store_target(
+            cli, shop,
+        ))?))
+    };
     let config = super::enqueue::load_config(cli)?.unwrap_or_default();
     let rows = reconcile_auto(store, &config, &mut tools, &a.by, a.reason.as_deref())?;
     if a.json {

@@ -66,7 +66,7 @@ use crate::operator::task_effects;
 use crate::operator::{Extension, Settlement};
 use crate::sim::{SCENARIO_HEADER, scenario_row, scenarios};
 use crate::store::Decision;
-use crate::store::{self, Access, Backend, NewTask, QueueStatus, Store, TaskRecord};
+use crate::store::{self, Access, Backend, NewTask, QueueStatus, RedbStore, TaskRecord};
 use crate::tools::durable::{DemoShop, DurableStore};
 use crate::tools::{Order, effects_to_python};
 use crate::worker::{self, Config, now_ms};
@@ -171,8 +171,8 @@ type CliResult = Result<(), CliError>;
 
 /// Where the demo shop is: `--store`, else beside a file `--db` or in the same
 /// PostgreSQL database.
-fn store_target(cli: &Cli) -> String {
-    cli.store.clone().unwrap_or_else(|| {
+fn store_target(cli: &Cli, shop: &ShopArg) -> String {
+    shop.store.clone().unwrap_or_else(|| {
         if store::pg::is_url(&cli.db) {
             cli.db.clone()
         } else {
@@ -181,8 +181,8 @@ fn store_target(cli: &Cli) -> String {
     })
 }
 
-fn open_tools(cli: &Cli) -> Result<DurableStore, CliError> {
-    Ok(DurableStore::open_target(&store_target(cli))?)
+fn open_tools(cli: &Cli, shop: &ShopArg) -> Result<DurableStore, CliError> {
+    Ok(DurableStore::open_target(&store_target(cli, shop))?)
 }
 
 /// `dir/worker.redb` -> `dir/worker.store.redb`.
@@ -203,7 +203,7 @@ pub fn run(cli: Cli) -> CliResult {
         Command::DemoStore(a) => cmd_demo_store(&cli, a),
         Command::Console(a) => cmd_console(&cli, a),
         Command::Tools(c) => stores::cmd_tools(&cli, c),
-        Command::Store(c) => cmd_store(&cli, c),
+        Command::Store(c) => cmd_store(&cli, &c.shop(), &c.command),
         Command::Approve(a) => cmd_approve(&cli, a),
         Command::Reject(a) => cmd_reject(&cli, a),
         Command::Reconcile(a) => cmd_reconcile(&cli, a),
@@ -215,7 +215,7 @@ pub fn run(cli: Cli) -> CliResult {
         Command::Purge(a) => cmd_purge(&cli, a),
         Command::Migrate(a) => {
             let db = open_created(&cli, 1)?;
-            open_tools(&cli)?;
+            open_tools(&cli, &a.shop)?;
             if a.json {
                 return print_json(&json!({"database": db.describe(), "db_id": db.db_id()}));
             }

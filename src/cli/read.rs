@@ -325,7 +325,7 @@ pub(super) fn cmd_postmortem(cli: &Cli, a: &TaskArgs) -> CliResult {
     Ok(())
 }
 
-pub(super) fn cmd_replay(cli: &Cli, a: &TaskArgs) -> CliResult {
+pub(super) fn cmd_replay(cli: &Cli, a: &ReplayArgs) -> CliResult {
     let store = open_reader(cli)?;
     let rec = store.task(&store.resolve(&a.task)?)?;
     if matches!(rec.status, QueueStatus::Queued | QueueStatus::Running) {
@@ -335,7 +335,7 @@ pub(super) fn cmd_replay(cli: &Cli, a: &TaskArgs) -> CliResult {
             rec.status.as_str()
         )));
     }
-    let ledger = open_tools(cli)?.ledger()?;
+    let ledger = open_tools(cli, &a.shop)?.ledger()?;
     let stored = task_effects(&ledger, store.db_id(), &rec);
     // A model of the config took messages: the replay counts its input as it did, which needs
     // the config's profile to build the prompt the run was given.

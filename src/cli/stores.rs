@@ -2,8 +2,8 @@
 
 use super::*;
 
-pub(super) fn cmd_store(cli: &Cli, c: &StoreCommand) -> CliResult {
-    let open = || open_tools(cli);
+pub(super) fn cmd_store(cli: &Cli, shop: &ShopArg, c: &StoreCommand) -> CliResult {
+    let open = || open_tools(cli, shop);
     match c {
         StoreCommand::Orders { json } => {
             let orders = open()?.orders()?;
@@ -164,7 +164,7 @@ pub(super) fn cmd_memory(cli: &Cli, c: &MemoryCommand) -> CliResult {
     Ok(())
 }
 
-pub(super) fn cmd_check(cli: &Cli, a: &JsonArgs) -> CliResult {
+pub(super) fn cmd_check(cli: &Cli, a: &ShopJsonArgs) -> CliResult {
     let mut damaged = Vec::new();
     let mut records = BTreeMap::new();
     // redb's own integrity check first: it needs the file to itself.
@@ -184,7 +184,7 @@ pub(super) fn cmd_check(cli: &Cli, a: &JsonArgs) -> CliResult {
         Err(e @ (store::Error::Missing(_) | store::Error::Io { .. })) => return Err(e.into()),
         Err(e) => damaged.push(e.to_string()),
     }
-    let sp = store_target(cli);
+    let sp = store_target(cli, &a.shop);
     if store::pg::is_url(&sp) || Path::new(&sp).exists() {
         match DurableStore::open_target(&sp) {
             Ok(ds) => match ds.check() {

@@ -4,7 +4,7 @@
 //! stop reasons, spans, the closing message and post-mortem, and the memory policy. It reads no
 //! clock and does no I/O: it asks a driver for work through [`session::Action`] and folds the
 //! results in. Nothing here may import storage, worker, model, tool or network code (a test in
-//! `tests/kernel_purity.rs` checks this).
+//! `tests/it/kernel_purity.rs` checks this).
 
 pub mod catalog;
 pub mod io;

@@ -22,7 +22,7 @@ pub use backend::{
 };
 pub use outbox::OutboxEntry;
 pub use records::*;
-pub use redb::{Opener, Reopening, Store, WriteStats, schema};
+pub use redb::{Opener, RedbStore, Reopening, WriteStats, schema};
 pub(crate) use redb::{check_not_empty, create_private, open_redb};
 
 /// Every part of the storage interface, to bring their methods into scope:
@@ -64,8 +64,8 @@ pub fn open_backend(
     }
     let path = std::path::Path::new(db);
     Ok(match access {
-        Access::Create => Arc::new(Store::open(path, true)?),
-        Access::Write => Arc::new(Store::open(path, false)?),
-        Access::Read => Arc::new(Store::open_for_reading(path)?),
+        Access::Create => Arc::new(RedbStore::open(path, true)?),
+        Access::Write => Arc::new(RedbStore::open(path, false)?),
+        Access::Read => Arc::new(RedbStore::open_for_reading(path)?),
     })
 }

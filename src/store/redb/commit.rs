@@ -7,7 +7,7 @@ use redb::WriteTransaction;
 use super::queue::claim_in;
 use super::rows as tasks;
 use super::schema::*;
-use super::{Store, next_seq};
+use super::{RedbStore, next_seq};
 use crate::kernel::StopReason;
 use crate::store::backend::Commits;
 use crate::store::codec::{self, encode};
@@ -15,7 +15,7 @@ use crate::store::{
     Commit, CommitKind, CommitOutcome, Error, QueueStatus, Result, remaining_ms, rows,
 };
 
-impl Commits for Store {
+impl Commits for RedbStore {
     /// A single writer: commits gain from sharing one transaction.
     fn groups_commits(&self) -> bool {
         true

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::rows as tasks;
 use super::schema::*;
-use super::{Store, next_seq};
+use super::{RedbStore, next_seq};
 use crate::store::backend::{Decide, Decision, DecisionTx, Event};
 use crate::store::codec::{decode, encode};
 use crate::store::{CallRecord, Error, QueueStatus, Result, TaskRecord};
@@ -106,7 +106,7 @@ impl DecisionTx for RedbTx<'_> {
     }
 }
 
-impl Decide for Store {
+impl Decide for RedbStore {
     fn decide(&self, f: &mut dyn FnMut(&mut dyn DecisionTx) -> Result<()>) -> Result<()> {
         let w = self.begin_write()?;
         f(&mut RedbTx {

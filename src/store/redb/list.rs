@@ -4,7 +4,7 @@
 
 use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
 
-use super::Store;
+use super::RedbStore;
 use super::rows as tasks;
 use super::schema::*;
 use crate::store::backend::Lists;
@@ -147,7 +147,7 @@ where
     Ok(summary(&row, &spec))
 }
 
-impl Lists for Store {
+impl Lists for RedbStore {
     /// One page of the redb file's tasks.
     fn list(&self, q: &ListQuery) -> Result<Page> {
         let r = &self.begin_read()?;

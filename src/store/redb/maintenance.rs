@@ -9,7 +9,7 @@
 use redb::ReadableTable;
 use std::collections::BTreeMap;
 
-use super::Store;
+use super::RedbStore;
 use super::rows as tasks;
 use super::schema::*;
 use crate::kernel::Span;
@@ -108,7 +108,7 @@ fn check_blobs(
     Ok(())
 }
 
-impl Maintenance for Store {
+impl Maintenance for RedbStore {
     /// Verifies every record of the database; see the module docs.
     fn check(&self) -> Result<CheckReport> {
         let mut rep = CheckReport::default();
@@ -190,7 +190,7 @@ fn remove_range(t: &mut redb::Table<(&str, u32), &[u8]>, id: &str) -> Result<()>
 /// (id, enqueue key, call-key namespace) of a task to delete.
 type Doomed = (String, Option<String>, Option<String>);
 
-impl Store {
+impl RedbStore {
     /// Up to `batch` finished tasks last updated before `before_ms`, but a cancelled task
     /// whose write is still held.
     fn doomed(&self, before_ms: u64, batch: usize) -> Result<Vec<Doomed>> {

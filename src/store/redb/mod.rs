@@ -51,7 +51,7 @@ from_redb!(
     redb::CommitError
 );
 
-pub struct Store {
+pub struct RedbStore {
     db: Handle,
     path: PathBuf,
     /// This database's id: made at random when the file is created, it prefixes every call
@@ -67,7 +67,7 @@ fn next_seq(meta: &mut redb::Table<&str, u64>, name: &str) -> Result<u64> {
     Ok(n)
 }
 
-impl Store {
+impl RedbStore {
     /// Switches on this database's write meter (for the storage benchmark) and returns it.
     pub fn meter_writes(&self) -> std::sync::Arc<WriteStats> {
         std::sync::Arc::clone(self.meter.get_or_init(Default::default))
@@ -82,7 +82,7 @@ impl Store {
     }
 }
 
-impl Backend for Store {
+impl Backend for RedbStore {
     fn db_id(&self) -> &str {
         &self.db_id
     }

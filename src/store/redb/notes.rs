@@ -7,14 +7,14 @@ use serde_json::json;
 
 use super::decide::event;
 use super::schema::*;
-use super::{Store, next_seq};
+use super::{RedbStore, next_seq};
 use crate::kernel::memory::Note;
 use crate::store::Result;
 use crate::store::backend::{Decision, Notes};
 use crate::store::codec::{decode, encode};
 use crate::store::records::admit_note;
 
-impl Notes for Store {
+impl Notes for RedbStore {
     /// Stores a long-term memory note if the policy admits it (trusted source, non-empty).
     fn add_note(
         &self,

@@ -8,11 +8,11 @@ use crate::store::random_u64;
 
 use super::handle::{Handle, Reopening, open_error, open_redb};
 use super::schema::*;
-use super::{Error, Opener, Result, Store, create_private};
+use super::{Error, Opener, RedbStore, Result, create_private};
 
-impl Store {
+impl RedbStore {
     /// Opens (and with `create`, creates with mode 0600) the database at `path`.
-    pub fn open(path: &Path, create: bool) -> Result<Store> {
+    pub fn open(path: &Path, create: bool) -> Result<RedbStore> {
         if !path.exists() {
             if !create {
                 return Err(Error::Missing(path.to_path_buf()));
@@ -27,13 +27,13 @@ impl Store {
             check_not_empty(path)?;
         }
         let p = path.to_path_buf();
-        Store::open_with(path, std::sync::Arc::new(move || open_redb(&p, 32 << 20)))
+        RedbStore::open_with(path, std::sync::Arc::new(move || open_redb(&p, 32 << 20)))
     }
 
     /// Opens the database with `open`, which makes a fresh handle each time it is called
     /// (again after an I/O error); tests pass one over a storage backend that fails on demand.
-    pub fn open_with(path: &Path, open: Opener) -> Result<Store> {
-        let mut store = Store {
+    pub fn open_with(path: &Path, open: Opener) -> Result<RedbStore> {
+        let mut store = RedbStore {
             db: Handle::Writer(Reopening::new(open)?),
             path: path.to_path_buf(),
             db_id: String::new(),
@@ -47,17 +47,17 @@ impl Store {
     /// Opens an existing database for reading: read-only when redb allows it, else (a file
     /// that needs recovery after a crash, or one that reads oddly) as a writer, which recovers
     /// it or reports the damage with the writer's full checks.
-    pub fn open_for_reading(path: &Path) -> Result<Store> {
-        match Store::open_read_only(path) {
+    pub fn open_for_reading(path: &Path) -> Result<RedbStore> {
+        match RedbStore::open_read_only(path) {
             Ok(s) => Ok(s),
             Err(e @ (Error::Missing(_) | Error::NewerVersion { .. })) => Err(e),
-            Err(_) => Store::open(path, false),
+            Err(_) => RedbStore::open(path, false),
         }
     }
 
     /// Opens an existing database read-only, beside any writers: a read verb neither takes the
     /// writer lock nor waits for a process that holds a write transaction open.
-    pub fn open_read_only(path: &Path) -> Result<Store> {
+    pub fn open_read_only(path: &Path) -> Result<RedbStore> {
         if !path.exists() {
             return Err(Error::Missing(path.to_path_buf()));
         }
@@ -85,7 +85,7 @@ impl Store {
                 )));
             }
         };
-        let mut store = Store {
+        let mut store = RedbStore {
             db: Handle::Reader(db),
             path: path.to_path_buf(),
             db_id: String::new(),
@@ -266,7 +266,7 @@ impl Store {
     }
 }
 
-impl Store {
+impl RedbStore {
     /// Whether every table of this version exists (a table may have been added since the file
     /// was made, or dropped by hand).
     fn has_every_table(&self) -> Result<bool> {

@@ -3,7 +3,7 @@
 
 use redb::{ReadableTable, TableDefinition, WriteTransaction};
 
-use super::{Store, next_seq, schema::META};
+use super::{RedbStore, next_seq, schema::META};
 use crate::store::backend::Outbox;
 use crate::store::outbox::{OutboxEntry, ROOT, ended};
 use crate::store::{Commit, Result};
@@ -53,7 +53,7 @@ fn parse(seq: u64, v: &str) -> Option<OutboxEntry> {
     })
 }
 
-impl Outbox for Store {
+impl Outbox for RedbStore {
     /// At most `max` entries, oldest first. An entry that cannot be read is returned with no
     /// spans (the exporter drops it and says so).
     fn outbox(&self, max: usize) -> Result<Vec<OutboxEntry>> {

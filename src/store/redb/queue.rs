@@ -7,7 +7,7 @@ use redb::{ReadableTable, ReadableTableMetadata, WriteTransaction};
 use super::list::Indexes;
 use super::rows as tasks;
 use super::schema::*;
-use super::{Store, next_seq};
+use super::{RedbStore, next_seq};
 use crate::kernel::memory::Note;
 use crate::store::backend::Queue;
 use crate::store::codec::decode;
@@ -16,7 +16,7 @@ use crate::store::{
     Enqueued, Error, Lease, NewTask, QueueStatus, Result, TaskRecord, remaining_ms,
 };
 
-impl Queue for Store {
+impl Queue for RedbStore {
     /// One host: an owner is judged dead by its process id.
     fn local_owners(&self) -> bool {
         true

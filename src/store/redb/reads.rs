@@ -5,7 +5,7 @@
 use redb::{ReadTransaction, ReadableTable};
 use std::collections::BTreeMap;
 
-use super::Store;
+use super::RedbStore;
 use super::rows as tasks;
 use super::schema::*;
 use crate::kernel::Span;
@@ -14,7 +14,7 @@ use crate::store::backend::{Event, Reads};
 use crate::store::codec::{self, decode};
 use crate::store::{CallRecord, Error, Result, TaskRecord, rows, task_order};
 
-impl Reads for Store {
+impl Reads for RedbStore {
     fn task(&self, id: &str) -> Result<TaskRecord> {
         let r = self.db.begin_read()?;
         let (t, s, b) = read_tables(&r)?;
@@ -23,7 +23,7 @@ impl Reads for Store {
             .ok_or_else(|| Error::NoTask(id.to_string()))
     }
 
-    /// Every task whose record decodes, in id order; damaged ones are in [`Store::damaged`].
+    /// Every task whose record decodes, in id order; damaged ones are in [`RedbStore::damaged`].
     fn tasks(&self) -> Result<Vec<TaskRecord>> {
         let r = self.db.begin_read()?;
         let (t, s, b) = read_tables(&r)?;
@@ -161,7 +161,7 @@ fn read_tables(r: &ReadTransaction) -> Result<(ReadTable, ReadTable, ReadTable)>
 
 /// Every record of one task in a table keyed by (task id, number), in number order.
 fn per_task<T: codec::Record + serde::de::DeserializeOwned>(
-    s: &Store,
+    s: &RedbStore,
     table: redb::TableDefinition<(&str, u32), &[u8]>,
     what: &str,
     task_id: &str,

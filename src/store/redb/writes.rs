@@ -1,6 +1,6 @@
 //! A write meter for the storage benchmark: what the step commits of one database wrote, in
 //! this format and, when asked, in format 1 (JSON records, the whole task record rewritten by
-//! every step). Off unless the benchmark switches it on (`Store::meter_writes`); then it reads
+//! every step). Off unless the benchmark switches it on (`RedbStore::meter_writes`); then it reads
 //! back, inside each commit group's transaction and after the commits are applied, what they
 //! wrote. The commit code itself counts nothing.
 

@@ -5,7 +5,7 @@
 //! under the same key until they land, a non-idempotent write is sent once and held, and a
 //! refusal reaches the model with the service's own code and words.
 
-mod common;
+use crate::common;
 use common::*;
 
 use serde_json::{Value, json};

@@ -6,9 +6,9 @@
 //!
 //! The seed is printed; `TETHER_SEED=<seed> cargo test --test property` replays a failure.
 
-use serde_json::{Value, json};
-mod common;
+use crate::common;
 use common::Rng;
+use serde_json::{Value, json};
 
 use tether::kernel::{
     Budget, Catalog, ModelReply, ModelRequest, RawReply, Session, Status, StopReason, TaskState,

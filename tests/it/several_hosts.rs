@@ -14,7 +14,7 @@
 //! or stuck, and after an oracle settles the held writes every task has ended. The seed is
 //! printed; `TETHER_SEED=<seed>` replays the task mix and schedule.
 
-mod common;
+use crate::common;
 use common::pg::PgCluster;
 use common::proxy::Proxy;
 use common::*;

@@ -2,7 +2,7 @@
 //! memory; each with success, a wrong task id, a task in the wrong status, and (where it
 //! applies) a mismatching approval, a second decision, and concurrent operators.
 
-mod common;
+use crate::common;
 use common::*;
 
 use serde_json::Value;

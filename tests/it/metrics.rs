@@ -2,7 +2,7 @@
 //! metrics`) with figures that match the database after a known workload, `/healthz`, and
 //! `--log-format json` logs that name the task and call key. On both backends.
 
-mod common;
+use crate::common;
 use common::*;
 
 use serde_json::Value;

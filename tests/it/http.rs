@@ -2,7 +2,7 @@
 //! (valid, malformed, refused, truncated, 429, slow past the deadline) and the demo shop
 //! served by `worker demo-store` (with lost responses). Also `reconcile --auto` and OTLP export.
 
-mod common;
+use crate::common;
 use common::shop::{APPROVAL_SECRET, store_service};
 use common::*;
 
@@ -166,7 +166,7 @@ fn a_task_completes_over_http_with_the_documents_effects() {
         5 * 150,
         "the provider's usage numbers, not the estimate"
     );
-    let ledger = json(d, &["--store", "store.redb", "store", "ledger", "--json"]);
+    let ledger = json(d, &["store", "--store", "store.redb", "ledger", "--json"]);
     let effects: Vec<Value> = ledger
         .as_array()
         .expect("ledger")
@@ -392,7 +392,7 @@ fn arguments_are_checked_against_the_schema_before_any_call() {
     okc(d, &["run", "--drain"]);
     let t = json(d, &["show", "t1", "--json"]);
     assert_eq!(t["tool_calls"], 0, "nothing was sent");
-    let ledger = json(d, &["--store", "store.redb", "store", "ledger", "--json"]);
+    let ledger = json(d, &["store", "--store", "store.redb", "ledger", "--json"]);
     assert_eq!(ledger, json!([]));
     let steps = json(d, &["trace", "t1", "--json"]);
     assert!(
@@ -419,9 +419,9 @@ fn lost_responses_are_held_then_settled_by_reconcile_auto() {
         okc(
             d,
             &[
+                "store",
                 "--store",
                 "store.redb",
-                "store",
                 "add-order",
                 "--order",
                 &format!("{order}:cu_ana:4200"),
@@ -459,7 +459,7 @@ fn lost_responses_are_held_then_settled_by_reconcile_auto() {
     for t in tasks.as_array().expect("tasks") {
         assert_eq!(t["stop"], "done", "{t}");
     }
-    let ledger = json(d, &["--store", "store.redb", "store", "ledger", "--json"]);
+    let ledger = json(d, &["store", "--store", "store.redb", "ledger", "--json"]);
     let ledger = ledger.as_array().expect("ledger");
     for i in 0..n {
         let order = format!("ord_{}", 3000 + i);
@@ -489,7 +489,7 @@ fn daemon_killed_while_http_writes_are_in_flight() {
     for i in 0..n {
         orders.push(format!("--order=ord_{}:cu_ana:4200", 4000 + i));
     }
-    let mut args = vec!["--store", "store.redb", "store", "add-order"];
+    let mut args = vec!["store", "--store", "store.redb", "add-order"];
     args.extend(orders.iter().map(String::as_str));
     okc(d, &args);
     let lines: Vec<String> = (0..n)
@@ -520,7 +520,7 @@ fn daemon_killed_while_http_writes_are_in_flight() {
     let tasks = json(d, &["list", "--json", "--limit", "10000"]);
     let tasks = tasks.as_array().expect("tasks");
     assert_eq!(tasks.len(), n);
-    let ledger = json(d, &["--store", "store.redb", "store", "ledger", "--json"]);
+    let ledger = json(d, &["store", "--store", "store.redb", "ledger", "--json"]);
     let ledger = ledger.as_array().expect("ledger");
     let mut keys: Vec<&str> = ledger.iter().filter_map(|e| e["key"].as_str()).collect();
     let total = keys.len();
@@ -603,7 +603,7 @@ fn demo_store_service_has_stripe_idempotency() {
     assert_eq!(v["applied"], false);
     let ledger = json(
         dir.path(),
-        &["--store", "store.redb", "store", "ledger", "--json"],
+        &["store", "--store", "store.redb", "ledger", "--json"],
     );
     assert_eq!(
         ledger.as_array().map(Vec::len),
@@ -646,11 +646,11 @@ fn an_approval_reaches_an_http_tool() {
     assert_eq!(t["tool_calls"], 4, "{t}");
     let refunds = refund_amounts(&json_list(
         d,
-        &["--store", "store.redb", "store", "ledger", "--json"],
+        &["store", "--store", "store.redb", "ledger", "--json"],
     ));
     assert_eq!(refunds, [8000]);
     // The service saw the call twice under one key: refused for approval, then applied.
-    let arrivals = json(d, &["--store", "store.redb", "store", "arrivals", "--json"]);
+    let arrivals = json(d, &["store", "--store", "store.redb", "arrivals", "--json"]);
     let refund_arrivals: Vec<&str> = arrivals
         .as_array()
         .expect("arrivals")
@@ -699,7 +699,7 @@ fn an_approval_reaches_an_http_tool() {
     assert_eq!(
         refund_amounts(&json_list(
             d,
-            &["--store", "store.redb", "store", "ledger", "--json"]
+            &["store", "--store", "store.redb", "ledger", "--json"]
         )),
         [8000],
         "nothing forged was applied"
@@ -737,7 +737,7 @@ fn two_databases_sharing_one_demo_store_never_collide() {
     }
     let refunds = refund_amounts(&json_list(
         d,
-        &["--store", "store.redb", "store", "ledger", "--json"],
+        &["store", "--store", "store.redb", "ledger", "--json"],
     ));
     assert_eq!(
         refunds,
@@ -900,7 +900,7 @@ fn demo_store_bounds_bodies_heads_keys_connections_and_read_time() {
         assert_eq!(st, 408, "{text}");
     }
     // Only the 255-byte key's write reached the store, once applied and once replayed.
-    let arrivals = json(d, &["--store", "store.redb", "store", "arrivals", "--json"]);
+    let arrivals = json(d, &["store", "--store", "store.redb", "arrivals", "--json"]);
     let outcomes: Vec<&str> = arrivals
         .as_array()
         .expect("arrivals")
@@ -1304,7 +1304,7 @@ fn hole_3_a_task_never_chooses_where_the_daemon_sends_or_what_secret() {
     );
     let refunds = refund_amounts(&json_list(
         d,
-        &["--store", "store.redb", "store", "ledger", "--json"],
+        &["store", "--store", "store.redb", "ledger", "--json"],
     ));
     assert_eq!(refunds, [3000], "the daemon's tools did the work");
     let t2 = json(d, &["show", "t2", "--json"]);

@@ -2,9 +2,8 @@
 //! approves, settles and cancels; console actions write the same audit events as the CLI's;
 //! a form rendered before the task moved on is refused; tokens and CSRF are enforced.
 
-mod common;
-#[path = "common/webdriver.rs"]
-mod webdriver;
+use crate::common;
+use crate::common::webdriver;
 use common::*;
 
 use serde_json::Value;

@@ -1,7 +1,7 @@
 //! The daemon as operators run it: graceful shutdown on SIGTERM and SIGINT, two daemons on one
 //! file never running the same task, and a task driven by a JSONL script of replies.
 
-mod common;
+use crate::common;
 use common::*;
 
 use std::process::Stdio;

@@ -66,7 +66,9 @@ impl PgCluster {
         PgCluster::start_as(name, false)
     }
 
-    /// A cluster that flushes every commit to disk, as a production server does.
+    /// A cluster that flushes every commit to disk, as a production server does (for
+    /// `benches/postgres.rs`, which shares this file; no test needs it).
+    #[allow(dead_code)]
     pub fn start_durable(name: &str) -> Option<PgCluster> {
         PgCluster::start_as(name, true)
     }

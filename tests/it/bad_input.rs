@@ -4,7 +4,7 @@
 //! step's recorded error), an error that names the problem, no panic, and that the database
 //! still opens with every earlier task as it was.
 
-mod common;
+use crate::common;
 use common::*;
 
 use serde_json::{Value, json};
@@ -807,9 +807,9 @@ impl Drop for Service {
 fn service(d: &Path) -> Service {
     let mut child = Command::new(bin())
         .args([
+            "demo-store",
             "--store",
             "svc.redb",
-            "demo-store",
             "--listen",
             "127.0.0.1:0",
             "--read-timeout-ms",
@@ -992,7 +992,7 @@ fn http_requests_to_demo_store() {
         assert_eq!(h, 200, "alive after {shown}");
     }
     // Nothing reached the store's rules: no arrival was a write that took effect.
-    let arrivals = json(d, &["--store", "svc.redb", "store", "arrivals", "--json"]);
+    let arrivals = json(d, &["store", "--store", "svc.redb", "arrivals", "--json"]);
     assert!(
         arrivals
             .as_array()
@@ -1470,11 +1470,11 @@ fn hole_14_a_redb_file_of_another_kind_is_refused() {
         args.extend_from_slice(verb);
         refused(d, &args, 1, "another kind");
     }
-    ok(d, &["--store", "worker.store.redb", "store", "ledger"]);
+    ok(d, &["store", "--store", "worker.store.redb", "ledger"]);
     // And the other way round: the worker database is not a store file.
     for verb in [&["store", "orders"][..], &["store", "ledger"]] {
-        let mut args = vec!["--store", "worker.redb"];
-        args.extend_from_slice(verb);
+        let mut args = verb.to_vec();
+        args.extend_from_slice(&["--store", "worker.redb"]);
         refused(d, &args, 1, "not the demo shop's file");
     }
     ok(d, &["list"]);

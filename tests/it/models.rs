@@ -5,7 +5,7 @@
 //! OpenAI's own OpenAPI document (`tests/fixtures/openai-openapi`). The tools are the
 //! document's shop served over HTTP by `worker demo-store`.
 
-mod common;
+use crate::common;
 use common::shop::{APPROVAL_SECRET, StoreService, store_service, write_catalog};
 use common::*;
 
@@ -197,7 +197,7 @@ fn run_refund(d: &Path, svc: &StoreService) -> Vec<i64> {
     assert_eq!(t["state"]["answer"], "Refunded 80.00 on ord_1004.", "{t}");
     refund_amounts(&json_list(
         d,
-        &["--store", "store.redb", "store", "ledger", "--json"],
+        &["store", "--store", "store.redb", "ledger", "--json"],
     ))
 }
 
@@ -936,7 +936,7 @@ fn native_tool_tasks_survive_a_daemon_killed_during_model_calls() {
     for t in tasks {
         assert_eq!(t["stop"], "done", "seed {seed}: {t}");
     }
-    let arrivals = json(d, &["--store", "store.redb", "store", "arrivals", "--json"]);
+    let arrivals = json(d, &["store", "--store", "store.redb", "arrivals", "--json"]);
     let mut applied: std::collections::BTreeMap<String, usize> = Default::default();
     for a in arrivals.as_array().expect("arrivals") {
         if a["tool"] == "issue_refund" && a["outcome"] == "applied" {

@@ -12,7 +12,7 @@
 //! The seed is printed; `TETHER_SEED=<seed> cargo test --test crash_recovery` replays the same
 //! task mix and kill schedule (the machine's timing still varies).
 
-mod common;
+use crate::common;
 use common::*;
 
 use std::time::Duration;

@@ -1,5 +1,5 @@
 //! A seeded simulation of the durable layer: several workers and operators interleaved by a
-//! seeded scheduler on the real `Store`, the real durable driver and the demo shop as
+//! seeded scheduler on the real `RedbStore`, the real durable driver and the demo shop as
 //! the strict sink, under a simulated clock.
 //!
 //! Each worker is a thread that runs the real driver (`worker::driver::run_task`) and stops at
@@ -29,7 +29,7 @@
 //! `TETHER_SIM_SEEDS=N` runs N seeds, `TETHER_SIM_BASE=B` fixes the base, and
 //! `TETHER_SIM_SEED=S` replays one seed.
 
-mod common;
+use crate::common;
 use common::Rng;
 use tether::operator;
 
@@ -46,7 +46,7 @@ use tether::model::ModelProfile;
 use tether::operator::{Extension, Reviewed, Settlement};
 use tether::store::Decision;
 use tether::store::pg::{CommitFault, PgStore};
-use tether::store::{Backend, Error, NewTask, QueueStatus, Store, TaskRecord};
+use tether::store::{Backend, Error, NewTask, QueueStatus, RedbStore, TaskRecord};
 use tether::tools::durable::DurableStore;
 use tether::worker::driver::{self, Point};
 use tether::worker::{Committer, Identity, Stats};
@@ -141,7 +141,7 @@ impl Sim {
         let mut rng = Rng(seed);
         let (store, tools): (Arc<dyn Backend>, _) = match db {
             SimDb::Dir(dir) => (
-                Arc::new(Store::open(&dir.join("worker.redb"), true).expect("open")),
+                Arc::new(RedbStore::open(&dir.join("worker.redb"), true).expect("open")),
                 DurableStore::open(&dir.join("store.redb")).expect("store"),
             ),
             SimDb::Pg(url) => {

@@ -26,9 +26,9 @@ impl Drop for StoreService {
 pub fn store_service(dir: &Path, extra: &[&str]) -> StoreService {
     let mut child = Command::new(bin())
         .args([
+            "demo-store",
             "--store",
             "store.redb",
-            "demo-store",
             "--listen",
             "127.0.0.1:0",
         ])

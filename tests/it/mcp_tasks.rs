@@ -7,7 +7,7 @@
 //! tool is never re-sent, a changed definition is refused, and a daemon killed again and again
 //! with MCP writes in flight never sends a non-idempotent call twice.
 
-mod common;
+use crate::common;
 use common::mcp::*;
 use common::*;
 

@@ -4,7 +4,7 @@
 //! trace, GenAI attributes and span kinds, error statuses; every stored span arrives, across a
 //! daemon SIGKILLed 10 times and across a receiver that is down for a while.
 
-mod common;
+use crate::common;
 use common::*;
 
 use serde_json::Value;

@@ -4,7 +4,7 @@
 //! `error:` line; nothing panics, nothing prints wrong data, and `worker check` reports the
 //! damage whenever a verb saw it. The writing verbs (enqueue, run) end done or in an error.
 
-mod common;
+use crate::common;
 use common::*;
 
 use serde_json::Value;

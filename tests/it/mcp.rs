@@ -2,7 +2,7 @@
 //! built on the Python `mcp` SDK (`tests/mcp/server.py`), and the kernel kinds `worker tools
 //! list` derives from its annotations, trusted or not, with the config's overrides.
 
-mod common;
+use crate::common;
 use common::*;
 
 use common::mcp::{arrived, python, python_http, server_py};

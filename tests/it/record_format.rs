@@ -3,7 +3,7 @@
 //! what does not change; a closed pipe, a truncated file and out-of-range numbers are errors,
 //! never panics.
 
-mod common;
+use crate::common;
 use common::*;
 
 use redb::{ReadableDatabase, ReadableTable};

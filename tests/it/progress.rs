@@ -2,7 +2,7 @@
 //! prints rate and remaining-count lines when stderr is a terminal (run under `script`, which
 //! gives the command a pseudo-terminal); piped, neither prints anything of the kind.
 
-mod common;
+use crate::common;
 use common::*;
 
 use std::path::Path;

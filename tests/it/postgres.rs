@@ -2,7 +2,7 @@
 //! test's own starts on a free port, keeps a committed row across a crash-like stop
 //! (`pg_ctl stop -m immediate`) and a restart, and is gone when the test ends.
 
-mod common;
+use crate::common;
 use common::pg::PgCluster;
 use common::*;
 

@@ -2,7 +2,7 @@
 //! idempotent enqueue, scenario G held with nothing refunded, JSON output, exit codes for bad
 //! input, and damaged or newer database files.
 
-mod common;
+use crate::common;
 use common::*;
 
 conformance! {
@@ -368,6 +368,69 @@ fn help_has_examples() {
             "{verb:?} --help has no example:\n{out}"
         );
     }
+}
+
+/// The demo shop's flag is on the verbs that reach the demo shop, and only there: a job's
+/// `enqueue --help` or an operator's `list --help` does not offer it.
+#[test]
+fn the_demo_shops_flag_is_on_its_verbs_only() {
+    let dir = TempDir::new("help-store");
+    let d = dir.path();
+    for verb in [
+        &["run"][..],
+        &["console"],
+        &["reconcile"],
+        &["replay"],
+        &["check"],
+        &["store", "ledger"],
+        &["demo-store"],
+        &["migrate"],
+    ] {
+        let mut args = verb.to_vec();
+        args.push("--help");
+        let out = ok(d, &args);
+        assert!(
+            out.contains("--store"),
+            "{verb:?} --help lacks --store:\n{out}"
+        );
+    }
+    for verb in [
+        &["enqueue"][..],
+        &["list"],
+        &["show"],
+        &["approve"],
+        &["cancel"],
+        &["events"],
+        &["purge"],
+    ] {
+        let mut args = verb.to_vec();
+        args.push("--help");
+        let out = ok(d, &args);
+        assert!(
+            !out.contains("--store "),
+            "{verb:?} --help offers --store:\n{out}"
+        );
+    }
+    // Before or after the demo shop's sub-verb, the same file.
+    ok(
+        d,
+        &[
+            "store",
+            "--store",
+            "x.store.redb",
+            "add-order",
+            "--order",
+            "ord_9:cu_x:100",
+        ],
+    );
+    let out = ok(d, &["store", "orders", "--store", "x.store.redb", "--json"]);
+    assert!(out.contains("ord_9"), "{out}");
+    let out = worker(d, &["list", "--store", "x.store.redb"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--store"),
+        "{out:?}"
+    );
 }
 
 /// A database written before a table was added to schema 1 gets the table on open.

@@ -5,7 +5,7 @@
 //! arrivals log shows the write arrived once. A lookup that cannot answer leaves the write to
 //! an operator, and `--no-auto-settle` leaves every held write to one.
 
-mod common;
+use crate::common;
 use common::*;
 
 use serde_json::{Value, json};

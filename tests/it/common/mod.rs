@@ -1,5 +1,4 @@
 //! Helpers for tests that run the real `worker` binary in a temporary directory.
-#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -8,6 +7,7 @@ pub mod mcp;
 pub mod pg;
 pub mod proxy;
 pub mod shop;
+pub mod webdriver;
 
 pub struct TempDir(pub PathBuf);
 
@@ -242,8 +242,8 @@ pub fn held_digest(dir: &Path, task: &str) -> String {
 /// for that key in the audit log. Answers that refused it for approval do not count (the
 /// approved re-send is the one send). Returns how many refund keys arrived.
 pub fn assert_sent_at_most_once(dir: &Path, store_args: &[&str], seed: u64) -> usize {
-    let mut args = store_args.to_vec();
-    args.extend_from_slice(&["store", "arrivals", "--json"]);
+    let mut args = vec!["store", "arrivals", "--json"];
+    args.extend_from_slice(store_args);
     let arrivals = json(dir, &args);
     let events = json(dir, &["events", "--json"]);
     let mut sent: std::collections::BTreeMap<String, usize> = Default::default();

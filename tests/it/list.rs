@@ -2,7 +2,7 @@
 //! by status, stop reason, user, key and time, RFC 3339 times, and a task addressed by
 //! `key:KEY` in every verb that names one.
 
-mod common;
+use crate::common;
 use common::*;
 
 use serde_json::Value;

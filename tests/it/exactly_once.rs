@@ -13,7 +13,7 @@
 //! - a cancelled held write stays listed until it is settled;
 //! - an enqueue key reused for another request is refused.
 
-mod common;
+use crate::common;
 use common::*;
 use tether::store::prelude::*;
 
@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tether::kernel::Budget;
 use tether::model::ModelProfile;
-use tether::store::{Backend, Commit, CommitKind, Error, Lease, NewTask, Store};
+use tether::store::{Backend, Commit, CommitKind, Error, Lease, NewTask, RedbStore};
 
 fn new_task(user: &str, goal: &str, key: Option<&str>) -> NewTask {
     NewTask {
@@ -92,7 +92,7 @@ fn backend(d: &Path) -> Arc<dyn Backend> {
             tether::store::pg::PgStore::open(&url, true, 4, std::time::Duration::from_secs(5))
                 .expect("open"),
         ),
-        None => Arc::new(Store::open(&d.join("w.redb"), true).expect("open")),
+        None => Arc::new(RedbStore::open(&d.join("w.redb"), true).expect("open")),
     }
 }
 
@@ -214,7 +214,7 @@ fn approved_call_in_flight(d: &Path) -> String {
     suspended_g(d);
     let digest = held_digest(d, "t1");
     ok(d, &["approve", "t1", "--digest", &digest]);
-    let store = Store::open(&d.join("worker.redb"), false).expect("open");
+    let store = RedbStore::open(&d.join("worker.redb"), false).expect("open");
     // A process that is gone: a pid that no longer exists on this host.
     let mut gone = std::process::Command::new("true").spawn().expect("spawn");
     let pid = gone.id();
@@ -387,8 +387,6 @@ fn two_databases_sharing_one_store_never_collide() {
             &[
                 "--db",
                 db,
-                "--store",
-                "shared.redb",
                 "enqueue",
                 "--user",
                 "cu_ana",
@@ -398,13 +396,13 @@ fn two_databases_sharing_one_store_never_collide() {
                 &format!("policy:ord_1001:{amount}"),
             ],
         );
-        ok(d, &["--db", db, "--store", "shared.redb", "run", "--drain"]);
+        ok(d, &["--db", db, "run", "--store", "shared.redb", "--drain"]);
         let t = json(d, &["--db", db, "show", "t1", "--json"]);
         assert_eq!(t["stop"], "done", "{t}");
     }
     let refunds = refund_amounts(&json_list(
         d,
-        &["--store", "shared.redb", "store", "ledger", "--json"],
+        &["store", "--store", "shared.redb", "ledger", "--json"],
     ));
     assert_eq!(
         refunds,
@@ -555,7 +553,7 @@ fn a_damaged_task_record_is_quarantined_not_fatal() {
     enqueue(d, &["--store-scope", "a"]);
     enqueue(d, &["--store-scope", "b"]);
     {
-        let store = Store::open(&dir.file("worker.redb"), false).expect("open");
+        let store = RedbStore::open(&dir.file("worker.redb"), false).expect("open");
         let w = store.begin_write().expect("write");
         w.open_table(tether::store::schema::TASKS)
             .expect("tasks")
@@ -583,7 +581,7 @@ fn readers_do_not_wait_for_a_writer() {
     let dir = TempDir::new("readers");
     let d = dir.path();
     enqueue(d, &[]);
-    let store = Store::open(&dir.file("worker.redb"), false).expect("open");
+    let store = RedbStore::open(&dir.file("worker.redb"), false).expect("open");
     let w = store.begin_write().expect("a write transaction held open");
     let mut child = std::process::Command::new(bin())
         .args(["list", "--json", "--limit", "10000"])
@@ -825,7 +823,8 @@ fn the_worker_database_recovers_from_a_full_disk_without_a_restart() {
     let path = dir.file("worker.redb");
     std::fs::File::create(&path).expect("create");
     let full = Arc::new(AtomicBool::new(false));
-    let store = Arc::new(Store::open_with(&path, full_disk_opener(&path, &full)).expect("open"));
+    let store =
+        Arc::new(RedbStore::open_with(&path, full_disk_opener(&path, &full)).expect("open"));
     store
         .enqueue(&[new_task("cu_ana", "refund", None)], 0)
         .expect("enqueue");
@@ -850,7 +849,7 @@ fn an_unreadable_call_record_holds_the_write_never_resends_it() {
     let d = dir.path();
     let key = approved_call_in_flight(d);
     {
-        let store = Store::open(&dir.file("worker.redb"), false).expect("open");
+        let store = RedbStore::open(&dir.file("worker.redb"), false).expect("open");
         let w = store.begin_write().expect("write");
         w.open_table(tether::store::schema::CALL_KEYS)
             .expect("call keys")
@@ -893,7 +892,7 @@ fn an_unreadable_call_record_holds_the_write_never_resends_it() {
 fn a_panicking_run_neither_stalls_a_drain_nor_loses_its_task() {
     let dir = TempDir::new("panicking-run");
     let store: Arc<dyn Backend> =
-        Arc::new(Store::open(&dir.file("worker.redb"), true).expect("open"));
+        Arc::new(RedbStore::open(&dir.file("worker.redb"), true).expect("open"));
     let tools = Arc::new(
         tether::tools::durable::DurableStore::open(&dir.file("worker.store.redb")).expect("store"),
     );

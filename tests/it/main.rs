@@ -1,0 +1,35 @@
+//! The integration tests, as one test binary (the layout ripgrep uses): each module is what
+//! was a `tests/*.rs` file; `common` holds the helpers they share (the binary run in a
+//! temporary directory, the PostgreSQL cluster, the demo shop as a service, the MCP and
+//! WebDriver peers). One binary links the crate once instead of once per file.
+
+#[macro_use]
+mod common;
+
+mod bad_input;
+mod cli;
+mod console;
+mod corruption;
+mod crash_recovery;
+mod daemon;
+mod exactly_once;
+mod figures;
+mod http;
+mod kernel;
+mod kernel_purity;
+mod layout;
+mod list;
+mod mcp;
+mod mcp_tasks;
+mod metrics;
+mod models;
+mod operator;
+mod otlp;
+mod postgres;
+mod progress;
+mod property;
+mod record_format;
+mod rest_tools;
+mod settle;
+mod several_hosts;
+mod simulation;
