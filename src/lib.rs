@@ -7,6 +7,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod console;
+pub mod filewatch;
 pub mod group;
 pub mod httpd;
 pub mod kernel;

@@ -51,6 +51,10 @@ pub enum Command {
     /// Add a task (or a batch from a JSONL file) to the queue; prints the task id.
     #[command(after_help = ENQUEUE_HELP)]
     Enqueue(EnqueueArgs),
+    /// Wait until a task finishes or starts waiting on a person; print its answer, and exit
+    /// with a code that says how it ended.
+    #[command(after_help = WAIT_HELP)]
+    Wait(WaitArgs),
     /// List tasks.
     #[command(
         after_help = "Example:\n  worker list --status held\n  worker list --user cu_ana --since 7d --limit 20\n  worker list --before t950          # the next page, as the last one printed\n  worker list --stop max_steps --json\n\nNewest first, --limit 50 by default. Each filter reads through an index, never every task."
@@ -401,7 +405,47 @@ pub struct EnqueueArgs {
     /// Enqueue every task of a JSONL file in one transaction (all or nothing).
     #[arg(long)]
     pub file: Option<PathBuf>,
+    /// Then wait until the task finishes or starts waiting on a person, as `worker wait`
+    /// does: print its answer and exit with the code that says how it ended.
+    #[arg(long, conflicts_with = "file")]
+    pub wait: bool,
+    /// With --wait: give up waiting after this long (30s, 10m, 2h); exit 7, the task goes on.
+    /// Default: no limit.
+    #[arg(long, value_name = "DURATION", requires = "wait", value_parser = crate::clock::parse_duration_ms)]
+    pub timeout: Option<u64>,
     /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub(super) const WAIT_HELP: &str =
+    "Prints the task's answer on stdout (the whole result as JSON with --json) and
+says on stderr how it ended; waits without polling (woken by the database when a task
+settles). The exit code says how the task stands:
+
+  0  completed: the model's final answer completed the goal
+  3  cannot_complete: the model gave up, saying why (the answer says why)
+  4  stopped by a budget or a loop check (max_steps, max_tool_calls, max_tokens,
+     deadline, repeated_call, no_progress) or by its model (model_failed)
+  5  waiting on a person: an approval (worker approve) or a held write (worker reconcile)
+  6  cancelled, or its approval wait ran out
+  7  --timeout passed while it was still queued or running (it goes on)
+  1  an operational error (the database cannot be read); 2  a usage error
+
+Examples:
+  worker wait t3
+  worker wait key:job-42 --timeout 10m --json
+  answer=$(worker enqueue --user cu_ana --goal 'refund ord_1001' --key job-42 --wait)";
+
+#[derive(Args, Debug)]
+pub struct WaitArgs {
+    /// Task id (e.g. t3), or key:KEY for the task enqueued under KEY.
+    pub task: String,
+    /// Give up waiting after this long (30s, 10m, 2h); exit 7, the task goes on. Default: no
+    /// limit.
+    #[arg(long, value_name = "DURATION", value_parser = crate::clock::parse_duration_ms)]
+    pub timeout: Option<u64>,
+    /// Print the whole result as JSON.
     #[arg(long)]
     pub json: bool,
 }

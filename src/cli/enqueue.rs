@@ -330,6 +330,21 @@ pub(super) fn cmd_enqueue(cli: &Cli, a: &EnqueueArgs) -> CliResult {
     };
     let store = open_created(cli, 1)?;
     let out = store.enqueue(&tasks, now_ms())?;
+    if a.wait {
+        let Some(e) = out.first() else {
+            return Err(CliError::op("the enqueue returned no task"));
+        };
+        eprintln!(
+            "{}{}; waiting for it to finish",
+            e.id,
+            if e.created {
+                ""
+            } else {
+                " (already enqueued with this key)"
+            }
+        );
+        return super::wait::wait_and_report(store.as_ref(), &e.id, a.timeout, a.json);
+    }
     if a.json {
         let v: Vec<Value> = out
             .iter()

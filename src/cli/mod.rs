@@ -41,6 +41,7 @@ mod enqueue;
 mod progress;
 mod read;
 mod stores;
+mod wait;
 
 pub use args::*;
 pub use args_decide::*;
@@ -195,6 +196,7 @@ pub fn run(cli: Cli) -> CliResult {
     match &cli.command {
         Command::Run(a) => cmd_run(&cli, a),
         Command::Enqueue(a) => cmd_enqueue(&cli, a),
+        Command::Wait(a) => wait::cmd_wait(&cli, a),
         Command::List(a) => cmd_list(&cli, a),
         Command::Show(a) => cmd_show(&cli, a),
         Command::Trace(a) => cmd_trace(&cli, a),

@@ -12,12 +12,14 @@
 
 mod decide;
 mod review;
+mod wait;
 
 pub use decide::{
     HeldWrites, approve, cancel, complete_requested_cancel, expire_approvals, held, reconcile,
     reject,
 };
 pub use review::{Extension, Reviewed, Settlement};
+pub use wait::{Waited, wait};
 
 use serde::Serialize;
 use serde_json::Value;

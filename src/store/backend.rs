@@ -114,6 +114,13 @@ pub trait DecisionTx {
     fn queue_root(&mut self, id: &str) -> Result<()>;
 }
 
+/// The wake-ups of [`Queue::changes`]: the receiver, and what keeps its source alive (a
+/// watch's thread, a LISTEN session), stopped when this is dropped.
+pub struct Changes {
+    pub rx: Receiver<()>,
+    pub guard: Box<dyn Send>,
+}
+
 /// What `worker check` found.
 #[derive(Debug, Default)]
 pub struct CheckReport {
@@ -172,6 +179,12 @@ pub trait Queue {
     /// A channel that receives a message whenever a task may have become ready (PostgreSQL's
     /// LISTEN/NOTIFY), so an idle daemon starts it at once; `None` when the daemon must poll.
     fn wakeups(&self) -> Option<Receiver<()>>;
+
+    /// Wake-ups for whoever waits for a task to settle (finish, or start waiting on a
+    /// person): a message arrives after each change that may have settled one (PostgreSQL's
+    /// LISTEN on the settled channel; on the file, a watch on its writes), so a waiter reads
+    /// the task again only then. `None`: no wake-ups here, the waiter must poll.
+    fn changes(&self) -> Option<Changes>;
 
     /// Enqueues tasks in one transaction. A task whose key was seen before is not created
     /// again (its id is returned with `created: false`); a key reused for another request is

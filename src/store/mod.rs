@@ -14,11 +14,13 @@ pub mod outbox;
 pub mod pg;
 mod records;
 pub mod redb;
+pub mod result;
 pub mod rows;
+pub mod watch;
 
 pub use backend::{
-    Backend, CheckReport, Commits, Decide, Decision, DecisionTx, Error, Event, Lists, Maintenance,
-    Notes, Outbox, Queue, Reads, Result,
+    Backend, Changes, CheckReport, Commits, Decide, Decision, DecisionTx, Error, Event, Lists,
+    Maintenance, Notes, Outbox, Queue, Reads, Result,
 };
 pub use outbox::OutboxEntry;
 pub use records::*;

@@ -33,3 +33,4 @@ mod rest_tools;
 mod settle;
 mod several_hosts;
 mod simulation;
+mod wait;

@@ -1,9 +1,11 @@
-//! The wake-ups of a PostgreSQL daemon: a thread with a connection of its own `LISTEN`s on the
-//! ready channel that enqueue `NOTIFY`s.
+//! The wake-ups of PostgreSQL: a thread with a connection of its own `LISTEN`s on a channel:
+//! the ready channel that enqueue `NOTIFY`s (for idle daemons), or the settled channel that a
+//! trigger on the tasks' status notifies (for whoever waits for a task's result).
 
 use crossbeam_channel::{Receiver, bounded};
 use postgres::fallible_iterator::FallibleIterator;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -18,10 +20,22 @@ impl PgStore {
         if let Some(rx) = guard.as_ref() {
             return Some(rx.clone());
         }
+        let rx = self.listen_on(self.channel.clone(), Arc::clone(&self.stop))?;
+        *guard = Some(rx.clone());
+        Some(rx)
+    }
+
+    /// The settled channel of this schema (migration 6's trigger notifies it).
+    pub(super) fn settled_channel(&self) -> String {
+        format!("{}_settled", self.schema)
+    }
+
+    /// A thread that `LISTEN`s on `channel` until `stop` is set, reconnecting (with backoff,
+    /// logged) when its connection is lost; after a reconnection it sends a wake-up too, since
+    /// notifications may have been missed.
+    pub(super) fn listen_on(&self, channel: String, stop: Arc<AtomicBool>) -> Option<Receiver<()>> {
         let (tx, rx) = bounded::<()>(1);
         let settings = self.pool.settings.clone();
-        let channel = self.channel.clone();
-        let stop = Arc::clone(&self.stop);
         let spawned = std::thread::Builder::new()
             .name("pg-listen".into())
             .spawn(move || {
@@ -36,7 +50,7 @@ impl PgStore {
                             if stop.load(Ordering::Relaxed) {
                                 return;
                             }
-                            tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "cannot LISTEN for ready tasks; polling meanwhile");
+                            tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, channel = %channel, "cannot LISTEN; polling meanwhile");
                             std::thread::sleep(delay);
                             delay = (delay * 2).min(Duration::from_secs(5));
                             continue;
@@ -71,10 +85,15 @@ impl PgStore {
                     }
                 }
             });
-        if spawned.is_err() {
-            return None;
-        }
-        *guard = Some(rx.clone());
-        Some(rx)
+        spawned.ok().map(|_| rx)
+    }
+}
+
+/// Stops a `listen_on` thread when dropped (within its quiet interval).
+pub(super) struct StopOnDrop(pub Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
     }
 }

@@ -293,6 +293,16 @@ impl Queue for PgStore {
         false
     }
 
+    /// LISTEN on the settled channel, which a trigger on the tasks' status notifies.
+    fn changes(&self) -> Option<crate::store::Changes> {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let rx = self.listen_on(self.settled_channel(), std::sync::Arc::clone(&stop))?;
+        Some(crate::store::Changes {
+            rx,
+            guard: Box::new(super::listen::StopOnDrop(stop)),
+        })
+    }
+
     /// LISTEN/NOTIFY on the queue's channel.
     fn wakeups(&self) -> Option<crossbeam_channel::Receiver<()>> {
         self.listen()

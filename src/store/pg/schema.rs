@@ -120,6 +120,20 @@ ALTER TABLE {s}.otlp_outbox ADD COLUMN claimed_by bigint, ADD COLUMN claimed_unt
     r#"
 ALTER TABLE {s}.commits ADD COLUMN read_back bigint;
 "#,
+    // Whoever waits for a task's result (`worker wait`, the API's long poll) is woken when a
+    // task settles: finishes, or starts waiting on a person. A trigger, so that every path that
+    // settles a task (a step commit, a cancel, an expired approval wait) notifies; it fires
+    // only on statements that set the status, never on a plain step.
+    r#"
+CREATE FUNCTION {s}.notify_settled() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify(TG_TABLE_SCHEMA || '_settled', NEW.id);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER tasks_settled AFTER UPDATE OF status ON {s}.tasks FOR EACH ROW
+    WHEN (NEW.status IN ('finished', 'suspended', 'held') AND OLD.status IS DISTINCT FROM NEW.status)
+    EXECUTE FUNCTION {s}.notify_settled();
+"#,
 ];
 
 /// The schema version this build writes and understands.

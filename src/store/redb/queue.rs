@@ -36,6 +36,20 @@ impl Queue for RedbStore {
         None
     }
 
+    /// A watch on the file: every commit of any process writes it.
+    fn changes(&self) -> Option<crate::store::Changes> {
+        match crate::filewatch::watch(self.path()) {
+            Ok(w) => Some(crate::store::Changes {
+                rx: w.changes.clone(),
+                guard: Box::new(w),
+            }),
+            Err(e) => {
+                tracing::debug!(error = %e, "no watch on the file; waiters poll");
+                None
+            }
+        }
+    }
+
     /// Enqueues tasks in one transaction. A task whose key was seen before is not created
     /// again; its existing id is returned with `created: false`.
     fn enqueue(&self, tasks: &[NewTask], now_ms: u64) -> Result<Vec<Enqueued>> {

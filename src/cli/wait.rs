@@ -1,0 +1,87 @@
+//! `worker wait` and `worker enqueue --wait`: block until a task finishes or starts waiting on
+//! a person, print its answer (or the whole result as JSON), and exit with the code of
+//! [`crate::store::result`]'s table.
+
+use super::*;
+use crate::operator::{Waited, wait};
+use crate::store::result::{EXIT_TIMED_OUT, Ending, result_json};
+use crate::store::watch::Watch;
+use std::time::{Duration, Instant};
+
+pub(super) fn cmd_wait(cli: &Cli, a: &WaitArgs) -> CliResult {
+    let store = open_reader(cli)?;
+    let id = store.resolve(&a.task)?;
+    wait_and_report(store.as_ref(), &id, a.timeout, a.json)
+}
+
+/// Waits for task `id` (at most `timeout_ms`), then prints and exits as `worker wait` does.
+pub(super) fn wait_and_report(
+    store: &dyn Backend,
+    id: &str,
+    timeout_ms: Option<u64>,
+    json: bool,
+) -> CliResult {
+    let watch = Watch::new(store);
+    if !watch.is_woken() {
+        tracing::info!("this database gives no wake-ups here: the wait polls");
+    }
+    let until = timeout_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
+    let (rec, code) = match wait(store, &watch, id, until)? {
+        Waited::Settled(rec, ending) => (rec, ending.exit_code()),
+        Waited::TimedOut(rec) => (rec, EXIT_TIMED_OUT),
+    };
+    if json {
+        print_json(&result_json(store.db_id(), &rec))?;
+    } else {
+        if let Some(answer) = rec.state.answer.as_ref().filter(|_| code != EXIT_TIMED_OUT) {
+            outln!("{answer}");
+        }
+        eprintln!(
+            "{}",
+            crate::limits::printable(&how_it_stands(store, &rec, code))
+        );
+    }
+    if code == 0 {
+        return Ok(());
+    }
+    Err(CliError {
+        message: String::new(),
+        cause: None,
+        hint: None,
+        code,
+    })
+}
+
+/// One line for the person who runs the job: how the task stands and what to do next.
+fn how_it_stands(store: &dyn Backend, rec: &TaskRecord, code: i32) -> String {
+    let id = &rec.id;
+    let stop = rec.state.stop.map_or("-", StopReason::as_str);
+    match Ending::of(rec) {
+        None => format!(
+            "{id} is still {} after the timeout; `worker wait {id}` waits again",
+            rec.status.as_str()
+        ),
+        Some(Ending::Completed) => format!("{id} completed ({} steps)", rec.state.step),
+        Some(Ending::CannotComplete) => format!(
+            "{id} could not complete its goal (the model gave up; its answer says why); exit {code}"
+        ),
+        Some(Ending::Stopped) => {
+            format!("{id} stopped: {stop}; exit {code} (`worker postmortem {id}` says why)")
+        }
+        Some(Ending::Cancelled) => format!("{id} ended: {stop}; exit {code}"),
+        Some(Ending::Waiting) => match rec.state.pending.as_ref() {
+            Some(p) if rec.status == QueueStatus::Suspended => format!(
+                "{id} waits for an approval of {} (digest {}); exit {code}: `worker approve {id} --digest {}` or `worker reject {id}`",
+                p.name,
+                p.digest(),
+                p.digest()
+            ),
+            Some(p) => format!(
+                "{id} holds a write of {} whose outcome is unknown (key {}); exit {code}: settle it with `worker reconcile {id}`",
+                p.name,
+                store.call_key(rec, p)
+            ),
+            None => format!("{id} is {}; exit {code}", rec.status.as_str()),
+        },
+    }
+}

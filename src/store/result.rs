@@ -1,0 +1,119 @@
+//! A task's result as a job or a service sees it: the one JSON shape that `worker wait
+//! --json`, `worker enqueue --wait --json`, the HTTP API and the completion callbacks all
+//! give, and how a task ended, as the exit code of `worker wait`.
+//!
+//! | exit code | how the task stands | stop reasons |
+//! | --- | --- | --- |
+//! | 0 | completed: the model's final answer completed the goal | done (completed) |
+//! | 3 | cannot complete: the model gave up, saying why | done (cannot_complete) |
+//! | 4 | stopped by a budget or a loop check, or by its model | max_steps, max_tool_calls, max_tokens, deadline, repeated_call, no_progress, model_failed |
+//! | 5 | waiting on a person: an approval, or a held write to settle | needs_approval, unknown_outcome |
+//! | 6 | cancelled by an operator, or its approval wait ran out | cancelled, approval_expired |
+//! | 7 | still queued or running when the wait timed out | - |
+//!
+//! (1 and 2 are the CLI's operational and usage errors.)
+
+use serde_json::{Value, json};
+
+use super::{QueueStatus, TaskRecord};
+use crate::clock::rfc3339;
+use crate::kernel::StopReason;
+
+/// How a task that is no longer queued or running stands, by what its caller does next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ending {
+    Completed,
+    CannotComplete,
+    /// A budget, a loop check or the model ended it.
+    Stopped,
+    /// It waits for an approval or for a held write to be settled.
+    Waiting,
+    Cancelled,
+}
+
+/// The exit code of a wait that timed out with the task still queued or running.
+pub const EXIT_TIMED_OUT: i32 = 7;
+
+impl Ending {
+    /// How `rec` stands; `None` while it is queued or running.
+    pub fn of(rec: &TaskRecord) -> Option<Ending> {
+        match rec.status {
+            QueueStatus::Queued | QueueStatus::Running => None,
+            QueueStatus::Suspended | QueueStatus::Held => Some(Ending::Waiting),
+            QueueStatus::Finished => Some(match rec.state.stop {
+                Some(StopReason::Done)
+                    if rec.state.outcome.as_deref() == Some("cannot_complete") =>
+                {
+                    Ending::CannotComplete
+                }
+                Some(StopReason::Done) => Ending::Completed,
+                Some(StopReason::Cancelled | StopReason::ApprovalExpired) => Ending::Cancelled,
+                _ => Ending::Stopped,
+            }),
+        }
+    }
+
+    pub fn exit_code(self) -> i32 {
+        match self {
+            Ending::Completed => 0,
+            Ending::CannotComplete => 3,
+            Ending::Stopped => 4,
+            Ending::Waiting => 5,
+            Ending::Cancelled => 6,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ending::Completed => "completed",
+            Ending::CannotComplete => "cannot_complete",
+            Ending::Stopped => "stopped",
+            Ending::Waiting => "waiting",
+            Ending::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// What a waiting task waits for: an approval (suspended) or a settlement (held).
+pub fn waiting_for(rec: &TaskRecord) -> Option<&'static str> {
+    match rec.status {
+        QueueStatus::Suspended => Some("approval"),
+        QueueStatus::Held => Some("reconcile"),
+        _ => None,
+    }
+}
+
+/// The task `rec` of the database `db_id` as its result: what it is, how it stands, its answer
+/// and, while it waits on a person, the call it holds (with the key and digest a decision
+/// names). The stop is shown only once the task is no longer queued or running.
+pub fn result_json(db_id: &str, rec: &TaskRecord) -> Value {
+    let st = &rec.state;
+    let settled = !matches!(rec.status, QueueStatus::Queued | QueueStatus::Running);
+    let held = st.pending.as_ref().filter(|_| waiting_for(rec).is_some());
+    json!({
+        "id": rec.id,
+        "key": rec.key,
+        "status": rec.status.as_str(),
+        "stop": st.stop.filter(|_| settled).map(StopReason::as_str),
+        "outcome": st.outcome.as_ref().filter(|_| settled),
+        "answer": st.answer.as_ref().filter(|_| settled),
+        "waiting_for": waiting_for(rec),
+        "held_call": held.map(|p| json!({
+            "tool": p.name,
+            "args": p.args,
+            "key": rec.call_key(db_id, p),
+            "digest": p.digest(),
+        })),
+        "user": st.user_id,
+        "goal": st.goal,
+        "model": rec.model.label(),
+        "priority": rec.priority,
+        "steps": st.step,
+        "tool_calls": st.tool_calls,
+        "tokens": st.tokens,
+        "elapsed_s": st.elapsed_ms as f64 / 1000.0,
+        "runs": rec.runs,
+        "created_at": rfc3339(rec.created_at_ms),
+        "updated_at": rfc3339(rec.updated_at_ms),
+    })
+}

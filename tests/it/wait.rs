@@ -1,0 +1,170 @@
+//! `worker wait` and `worker enqueue --wait`, as a job uses them, on both backends: a wait that
+//! began before any daemon ran follows its task through a daemon killed once; an idle waiter
+//! is woken by the database (its reads of the task are counted: a poll would read it every
+//! half second), and the exit code table of `worker wait --help` holds row by row.
+
+use crate::common;
+use common::*;
+
+use std::process::{Child, Output, Stdio};
+use std::time::Duration;
+
+/// `worker wait ARGS` started in the background, with its reads of the task logged.
+fn spawn_wait(d: &std::path::Path, args: &[&str]) -> Child {
+    command(d)
+        .arg("wait")
+        .args(args)
+        .env("RUST_LOG", "tether::operator=debug")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start worker wait")
+}
+
+/// How many times a waiter's log says it read the task.
+fn reads(stderr: &str) -> usize {
+    stderr.matches("wait: read the task").count()
+}
+
+fn finish(child: Child) -> (Output, String, String) {
+    let out = child.wait_with_output().expect("the waiter ends");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out, stdout, stderr)
+}
+
+fn daemon(d: &std::path::Path, extra: &[&str]) -> Child {
+    command(d)
+        .args(["run", "--workers", "2", "--time-scale", "0.3"])
+        .args(["--heartbeat-ttl-ms", "3000", "--recover-every-ms", "200"])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the daemon")
+}
+
+conformance! {
+    /// The job's view: the wait starts before any daemon runs, a daemon is killed mid-task and
+    /// another finishes it; the waiter prints the task's result and exits 0.
+    fn a_wait_outlives_a_killed_daemon(d) {
+        // A model call takes 1.5 s of active time, shown at 0.3x: the task is mid-run for
+        // seconds, so the kill lands inside it.
+        enqueue(d, &["--key", "job-1"]);
+        let waiter = spawn_wait(d, &["key:job-1", "--json"]);
+        std::thread::sleep(Duration::from_millis(300));
+        let mut first = daemon(d, &[]);
+        std::thread::sleep(Duration::from_millis(900));
+        first.kill().expect("SIGKILL the daemon");
+        first.wait().expect("reap it");
+        let mut second = daemon(d, &["--drain"]);
+        let (out, stdout, stderr) = finish(waiter);
+        assert!(second.wait().expect("the drain ends").success());
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+        let v: serde_json::Value = serde_json::from_str(&stdout).expect("JSON on stdout");
+        assert_eq!(v["id"], "t1", "{v}");
+        assert_eq!(v["status"], "finished", "{v}");
+        assert_eq!(v["stop"], "done", "{v}");
+        assert_eq!(v["outcome"], "completed", "{v}");
+        assert_eq!(v["answer"], "Refund issued and confirmation sent.", "{v}");
+        assert!(v["runs"].as_u64().is_some_and(|r| r >= 2), "the kill made a second run: {v}");
+    }
+
+    /// An idle waiter reads its task once (and once more on PostgreSQL, when its LISTEN
+    /// session starts), however long it waits; it reads it again when the daemon's commits
+    /// wake it. A poll every half second would have read it about six times while idle.
+    fn an_idle_waiter_is_woken_not_polling(d) {
+        enqueue(d, &[]);
+        let waiter = spawn_wait(d, &["t1"]);
+        std::thread::sleep(Duration::from_secs(3));
+        // Everything the waiter logged so far: it is still waiting (no task ran).
+        let mut drain = daemon(d, &["--drain"]);
+        let (out, stdout, stderr) = finish(waiter);
+        assert!(drain.wait().expect("drain").success());
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+        assert_eq!(stdout.trim(), "Refund issued and confirmation sent.");
+        let lines: Vec<&str> = stderr.lines().filter(|l| l.contains("wait: read the task")).collect();
+        let idle = lines.iter().filter(|l| l.contains("\"queued\"")).count();
+        assert!(idle <= 2, "read the task {idle} times while nothing happened:\n{stderr}");
+        assert!(reads(&stderr) >= 2, "read again when woken:\n{stderr}");
+        assert!(stderr.contains("t1 completed"), "{stderr}");
+    }
+
+    /// Every row of the exit-code table (`worker wait --help`), through `enqueue --wait` with a
+    /// daemon running, and `worker wait` on a task that stays queued.
+    fn the_exit_code_table_row_by_row(d) {
+        std::fs::write(
+            d.join("gives-up.jsonl"),
+            r#"{"type": "final", "outcome": "cannot_complete", "text": "order ord_9 does not exist"}"#,
+        )
+        .expect("script");
+        let mut run = command(d)
+            .args(["run", "--workers", "4", "--time-scale", "0.002"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("daemon");
+        let rows: [(&[&str], i32, &str); 6] = [
+            (&["--model", "policy"], 0, "finished"),
+            (&["--model", "script:gives-up.jsonl"], 3, "finished"),
+            (&["--model", "same_call"], 4, "finished"),
+            (&["--model", "policy:ord_1004:8000"], 5, "suspended"),
+            (&["--model", "policy", "--tool-latency", "issue_refund=40000"], 5, "held"),
+            (&["--model", "policy", "--budget", "steps_max=2"], 4, "finished"),
+        ];
+        for (i, (extra, code, status)) in rows.iter().enumerate() {
+            let key = format!("row-{i}");
+            let mut args = vec!["enqueue", "--user", "cu_ana", "--goal", GOAL, "--key", &key];
+            args.extend_from_slice(extra);
+            args.extend_from_slice(&["--wait", "--json"]);
+            let out = worker(d, &args);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(*code), "row {i} {extra:?}: {stderr}");
+            let v: serde_json::Value =
+                serde_json::from_slice(&out.stdout).expect("the result as JSON");
+            assert_eq!(v["status"], *status, "row {i}: {v}");
+            match i {
+                1 => {
+                    assert_eq!(v["outcome"], "cannot_complete", "{v}");
+                    assert_eq!(v["answer"], "order ord_9 does not exist", "{v}");
+                }
+                2 => assert_eq!(v["stop"], "repeated_call", "{v}"),
+                3 => {
+                    assert_eq!(v["waiting_for"], "approval", "{v}");
+                    assert_eq!(v["held_call"]["tool"], "issue_refund", "{v}");
+                }
+                4 => assert_eq!(v["waiting_for"], "reconcile", "{v}"),
+                5 => assert_eq!(v["stop"], "max_steps", "{v}"),
+                _ => {}
+            }
+            // A retried job: the same key waits on the same task, with the same code.
+            let again = worker(d, &args);
+            assert_eq!(again.status.code(), Some(*code), "row {i} retried");
+        }
+        // Cancelled: a suspended task cancelled by an operator.
+        ok(d, &["cancel", "key:row-3", "--reason", "not today"]);
+        let out = worker(d, &["wait", "key:row-3"]);
+        assert_eq!(out.status.code(), Some(6), "{out:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("cancelled"), "{out:?}");
+        run.kill().expect("stop the daemon");
+        run.wait().expect("reap");
+        // Timed out: nothing runs the task; the wait gives up, the task stays queued.
+        let out = worker(d, &[
+            "enqueue", "--user", "cu_ana", "--goal", GOAL, "--model", "policy", "--key", "late",
+            "--wait", "--timeout", "1s",
+        ]);
+        assert_eq!(out.status.code(), Some(7), "{out:?}");
+        assert!(out.stdout.is_empty(), "no answer yet: {out:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("still queued"), "{out:?}");
+        let v = json(d, &["show", "key:late", "--json"]);
+        assert_eq!(v["status"], "queued", "{v}");
+        // Text: the answer alone on stdout, for `answer=$(...)`.
+        let out = worker(d, &["wait", "key:row-0"]);
+        assert_eq!(out.status.code(), Some(0));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "Refund issued and confirmation sent.\n");
+        // Usage errors stay 2; an unknown task is operational (1).
+        assert_eq!(worker(d, &["wait", "t1", "--timeout", "soon"]).status.code(), Some(2));
+        assert_eq!(worker(d, &["wait", "t999"]).status.code(), Some(1));
+        assert_eq!(worker(d, &["enqueue", "--file", "x.jsonl", "--wait"]).status.code(), Some(2));
+    }
+}
