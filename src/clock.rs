@@ -51,6 +51,17 @@ pub fn rfc3339(ms: u64) -> String {
     )
 }
 
+/// A duration, short: `45s`, `10m`, `24h`, `3d` (the largest whole unit).
+pub fn duration_text(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m", s / 60),
+        3600..86_400 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86_400),
+    }
+}
+
 /// How long before `now_ms` the time `ms` was, short: `42s ago`, `5m ago`, `3h ago`, `2d ago`
 /// (`in 5m` for a time still to come).
 pub fn ago(ms: u64, now_ms: u64) -> String {
@@ -59,13 +70,7 @@ pub fn ago(ms: u64, now_ms: u64) -> String {
     } else {
         (ms - now_ms, true)
     };
-    let s = d / 1000;
-    let text = match s {
-        0..60 => format!("{s}s"),
-        60..3600 => format!("{}m", s / 60),
-        3600..86_400 => format!("{}h", s / 3600),
-        _ => format!("{}d", s / 86_400),
-    };
+    let text = duration_text(d);
     if future {
         format!("in {text}")
     } else {
@@ -76,6 +81,18 @@ pub fn ago(ms: u64, now_ms: u64) -> String {
 /// Parses an RFC 3339 time (`2026-11-30T01:29:36Z`, fractions and offsets allowed, or a date
 /// alone, `2026-11-30`, meaning its midnight UTC) into ms since the epoch.
 pub fn parse_rfc3339(s: &str) -> Result<u64, String> {
+    let ms = rfc3339_ms(s)?;
+    u64::try_from(ms).map_err(|_| format!("{s:?} is before 1970"))
+}
+
+/// [`parse_rfc3339`], with a time before 1970 read as 1970 (for a bound such as `since`,
+/// which no task is older than anyway).
+pub fn parse_rfc3339_from_epoch(s: &str) -> Result<u64, String> {
+    Ok(u64::try_from(rfc3339_ms(s)?).unwrap_or(0))
+}
+
+/// Milliseconds since the epoch of an RFC 3339 time, negative before 1970.
+fn rfc3339_ms(s: &str) -> Result<i64, String> {
     let bad = || format!("{s:?} is not an RFC 3339 time (like 2026-11-30T08:00:00Z or 2026-11-30)");
     let b = s.as_bytes();
     let num = |r: std::ops::Range<usize>| -> Result<i64, String> {
@@ -130,7 +147,7 @@ pub fn parse_rfc3339(s: &str) -> Result<u64, String> {
             _ => return Err(bad()),
         }
     }
-    u64::try_from(ms).map_err(|_| format!("{s:?} is before 1970"))
+    Ok(ms)
 }
 
 /// `30d`, `12h`, `90m`, `45s` as milliseconds.

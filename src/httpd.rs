@@ -117,6 +117,23 @@ impl Reply {
         }
     }
 
+    /// An error of the server itself (a request it could not read, too many connections):
+    /// RFC 9457 problem details, with the detail also under `error`.
+    pub fn problem(status: u16, detail: &str) -> Reply {
+        let body = serde_json::json!({
+            "type": "about:blank",
+            "title": reason(status),
+            "status": status,
+            "detail": detail,
+            "error": detail,
+        });
+        Reply::Response {
+            status,
+            headers: vec![("Content-Type", "application/problem+json".into())],
+            body: body.to_string().into_bytes(),
+        }
+    }
+
     pub fn json(status: u16, body: &serde_json::Value) -> Reply {
         Reply::Response {
             status,
@@ -177,11 +194,7 @@ pub fn serve(
         let Some((id, waiting)) = admitted else {
             let mut s = stream;
             let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
-            let _ = write_reply(
-                &mut s,
-                Reply::json(503, &serde_json::json!({"error": "too many connections"})),
-                false,
-            );
+            let _ = write_reply(&mut s, Reply::problem(503, "too many connections"), false);
             continue;
         };
         // Given back when the connection's thread ends, or at once if it cannot start.
@@ -316,11 +329,7 @@ fn connection(
             }
             Err(ReadError::Closed) => return,
             Err(ReadError::Status(status, why)) => {
-                let _ = write_reply(
-                    &mut s,
-                    Reply::json(status, &serde_json::json!({"error": why})),
-                    false,
-                );
+                let _ = write_reply(&mut s, Reply::problem(status, why), false);
                 return;
             }
         }
@@ -517,6 +526,8 @@ fn write_reply(s: &mut TcpStream, reply: Reply, keep_alive: bool) -> std::io::Re
 fn reason(status: u16) -> &'static str {
     match status {
         200 => "OK",
+        201 => "Created",
+        204 => "No Content",
         303 => "See Other",
         400 => "Bad Request",
         401 => "Unauthorized",
@@ -527,6 +538,7 @@ fn reason(status: u16) -> &'static str {
         409 => "Conflict",
         411 => "Length Required",
         413 => "Content Too Large",
+        415 => "Unsupported Media Type",
         422 => "Unprocessable Content",
         431 => "Request Header Fields Too Large",
         500 => "Internal Server Error",

@@ -3,6 +3,7 @@
 //! [`kernel`] is the sans-IO agent loop; [`model`] and [`tools`] are the things it calls;
 //! [`sim`] drives the kernel in memory (the design document's programs and benchmarks).
 
+pub mod api;
 pub mod cli;
 pub mod clock;
 pub mod config;

@@ -36,6 +36,11 @@ pub struct Metrics {
     pub otlp_exported: IntCounter,
     pub otlp_dropped: IntCounter,
     pub otlp_failures: IntCounter,
+    /// Completion callbacks: delivered, failed attempts (tried again), given up.
+    pub callbacks_sent: IntCounter,
+    pub callbacks_failed: IntCounter,
+    pub callbacks_given_up: IntCounter,
+    callbacks_pending: IntGauge,
     tasks: IntGaugeVec,
     held: IntGauge,
     suspended: IntGauge,
@@ -118,6 +123,22 @@ fn build() -> prometheus::Result<Metrics> {
             "tether_otlp_export_failures_total",
             "Export attempts that failed and will be retried (receiver down or erroring).",
         )?,
+        callbacks_sent: counter(
+            "tether_callbacks_sent_total",
+            "Completion callbacks this process delivered (the receiver answered 2xx).",
+        )?,
+        callbacks_failed: counter(
+            "tether_callbacks_failed_total",
+            "Callback attempts that failed (receiver down, timed out or not 2xx); each is tried again until its retry window ends.",
+        )?,
+        callbacks_given_up: counter(
+            "tether_callbacks_given_up_total",
+            "Callbacks this process gave up on (retry window over, or a URL its config does not allow); each has a callback_failed audit event.",
+        )?,
+        callbacks_pending: gauge(
+            "tether_callbacks_pending",
+            "Completion callbacks waiting to be delivered.",
+        )?,
         model_calls: counters(
             "tether_model_calls_total",
             "Model calls by model and outcome (ok, error, timeout).",
@@ -197,6 +218,8 @@ impl Metrics {
             .oldest_queued_ms()?
             .map_or(0, |t| crate::clock::now_ms().saturating_sub(t) / 1000);
         self.oldest_queued.set(age as i64);
+        self.callbacks_pending
+            .set(i64::try_from(db.callbacks_pending()?).unwrap_or(i64::MAX));
         Ok(())
     }
 

@@ -19,6 +19,8 @@ pub fn tasks(model: &ModelProfile, n: usize) -> Vec<NewTask> {
             catalog: None,
             approval_wait_ms: tether::store::DEFAULT_APPROVAL_WAIT_MS,
             instructions: None,
+            callback_url: None,
+            submitted_by: None,
         })
         .collect()
 }

@@ -8,7 +8,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     // Lines naming a script file would read the disk; the fuzzer finds no such file.
-    if let Err(e) = tether::cli::parse_batch_line(line, None) {
+    if let Err(e) = tether::cli::parse_batch_line(line, None, None) {
         assert!(!e.is_empty());
     }
 });

@@ -78,10 +78,12 @@ pub enum Command {
         after_help = "Example:\n  worker demo-store --listen 127.0.0.1:8700 --db store.redb --lose-rate 0.2"
     )]
     DemoStore(DemoStoreArgs),
-    /// The web console: tasks, a task's trace and budgets, held writes; approve, reject,
-    /// reconcile and cancel with the same audit events as the CLI.
+    /// The web console and the HTTP API (/api/v1, for services and jobs): tasks, a task's
+    /// trace and budgets, held writes; approve, reject, reconcile and cancel with the same
+    /// audit events as the CLI. `worker serve` is the same server.
     #[command(
-        after_help = "Example:\n  worker console                                   # http://127.0.0.1:8080\n  worker console --listen 0.0.0.0:8080 --token-file tokens.txt\n\nA token file has one `OPERATOR TOKEN` line per operator (tokens of at least 16\ncharacters); the operator is recorded in the audit log of each decision, and /metrics\nand /healthz need a token too unless --public-metrics. Without a token file, the console\nlistens on loopback only, answers only requests addressed to a loopback name (so a web\npage cannot reach it through DNS rebinding), and records --by. Forms sent from another\nsite (Origin, Sec-Fetch-Site) are refused."
+        visible_alias = "serve",
+        after_help = "Example:\n  worker console                                   # http://127.0.0.1:8080\n  worker console --listen 0.0.0.0:8080 --token-file tokens.txt\n\nA token file has one `NAME TOKEN [ROLE]` line per caller (tokens of at least 16\ncharacters; ROLE is operator, the default, or submit: an API caller that creates\ntasks and reads its own). An operator's name is recorded in the audit log of each\ndecision, and /metrics and /healthz need a token too unless --public-metrics.\n\nThe API: /api/v1 (its OpenAPI document at /api/v1/openapi.json), with\nAuthorization: Bearer TOKEN. Without a token file, the console\nlistens on loopback only, answers only requests addressed to a loopback name (so a web\npage cannot reach it through DNS rebinding), and records --by. Forms sent from another\nsite (Origin, Sec-Fetch-Site) are refused."
     )]
     Console(ConsoleArgs),
     /// Every tool a task may call (the demo shop's, the catalog's, the MCP servers'), as the
@@ -141,40 +143,6 @@ pub enum Command {
         after_help = "Example:\n  worker migrate --db postgres://tether@db.internal/jobs\n  worker migrate --db postgres://tether@db.internal/jobs?schema=team_a"
     )]
     Migrate(ShopJsonArgs),
-}
-
-/// Where the demo shop is, for the verbs that reach it.
-#[derive(Args, Debug, Clone, Default)]
-pub struct ShopArg {
-    /// The demo shop's database (orders, refund ledger, stored results of its writes), for
-    /// tasks that call its tools; default: <db>.store.redb beside a file --db, or the same
-    /// PostgreSQL database.
-    #[arg(long = "store", env = "WORKER_STORE", value_name = "FILE|URL")]
-    pub store: Option<String>,
-}
-
-/// The demo shop's verbs, with `--store` before or after the verb.
-#[derive(Args, Debug)]
-pub struct StoreArgs {
-    /// The demo shop's database; default: <db>.store.redb beside a file --db, or the same
-    /// PostgreSQL database.
-    #[arg(
-        long = "store",
-        env = "WORKER_STORE",
-        value_name = "FILE|URL",
-        global = true
-    )]
-    pub store: Option<String>,
-    #[command(subcommand)]
-    pub command: StoreCommand,
-}
-
-impl StoreArgs {
-    pub fn shop(&self) -> ShopArg {
-        ShopArg {
-            store: self.store.clone(),
-        }
-    }
 }
 
 /// A verb that reads a task and may reach the demo shop.
@@ -402,6 +370,11 @@ pub struct EnqueueArgs {
     /// (default: 24 hours). Separate from the active-time deadline.
     #[arg(long, conflicts_with = "file")]
     pub approval_wait_ms: Option<u64>,
+    /// When the task finishes or starts waiting on a person, POST its result here, signed as
+    /// Standard Webhooks specifies (default: its model profile's callback_url). Only a URL
+    /// the config's [callbacks] allow list admits.
+    #[arg(long, value_name = "URL", conflicts_with = "file")]
+    pub callback: Option<String>,
     /// Enqueue every task of a JSONL file in one transaction (all or nothing).
     #[arg(long)]
     pub file: Option<PathBuf>,
@@ -540,85 +513,4 @@ pub struct ConsoleArgs {
     pub by: String,
     #[command(flatten)]
     pub shop: ShopArg,
-}
-
-#[derive(Args, Debug)]
-pub struct DemoStoreArgs {
-    /// Address to listen on; port 0 picks a free one (printed on the first line of stdout).
-    #[arg(long, default_value = "127.0.0.1:8700")]
-    pub listen: String,
-    /// Connections served at once (one thread each); the next one is answered 503.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=1024))]
-    pub connections: u16,
-    /// A request must arrive whole within this many ms of its first byte (408 after).
-    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
-    pub read_timeout_ms: u64,
-    /// Fault: added latency of every tool call, in ms.
-    #[arg(long, default_value_t = 0)]
-    pub latency_ms: u64,
-    /// Fault: fraction of writes whose response is lost after the write was applied.
-    #[arg(long, default_value_t = 0.0)]
-    pub lose_rate: f64,
-    /// Fault: fraction of calls answered 503 before anything is applied.
-    #[arg(long, default_value_t = 0.0)]
-    pub error_rate: f64,
-    /// Seed of the fault draws.
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
-    /// The environment variable holding the secret approvals are signed with (the workers'
-    /// catalog names the same one as the tool's approval_secret_env). Unset: no approved
-    /// call is accepted.
-    #[arg(long, default_value = "TETHER_APPROVAL_SECRET", value_name = "VAR")]
-    pub approval_secret_env: String,
-    #[command(flatten)]
-    pub shop: ShopArg,
-}
-
-#[derive(Args, Debug)]
-pub struct DemoArgs {
-    /// Worker threads of the demo's daemon.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
-    pub workers: u16,
-    /// Keep the demo's database files in this directory instead of a temporary one.
-    #[arg(long)]
-    pub keep: Option<PathBuf>,
-}
-
-#[derive(Subcommand, Debug)]
-pub enum StoreCommand {
-    /// List the demo shop's orders.
-    Orders {
-        /// Print the result as JSON.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Add orders, or change the customer and total of existing ones (their refunds stay): --order ID:CUSTOMER:TOTAL_CENTS, repeatable.
-    #[command(
-        after_help = "Example:\n  worker store add-order --order ord_2001:cu_bo:4200 --order ord_2002:cu_cy:15000"
-    )]
-    AddOrder {
-        /// An order: its id, its customer's user id, its total in cents.
-        #[arg(
-            long = "order",
-            value_name = "ID:CUSTOMER:TOTAL_CENTS",
-            required = true
-        )]
-        orders: Vec<String>,
-        /// Print the result as JSON.
-        #[arg(long)]
-        json: bool,
-    },
-    /// The ledger of effects (refunds and emails), in order.
-    Ledger {
-        /// Print the result as JSON.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Every write request that reached the store (applied, replayed, refused, ...), in order:
-    /// where a duplicate send shows even when the stored result hid it.
-    Arrivals {
-        /// Print the result as JSON.
-        #[arg(long)]
-        json: bool,
-    },
 }

@@ -3,7 +3,7 @@
 
 use clap::Args;
 
-use super::args::ShopArg;
+use super::args_demo::ShopArg;
 use crate::operator::Reviewed;
 
 #[derive(Args, Debug)]

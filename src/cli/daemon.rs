@@ -7,14 +7,7 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
     check_run_args(a)?;
     // The daemon's own config: its model profiles, tool catalog and MCP servers are what a
     // task's names mean here (a task names them; it never supplies an endpoint or a secret).
-    let trusted = Arc::new(super::enqueue::load_config(cli)?.unwrap_or_default());
-    // A profile whose key variable is missing would send every request without a key: refused
-    // now, before any task is claimed.
-    if let Some((name, why)) = trusted.missing_keys().into_iter().next() {
-        return Err(CliError::usage(format!("model profile {name}: {why}")).hint(
-            "export the variable before starting the worker, or remove api_key_env from the profile if the endpoint needs no key",
-        ));
-    }
+    let trusted = Arc::new(trusted_config(cli)?);
     // Every argument is checked before the database is opened (or created).
     let otlp = crate::otlp::export::Target::configured(a.otlp_endpoint.as_deref())
         .map_err(CliError::usage)?
@@ -75,6 +68,27 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
         "worker stopped"
     );
     Ok(())
+}
+
+/// The daemon's own config, refused when a secret it names is missing.
+fn trusted_config(cli: &Cli) -> Result<crate::config::Config, CliError> {
+    let trusted = super::enqueue::load_config(cli)?.unwrap_or_default();
+    // A profile whose key variable is missing would send every request without a key: refused
+    // now, before any task is claimed.
+    if let Some((name, why)) = trusted.missing_keys().into_iter().next() {
+        return Err(CliError::usage(format!("model profile {name}: {why}")).hint(
+            "export the variable before starting the worker, or remove api_key_env from the profile if the endpoint needs no key",
+        ));
+    }
+    // The callbacks' signing secret, likewise: no callback goes out unsigned.
+    if let Some(c) = &trusted.callbacks
+        && let Err(why) = c.key()
+    {
+        return Err(CliError::usage(format!("[callbacks]: {why}")).hint(
+            "export the variable before starting the worker: echo whsec_$(head -c 32 /dev/urandom | base64)",
+        ));
+    }
+    Ok(trusted)
 }
 
 /// The daemon's arguments that can be checked before anything is opened.
@@ -190,6 +204,8 @@ fn run_demo(store: Db, tools: Arc<DurableStore>, a: &DemoArgs) -> CliResult {
             store_scope: sc.name[..1].to_string(),
             approval_wait_ms: store::DEFAULT_APPROVAL_WAIT_MS,
             instructions: None,
+            callback_url: None,
+            submitted_by: None,
         })
         .collect();
     let ids = store.enqueue(&tasks, now_ms())?;
@@ -298,7 +314,9 @@ pub(super) fn cmd_console(cli: &Cli, a: &ConsoleArgs) -> CliResult {
             }
         }
     };
-    let db = open_existing(cli)?;
+    // Services may create tasks before any daemon ran: the database is created when there is
+    // none, as `run` and `enqueue` do.
+    let db = open_created(cli, 4)?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, Arc::clone(&stop))

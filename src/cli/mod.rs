@@ -35,6 +35,7 @@ macro_rules! out {
 
 mod args;
 mod args_decide;
+mod args_demo;
 mod daemon;
 mod decide;
 mod enqueue;
@@ -45,6 +46,7 @@ mod wait;
 
 pub use args::*;
 pub use args_decide::*;
+pub use args_demo::*;
 use daemon::{cmd_console, cmd_demo, cmd_demo_store, cmd_run};
 use decide::{cmd_approve, cmd_cancel, cmd_reconcile, cmd_reject};
 use enqueue::cmd_enqueue;
@@ -53,7 +55,6 @@ use read::{cmd_events, cmd_list, cmd_postmortem, cmd_replay, cmd_show, cmd_trace
 use stores::{cmd_check, cmd_memory, cmd_purge, cmd_store};
 
 use clap::{Args, Parser, Subcommand};
-use serde::Deserialize;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -61,8 +62,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use crate::kernel::report::{closing_message, span_table};
-use crate::kernel::{Budget, Catalog, StopReason};
-use crate::model::ModelProfile;
+use crate::kernel::{Catalog, StopReason};
 use crate::operator::task_effects;
 use crate::operator::{Extension, Settlement};
 use crate::sim::{SCENARIO_HEADER, scenario_row, scenarios};

@@ -22,6 +22,10 @@
 //!
 //! [demo.tools.issue_refund]                # the demo shop's tools: approval rules
 //! approval = { above = { amount_cents = 5000 } }
+//!
+//! [callbacks]                              # completion callbacks: see `callbacks`
+//! secret_env = "TETHER_WEBHOOK_SECRET"
+//! allow = ["https://hooks.example.com/"]
 //! ```
 
 use serde::Deserialize;
@@ -30,6 +34,7 @@ use std::path::{Path, PathBuf};
 
 use crate::kernel::Catalog;
 
+pub mod callbacks;
 mod catalog;
 use crate::model::profile::{Api, HttpProfile};
 use crate::model::{ModelProfile, RunModel};
@@ -48,6 +53,8 @@ struct ConfigFile {
     mcp: Option<crate::mcp::McpConfig>,
     #[serde(default)]
     demo: DemoConfig,
+    #[serde(default)]
+    callbacks: Option<callbacks::CallbacksEntry>,
 }
 
 /// Rules for the demo shop's tools (`[demo.tools.NAME]`), which have no catalog entry.
@@ -83,6 +90,8 @@ pub struct Config {
     pub mcp: crate::mcp::McpConfig,
     /// Rules for the demo shop's tools (`[demo.tools.NAME]`).
     pub demo: DemoConfig,
+    /// Where completion callbacks may go and how they are signed (`[callbacks]`).
+    pub callbacks: Option<callbacks::Callbacks>,
 }
 
 impl Config {
@@ -293,8 +302,28 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, String> {
         }
         None => None,
     };
+    check_demo_rules(&file.demo, path)?;
+    let mcp = file.mcp.unwrap_or_default();
+    for (name, s) in &mcp.servers {
+        s.check(name)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    let callbacks = callbacks_of(file.callbacks, &models, path)?;
+    Ok(Config {
+        models,
+        default_model: file.default_model,
+        catalog,
+        mcp,
+        demo: file.demo,
+        callbacks,
+    })
+}
+
+/// The config's approval rules on the demo shop's tools: each names one of its tools, and a
+/// bound names a numeric argument of it.
+fn check_demo_rules(demo_cfg: &DemoConfig, path: &Path) -> Result<(), String> {
     let demo = Catalog::demo();
-    for (name, o) in &file.demo.tools {
+    for (name, o) in &demo_cfg.tools {
         if demo.get(name).is_none() {
             return Err(format!(
                 "{}: [demo.tools.{name}]: the demo shop has no tool {name:?} (its tools: {})",
@@ -326,18 +355,31 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, String> {
             ));
         }
     }
-    let mcp = file.mcp.unwrap_or_default();
-    for (name, s) in &mcp.servers {
-        s.check(name)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(())
+}
+
+/// `[callbacks]` read, and every profile's default callback URL checked against it.
+fn callbacks_of(
+    entry: Option<callbacks::CallbacksEntry>,
+    models: &BTreeMap<String, crate::model::profile::HttpProfile>,
+    path: &Path,
+) -> Result<Option<callbacks::Callbacks>, String> {
+    let callbacks = entry
+        .map(callbacks::Callbacks::from_entry)
+        .transpose()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    for (name, p) in models {
+        if let (Some(url), Some(c)) = (&p.callback_url, &callbacks) {
+            c.check(url)
+                .map_err(|e| format!("{}: models.{name}.callback_url: {e}", path.display()))?;
+        } else if p.callback_url.is_some() {
+            return Err(format!(
+                "{}: models.{name}.callback_url needs a [callbacks] section (secret_env, allow)",
+                path.display()
+            ));
+        }
     }
-    Ok(Config {
-        models,
-        default_model: file.default_model,
-        catalog,
-        mcp,
-        demo: file.demo,
-    })
+    Ok(callbacks)
 }
 
 /// A config or catalog file, at most [`crate::limits::CONFIG_BYTES_MAX`] bytes.

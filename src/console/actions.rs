@@ -8,7 +8,6 @@ use crate::httpd::{Reply, Request, percent_decode};
 use crate::operator;
 use crate::operator::{Extension, Reviewed, Settlement};
 use crate::store::Error;
-use crate::tools::http::Lookup;
 
 /// What the task page says of a decision's audit event, by its verb.
 pub(super) fn done_message(verb: &str) -> Option<&'static str> {
@@ -28,26 +27,7 @@ impl Console {
     /// What the tool's lookup says of task `id`'s held write, as a settlement; `Err` when it
     /// gives no definite answer (or there is no held write).
     fn looked_up(&self, id: &str) -> Result<Settlement, Error> {
-        let rec = self.db.task(id)?;
-        let Some(call) = rec.state.unknown_write().cloned() else {
-            return Err(Error::Invalid(format!(
-                "task {id} holds no write whose outcome is unknown"
-            )));
-        };
-        let key = self.db.call_key(&rec, &call);
-        let target = self.tools_target.clone();
-        let mut open = || {
-            Ok(std::sync::Arc::new(
-                crate::tools::durable::DurableStore::open_target(&target)?,
-            ))
-        };
-        match operator::ask_tool(&rec, &call.name, &key, &self.config, &mut open)? {
-            Lookup::Applied(v) => Ok(Settlement::Applied(v)),
-            Lookup::NotApplied => Ok(Settlement::NotApplied),
-            Lookup::Unknown(why) => Err(Error::Invalid(format!(
-                "the tool's lookup gave no definite answer for key {key} ({why})"
-            ))),
-        }
+        operator::settlement_by_lookup(&*self.db, id, &self.config, &self.tools_target)
     }
 
     /// A decision from a form: CSRF checked, the reviewed call (key and digest) bound, the

@@ -14,7 +14,11 @@
 //! that moved on refuses it, in the decision's own transaction; a cancel form carries the
 //! task's last change and is refused if the task changed since.
 
+mod access;
 mod actions;
+
+use access::token_caller;
+pub use access::{Access, check_listen, is_loopback, read_tokens};
 mod guard;
 mod pages;
 
@@ -22,10 +26,10 @@ use askama::Template;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
+use crate::api::{Api, Caller, Role};
 use crate::clock::{now_ms, parse_when, rfc3339};
 use crate::httpd::{Reply, Request, percent_decode};
 use crate::kernel::StopReason;
@@ -36,85 +40,18 @@ use pages::{
     Filters, Frame, HeldPage, HeldRow, LoginPage, MemoryPage, MessagePage, TaskPage, TasksPage,
 };
 
-/// Who may use the console.
-pub enum Access {
-    /// Loopback only, as this operator (no sign-in).
-    Loopback { operator: String },
-    /// Tokens from the token file: token -> operator.
-    Tokens(BTreeMap<String, String>),
-}
-
-/// The operator of `token`, compared in constant time against every listed token (the time
-/// an answer takes says nothing of how much of a guessed token was right).
-fn token_operator<'a>(tokens: &'a BTreeMap<String, String>, token: &str) -> Option<&'a str> {
-    let given = Sha256::digest(token.as_bytes());
-    let mut found = None;
-    for (t, op) in tokens {
-        let listed = Sha256::digest(t.as_bytes());
-        let diff = given
-            .iter()
-            .zip(listed.iter())
-            .fold(0u8, |a, (x, y)| a | (x ^ y));
-        if diff == 0 {
-            found = Some(op.as_str());
-        }
-    }
-    found
-}
-
-/// Reads a token file: one `OPERATOR TOKEN` per line; `#` starts a comment. Tokens must be at
-/// least 16 characters, and unique.
-pub fn read_tokens(text: &str) -> Result<BTreeMap<String, String>, String> {
-    let mut out = BTreeMap::new();
-    for (n, line) in text.lines().enumerate() {
-        let line = line.split('#').next().unwrap_or("").trim();
-        if line.is_empty() {
-            continue;
-        }
-        let mut parts = line.split_whitespace();
-        let (Some(op), Some(token), None) = (parts.next(), parts.next(), parts.next()) else {
-            return Err(format!("line {}: expected `OPERATOR TOKEN`", n + 1));
-        };
-        crate::limits::check_text(op, "the operator", crate::limits::NAME_BYTES_MAX)
-            .map_err(|e| format!("line {}: {}", n + 1, e.0))?;
-        if token.len() < 16 || !token.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(format!(
-                "line {}: a token must be at least 16 printable characters",
-                n + 1
-            ));
-        }
-        if out.insert(token.to_string(), op.to_string()).is_some() {
-            return Err(format!("line {}: this token is already listed", n + 1));
-        }
-    }
-    if out.is_empty() {
-        return Err("the token file lists no `OPERATOR TOKEN` line".into());
-    }
-    Ok(out)
-}
-
-/// Whether every address `listen` names is a loopback one.
-pub fn is_loopback(listen: &str) -> bool {
-    listen
-        .to_socket_addrs()
-        .map(|mut a| a.all(|s: SocketAddr| s.ip().is_loopback()))
-        .unwrap_or(false)
-        || listen
-            .rsplit_once(':')
-            .and_then(|(h, _)| h.trim_matches(['[', ']']).parse::<IpAddr>().ok())
-            .is_some_and(|ip| ip.is_loopback())
-}
-
 pub struct Console {
     db: Arc<dyn Backend>,
     tools_target: String,
     /// The console's config: its catalog has the tools' lookup URLs.
-    config: crate::config::Config,
+    config: Arc<crate::config::Config>,
     access: Access,
     /// With tokens: whether `/metrics` and `/healthz` are served without one.
     public_metrics: bool,
     /// Per-process secret the CSRF tokens are derived from.
     secret: String,
+    /// The HTTP API under `/api/v1`, on the same listener.
+    api: Api,
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -171,6 +108,8 @@ impl Console {
         let mut seed = [0u8; 16];
         seed[..8].copy_from_slice(&crate::store::random_u64().to_le_bytes());
         seed[8..].copy_from_slice(&crate::store::random_u64().to_le_bytes());
+        let config = Arc::new(config);
+        let api = Api::new(Arc::clone(&db), Arc::clone(&config), tools_target.clone());
         Console {
             db,
             tools_target,
@@ -178,6 +117,7 @@ impl Console {
             access,
             public_metrics,
             secret: hex(&seed),
+            api,
         }
     }
 
@@ -189,8 +129,9 @@ impl Console {
         ready: impl FnOnce(String),
     ) -> Result<(), String> {
         let me = Arc::new(self);
+        // Room for the API's long polls beside the operators' pages.
         let limits = crate::httpd::Limits {
-            connections_max: 64,
+            connections_max: 128,
             body_bytes_max: 64 << 10,
             ..Default::default()
         };
@@ -207,19 +148,37 @@ impl Console {
         hex(&Sha256::digest(format!("{}\0{operator}", self.secret).as_bytes())[..16])
     }
 
-    /// The operator a request is made by, or `None` if it must sign in.
+    /// The bearer token of a request, if it sends one.
+    fn bearer(req: &Request) -> Option<String> {
+        req.header("authorization")
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .and_then(|v| {
+                let (scheme, token) = v.split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+            })
+            .map(str::to_string)
+    }
+
+    /// Who makes a request to the API: the bearer token's holder (never a cookie: a browser
+    /// sends cookies with requests other sites make), or on loopback, the console's operator.
+    fn api_caller(&self, req: &Request) -> Option<Caller> {
+        match &self.access {
+            Access::Loopback { operator } => Some(Caller {
+                name: operator.clone(),
+                role: Role::Operator,
+            }),
+            Access::Tokens(tokens) => {
+                Console::bearer(req).and_then(|t| token_caller(tokens, &t).cloned())
+            }
+        }
+    }
+
+    /// The operator a console request is made by, or `None` if it must sign in (a `submit`
+    /// token does not open the console).
     fn operator(&self, req: &Request) -> Option<String> {
         match &self.access {
             Access::Loopback { operator } => Some(operator.clone()),
             Access::Tokens(tokens) => {
-                let bearer = req
-                    .header("authorization")
-                    .and_then(|v| std::str::from_utf8(v).ok())
-                    .and_then(|v| {
-                        let (scheme, token) = v.split_once(' ')?;
-                        scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-                    })
-                    .map(str::to_string);
                 let cookie = req
                     .header("cookie")
                     .and_then(|v| std::str::from_utf8(v).ok())
@@ -228,9 +187,11 @@ impl Console {
                             .find_map(|kv| kv.trim().strip_prefix("tether_token="))
                     })
                     .map(percent_decode);
-                bearer
+                Console::bearer(req)
                     .or(cookie)
-                    .and_then(|t| token_operator(tokens, &t).map(str::to_string))
+                    .and_then(|t| token_caller(tokens, &t))
+                    .filter(|c| c.role == Role::Operator)
+                    .map(|c| c.name.clone())
             }
         }
     }
@@ -285,6 +246,9 @@ impl Console {
         if req.path == "/login" {
             return self.login(req);
         }
+        if req.path == "/api" || req.path.starts_with("/api/") {
+            return self.api.handle(req, self.api_caller(req).as_ref());
+        }
         let Some(op) = self.operator(req) else {
             return if req.method == "GET" {
                 Reply::see_other("/login")
@@ -334,7 +298,7 @@ impl Console {
             return render(&LoginPage { failed: false }, 200);
         }
         let token = form(req).remove("token").unwrap_or_default();
-        if token_operator(tokens, &token).is_none() {
+        if token_caller(tokens, &token).is_none_or(|c| c.role != Role::Operator) {
             tracing::warn!("console: a sign-in with an unknown token");
             return render(&LoginPage { failed: true }, 401);
         }
@@ -545,38 +509,12 @@ impl Console {
     }
 }
 
-/// The console's own checks of its inputs.
-pub fn check_listen(listen: &str, tokens: bool) -> Result<(), String> {
-    if !tokens && !is_loopback(listen) {
-        return Err(format!(
-            "{listen} is not a loopback address; listening elsewhere needs --token-file"
-        ));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn token_files_and_addresses() {
-        let t = read_tokens("# ops\nalice 0123456789abcdefXYZ\nbob  fedcba9876543210  # on call\n")
-            .expect("valid");
-        assert_eq!(
-            t.get("0123456789abcdefXYZ").map(String::as_str),
-            Some("alice")
-        );
-        assert_eq!(t.len(), 2);
-        assert!(read_tokens("alice short").is_err());
-        assert!(read_tokens("alice").is_err());
-        assert!(read_tokens("").is_err());
-        assert!(read_tokens("a 0123456789abcdef\nb 0123456789abcdef").is_err());
-        assert!(is_loopback("127.0.0.1:8080"));
-        assert!(is_loopback("[::1]:8080"));
-        assert!(!is_loopback("0.0.0.0:8080"));
-        assert!(check_listen("0.0.0.0:80", false).is_err());
-        assert!(check_listen("0.0.0.0:80", true).is_ok());
+    fn queries_keep_only_the_set_filters() {
         assert_eq!(
             query_of(&[("user", "cu ana"), ("stop", ""), ("before", "t5")]),
             "user=cu%20ana&before=t5"

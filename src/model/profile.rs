@@ -80,6 +80,9 @@ pub struct HttpProfile {
     pub instructions: Option<String>,
     /// The budget a task of this profile gets unless its enqueue says otherwise.
     pub budget: Budget,
+    /// Where a task of this profile's result is POSTed when it settles, unless its enqueue
+    /// names another URL (checked against the config's `[callbacks] allow`).
+    pub callback_url: Option<String>,
 }
 
 /// The budget of a task on a real model, unless its profile or its enqueue says otherwise:
@@ -151,6 +154,8 @@ pub struct ProfileEntry {
     instructions_file: Option<PathBuf>,
     #[serde(default)]
     budget: BTreeMap<String, toml::Value>,
+    #[serde(default)]
+    callback_url: Option<String>,
 }
 
 fn default_retries() -> u32 {
@@ -212,6 +217,7 @@ pub(crate) fn from_entry(name: &str, m: ProfileEntry, path: &Path) -> Result<Htt
         final_answer: m.final_answer.unwrap_or(FinalAnswer::Function),
         instructions,
         budget,
+        callback_url: m.callback_url,
     })
 }
 

@@ -216,9 +216,13 @@ fn finish(
     rec.status = QueueStatus::Finished;
     rec.updated_at_ms = now_ms;
     tx.save(rec, was)?;
-    // The task's root span ends with it (live export; see `crate::otlp::root_of`).
     if was != QueueStatus::Finished {
+        // The task's root span ends with it (live export; see `crate::otlp::root_of`).
         tx.queue_root(&rec.id)?;
+        // And its caller learns that it finished (a completion callback), in this transaction.
+        if let Some(cb) = crate::store::callbacks::event(tx.db_id(), rec, now_ms) {
+            tx.queue_callback(&cb)?;
+        }
     }
     Ok(())
 }

@@ -12,6 +12,7 @@
 
 mod decide;
 mod review;
+pub mod submit;
 mod wait;
 
 pub use decide::{
@@ -219,6 +220,32 @@ pub fn ask_tool(
             Err(e) => Lookup::Unknown(e.to_string()),
         },
     })
+}
+
+/// How the tool's lookup says task `id`'s held write ended, as a settlement: its tool's
+/// `lookup_url` in `config`'s catalog, or the demo shop (at `tools_target`) for a demo task.
+/// `Err` when the task holds no such write or the lookup gives no definite answer.
+pub fn settlement_by_lookup(
+    db: &dyn Backend,
+    id: &str,
+    config: &crate::config::Config,
+    tools_target: &str,
+) -> Result<Settlement> {
+    let rec = db.task(id)?;
+    let Some(call) = rec.state.unknown_write().cloned() else {
+        return Err(Error::Invalid(format!(
+            "task {id} holds no write whose outcome is unknown"
+        )));
+    };
+    let key = db.call_key(&rec, &call);
+    let mut open = || Ok(Arc::new(DurableStore::open_target(tools_target)?));
+    match ask_tool(&rec, &call.name, &key, config, &mut open)? {
+        Lookup::Applied(v) => Ok(Settlement::Applied(v)),
+        Lookup::NotApplied => Ok(Settlement::NotApplied),
+        Lookup::Unknown(why) => Err(Error::Invalid(format!(
+            "the tool's lookup gave no definite answer for key {key} ({why})"
+        ))),
+    }
 }
 
 /// Everything about one task: its record, trace, recorded replies, call records and audit

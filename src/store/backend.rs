@@ -18,9 +18,9 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use super::OutboxEntry;
 use super::list::{ListQuery, Page};
 use super::{CallRecord, Commit, CommitOutcome, Enqueued, Lease, NewTask, QueueStatus, TaskRecord};
+use super::{Callback, OutboxEntry};
 use crate::kernel::memory::Note;
 use crate::kernel::{Span, ToolCall};
 use crate::model::RecordedReply;
@@ -112,6 +112,8 @@ pub trait DecisionTx {
     /// Queues the root span of task `id`, which this decision finished, for live export: in
     /// the decision's transaction, and only if a daemon ever exported from this database.
     fn queue_root(&mut self, id: &str) -> Result<()>;
+    /// Queues the completion callback of a task this decision settled, in its transaction.
+    fn queue_callback(&mut self, cb: &Callback) -> Result<()>;
 }
 
 /// The wake-ups of [`Queue::changes`]: the receiver, and what keeps its source alive (a
@@ -138,7 +140,7 @@ impl CheckReport {
 
 /// A database of tasks, as every part of Tether sees it: all of the interface's parts.
 pub trait Backend:
-    Queue + Commits + Decide + Reads + Lists + Notes + Maintenance + Outbox + Send + Sync
+    Queue + Commits + Decide + Reads + Lists + Notes + Maintenance + Outbox + Callbacks + Send + Sync
 {
     /// The id that prefixes every call key of this database.
     fn db_id(&self) -> &str;
@@ -325,6 +327,35 @@ pub trait Maintenance {
     /// write is still held), with everything recorded of them, at most `batch` per
     /// transaction, with one `purge` event per transaction. Returns the ids deleted.
     fn purge(&self, before_ms: u64, batch: usize, d: &Decision) -> Result<Vec<String>>;
+}
+
+/// The completion-callback outbox (see `store::callbacks`), written by the commits and
+/// decisions that settle tasks.
+pub trait Callbacks {
+    /// Claims up to `max` callbacks due by `now_ms` (oldest first) for the sender `me`, for
+    /// `claim_ms`: callbacks another sender holds are skipped, and a claim that ran out (its
+    /// sender died) is taken over. A row that cannot be read is given up with an audit event.
+    fn callbacks_due(
+        &self,
+        me: u64,
+        now_ms: u64,
+        claim_ms: u64,
+        max: usize,
+    ) -> Result<Vec<Callback>>;
+
+    /// A receiver accepted callback `seq`: it is removed.
+    fn callback_sent(&self, seq: u64) -> Result<()>;
+
+    /// An attempt of callback `seq` failed with `error`: it counts the attempt and is due
+    /// again at `next_at_ms`; its claim is given up.
+    fn callback_retry(&self, seq: u64, next_at_ms: u64, error: &str) -> Result<()>;
+
+    /// Callback `seq` is given up (its retry window ended, or its URL is not allowed): removed,
+    /// with a `callback_failed` audit event of its task naming the URL, the attempts and why.
+    fn callback_give_up(&self, cb: &Callback, why: &str, d: &Decision) -> Result<()>;
+
+    /// How many callbacks wait to be delivered.
+    fn callbacks_pending(&self) -> Result<u64>;
 }
 
 /// The span outbox of live OTLP export, written by the commits that end the spans.

@@ -8,6 +8,7 @@
 //! this module decides policy: operator decisions are in `operator`.
 
 mod backend;
+pub mod callbacks;
 pub mod codec;
 pub mod list;
 pub mod outbox;
@@ -19,9 +20,10 @@ pub mod rows;
 pub mod watch;
 
 pub use backend::{
-    Backend, Changes, CheckReport, Commits, Decide, Decision, DecisionTx, Error, Event, Lists,
-    Maintenance, Notes, Outbox, Queue, Reads, Result,
+    Backend, Callbacks, Changes, CheckReport, Commits, Decide, Decision, DecisionTx, Error, Event,
+    Lists, Maintenance, Notes, Outbox, Queue, Reads, Result,
 };
+pub use callbacks::Callback;
 pub use outbox::OutboxEntry;
 pub use records::*;
 pub use redb::{Opener, RedbStore, Reopening, WriteStats, schema};
@@ -31,8 +33,8 @@ pub(crate) use redb::{check_not_empty, create_private, open_redb};
 /// `use crate::store::prelude::*`.
 pub mod prelude {
     pub use super::backend::{
-        Backend, Commits as _, Decide as _, Lists as _, Maintenance as _, Notes as _, Outbox as _,
-        Queue as _, Reads as _,
+        Backend, Callbacks as _, Commits as _, Decide as _, Lists as _, Maintenance as _,
+        Notes as _, Outbox as _, Queue as _, Reads as _,
     };
 }
 

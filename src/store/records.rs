@@ -133,6 +133,13 @@ pub struct TaskRecord {
     /// The task's own agent instructions (`enqueue --instructions`), after the profile's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<String>,
+    /// Where its result is POSTed when it settles (a completion callback).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback_url: Option<String>,
+    /// Who created it through the HTTP API (a `submit` token's name): such a caller reads
+    /// only its own tasks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submitted_by: Option<String>,
 }
 
 impl TaskRecord {
@@ -196,6 +203,10 @@ pub struct NewTask {
     pub approval_wait_ms: u64,
     /// The task's own agent instructions (see [`TaskRecord::instructions`]).
     pub instructions: Option<String>,
+    /// See [`TaskRecord::callback_url`].
+    pub callback_url: Option<String>,
+    /// See [`TaskRecord::submitted_by`].
+    pub submitted_by: Option<String>,
 }
 
 /// A write's call key record: committed as an intent before the tool is called, then completed
@@ -238,6 +249,9 @@ pub struct Commit {
     /// The daemon exports spans live: queue the spans this commit ends in the outbox, in the
     /// same transaction.
     pub export: bool,
+    /// With a final commit of a task that names a callback URL: the callback its settling
+    /// makes, queued in the same transaction.
+    pub callback: Option<super::Callback>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -304,6 +318,8 @@ pub(crate) fn new_record(
         key_ns: Some(new_key_ns(db_id)),
         enqueued_budget: Some(t.budget),
         instructions: t.instructions.clone(),
+        callback_url: t.callback_url.clone(),
+        submitted_by: t.submitted_by.clone(),
     }
 }
 
@@ -339,6 +355,10 @@ fn differs(rec: &TaskRecord, t: &NewTask) -> Option<&'static str> {
         Some("tool catalog")
     } else if rec.store_scope != t.store_scope || rec.tool_latency_ms != t.tool_latency_ms {
         Some("tool settings")
+    } else if rec.callback_url != t.callback_url {
+        Some("callback URL")
+    } else if rec.submitted_by != t.submitted_by {
+        Some("submitter")
     } else {
         None
     }

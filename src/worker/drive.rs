@@ -139,6 +139,10 @@ impl<'a> Drive<'a> {
         pass(ctx, super::driver::Point::Commit)?;
         let mut spans = session.trace_mut().take_changed();
         spans.append(&mut self.interrupted);
+        let callback = match kind {
+            CommitKind::Final(stop) => self.callback(session, stop, now),
+            _ => None,
+        };
         ctx.committer.commit(Commit {
             task_id: self.rec.id.clone(),
             token: self.token,
@@ -153,7 +157,25 @@ impl<'a> Drive<'a> {
             clear_settle: self.clear_settle,
             claim_next,
             export: ctx.export,
+            callback,
         })
+    }
+
+    /// The callback a final commit queues when the task names a callback URL: the task's
+    /// result as this commit leaves it.
+    fn callback(
+        &self,
+        session: &Session<'_>,
+        stop: crate::kernel::StopReason,
+        now: u64,
+    ) -> Option<crate::store::Callback> {
+        self.rec.callback_url.as_ref()?;
+        let mut after = self.rec.clone();
+        after.state = session.state().clone();
+        after.status = crate::store::QueueStatus::after(stop);
+        after.updated_at_ms = now;
+        after.lease = None;
+        crate::store::callbacks::event(self.ctx.store.db_id(), &after, now)
     }
 
     /// The model's reply for the step: the one a run before a crash recorded, or a new one.

@@ -193,6 +193,7 @@ fn release_unstarted(ctx: &Context, rec: &TaskRecord, token: u64) -> Result<Ende
         clear_settle: false,
         claim_next: None,
         export: ctx.export,
+        callback: None,
     })?;
     Ok(Ended::Released)
 }

@@ -12,6 +12,7 @@
 //! live claims. Every commit carries its claim's token; a superseded claim's commits are
 //! refused by the store, so a stale thread can never move a task's state.
 
+mod callbacks;
 mod committer;
 mod dispatch;
 mod drive;
@@ -126,18 +127,7 @@ pub fn run(store: Arc<dyn Backend>, cfg: &Config, shutdown: Arc<AtomicBool>) -> 
         me.owner(),
         cfg.heartbeat_ttl_ms.max(HEARTBEAT_TTL_MS_MIN),
     )?);
-    // Live export reads committed spans from the outbox; it stops after the workers, sending
-    // what is left for a bounded time.
-    let exporter = match &cfg.otlp {
-        Some(target) => {
-            tracing::info!(url = %target.url, "exporting spans over OTLP/HTTP");
-            Some(
-                crate::otlp::export::Exporter::start(Arc::clone(&store), target.clone())
-                    .map_err(|e| Error::Conflict(format!("cannot start the OTLP exporter: {e}")))?,
-            )
-        }
-        None => None,
-    };
+    let exporter = start_exporter(&store, cfg)?;
     let claims = dispatch::Claims::new(&*store, me.owner());
     claims.recover_at_start(&*store)?;
     let (commit_tx, commit_rx) = bounded::<committer::CommitRequest>(workers * 2);
@@ -173,6 +163,7 @@ pub fn run(store: Arc<dyn Backend>, cfg: &Config, shutdown: Arc<AtomicBool>) -> 
         threads.push(t);
     }
     drop((commit_tx, task_rx, done_tx));
+    let sending = start_sender(&store, cfg, &me)?;
     let settler = Arc::new(settle::Settler::new(&me.owner()));
     let settling = match cfg.auto_settle {
         true => Some(start_settler(&store, cfg, &settler, &shutdown)?),
@@ -188,12 +179,32 @@ pub fn run(store: Arc<dyn Backend>, cfg: &Config, shutdown: Arc<AtomicBool>) -> 
         let _ = t.join();
     }
     let _ = committer.join();
+    // After the last commit: the callbacks of the tasks this run settled go out too.
+    if let Some((t, stop)) = sending {
+        stop.store(true, Ordering::SeqCst);
+        let _ = t.join();
+    }
     drop(exporter);
     drop(heartbeat);
     if let Err(e) = store.sign_off(&me.owner()) {
         tracing::warn!(error = %e, "could not remove this daemon's heartbeat");
     }
     result.map(|()| stats)
+}
+
+/// Live export, when configured: it reads committed spans from the outbox, and stops after
+/// the workers (when dropped), sending what is left for a bounded time.
+fn start_exporter(
+    store: &Arc<dyn Backend>,
+    cfg: &Config,
+) -> Result<Option<crate::otlp::export::Exporter>> {
+    let Some(target) = &cfg.otlp else {
+        return Ok(None);
+    };
+    tracing::info!(url = %target.url, "exporting spans over OTLP/HTTP");
+    crate::otlp::export::Exporter::start(Arc::clone(store), target.clone())
+        .map(Some)
+        .map_err(|e| Error::Conflict(format!("cannot start the OTLP exporter: {e}")))
 }
 
 /// What one worker thread runs its tasks with.
@@ -221,6 +232,27 @@ fn context(
         shutdown: Arc::clone(shutdown),
         stats: Arc::clone(stats),
     }
+}
+
+/// The callback sender, when the config has `[callbacks]`: a thread of its own, stopped (after
+/// a last pass) by setting the returned flag.
+fn start_sender(
+    store: &Arc<dyn Backend>,
+    cfg: &Config,
+    me: &Identity,
+) -> Result<Option<(std::thread::JoinHandle<()>, Arc<AtomicBool>)>> {
+    let Some(settings) = cfg.trusted.callbacks.clone() else {
+        return Ok(None);
+    };
+    let key = settings.key().map_err(Error::Invalid)?;
+    let sender = callbacks::Sender::new(Arc::clone(store), settings, key, me.owner());
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&stop);
+    let t = std::thread::Builder::new()
+        .name("callbacks".into())
+        .spawn(move || sender.run(&flag))
+        .map_err(|e| Error::Conflict(format!("cannot start the callback sender: {e}")))?;
+    Ok(Some((t, stop)))
 }
 
 /// Held writes settled by their tool's lookup: a thread of its own, since a lookup may take

@@ -4,57 +4,16 @@
 
 use crate::common;
 use crate::common::webdriver;
+use common::serve::{Served, agent, serve};
 use common::*;
 
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Stdio};
 use std::time::Duration;
 
-/// The console on a free loopback port; its base URL.
-struct Console {
-    child: Child,
-    base: String,
-}
-
-impl Drop for Console {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn console(d: &Path, extra: &[&str]) -> Console {
-    let mut args = vec!["console", "--listen", "127.0.0.1:0"];
-    args.extend_from_slice(extra);
-    let mut child = command(d)
-        .args(&args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the console");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(url) = line.strip_prefix("console: ") {
-                let _ = tx.send(url.trim_end_matches('/').to_string());
-            }
-        }
-    });
-    let base = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("the console prints its address");
-    Console { child, base }
-}
-
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .max_redirects(0)
-        .build()
-        .into()
+/// The console on a free loopback port.
+fn console(d: &Path, extra: &[&str]) -> Served {
+    serve(d, extra)
 }
 
 fn get(url: &str, token: Option<&str>) -> (u16, String) {
@@ -404,7 +363,7 @@ conformance! {
 }
 
 /// `worker console`'s address (`host:port`) from its base URL.
-fn addr_of(c: &Console) -> String {
+fn addr_of(c: &Served) -> String {
     c.base.trim_start_matches("http://").to_string()
 }
 

@@ -39,6 +39,8 @@ fn new_task(user: &str, goal: &str, key: Option<&str>) -> NewTask {
         store_scope: String::new(),
         approval_wait_ms: 60_000,
         instructions: None,
+        callback_url: None,
+        submitted_by: None,
     }
 }
 
@@ -70,6 +72,7 @@ fn step_commit(rec: &tether::store::TaskRecord, token: u64, steps: u32) -> Commi
         clear_settle: false,
         claim_next: None,
         export: false,
+        callback: None,
     }
 }
 

@@ -6,7 +6,9 @@
 #[macro_use]
 mod common;
 
+mod api;
 mod bad_input;
+mod callbacks;
 mod cli;
 mod console;
 mod corruption;

@@ -1095,4 +1095,12 @@ fn cannot_complete_is_told_apart_from_completed() {
             && task.contains("the order does not exist"),
         "{task}"
     );
+    // The answer comes first on the task's page, before the stop reason and the rest.
+    let answer_at = task
+        .find("id=\"task-answer\"")
+        .expect("the answer is shown");
+    assert!(
+        answer_at < task.find("id=\"task-stop\"").expect("the stop"),
+        "{task}"
+    );
 }

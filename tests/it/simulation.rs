@@ -133,6 +133,8 @@ fn task(rng: &mut Rng, i: usize) -> NewTask {
         store_scope: format!("s{i}"),
         approval_wait_ms: 1 << 40,
         instructions: None,
+        callback_url: None,
+        submitted_by: None,
     }
 }
 

@@ -30,7 +30,13 @@ const COMMIT_SQL: &str = "WITH u AS (UPDATE {s}.tasks SET {set} \
         WHERE $14::json IS NOT NULL ON CONFLICT (task_id, step) DO UPDATE SET reply = EXCLUDED.reply), \
     sp AS (INSERT INTO {s}.spans (task_id, id, span) SELECT $1, (x->>'id')::int, x \
         FROM u, json_array_elements($15::json) x ON CONFLICT (task_id, id) DO UPDATE SET span = EXCLUDED.span)\
-    {ob} SELECT cancel_requested FROM u";
+    {cb}{ob} SELECT cancel_requested FROM u";
+
+/// The statement part of a final commit that queues the task's completion callback (`$23`
+/// its id, `$24` its URL, `$25` its body; all null when the task names no callback), only if
+/// the fenced update matched.
+const CALLBACK_CTE: &str = ", cb AS (INSERT INTO {s}.callbacks (id, task_id, url, payload, created_at_ms, next_at_ms) \
+    SELECT $23::text, $1, $24::text, $25::text, $4::bigint, $4::bigint FROM u WHERE $23::text IS NOT NULL)";
 
 /// What a step writes into the task row (`$16..`): state, span counter, settlement, elapsed.
 /// (In every commit statement `$4::bigint` stands for "now", the server's clock plus the
@@ -67,15 +73,15 @@ pub(super) fn commit_statements(s: &str, t: &str) -> [String; 10] {
 
 /// The end of a final commit that claims the thread's next task in the same statement (one
 /// round trip, one flush): a queued task is taken only if the final commit was accepted, under
-/// the lease `$23`/`$24` for `$25` ms plus the task's remaining active time, marked with the
+/// the lease `$26`/`$27` for `$28` ms plus the task's remaining active time, marked with the
 /// commit's marker `$3`.
 fn final_and_claim() -> String {
     format!(
         "nx AS (SELECT id FROM {{s}}.tasks WHERE status = 'queued' AND EXISTS (SELECT 1 FROM u) \
          ORDER BY priority DESC, ready_seq LIMIT 1 FOR UPDATE SKIP LOCKED), \
-         cl AS (UPDATE {{s}}.tasks t SET status = 'running', token = t.token + 1, lease = $23::jsonb, \
-         lease_owner = $24::text, \
-         lease_expires_ms = $4::bigint + $25::bigint + GREATEST(t.deadline_ms - t.elapsed_ms, 0), \
+         cl AS (UPDATE {{s}}.tasks t SET status = 'running', token = t.token + 1, lease = $26::jsonb, \
+         lease_owner = $27::text, \
+         lease_expires_ms = $4::bigint + $28::bigint + GREATEST(t.deadline_ms - t.elapsed_ms, 0), \
          updated_at_ms = $4::bigint, claim_commit = $3::bigint, ready_seq = NULL \
          FROM nx WHERE t.id = nx.id RETURNING {}) \
          SELECT u.cancel_requested, cl.* FROM u LEFT JOIN cl ON true",
@@ -116,8 +122,14 @@ fn commit_sql(kind: CommitKind, ob: &str) -> String {
         super::outbox::root_when(matches!(kind, CommitKind::Final(_))),
     );
     // "Now" is the server's clock plus the offset `$4` carries.
+    let cb = if matches!(kind, CommitKind::Final(_)) {
+        CALLBACK_CTE
+    } else {
+        ""
+    };
     COMMIT_SQL
         .replace("{set}", &set)
+        .replace("{cb}", cb)
         .replace("{ob}", &ob)
         .replace("$4::bigint", &super::now_sql(4))
 }
@@ -146,6 +158,9 @@ struct CommitParams<'c> {
     suspends: bool,
     holds: bool,
     token: i64,
+    cb_id: Option<String>,
+    cb_url: Option<String>,
+    cb_payload: Option<String>,
 }
 
 impl<'c> CommitParams<'c> {
@@ -180,6 +195,9 @@ impl<'c> CommitParams<'c> {
             suspends: stop == Some(crate::kernel::StopReason::NeedsApproval),
             holds: stop == Some(crate::kernel::StopReason::UnknownOutcome),
             token: i64_of(c.token),
+            cb_id: c.callback.as_ref().map(|cb| cb.id.clone()),
+            cb_url: c.callback.as_ref().map(|cb| cb.url.clone()),
+            cb_payload: c.callback.as_ref().map(|cb| cb.payload.clone()),
         })
     }
 
@@ -218,6 +236,9 @@ impl<'c> CommitParams<'c> {
                 &self.status,
                 &self.suspends,
                 &self.holds,
+                &self.cb_id,
+                &self.cb_url,
+                &self.cb_payload,
             ]),
             CommitKind::Release => p.extend([
                 &self.state as Param,

@@ -70,6 +70,10 @@ impl DecisionTx for PgTx<'_, '_, '_> {
         from_row(&row)
     }
 
+    fn queue_callback(&mut self, cb: &crate::store::Callback) -> Result<()> {
+        super::callbacks::queue(self.s, self.tx, cb)
+    }
+
     fn save(&mut self, rec: &TaskRecord, was: QueueStatus) -> Result<()> {
         let v = saved(rec, was)?;
         self.tx

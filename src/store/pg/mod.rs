@@ -19,6 +19,7 @@
 //! recovery, heartbeats), `commit` (step commits and their read-back), `reads` (decisions,
 //! reads, notes, purge, check).
 
+mod callbacks;
 mod commit;
 mod decide;
 mod list;

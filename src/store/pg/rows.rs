@@ -32,6 +32,10 @@ pub struct Spec {
     pub enqueued_budget: Option<crate::kernel::Budget>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback_url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submitted_by: Option<String>,
 }
 
 /// A lease as stored: the owner's identity and the token; the expiry is its own column.
@@ -125,6 +129,8 @@ pub fn from_row_at(r: &Row, o: usize) -> Result<TaskRecord> {
         key_ns: spec.key_ns,
         enqueued_budget: spec.enqueued_budget,
         instructions: spec.instructions,
+        callback_url: spec.callback_url,
+        submitted_by: spec.submitted_by,
         id,
     })
 }
@@ -139,6 +145,8 @@ pub fn spec_of(rec: &TaskRecord) -> Result<Value> {
             key_ns: rec.key_ns.clone(),
             enqueued_budget: rec.enqueued_budget,
             instructions: rec.instructions.clone(),
+            callback_url: rec.callback_url.clone(),
+            submitted_by: rec.submitted_by.clone(),
         },
         "the task's spec",
     )

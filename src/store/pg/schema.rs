@@ -134,6 +134,24 @@ CREATE TRIGGER tasks_settled AFTER UPDATE OF status ON {s}.tasks FOR EACH ROW
     WHEN (NEW.status IN ('finished', 'suspended', 'held') AND OLD.status IS DISTINCT FROM NEW.status)
     EXECUTE FUNCTION {s}.notify_settled();
 "#,
+    // Completion callbacks waiting to be delivered (`store::callbacks`), each added by the
+    // commit or decision that settled its task; senders on several hosts claim them.
+    r#"
+CREATE TABLE {s}.callbacks (
+    seq bigserial PRIMARY KEY,
+    id text NOT NULL,
+    task_id text NOT NULL,
+    url text NOT NULL,
+    payload text NOT NULL,
+    created_at_ms bigint NOT NULL,
+    attempts integer NOT NULL DEFAULT 0,
+    next_at_ms bigint NOT NULL,
+    last_error text,
+    claimed_by bigint,
+    claimed_until_ms bigint
+);
+CREATE INDEX callbacks_due ON {s}.callbacks (next_at_ms);
+"#,
 ];
 
 /// The schema version this build writes and understands.

@@ -141,7 +141,12 @@ fn apply_commit(w: &WriteTransaction, c: &Commit) -> Result<CommitOutcome> {
                     .saturating_add(remaining_ms(&rec.budget, c.state.elapsed_ms));
             }
         }
-        CommitKind::Final(stop) => end_run(w, &mut rec, c, stop)?,
+        CommitKind::Final(stop) => {
+            end_run(w, &mut rec, c, stop)?;
+            if let Some(cb) = &c.callback {
+                super::callbacks::queue(w, cb)?;
+            }
+        }
         CommitKind::Release => {
             rec.status = QueueStatus::Queued;
             rec.lease = None;

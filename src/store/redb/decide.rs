@@ -104,6 +104,10 @@ impl DecisionTx for RedbTx<'_> {
     fn queue_root(&mut self, id: &str) -> Result<()> {
         super::outbox::queue_root(self.w, id)
     }
+
+    fn queue_callback(&mut self, cb: &crate::store::Callback) -> Result<()> {
+        super::callbacks::queue(self.w, cb)
+    }
 }
 
 impl Decide for RedbStore {

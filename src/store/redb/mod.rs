@@ -9,6 +9,7 @@
 //! error) in `handle`. No write transaction here stays open across a model or tool call:
 //! callers hand in finished data.
 
+mod callbacks;
 mod commit;
 mod decide;
 mod handle;

@@ -241,6 +241,8 @@ pub fn split(rec: &TaskRecord) -> Split {
             key_ns: rec.key_ns.clone(),
             enqueued_budget: rec.enqueued_budget,
             instructions: rec.instructions.clone(),
+            callback_url: rec.callback_url.clone(),
+            submitted_by: rec.submitted_by.clone(),
         },
         blobs,
     }
@@ -320,6 +322,8 @@ pub fn join(row: TaskRow, spec: SpecRow, blob: &mut dyn FnMut(&str) -> R<Blob>) 
         key_ns: spec.key_ns,
         enqueued_budget: spec.enqueued_budget,
         instructions: spec.instructions,
+        callback_url: spec.callback_url,
+        submitted_by: spec.submitted_by,
     })
 }
 

@@ -1,5 +1,6 @@
 //! The spec row: what enqueue fixes (key, model, tool settings, catalog, namespace, enqueued
-//! budget, instructions), written once; format 5, and the older formats it still reads.
+//! budget, instructions, callback URL, submitter), written once; format 6, and the older
+//! formats it still reads.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -8,8 +9,9 @@ use super::{BudgetRowV1, ModelRow};
 use crate::kernel::Budget;
 
 /// What enqueue fixes: written once. Script replies and catalogs are blobs, by digest.
-/// Format 5 ([`SPEC_FORMAT`]): format 4 with the budget's `replans_max`; format 4 is format 3
-/// and the task's own agent instructions.
+/// Format 6 ([`SPEC_FORMAT`]): format 5 with the callback URL and the API submitter; format 5
+/// is format 4 with the budget's `replans_max`; format 4 is format 3 and the task's own agent
+/// instructions.
 #[derive(Serialize, Deserialize)]
 pub struct SpecRow {
     pub key: Option<String>,
@@ -21,10 +23,26 @@ pub struct SpecRow {
     pub key_ns: Option<String>,
     pub enqueued_budget: Option<Budget>,
     pub instructions: Option<String>,
+    pub callback_url: Option<String>,
+    pub submitted_by: Option<String>,
 }
 
 /// The format a spec row is written in.
-pub const SPEC_FORMAT: u8 = 5;
+pub const SPEC_FORMAT: u8 = 6;
+
+/// A spec row of format 5 (before callbacks and API submitters).
+#[derive(Serialize, Deserialize)]
+pub struct SpecRowV5 {
+    pub key: Option<String>,
+    pub model: ModelRow,
+    pub tool_latency_ms: BTreeMap<String, u64>,
+    pub catalog: Option<String>,
+    pub store_scope: String,
+    pub created_at_ms: u64,
+    pub key_ns: Option<String>,
+    pub enqueued_budget: Option<Budget>,
+    pub instructions: Option<String>,
+}
 
 /// A spec row of format 4 (before the budget had `replans_max`).
 #[derive(Serialize, Deserialize)]
@@ -69,11 +87,27 @@ pub fn encode_spec(spec: &SpecRow) -> std::result::Result<Vec<u8>, crate::store:
     crate::store::codec::encode_row_as(SPEC_FORMAT, spec)
 }
 
-/// A stored spec row of format 5, or of an older format read as one: format 4 with the
-/// default replan budget, format 3 also without instructions, format 2 also without a
+/// A stored spec row of format 6, or of an older format read as one: format 5 without a
+/// callback or submitter, format 4 also with the default replan budget, format 3 also without instructions, format 2 also without a
 /// namespace or an enqueued budget (the task's keys use the database id).
 pub fn decode_spec(what: &str, bytes: &[u8]) -> std::result::Result<SpecRow, crate::store::Error> {
     crate::store::codec::decode_row_versioned(what, bytes, SPEC_FORMAT, |version, payload| {
+        if version == 5 {
+            let o: SpecRowV5 = crate::store::codec::decode_payload(what, payload)?;
+            return Ok(SpecRow {
+                key: o.key,
+                model: o.model,
+                tool_latency_ms: o.tool_latency_ms,
+                catalog: o.catalog,
+                store_scope: o.store_scope,
+                created_at_ms: o.created_at_ms,
+                key_ns: o.key_ns,
+                enqueued_budget: o.enqueued_budget,
+                instructions: o.instructions,
+                callback_url: None,
+                submitted_by: None,
+            });
+        }
         if version == 4 {
             let o: SpecRowV4 = crate::store::codec::decode_payload(what, payload)?;
             return Ok(SpecRow {
@@ -86,6 +120,8 @@ pub fn decode_spec(what: &str, bytes: &[u8]) -> std::result::Result<SpecRow, cra
                 key_ns: o.key_ns,
                 enqueued_budget: o.enqueued_budget.map(Budget::from),
                 instructions: o.instructions,
+                callback_url: None,
+                submitted_by: None,
             });
         }
         let old: SpecRowV3 = match version {
@@ -119,6 +155,8 @@ pub fn decode_spec(what: &str, bytes: &[u8]) -> std::result::Result<SpecRow, cra
             key_ns: old.key_ns,
             enqueued_budget: old.enqueued_budget.map(Budget::from),
             instructions: None,
+            callback_url: None,
+            submitted_by: None,
         })
     })
 }

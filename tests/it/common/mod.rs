@@ -6,6 +6,7 @@ use std::process::{Command, Output};
 pub mod mcp;
 pub mod pg;
 pub mod proxy;
+pub mod serve;
 pub mod shop;
 pub mod webdriver;
 

@@ -1,0 +1,251 @@
+//! A new task as callers ask for it: `worker enqueue` (flags and batch lines) and the HTTP
+//! API's create both describe a task as a [`TaskRequest`], and [`new_task`] checks it and
+//! resolves its model, budget and callback in the caller's config, with the same messages for
+//! both.
+
+use serde::Deserialize;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::kernel::{Budget, Catalog};
+use crate::limits;
+use crate::model::ModelProfile;
+use crate::store::NewTask;
+
+/// Who asks for the task.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Origin {
+    /// `worker enqueue`, run by someone with access to the database.
+    Cli,
+    /// The HTTP API, by a caller with a token: `submitter` is a `submit` token's name (such a
+    /// caller reads only its own tasks), `None` for an operator's token.
+    Api { submitter: Option<String> },
+}
+
+/// A task as a caller asks for it: a line of an enqueue batch file, `worker enqueue`'s flags,
+/// or the body of the HTTP API's create (its key then comes from the `Idempotency-Key`
+/// header).
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+pub struct TaskRequest {
+    pub user: String,
+    pub goal: String,
+    #[serde(default)]
+    pub key: Option<String>,
+    #[serde(default)]
+    pub priority: i64,
+    #[serde(default)]
+    pub budget: BTreeMap<String, Value>,
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub tool_latency_ms: BTreeMap<String, u64>,
+    #[serde(default)]
+    pub store_scope: String,
+    #[serde(default)]
+    pub approval_wait_ms: Option<u64>,
+    #[serde(default)]
+    pub instructions: Option<String>,
+    /// Where the result is POSTed when the task settles (else the profile's).
+    #[serde(default)]
+    pub callback_url: Option<String>,
+}
+
+/// The demo models, for messages.
+const DEMO_MODELS: &str = "policy, same_call, new_ids, search_loop, script:FILE";
+
+fn check_text(field: &str, v: &str, max: usize) -> Result<(), String> {
+    if v.trim().is_empty() {
+        return Err(format!("--{field} must not be empty"));
+    }
+    limits::check_text(v, &format!("--{field}"), max).map_err(|e| e.0)
+}
+
+fn check_name(field: &str, v: &str) -> Result<(), String> {
+    limits::check_name(v, &format!("--{field}")).map_err(|e| e.0)
+}
+
+fn parse_model(spec: &str) -> Result<ModelProfile, String> {
+    if let Some(file) = spec.strip_prefix("script:") {
+        let text = limits::read_file(Path::new(file), limits::SCRIPT_BYTES_MAX)
+            .map_err(|e| format!("--model script:{file}: {e}"))?;
+        return ModelProfile::parse("script", Some(&text))
+            .map_err(|e| format!("--model script:{file}: {e}"));
+    }
+    ModelProfile::parse(spec, None).map_err(|e| format!("--model {spec}: {e}"))
+}
+
+/// The profiles a config offers, for an error about a model name.
+fn profiles(cfg: Option<&crate::config::Config>) -> String {
+    match cfg {
+        Some(c) if !c.models.is_empty() => format!(
+            "the config's profiles: {}",
+            c.models.keys().cloned().collect::<Vec<_>>().join(", ")
+        ),
+        Some(_) => "the config has no model profiles".to_string(),
+        None => "no config was given (--config or WORKER_CONFIG)".to_string(),
+    }
+}
+
+/// The model a task names and its default budget. A profile of the config is stored by name:
+/// the daemon resolves it in its own config.
+fn resolve_model(
+    name: &str,
+    cfg: Option<&crate::config::Config>,
+    origin: &Origin,
+) -> Result<(ModelProfile, Budget), String> {
+    match cfg.and_then(|c| c.models.get(name)) {
+        Some(p) => {
+            p.api_key().map_err(|e| {
+                format!("model {name}: {e}; the worker that runs the task needs it too")
+            })?;
+            let model = ModelProfile::Profile {
+                name: name.to_string(),
+            };
+            Ok((model, p.budget))
+        }
+        None if matches!(origin, Origin::Api { .. }) && name.starts_with("script:") => Err(
+            "a script model reads a file on the daemon's machine: it cannot be named over the API"
+                .into(),
+        ),
+        None => match parse_model(name) {
+            Ok(m) => Ok((m, Budget::default())),
+            Err(e) if e.contains("unknown model") => Err(format!(
+                "unknown model {name:?}: {}; the demo models: {DEMO_MODELS}",
+                profiles(cfg)
+            )),
+            Err(e) => Err(e),
+        },
+    }
+}
+
+/// The request's own fields checked: names, the goal's length, the demo tenant, the priority.
+fn check_request(l: &TaskRequest) -> Result<(), String> {
+    check_name("user", &l.user)?;
+    check_text("goal", &l.goal, limits::GOAL_BYTES_MAX)?;
+    if let Some(k) = &l.key {
+        check_name("key", k)?;
+    }
+    if !l.store_scope.is_empty() {
+        check_name("store-scope", &l.store_scope)?;
+        if l.store_scope.contains('/') {
+            return Err("--store-scope must not contain '/'".into());
+        }
+    }
+    if l.priority.unsigned_abs() > limits::PRIORITY_MAX.unsigned_abs() {
+        return Err(format!(
+            "--priority {} is out of range (-{max} to {max})",
+            l.priority,
+            max = limits::PRIORITY_MAX
+        ));
+    }
+    Ok(())
+}
+
+/// The task `l` asks for, checked and resolved in `cfg`; `Err` says what is wrong.
+pub fn new_task(
+    l: TaskRequest,
+    cfg: Option<&crate::config::Config>,
+    origin: Origin,
+) -> Result<NewTask, String> {
+    check_request(&l)?;
+    let Some(name) = l
+        .model
+        .as_deref()
+        .or_else(|| cfg.and_then(|c| c.default_model.as_deref()))
+    else {
+        let give = match &origin {
+            Origin::Cli => "give --model NAME",
+            Origin::Api { .. } => "name a `model`",
+        };
+        return Err(format!(
+            "no model: {give} ({}; the demo models: {DEMO_MODELS}) or set default_model in the server's config",
+            profiles(cfg)
+        ));
+    };
+    let (model, mut budget) = resolve_model(name, cfg, &origin)?;
+    let callback_url = callback_of(l.callback_url, name, cfg)?;
+    let instructions = match l.instructions {
+        None => None,
+        Some(i) => {
+            if !matches!(model, ModelProfile::Profile { .. }) {
+                return Err(format!(
+                    "--instructions are for a model profile of the config; the demo model {name:?} takes none"
+                ));
+            }
+            check_text("instructions", &i, limits::INSTRUCTIONS_BYTES_MAX)?;
+            Some(i)
+        }
+    };
+    for (k, v) in &l.budget {
+        let v = v.as_str().map_or_else(|| v.to_string(), str::to_string);
+        budget.set(k, &v).map_err(|e| format!("--budget: {e}"))?;
+    }
+    for tool in l.tool_latency_ms.keys() {
+        if Catalog::demo().get(tool).is_none() {
+            return Err(format!("--tool-latency: unknown tool {tool:?}"));
+        }
+    }
+    Ok(NewTask {
+        model,
+        catalog: cfg.and_then(|c| c.catalog.clone()),
+        user: l.user,
+        goal: l.goal,
+        key: l.key,
+        priority: l.priority,
+        budget,
+        tool_latency_ms: l.tool_latency_ms,
+        store_scope: l.store_scope,
+        approval_wait_ms: l
+            .approval_wait_ms
+            .unwrap_or(crate::store::DEFAULT_APPROVAL_WAIT_MS),
+        instructions,
+        callback_url,
+        submitted_by: match origin {
+            Origin::Cli => None,
+            Origin::Api { submitter } => submitter,
+        },
+    })
+}
+
+/// `cfg` with its MCP servers' tools in the catalog a task keeps (each server asked for its
+/// tools now): a task keeps a snapshot of its MCP tools, taken when it is made.
+pub fn with_mcp_tools(cfg: &crate::config::Config) -> Result<crate::config::Config, String> {
+    let mcp = crate::mcp::Mcp::new(cfg.mcp.clone())?;
+    let tools = crate::mcp::discover(&mcp, std::time::Duration::from_millis(MCP_LIST_TIMEOUT_MS))
+        .map_err(|e| format!("{e} (the task keeps a snapshot of its MCP tools, taken when it is made: every server of the config must answer tools/list)"))?;
+    let catalog = crate::mcp::task_catalog(cfg.catalog.as_ref(), &tools)?;
+    Ok(crate::config::Config {
+        models: cfg.models.clone(),
+        default_model: cfg.default_model.clone(),
+        catalog: Some(catalog),
+        mcp: cfg.mcp.clone(),
+        demo: cfg.demo.clone(),
+        callbacks: cfg.callbacks.clone(),
+    })
+}
+
+/// How long a new task waits for each MCP server's session and tool list.
+const MCP_LIST_TIMEOUT_MS: u64 = 30_000;
+
+/// The task's callback URL: the one it asks for, else its profile's; checked against the
+/// config's `[callbacks] allow`, which must exist for any callback.
+fn callback_of(
+    asked: Option<String>,
+    model: &str,
+    cfg: Option<&crate::config::Config>,
+) -> Result<Option<String>, String> {
+    let url = asked.or_else(|| {
+        cfg.and_then(|c| c.models.get(model))
+            .and_then(|p| p.callback_url.clone())
+    });
+    let Some(url) = url else {
+        return Ok(None);
+    };
+    limits::check_text(&url, "the callback URL", limits::NAME_BYTES_MAX * 8).map_err(|e| e.0)?;
+    match cfg.and_then(|c| c.callbacks.as_ref()) {
+        Some(c) => c.check(&url).map(|()| Some(url)),
+        None => Err("a callback needs the config's [callbacks] section (secret_env, allow): give --config (or WORKER_CONFIG) naming one".into()),
+    }
+}

@@ -1,0 +1,496 @@
+//! The HTTP API (`/api/v1`) against peers written by others: Schemathesis fuzzes it against
+//! its own OpenAPI document on both backends; a client generated from the served document by
+//! openapi-python-client runs the README's script as written; and the API's own rules
+//! (tokens and roles, the Idempotency-Key, problem details, the long-poll) hold.
+
+use crate::common;
+use common::serve::{Served, agent, serve};
+use common::*;
+
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+const OPS: &str = "0123456789abcdef-ops";
+const JOB: &str = "0123456789abcdef-job";
+const OTHER: &str = "0123456789abcdef-other";
+
+/// A token file: an operator (`ops`) and two submitters (`job`, `other`).
+fn tokens(d: &Path) -> PathBuf {
+    let path = d.join("tokens.txt");
+    std::fs::write(
+        &path,
+        format!("ops {OPS} operator\njob {JOB} submit\nother {OTHER} submit\n"),
+    )
+    .expect("write the token file");
+    path
+}
+
+fn served(d: &Path) -> Served {
+    let t = tokens(d);
+    serve(d, &["--token-file", t.to_str().expect("a UTF-8 path")])
+}
+
+/// A Python program of the test venv (`.ci/test` makes it), if it has `module`.
+fn venv_tool(name: &str, module: &str) -> Option<PathBuf> {
+    let bin = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/mcp-venv/bin");
+    let ok = Command::new(bin.join("python"))
+        .args(["-c", &format!("import {module}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        missing(
+            &format!("the Python package {module} in {}", bin.display()),
+            ".ci/test installs it in target/mcp-venv",
+        );
+        return None;
+    }
+    Some(bin.join(name))
+}
+
+/// One request: (status, headers wanted, body as JSON or Null).
+fn call(
+    method: &str,
+    url: &str,
+    token: Option<&str>,
+    headers: &[(&str, &str)],
+    body: Option<&Value>,
+) -> (u16, ureq::http::HeaderMap, Value) {
+    let mut req = ureq::http::Request::builder().method(method).uri(url);
+    if let Some(t) = token {
+        req = req.header("Authorization", format!("Bearer {t}"));
+    }
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let text = body.map(|b| b.to_string()).unwrap_or_default();
+    if body.is_some() {
+        req = req.header("Content-Type", "application/json");
+    }
+    let mut resp = agent()
+        .run(req.body(text).expect("a request"))
+        .expect("an answer");
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let text = resp.body_mut().read_to_string().unwrap_or_default();
+    (
+        status,
+        headers,
+        serde_json::from_str(&text).unwrap_or(Value::Null),
+    )
+}
+
+fn header(h: &ureq::http::HeaderMap, name: &str) -> String {
+    h.get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// A refund over the approval threshold: the task suspends until someone approves it.
+fn refund(user: &str) -> Value {
+    json!({"user": user, "goal": GOAL, "model": "policy:ord_1004:8000"})
+}
+
+conformance! {
+    /// Schemathesis generates requests from the served document (every operation, the
+    /// document's links for the stateful phase) and checks every answer against it: no 5xx,
+    /// no status, header or body the document does not declare. The database holds a finished
+    /// task and one waiting on an approval, so reads and decisions meet real tasks.
+    fn schemathesis_finds_nothing_the_document_does_not_say(d) {
+        let Some(st) = venv_tool("schemathesis", "schemathesis") else {
+            return;
+        };
+        enqueue(d, &["--key", "done-1"]);
+        enqueue(d, &["--model", "policy:ord_1004:8000", "--key", "held-1"]);
+        ok(d, &["run", "--drain"]);
+        let server = served(d);
+        let seed = seed("schemathesis") % 1_000_000;
+        let config = format!("{}/tests/api/schemathesis.toml", env!("CARGO_MANIFEST_DIR"));
+        let out = Command::new(st)
+            .args(["--config-file", &config, "run"])
+            .arg(format!("{}/api/v1/openapi.json", server.base))
+            .args(["--checks", "all", "--max-examples", "25", "--no-color"])
+            .args(["--seed", &seed.to_string()])
+            .args(["--header", &format!("Authorization: Bearer {OPS}")])
+            .current_dir(d)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run schemathesis");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "schemathesis found problems:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // It ran the operations, not nothing.
+        assert!(stdout.contains("createTask") || stdout.contains("POST /api/v1/tasks"), "{stdout}");
+        assert!(!stdout.contains("No operations"), "{stdout}");
+    }
+
+    /// The same request under the same Idempotency-Key is the same task (200, replayed);
+    /// another request under it is refused 409; the header is the task's enqueue key.
+    fn the_idempotency_key_is_the_enqueue_key(d) {
+        let server = served(d);
+        let url = format!("{}/api/v1/tasks", server.base);
+        let key = [("Idempotency-Key", "\"refund-1004\"")];
+        let (s1, h1, t1) = call("POST", &url, Some(JOB), &key, Some(&refund("cu_ana")));
+        assert_eq!(s1, 201, "{t1}");
+        assert_eq!(header(&h1, "location"), format!("/api/v1/tasks/{}", t1["id"].as_str().unwrap()));
+        assert_eq!(t1["key"], "refund-1004");
+        let (s2, h2, t2) = call("POST", &url, Some(JOB), &key, Some(&refund("cu_ana")));
+        assert_eq!(s2, 200, "{t2}");
+        assert_eq!(header(&h2, "idempotent-replayed"), "true");
+        assert_eq!(t2["id"], t1["id"]);
+        let (s3, h3, p) = call("POST", &url, Some(JOB), &key, Some(&refund("cu_bo")));
+        assert_eq!(s3, 409, "{p}");
+        assert_eq!(header(&h3, "content-type"), "application/problem+json");
+        assert_eq!(p["status"], 409);
+        assert_eq!(p["title"], "Conflict");
+        // The CLI sees the same task under the same key, and one task in all.
+        let shown = json(d, &["show", "key:refund-1004", "--json"]);
+        assert_eq!(shown["id"], t1["id"]);
+        assert_eq!(json_list(d, &["list", "--json"]).len(), 1);
+    }
+}
+
+/// Tokens and roles: no token is 401; a `submit` token creates tasks and reads only its own
+/// (another's is 404, as if it did not exist), and may not list, read the audit log or
+/// decide (403); an operator decides, and the audit log names it. Errors are problem details.
+#[test]
+fn roles_bound_what_a_token_may_do() {
+    let dir = TempDir::new("api_roles");
+    let d = dir.path();
+    let server = served(d);
+    let api = format!("{}/api/v1", server.base);
+    let (s, h, p) = call("GET", &format!("{api}/tasks/t1"), None, &[], None);
+    assert_eq!(s, 401, "{p}");
+    assert_eq!(header(&h, "content-type"), "application/problem+json");
+    assert_eq!(p["status"], 401);
+    assert!(
+        header(&h, "www-authenticate").starts_with("Bearer"),
+        "{h:?}"
+    );
+    let (s, _, p) = call(
+        "GET",
+        &format!("{api}/tasks/t1"),
+        Some("x".repeat(20).as_str()),
+        &[],
+        None,
+    );
+    assert_eq!(s, 401, "an unknown token: {p}");
+
+    let (s, _, mine) = call(
+        "POST",
+        &format!("{api}/tasks"),
+        Some(JOB),
+        &[],
+        Some(&refund("cu_ana")),
+    );
+    assert_eq!(s, 201, "{mine}");
+    let (s, _, theirs) = call(
+        "POST",
+        &format!("{api}/tasks"),
+        Some(OTHER),
+        &[],
+        Some(&refund("cu_bo")),
+    );
+    assert_eq!(s, 201, "{theirs}");
+    let id = mine["id"].as_str().expect("an id").to_string();
+    let (s, _, got) = call("GET", &format!("{api}/tasks/{id}"), Some(JOB), &[], None);
+    assert_eq!((s, got["id"].as_str()), (200, Some(id.as_str())), "{got}");
+    let (s, _, p) = call("GET", &format!("{api}/tasks/{id}"), Some(OTHER), &[], None);
+    assert_eq!(
+        s, 404,
+        "another submitter's task does not exist for it: {p}"
+    );
+    for path in ["tasks", "events"] {
+        let (s, _, p) = call("GET", &format!("{api}/{path}"), Some(JOB), &[], None);
+        assert_eq!(s, 403, "{path}: {p}");
+    }
+    let (s, _, p) = call(
+        "GET",
+        &format!("{api}/tasks/{id}/events"),
+        Some(JOB),
+        &[],
+        None,
+    );
+    assert_eq!(s, 200, "its own task's events: {p}");
+
+    ok(d, &["run", "--drain"]);
+    let (_, _, held) = call("GET", &format!("{api}/tasks/{id}"), Some(JOB), &[], None);
+    assert_eq!(held["status"], "suspended", "{held}");
+    assert_eq!(held["waiting_for"], "approval", "{held}");
+    let digest = held["held_call"]["digest"]
+        .as_str()
+        .expect("a held call")
+        .to_string();
+    let approve = json!({"reason": "damage confirmed", "digest": digest});
+    let (s, _, p) = call(
+        "POST",
+        &format!("{api}/tasks/{id}/approve"),
+        Some(JOB),
+        &[],
+        Some(&approve),
+    );
+    assert_eq!(s, 403, "a submitter does not decide: {p}");
+    let wrong = json!({"reason": "r", "digest": "00000000"});
+    let (s, _, p) = call(
+        "POST",
+        &format!("{api}/tasks/{id}/approve"),
+        Some(OPS),
+        &[],
+        Some(&wrong),
+    );
+    assert_eq!(s, 409, "a digest of another call: {p}");
+    let (s, _, t) = call(
+        "POST",
+        &format!("{api}/tasks/{id}/approve"),
+        Some(OPS),
+        &[],
+        Some(&approve),
+    );
+    assert_eq!(s, 200, "{t}");
+    let events = json(d, &["events", &id, "--json"]);
+    assert_eq!(events[0]["verb"], "approve", "{events}");
+    assert_eq!(events[0]["by"], "ops", "{events}");
+    assert_eq!(events[0]["reason"], "damage confirmed", "{events}");
+    ok(d, &["run", "--drain"]);
+    let (_, _, done) = call("GET", &format!("{api}/tasks/{id}"), Some(JOB), &[], None);
+    assert_eq!(
+        (done["stop"].as_str(), done["outcome"].as_str()),
+        (Some("done"), Some("completed")),
+        "{done}"
+    );
+    assert!(
+        done["answer"].as_str().is_some_and(|a| !a.is_empty()),
+        "{done}"
+    );
+}
+
+/// Bad requests are problem details that say what was wrong: a body that breaks the
+/// document's schema (400, naming the field), a well-formed request the server refuses (422:
+/// a script model, a callback URL its config does not allow), a body that is not JSON (400),
+/// another media type (415), a body over the limit (413), a wait that is too long (400).
+#[test]
+fn bad_requests_are_problem_details_that_say_what_was_wrong() {
+    let dir = TempDir::new("api_bad");
+    let d = dir.path();
+    let server = served(d);
+    let url = format!("{}/api/v1/tasks", server.base);
+    let cases: Vec<(Value, u16, &str)> = vec![
+        (json!({"user": "cu_ana"}), 400, "goal"),
+        (
+            json!({"user": "cu_ana", "goal": "g", "priority": "high"}),
+            400,
+            "high",
+        ),
+        (
+            json!({"user": "cu_ana", "goal": "g", "colour": 1}),
+            400,
+            "colour",
+        ),
+        (
+            json!({"user": "cu_ana", "goal": "g", "model": "script:/etc/passwd"}),
+            422,
+            "script",
+        ),
+        (
+            json!({"user": "cu_ana", "goal": "g", "model": "policy", "callback_url": "http://example.com/"}),
+            422,
+            "callback",
+        ),
+    ];
+    for (body, status, says) in cases {
+        let (s, h, p) = call("POST", &url, Some(OPS), &[], Some(&body));
+        assert_eq!(s, status, "{body}: {p}");
+        assert_eq!(
+            header(&h, "content-type"),
+            "application/problem+json",
+            "{body}"
+        );
+        let detail = p["detail"].as_str().unwrap_or_default();
+        assert!(
+            detail.contains(says),
+            "{body}: the detail should name {says}: {p}"
+        );
+    }
+    let raw = |ctype: &str, body: String| {
+        let req = ureq::http::Request::builder()
+            .method("POST")
+            .uri(&url)
+            .header("Authorization", format!("Bearer {OPS}"))
+            .header("Content-Type", ctype)
+            .body(body)
+            .expect("a request");
+        let mut r = agent().run(req).expect("an answer");
+        let text = r.body_mut().read_to_string().unwrap_or_default();
+        (r.status().as_u16(), text)
+    };
+    assert_eq!(raw("application/json", "{not json".into()).0, 400);
+    assert_eq!(raw("text/plain", "{}".into()).0, 415);
+    let big = format!(
+        "{{\"user\":\"cu_ana\",\"goal\":\"{}\"}}",
+        "x".repeat(2 << 20)
+    );
+    assert_eq!(raw("application/json", big).0, 413);
+    let (s, _, p) = call("GET", &format!("{url}/t1?wait=10m"), Some(OPS), &[], None);
+    assert_eq!(s, 400, "{p}");
+    let (s, _, p) = call(
+        "POST",
+        &url,
+        Some(OPS),
+        &[],
+        Some(&json!({"user": "cu_ana", "goal": "g"})),
+    );
+    assert_eq!(s, 422, "{p}");
+    assert!(
+        p["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("name a `model`")),
+        "{p}"
+    );
+    // Nothing of all that made a task.
+    assert!(json_list(d, &["list", "--json"]).is_empty());
+}
+
+/// `GET /tasks/{id}?wait=` returns as soon as the task finishes (here: when a daemon started
+/// after the request ran it), and after the wait with the task as it is when it does not.
+#[test]
+fn a_long_poll_returns_when_the_task_finishes() {
+    let dir = TempDir::new("api_wait");
+    let d = dir.path();
+    let server = served(d);
+    let api = format!("{}/api/v1", server.base);
+    let (_, _, t) = call(
+        "POST",
+        &format!("{api}/tasks"),
+        Some(OPS),
+        &[],
+        Some(&json!({"user": "cu_ana", "goal": GOAL, "model": "policy"})),
+    );
+    let id = t["id"].as_str().expect("an id").to_string();
+    let (s, _, still) = call(
+        "GET",
+        &format!("{api}/tasks/{id}?wait=1s"),
+        Some(OPS),
+        &[],
+        None,
+    );
+    assert_eq!(
+        (s, still["status"].as_str()),
+        (200, Some("queued")),
+        "{still}"
+    );
+    let url = format!("{api}/tasks/{id}?wait=60s");
+    let poll = std::thread::spawn(move || call("GET", &url, Some(OPS), &[], None));
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    ok(d, &["run", "--drain", "--time-scale", "0.1"]);
+    let (s, _, done) = poll.join().expect("the poll answers");
+    assert_eq!(s, 200, "{done}");
+    assert_eq!(
+        done["status"], "finished",
+        "the long poll saw the finish: {done}"
+    );
+    assert_eq!(done["outcome"], "completed", "{done}");
+}
+
+/// The document served at `/api/v1/openapi.json` is the committed `docs/openapi.json`.
+#[test]
+fn the_served_document_is_the_committed_one() {
+    let dir = TempDir::new("api_doc");
+    let server = served(dir.path());
+    let (s, _, served_doc) = call(
+        "GET",
+        &format!("{}/api/v1/openapi.json", server.base),
+        None,
+        &[],
+        None,
+    );
+    assert_eq!(s, 200);
+    let path = format!("{}/docs/openapi.json", env!("CARGO_MANIFEST_DIR"));
+    let committed: Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("the document")).expect("JSON");
+    assert_eq!(served_doc, committed);
+    assert_eq!(
+        committed["openapi"].as_str().map(|v| v.starts_with("3.1")),
+        Some(true)
+    );
+}
+
+/// The README's "Call it from a job or a service" client, as written: the generation command
+/// and the Python script are read from the README, the client is generated from the served
+/// document, and the script creates a task under an idempotency key, waits for it, approves
+/// its held write and prints the result, with a daemon running beside the server.
+#[test]
+fn the_readmes_generated_client_script_runs_as_written() {
+    let Some(generator) = venv_tool("openapi-python-client", "openapi_python_client") else {
+        return;
+    };
+    let dir = TempDir::new("api_client");
+    let d = dir.path();
+    let server = served(d);
+    let mut daemon = command(d)
+        .args(["run", "--workers", "2", "--time-scale", "0.1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the daemon");
+    let readme = std::fs::read_to_string(format!("{}/README.md", env!("CARGO_MANIFEST_DIR")))
+        .expect("the README");
+    let generate = block_after(&readme, "<!-- client: generate -->");
+    let script = block_after(&readme, "<!-- client: script -->");
+    let command_line = generate
+        .lines()
+        .find(|l| l.starts_with("openapi-python-client generate"))
+        .expect("the README's generate command")
+        .replace("http://127.0.0.1:8080", &server.base);
+    let args: Vec<&str> = command_line.split_whitespace().skip(1).collect();
+    let out = Command::new(&generator)
+        .args(&args)
+        .current_dir(d)
+        .output()
+        .expect("run openapi-python-client");
+    assert!(
+        out.status.success(),
+        "generate: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(d.join("refund.py"), script).expect("write the script");
+    let python = generator.with_file_name("python");
+    let out = Command::new(python)
+        .arg("refund.py")
+        .env("TETHER_URL", &server.base)
+        .env("TETHER_TOKEN", OPS)
+        .current_dir(d)
+        .output()
+        .expect("run the script");
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the script failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("waiting for approval"), "{stdout}");
+    assert!(stdout.contains("completed: Refund issued"), "{stdout}");
+    let t = json(d, &["show", "key:refund-ord_1004", "--json"]);
+    assert_eq!(t["stop"], "done", "{t}");
+    assert_eq!(
+        json(d, &["events", "key:refund-ord_1004", "--json"])[0]["by"],
+        "ops"
+    );
+    assert_eq!(refund_amounts(&ledger(d)), vec![8000], "one refund, once");
+}
+
+/// The first fenced block after `marker` in `text`.
+fn block_after(text: &str, marker: &str) -> String {
+    let rest = &text[text
+        .find(marker)
+        .unwrap_or_else(|| panic!("the README has no {marker}"))..];
+    let start = rest.find("```").expect("a fenced block");
+    let body = &rest[start..];
+    let body = &body[body.find('\n').expect("a fence line") + 1..];
+    body[..body.find("```").expect("the block ends")].to_string()
+}
