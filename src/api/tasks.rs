@@ -43,6 +43,18 @@ fn idempotency_key(req: &Request) -> Result<Option<String>, Reply> {
     let Some(raw) = req.header("idempotency-key") else {
         return Ok(None);
     };
+    let given = req
+        .headers
+        .iter()
+        .filter(|(n, _)| n.eq_ignore_ascii_case("idempotency-key"))
+        .count();
+    if given > 1 {
+        return Err(problem(
+            400,
+            "invalid_header",
+            "Idempotency-Key is given more than once: send one key",
+        ));
+    }
     let text = std::str::from_utf8(raw)
         .map_err(|_| problem(400, "invalid_header", "Idempotency-Key is not ASCII"))?
         .trim();
@@ -56,6 +68,13 @@ fn idempotency_key(req: &Request) -> Result<Option<String>, Reply> {
         })?,
         None => text,
     };
+    if key.contains(['"', '\\']) {
+        return Err(problem(
+            400,
+            "invalid_header",
+            "Idempotency-Key holds a `\"` or `\\`: send a key without them, bare or as \"KEY\"",
+        ));
+    }
     crate::limits::check_name(key, "Idempotency-Key")
         .map_err(|e| problem(400, "invalid_header", &e.0))?;
     Ok(Some(key.to_string()))

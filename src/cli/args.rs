@@ -501,7 +501,7 @@ pub struct ConsoleArgs {
     /// Address to listen on; a non-loopback one needs --token-file.
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: String,
-    /// Who may sign in: one `OPERATOR TOKEN` line each.
+    /// Who may sign in and call the API: one `NAME TOKEN [operator|submit]` line each.
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
     /// With --token-file: serve /metrics and /healthz without a token (for a scraper that

@@ -62,15 +62,45 @@ fn parts(url: &str) -> Result<(String, String, u16, String), String> {
     if url.contains('#') {
         return Err(format!("{url:?}: a callback URL may not have a fragment"));
     }
-    let port = auth
-        .port_u16()
-        .unwrap_or(if scheme == "https" { 443 } else { 80 });
+    let port = match auth.as_str().rsplit_once(':') {
+        // A port that is written must be one: 1 to 65535 (`http::Uri` reads 99999 as none).
+        Some((_, p)) if !p.ends_with(']') => match p.parse::<u16>() {
+            Ok(n) if n > 0 => n,
+            _ => return Err(format!("{url:?}: {p:?} is not a port (1 to 65535)")),
+        },
+        _ => {
+            if scheme == "https" {
+                443
+            } else {
+                80
+            }
+        }
+    };
+    check_path(url, uri.path())?;
     Ok((
         scheme,
         auth.host().to_ascii_lowercase(),
         port,
         uri.path().to_string(),
     ))
+}
+
+/// A path a receiver reads as written: no dot segments (`/hooks/../admin`, which a server
+/// that normalises paths serves as `/admin`), none percent-encoded, no encoded slash or
+/// backslash, no `\\` or `;` (read as separators by some servers).
+fn check_path(url: &str, path: &str) -> Result<(), String> {
+    let lower = path.to_ascii_lowercase();
+    let bad = path.contains(['\\', ';'])
+        || ["%2e", "%2f", "%5c", "%3b"]
+            .iter()
+            .any(|e| lower.contains(e))
+        || path.split('/').any(|seg| seg == "." || seg == "..");
+    if bad {
+        return Err(format!(
+            "{url:?}: a callback URL's path may not hold `.` or `..` segments, `\\`, `;` or their percent-encodings"
+        ));
+    }
+    Ok(())
 }
 
 impl AllowedUrl {
@@ -94,6 +124,10 @@ impl AllowedUrl {
             && self.host == host
             && self.port.is_none_or(|p| p == port)
             && path.starts_with(&self.path)
+            // Whole segments: `/tether` admits `/tether` and `/tether/x`, not `/tetherevil`.
+            && (self.path.ends_with('/')
+                || path.len() == self.path.len()
+                || path.as_bytes()[self.path.len()] == b'/')
     }
 }
 
@@ -209,9 +243,25 @@ mod tests {
             "https://hooks.example.com/tether/x#frag",
             "http://169.254.169.254/latest/meta-data/",
             "file:///etc/passwd",
+            // Dot segments and their encodings, which a normalising server reads as /admin.
+            "https://hooks.example.com/tether/../admin",
+            "https://hooks.example.com/tether/%2e%2e/admin",
+            "https://hooks.example.com/tether/%2E%2e/admin",
+            "https://hooks.example.com/tether/..%2fadmin",
+            "https://hooks.example.com/tether/\\..\\admin",
+            "https://hooks.example.com/tether/;/../admin",
+            "https://hooks.example.com/tether/./x",
+            // Ports that are none.
+            "http://127.0.0.1:99999/cb",
+            "http://127.0.0.1:0/cb",
+            "http://127.0.0.1:84626/cb",
         ] {
             assert!(c.check(bad).is_err(), "{bad} passed");
         }
+        let segment = allow(&["https://h.example/tether"]);
+        assert!(segment.check("https://h.example/tether").is_ok());
+        assert!(segment.check("https://h.example/tether/x").is_ok());
+        assert!(segment.check("https://h.example/tetherevil").is_err());
         let none = allow(&[]);
         assert!(none.check("https://hooks.example.com/tether/").is_err());
     }

@@ -42,7 +42,12 @@ pub(super) fn token_caller<'a>(
 pub fn read_tokens(text: &str) -> Result<BTreeMap<String, Caller>, String> {
     let mut out = BTreeMap::new();
     for (n, line) in text.lines().enumerate() {
-        let line = line.split('#').next().unwrap_or("").trim();
+        // A comment starts at a `#` that begins the line or a word: a token may hold `#`.
+        let cut = line
+            .char_indices()
+            .find(|&(i, c)| c == '#' && (i == 0 || line[..i].ends_with(char::is_whitespace)))
+            .map_or(line.len(), |(i, _)| i);
+        let line = line[..cut].trim();
         if line.is_empty() {
             continue;
         }
@@ -126,6 +131,8 @@ ops fedcba9876543210 operator",
         assert_eq!(r["0123456789abcdefXYZ"].role, Role::Submit);
         assert_eq!(r["fedcba9876543210"].role, Role::Operator);
         assert!(read_tokens("x 0123456789abcdefXYZ admin").is_err());
+        let hashed = read_tokens("ops 0123456789abcdef#xyz # the on-call").expect("a # in a token");
+        assert!(hashed.contains_key("0123456789abcdef#xyz"));
         assert!(read_tokens("alice short").is_err());
         assert!(read_tokens("alice").is_err());
         assert!(read_tokens("").is_err());

@@ -120,6 +120,33 @@ fn resolve_model(
     }
 }
 
+/// The request's budget over its model's: from the CLI (an operator) any limit; from an API
+/// caller with a `submit` token only lower ones, so a less trusted caller cannot lift the
+/// bounds an operator set on a model profile.
+fn set_budget(
+    budget: &mut crate::kernel::Budget,
+    asked: &BTreeMap<String, serde_json::Value>,
+    origin: &Origin,
+) -> Result<(), String> {
+    let (flag, ceiling) = match origin {
+        Origin::Cli => ("--budget", None),
+        Origin::Api { submitter: None } => ("budget", None),
+        Origin::Api { submitter: Some(_) } => ("budget", Some(*budget)),
+    };
+    for (k, v) in asked {
+        let v = v.as_str().map_or_else(|| v.to_string(), str::to_string);
+        budget.set(k, &v).map_err(|e| format!("{flag}: {e}"))?;
+        if let Some(max) = ceiling.and_then(|c| c.get(k))
+            && budget.get(k).is_some_and(|now| now > max)
+        {
+            return Err(format!(
+                "budget.{k}: a submit token may lower its model's limits, not raise them ({k} is at most {max} for this model)"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The request's own fields checked: names, the goal's length, the demo tenant, the priority.
 fn check_request(l: &TaskRequest) -> Result<(), String> {
     check_name("user", &l.user)?;
@@ -178,10 +205,7 @@ pub fn new_task(
             Some(i)
         }
     };
-    for (k, v) in &l.budget {
-        let v = v.as_str().map_or_else(|| v.to_string(), str::to_string);
-        budget.set(k, &v).map_err(|e| format!("--budget: {e}"))?;
-    }
+    set_budget(&mut budget, &l.budget, &origin)?;
     for tool in l.tool_latency_ms.keys() {
         if Catalog::demo().get(tool).is_none() {
             return Err(format!("--tool-latency: unknown tool {tool:?}"));

@@ -327,6 +327,13 @@ pub(crate) fn new_record(
 /// with that task; another request under a used key is a mistake that would otherwise vanish
 /// silently, refused with the first field that differs.
 pub(crate) fn same_request(rec: &TaskRecord, t: &NewTask, key: &str) -> super::Result<()> {
+    // Another submitter's task: nothing of it is told (not its id, nor which field differs,
+    // which would let a caller test guesses of another's request field by field).
+    if rec.submitted_by != t.submitted_by {
+        return Err(super::Error::Conflict(format!(
+            "enqueue key {key:?} is already used by another caller; use a key of your own"
+        )));
+    }
     match differs(rec, t) {
         None => Ok(()),
         Some(field) => Err(super::Error::Conflict(format!(
@@ -357,8 +364,8 @@ fn differs(rec: &TaskRecord, t: &NewTask) -> Option<&'static str> {
         Some("tool settings")
     } else if rec.callback_url != t.callback_url {
         Some("callback URL")
-    } else if rec.submitted_by != t.submitted_by {
-        Some("submitter")
+    } else if rec.approval_wait_ms != t.approval_wait_ms {
+        Some("approval wait")
     } else {
         None
     }

@@ -85,10 +85,12 @@ impl Sender {
     /// One pass: claims what is due and attempts each; how many were attempted.
     pub fn pass(&self) -> usize {
         let now = now_ms();
+        // The claim outlasts the whole batch, every attempt at its timeout: another sender
+        // never takes over a callback this one may still be sending.
         let claim_ms = self
             .settings
             .timeout_ms
-            .saturating_mul(2)
+            .saturating_mul(BATCH_MAX as u64 + 1)
             .saturating_add(5_000);
         let due = match self.store.callbacks_due(self.me, now, claim_ms, BATCH_MAX) {
             Ok(d) => d,
@@ -131,13 +133,19 @@ impl Sender {
                 let window_ends = cb.created_at_ms.saturating_add(self.settings.retry_for_ms);
                 if next > window_ends {
                     m.callbacks_given_up.inc();
+                    // The audit event counts this last attempt too.
+                    let last = Callback {
+                        attempts: cb.attempts + 1,
+                        last_error: Some(why.clone()),
+                        ..cb.clone()
+                    };
                     let why = format!(
                         "no receiver accepted it in {} attempts over the retry window ({}); last: {why}",
                         cb.attempts + 1,
                         crate::clock::duration_text(self.settings.retry_for_ms)
                     );
                     tracing::error!(task = %cb.task_id, url = %cb.url, reason = %why, "callback given up");
-                    self.give_up(cb, &why);
+                    self.give_up(&last, &why);
                     return;
                 }
                 tracing::warn!(task = %cb.task_id, url = %cb.url, attempts = cb.attempts + 1, retry_in_ms = next - now, reason = %why, "callback failed; trying again");
@@ -178,8 +186,12 @@ impl Sender {
                 if (200..300).contains(&status) {
                     return Attempt::Delivered;
                 }
+                // The receiver's words go to this daemon's log only: the audit log (which a
+                // task's submitter can read) gets the status, never the answer of a service
+                // the callback may have reached.
                 let body = crate::net::read_body(&mut resp, ANSWER_BYTES_MAX).unwrap_or_default();
-                Attempt::Failed(format!("HTTP {status}: {}", crate::net::clip(&body)))
+                tracing::info!(task = %cb.task_id, status, answer = %crate::net::clip(&body), "callback refused by its receiver");
+                Attempt::Failed(format!("HTTP {status}"))
             }
             Err(e) => Attempt::Failed(crate::net::clip(&e.to_string())),
         }

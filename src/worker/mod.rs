@@ -242,6 +242,13 @@ fn start_sender(
     me: &Identity,
 ) -> Result<Option<(std::thread::JoinHandle<()>, Arc<AtomicBool>)>> {
     let Some(settings) = cfg.trusted.callbacks.clone() else {
+        // Callbacks wait in the database for a daemon whose config can send them.
+        if let Ok(n @ 1..) = store.callbacks_pending() {
+            tracing::warn!(
+                pending = n,
+                "callbacks are waiting to be sent, and this daemon's config has no [callbacks] section: a daemon started with one sends them"
+            );
+        }
         return Ok(None);
     };
     let key = settings.key().map_err(Error::Invalid)?;

@@ -105,6 +105,14 @@ conformance! {
         enqueue(d, &["--model", "policy:ord_1004:8000", "--key", "held-1"]);
         ok(d, &["run", "--drain"]);
         let server = served(d);
+        // A daemon runs what Schemathesis creates, so a long poll on a new task answers when
+        // it settles, not after the whole wait.
+        let mut daemon = command(d)
+            .args(["run", "--workers", "2", "--time-scale", "0"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the daemon");
         let seed = seed("schemathesis") % 1_000_000;
         let config = format!("{}/tests/api/schemathesis.toml", env!("CARGO_MANIFEST_DIR"));
         let out = Command::new(st)
@@ -117,6 +125,8 @@ conformance! {
             .stdin(Stdio::null())
             .output()
             .expect("run schemathesis");
+        let _ = daemon.kill();
+        let _ = daemon.wait();
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success(),
@@ -142,6 +152,10 @@ conformance! {
         assert_eq!(s2, 200, "{t2}");
         assert_eq!(header(&h2, "idempotent-replayed"), "true");
         assert_eq!(t2["id"], t1["id"]);
+        let mut waits_longer = refund("cu_ana");
+        waits_longer["approval_wait_ms"] = json!(999_999);
+        let (s, _, p) = call("POST", &url, Some(JOB), &key, Some(&waits_longer));
+        assert_eq!(s, 409, "another approval wait is another request: {p}");
         let (s3, h3, p) = call("POST", &url, Some(JOB), &key, Some(&refund("cu_bo")));
         assert_eq!(s3, 409, "{p}");
         assert_eq!(header(&h3, "content-type"), "application/problem+json");
@@ -216,6 +230,68 @@ fn roles_bound_what_a_token_may_do() {
         None,
     );
     assert_eq!(s, 200, "its own task's events: {p}");
+    // Another caller's Idempotency-Key: refused, telling nothing of the task (not its id,
+    // nor which field differs), even for the very same request.
+    for body in [refund("cu_ana"), refund("cu_x")] {
+        call(
+            "POST",
+            &format!("{api}/tasks"),
+            Some(JOB),
+            &[("Idempotency-Key", "mine")],
+            Some(&refund("cu_ana")),
+        );
+        let (s, _, p) = call(
+            "POST",
+            &format!("{api}/tasks"),
+            Some(OTHER),
+            &[("Idempotency-Key", "mine")],
+            Some(&body),
+        );
+        assert_eq!(s, 409, "{p}");
+        let detail = p["detail"].as_str().unwrap_or_default();
+        assert!(detail.contains("another caller"), "{p}");
+        let names_a_task = detail
+            .split(|c: char| !c.is_ascii_alphanumeric())
+            .any(|w| w.len() > 1 && w.starts_with('t') && w[1..].parse::<u64>().is_ok());
+        assert!(!names_a_task, "{p}");
+        assert!(!detail.contains("user") && !detail.contains("goal"), "{p}");
+    }
+    // A submit token lowers its model's limits, never raises them.
+    let mut lifted = refund("cu_ana");
+    lifted["budget"] = json!({"steps_max": 4_000_000_000u64});
+    let (s, _, p) = call(
+        "POST",
+        &format!("{api}/tasks"),
+        Some(JOB),
+        &[],
+        Some(&lifted),
+    );
+    assert_eq!(s, 422, "{p}");
+    assert!(
+        p["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("steps_max")),
+        "{p}"
+    );
+    lifted["budget"] = json!({"steps_max": 5});
+    let (s, _, p) = call(
+        "POST",
+        &format!("{api}/tasks"),
+        Some(JOB),
+        &[],
+        Some(&lifted),
+    );
+    assert_eq!(s, 201, "{p}");
+    let (s, _, p) = call(
+        "POST",
+        &format!("{api}/tasks"),
+        Some(OPS),
+        &[],
+        Some(
+            &json!({"user": "cu_ana", "goal": GOAL, "model": "policy", "budget": {"steps_max": 1000}}),
+        ),
+    );
+    assert_eq!(s, 201, "an operator may raise them: {p}");
 
     ok(d, &["run", "--drain"]);
     let (_, _, held) = call("GET", &format!("{api}/tasks/{id}"), Some(JOB), &[], None);

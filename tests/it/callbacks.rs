@@ -290,6 +290,9 @@ fn callback_urls_are_checked_against_the_config() {
         "http://127.0.0.1:9/elsewhere",
         "http://127.0.0.1@evil.example:9/hooks/",
         "file:///etc/passwd",
+        "http://127.0.0.1:9/hooks/../admin",
+        "http://127.0.0.1:9/hooks/%2e%2e/admin",
+        "http://127.0.0.1:99999/hooks/x",
     ] {
         let out = with_config(
             d,
