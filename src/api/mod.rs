@@ -250,18 +250,7 @@ fn body(req: &Request, component: &str, optional: bool) -> Result<Value, Reply> 
                 &format!("the API's own schema {component} is invalid: {e}"),
             )
         })?;
-    let errors: Vec<String> = validator
-        .iter_errors(&v)
-        .take(3)
-        .map(|e| {
-            let at = e.instance_path().to_string();
-            if at.is_empty() {
-                e.to_string()
-            } else {
-                format!("{at}: {e}")
-            }
-        })
-        .collect();
+    let errors = crate::kernel::catalog::schema_errors(&validator, &v);
     if !errors.is_empty() {
         return Err(problem(
             400,

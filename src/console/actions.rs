@@ -7,7 +7,8 @@ use super::{Console, form, url_encode};
 use crate::httpd::{Reply, Request, percent_decode};
 use crate::operator;
 use crate::operator::{Extension, Reviewed, Settlement};
-use crate::store::Error;
+use crate::store::{Decision, Error};
+use std::collections::BTreeMap;
 
 /// What the task page says of a decision's audit event, by its verb.
 pub(super) fn done_message(verb: &str) -> Option<&'static str> {
@@ -23,6 +24,13 @@ pub(super) fn done_message(verb: &str) -> Option<&'static str> {
     })
 }
 
+/// A form's field, trimmed; none when it is empty.
+fn field(f: &BTreeMap<String, String>, k: &str) -> Option<String> {
+    f.get(k)
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+}
+
 impl Console {
     /// What the tool's lookup says of task `id`'s held write, as a settlement; `Err` when it
     /// gives no definite answer (or there is no held write).
@@ -34,14 +42,9 @@ impl Console {
     /// same backend decision as the CLI's; then back to the task's page.
     pub(super) fn act(&self, op: &str, id: &str, verb: &str, req: &Request) -> Reply {
         let f = form(req);
-        let field = |k: &str| {
-            f.get(k)
-                .map(|v| v.trim().to_string())
-                .filter(|v| !v.is_empty())
-        };
         let id = percent_decode(id);
         let back = Some(format!("/tasks/{}", url_encode(&id)));
-        let csrf_ok = field("csrf").is_some_and(|t| {
+        let csrf_ok = field(&f, "csrf").is_some_and(|t| {
             let want = self.csrf(op);
             t.len() == want.len()
                 && t.bytes().zip(want.bytes()).fold(0, |a, (x, y)| a | (x ^ y)) == 0
@@ -49,55 +52,29 @@ impl Console {
         if !csrf_ok {
             return self.message(op, 403, "Refused", "This form's CSRF token is missing or not this session's; reload the page and try again.".into(), back);
         }
-        let d = match operator::decision(op, field("reason").as_deref()) {
+        let d = match operator::decision(op, field(&f, "reason").as_deref()) {
             Ok(d) => d,
             Err(e) => return self.message(op, 400, "Refused", e, back),
         };
         let reviewed = Reviewed {
-            key: field("key"),
-            digest: field("digest"),
+            key: field(&f, "key"),
+            digest: field(&f, "digest"),
         };
-        let extend = match field("extend").map(|t| Extension::parse(&t)).transpose() {
+        let extend = match field(&f, "extend")
+            .map(|t| Extension::parse(&t))
+            .transpose()
+        {
             Ok(e) => e.unwrap_or_default(),
             Err(e) => return self.message(op, 400, "Refused", format!("extend: {e}"), back),
         };
-        let outcome: Result<(), Error> = match verb {
-            "approve" | "reject" | "reconcile" | "settle"
-                if reviewed.key.is_none() || reviewed.digest.is_none() =>
-            {
-                Err(Error::Invalid(
-                    "the form does not name the call it was rendered with (key and digest)".into(),
-                ))
-            }
-            "approve" => operator::approve(&*self.db, &id, &reviewed, &extend, &d).map(|_| ()),
-            "reject" => operator::reject(&*self.db, &id, &reviewed, &d).map(|_| ()),
-            "reconcile" => {
-                let settlement = self.settlement(&id, field("outcome"), field("result"));
-                settlement.and_then(|s| {
-                    operator::reconcile(&*self.db, &id, &s, &reviewed, &extend, &d).map(|_| ())
-                })
-            }
-            // The held-writes page's "Look up and settle": whatever the lookup answers
-            // definitely, decided by this operator.
-            "settle" => self.looked_up(&id).and_then(|s| {
-                operator::reconcile(&*self.db, &id, &s, &reviewed, &extend, &d).map(|_| ())
-            }),
-            // Checked in the decision's transaction: refused if the task changed since.
-            "cancel" => match field("seen").and_then(|s| s.parse::<u64>().ok()) {
-                Some(seen) => operator::cancel(&*self.db, &id, Some(seen), &d).map(|_| ()),
-                None => Err(Error::Invalid(
-                    "the form does not say when the task was last seen".into(),
-                )),
-            },
-            _ => {
-                return self.message(
-                    op,
-                    404,
-                    "Not found",
-                    format!("There is no action {verb:?}."),
-                    back,
-                );
-            }
+        let Some(outcome) = self.decide(verb, &id, &f, &reviewed, &extend, &d) else {
+            return self.message(
+                op,
+                404,
+                "Not found",
+                format!("There is no action {verb:?}."),
+                back,
+            );
         };
         match outcome {
             // Back to the task, naming the audit event the decision wrote.
@@ -111,6 +88,48 @@ impl Console {
                 self.message(op, status, "Refused", e.to_string(), back)
             }
         }
+    }
+
+    /// The decision a form's `verb` asks for, made; `None` for a verb that is none.
+    fn decide(
+        &self,
+        verb: &str,
+        id: &str,
+        f: &BTreeMap<String, String>,
+        reviewed: &Reviewed,
+        extend: &Extension,
+        d: &Decision,
+    ) -> Option<Result<(), Error>> {
+        Some(match verb {
+            "approve" | "reject" | "reconcile" | "settle"
+                if reviewed.key.is_none() || reviewed.digest.is_none() =>
+            {
+                Err(Error::Invalid(
+                    "the form does not name the call it was rendered with (key and digest)".into(),
+                ))
+            }
+            "approve" => operator::approve(&*self.db, id, reviewed, extend, d).map(|_| ()),
+            "reject" => operator::reject(&*self.db, id, reviewed, d).map(|_| ()),
+            "reconcile" => {
+                let settlement = self.settlement(id, field(f, "outcome"), field(f, "result"));
+                settlement.and_then(|s| {
+                    operator::reconcile(&*self.db, id, &s, reviewed, extend, d).map(|_| ())
+                })
+            }
+            // The held-writes page's "Look up and settle": whatever the lookup answers
+            // definitely, decided by this operator.
+            "settle" => self.looked_up(id).and_then(|s| {
+                operator::reconcile(&*self.db, id, &s, reviewed, extend, d).map(|_| ())
+            }),
+            // Checked in the decision's transaction: refused if the task changed since.
+            "cancel" => match field(f, "seen").and_then(|s| s.parse::<u64>().ok()) {
+                Some(seen) => operator::cancel(&*self.db, id, Some(seen), d).map(|_| ()),
+                None => Err(Error::Invalid(
+                    "the form does not say when the task was last seen".into(),
+                )),
+            },
+            _ => return None,
+        })
     }
 
     /// What the reconcile form says became of the write: applied (with the result pasted,

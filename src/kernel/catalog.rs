@@ -403,18 +403,7 @@ pub fn check_args(spec: &ToolSpec, args: &Map<String, Value>, user_id: &str) -> 
 fn validate(tool: &str, schema: &Value, instance: &Value) -> Result<(), String> {
     let validator = jsonschema::validator_for(schema)
         .map_err(|e| format!("{tool}: the input schema cannot be used to check arguments: {e}"))?;
-    let problems: Vec<String> = validator
-        .iter_errors(instance)
-        .take(3)
-        .map(|e| {
-            let at = e.instance_path().to_string();
-            if at.is_empty() {
-                e.to_string()
-            } else {
-                format!("{at}: {e}")
-            }
-        })
-        .collect();
+    let problems = schema_errors(&validator, instance);
     if problems.is_empty() {
         Ok(())
     } else {
@@ -535,4 +524,21 @@ impl Catalog {
             ],
         }
     }
+}
+
+/// The first three ways `instance` breaks the schema of `validator`, each prefixed with where
+/// (its JSON pointer) unless it is the whole value.
+pub fn schema_errors(validator: &jsonschema::Validator, instance: &Value) -> Vec<String> {
+    validator
+        .iter_errors(instance)
+        .take(3)
+        .map(|e| {
+            let at = e.instance_path().to_string();
+            if at.is_empty() {
+                e.to_string()
+            } else {
+                format!("{at}: {e}")
+            }
+        })
+        .collect()
 }

@@ -248,9 +248,9 @@ pub fn split(rec: &TaskRecord) -> Split {
     }
 }
 
-/// Puts a task record together from its rows; `blob` finds a blob by digest.
-pub fn join(row: TaskRow, spec: SpecRow, blob: &mut dyn FnMut(&str) -> R<Blob>) -> R<TaskRecord> {
-    let model = match spec.model {
+/// A spec's model row as the model it names; a script's replies read from their blob.
+fn model_of(m: ModelRow, blob: &mut dyn FnMut(&str) -> R<Blob>) -> R<ModelProfile> {
+    Ok(match m {
         ModelRow::Policy {
             order,
             amount_cents,
@@ -287,8 +287,12 @@ pub fn join(row: TaskRow, spec: SpecRow, blob: &mut dyn FnMut(&str) -> R<Blob>) 
             temperature,
         },
         ModelRow::Profile { name } => ModelProfile::Profile { name },
-    };
-    let catalog = match &spec.catalog {
+    })
+}
+
+/// A spec's catalog, read from its blob.
+fn catalog_of(digest: Option<&str>, blob: &mut dyn FnMut(&str) -> R<Blob>) -> R<Option<Catalog>> {
+    Ok(match digest {
         None => None,
         Some(d) => match blob(d)? {
             Blob::Catalog(text) => Some(
@@ -297,7 +301,13 @@ pub fn join(row: TaskRow, spec: SpecRow, blob: &mut dyn FnMut(&str) -> R<Blob>) 
             ),
             Blob::Replies(_) => return Err(format!("blob {d} is not a catalog")),
         },
-    };
+    })
+}
+
+/// Puts a task record together from its rows; `blob` finds a blob by digest.
+pub fn join(row: TaskRow, spec: SpecRow, blob: &mut dyn FnMut(&str) -> R<Blob>) -> R<TaskRecord> {
+    let model = model_of(spec.model, blob)?;
+    let catalog = catalog_of(spec.catalog.as_deref(), blob)?;
     Ok(TaskRecord {
         id: row.id,
         status: row.status,
