@@ -25,8 +25,8 @@ use serde_json::Value;
 use std::sync::{Arc, OnceLock};
 
 use crate::httpd::{Reply, Request, percent_decode};
-use crate::store::Backend;
 use crate::store::watch::Watch;
+use crate::store::{Backend, Watched};
 
 /// The OpenAPI document, as committed.
 pub const DOCUMENT: &str = include_str!("../../docs/openapi.json");
@@ -107,7 +107,8 @@ impl Api {
     }
 
     fn watch(&self) -> &Watch {
-        self.watch.get_or_init(|| Watch::new(self.db.as_ref()))
+        self.watch
+            .get_or_init(|| Watch::new(self.db.as_ref(), Watched::Settled))
     }
 
     /// Answers a request under `/api/v1`; `caller` is `None` without a valid token.

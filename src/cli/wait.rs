@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::operator::{Waited, wait};
+use crate::store::Watched;
 use crate::store::result::{EXIT_TIMED_OUT, Ending, result_json};
 use crate::store::watch::Watch;
 use std::time::{Duration, Instant};
@@ -21,7 +22,7 @@ pub(super) fn wait_and_report(
     timeout_ms: Option<u64>,
     json: bool,
 ) -> CliResult {
-    let watch = Watch::new(store);
+    let watch = Watch::new(store, Watched::Settled);
     if !watch.is_woken() {
         tracing::info!("this database gives no wake-ups here: the wait polls");
     }

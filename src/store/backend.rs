@@ -116,6 +116,15 @@ pub trait DecisionTx {
     fn queue_callback(&mut self, cb: &Callback) -> Result<()>;
 }
 
+/// What a waiter waits for ([`Queue::changes`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Watched {
+    /// Tasks settling: finishing, or starting to wait on a person (`worker wait`, long polls).
+    Settled,
+    /// Completion callbacks added to the outbox (the daemon's sender).
+    Callbacks,
+}
+
 /// The wake-ups of [`Queue::changes`]: the receiver, and what keeps its source alive (a
 /// watch's thread, a LISTEN session), stopped when this is dropped.
 pub struct Changes {
@@ -182,11 +191,11 @@ pub trait Queue {
     /// LISTEN/NOTIFY), so an idle daemon starts it at once; `None` when the daemon must poll.
     fn wakeups(&self) -> Option<Receiver<()>>;
 
-    /// Wake-ups for whoever waits for a task to settle (finish, or start waiting on a
-    /// person): a message arrives after each change that may have settled one (PostgreSQL's
-    /// LISTEN on the settled channel; on the file, a watch on its writes), so a waiter reads
-    /// the task again only then. `None`: no wake-ups here, the waiter must poll.
-    fn changes(&self) -> Option<Changes>;
+    /// Wake-ups for whoever waits for what `of` names: a message arrives after each change
+    /// that may have brought it (PostgreSQL's LISTEN on a trigger-fed channel; on the file, a
+    /// watch on its writes), so a waiter reads again only then. `None`: no wake-ups here, the
+    /// waiter must poll.
+    fn changes(&self, of: Watched) -> Option<Changes>;
 
     /// Enqueues tasks in one transaction. A task whose key was seen before is not created
     /// again (its id is returned with `created: false`); a key reused for another request is

@@ -21,7 +21,7 @@ pub mod watch;
 
 pub use backend::{
     Backend, Callbacks, Changes, CheckReport, Commits, Decide, Decision, DecisionTx, Error, Event,
-    Lists, Maintenance, Notes, Outbox, Queue, Reads, Result,
+    Lists, Maintenance, Notes, Outbox, Queue, Reads, Result, Watched,
 };
 pub use callbacks::Callback;
 pub use outbox::OutboxEntry;

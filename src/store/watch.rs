@@ -8,7 +8,7 @@
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use super::Backend;
+use super::{Backend, Watched};
 
 /// How often waiters look again where the backend has no wake-ups.
 pub const POLL_FALLBACK: Duration = Duration::from_millis(500);
@@ -31,10 +31,10 @@ pub struct Watch {
 }
 
 impl Watch {
-    /// Starts watching `db`: a thread forwards its wake-ups until the process ends.
-    pub fn new(db: &dyn Backend) -> Watch {
+    /// Starts watching `db` for `of`: a thread forwards its wake-ups until the process ends.
+    pub fn new(db: &dyn Backend, of: Watched) -> Watch {
         let shared = Arc::new(Shared::default());
-        let Some(changes) = db.changes() else {
+        let Some(changes) = db.changes(of) else {
             return Watch {
                 shared,
                 woken: false,

@@ -19,7 +19,7 @@ use crate::clock::now_ms;
 use crate::config::callbacks::Callbacks as Settings;
 use crate::store::prelude::*;
 use crate::store::watch::Watch;
-use crate::store::{Callback, Decision};
+use crate::store::{Callback, Decision, Watched};
 
 /// Callbacks claimed per pass.
 const BATCH_MAX: usize = 16;
@@ -63,7 +63,7 @@ impl Sender {
     /// Runs until `stop`; then one last pass over what is due, so a drain delivers what its
     /// tasks settled.
     pub fn run(&self, stop: &AtomicBool) {
-        let watch = Watch::new(self.store.as_ref());
+        let watch = Watch::new(self.store.as_ref(), Watched::Callbacks);
         while !stop.load(Ordering::SeqCst) {
             let seen = watch.generation();
             let sent = self.pass();

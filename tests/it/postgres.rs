@@ -5,6 +5,7 @@
 use crate::common;
 use common::pg::PgCluster;
 use common::*;
+use postgres::fallible_iterator::FallibleIterator;
 
 #[test]
 fn a_throwaway_cluster_keeps_committed_rows_across_an_immediate_stop() {
@@ -402,4 +403,126 @@ fn hole_9_tls_to_postgresql_with_libpqs_sslmodes() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("role \"nobody\" does not exist"), "{err}");
     assert!(err.contains("refused the connection"), "{err}");
+}
+
+/// A settle notifies the settled channel only while a session is registered to listen
+/// (migration 8): `NOTIFY` serializes commits, so with no waiter none is sent; a row left by a
+/// session that is gone does not count, and the next registration removes it.
+#[test]
+fn settles_notify_only_while_a_waiter_is_registered() {
+    let Some(pg) = common::pg::shared() else {
+        return;
+    };
+    let s = common::pg::schema("notify");
+    let dir = TempDir::with_db("notify", &format!("{}?schema={s}", pg.url()));
+    let d = dir.path();
+    ok(d, &["migrate"]);
+    let mut listener = postgres::Client::connect(&pg.url(), postgres::NoTls).expect("connect");
+    listener
+        .batch_execute(&format!("LISTEN {s}_settled"))
+        .expect("LISTEN");
+    let settle_one = |listener: &mut postgres::Client| -> Vec<String> {
+        let id = enqueue(d, &[]).trim().to_string();
+        ok(d, &["run", "--drain"]);
+        // Notifications of transactions committed before this round trip have arrived.
+        listener.simple_query("SELECT 1").expect("round trip");
+        let got: Vec<String> = listener
+            .notifications()
+            .iter()
+            .map(|n| Ok(n.payload().to_string()))
+            .collect()
+            .expect("read the notifications");
+        assert!(got.iter().all(|p| *p == id), "{got:?} for {id}");
+        got
+    };
+    assert_eq!(
+        settle_one(&mut listener),
+        Vec::<String>::new(),
+        "no one waits"
+    );
+    pg.psql(&format!(
+        "INSERT INTO {s}.waiters (pid) VALUES (2147483000)"
+    ));
+    assert_eq!(
+        settle_one(&mut listener),
+        Vec::<String>::new(),
+        "a registration whose session is gone"
+    );
+    let register =
+        tether::store::pg::schema::sql(tether::store::pg::schema::REGISTER_WAITER, &s, "");
+    listener.batch_execute(&register).expect("register");
+    assert!(
+        !settle_one(&mut listener).is_empty(),
+        "a registered waiter is notified"
+    );
+    assert_eq!(
+        pg.psql(&format!("SELECT count(*) FROM {s}.waiters")),
+        "1",
+        "the registration removed the row of the session that is gone"
+    );
+}
+
+/// A registration waits for a settling transaction that already looked for waiters and found
+/// none: it commits first, so whatever the new waiter reads next includes it (no wake-up can
+/// fall between the look and the registration).
+#[test]
+fn a_registration_waits_for_a_settle_that_found_no_waiter() {
+    let Some(pg) = common::pg::shared() else {
+        return;
+    };
+    let s = common::pg::schema("register");
+    let dir = TempDir::with_db("register", &format!("{}?schema={s}", pg.url()));
+    let d = dir.path();
+    ok(d, &["migrate"]);
+    let id = enqueue(d, &[]).trim().to_string();
+    let mut settler = postgres::Client::connect(&pg.url(), postgres::NoTls).expect("connect");
+    let mut tx = settler.transaction().expect("begin");
+    let n = tx
+        .execute(
+            &format!("UPDATE {s}.tasks SET status = 'finished' WHERE id = $1"),
+            &[&id],
+        )
+        .expect("settle");
+    assert_eq!(n, 1);
+    let (url, schema) = (pg.url(), s.clone());
+    let (pid_tx, pid_rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+        let pid: i32 = c
+            .query_one("SELECT pg_backend_pid()", &[])
+            .expect("pid")
+            .get(0);
+        pid_tx.send(pid).expect("send");
+        c.batch_execute(&format!("LISTEN {schema}_settled"))
+            .expect("LISTEN");
+        let register =
+            tether::store::pg::schema::sql(tether::store::pg::schema::REGISTER_WAITER, &schema, "");
+        c.batch_execute(&register).expect("register");
+    });
+    let pid = pid_rx.recv().expect("the waiter's pid");
+    // The registration must come to wait on a lock while the settle is open; if it finished
+    // instead, a wake-up could have been lost.
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let waiting = loop {
+        if waiter.is_finished() {
+            break false;
+        }
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the registration neither finished nor waited on a lock"
+        );
+        let state = pg.psql(&format!(
+            "SELECT wait_event_type FROM pg_stat_activity WHERE pid = {pid}"
+        ));
+        if state == "Lock" {
+            break true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(waiting, "the registration did not wait for the open settle");
+    tx.commit().expect("commit the settle");
+    waiter
+        .join()
+        .expect("the registration ends once the settle committed");
+    assert_eq!(pg.psql(&format!("SELECT count(*) FROM {s}.waiters")), "1");
 }

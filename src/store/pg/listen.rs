@@ -1,6 +1,7 @@
 //! The wake-ups of PostgreSQL: a thread with a connection of its own `LISTEN`s on a channel:
-//! the ready channel that enqueue `NOTIFY`s (for idle daemons), or the settled channel that a
-//! trigger on the tasks' status notifies (for whoever waits for a task's result).
+//! the ready channel that enqueue `NOTIFY`s (for idle daemons), the settled channel that a
+//! trigger on the tasks' status notifies while someone is registered to listen (for whoever
+//! waits for a task's result), or the callbacks channel a trigger on the outbox notifies.
 
 use crossbeam_channel::{Receiver, bounded};
 use postgres::fallible_iterator::FallibleIterator;
@@ -20,20 +21,20 @@ impl PgStore {
         if let Some(rx) = guard.as_ref() {
             return Some(rx.clone());
         }
-        let rx = self.listen_on(self.channel.clone(), Arc::clone(&self.stop))?;
+        let rx = self.listen_on(self.channel.clone(), None, Arc::clone(&self.stop))?;
         *guard = Some(rx.clone());
         Some(rx)
     }
 
-    /// The settled channel of this schema (migration 6's trigger notifies it).
-    pub(super) fn settled_channel(&self) -> String {
-        format!("{}_settled", self.schema)
-    }
-
-    /// A thread that `LISTEN`s on `channel` until `stop` is set, reconnecting (with backoff,
-    /// logged) when its connection is lost; after a reconnection it sends a wake-up too, since
-    /// notifications may have been missed.
-    pub(super) fn listen_on(&self, channel: String, stop: Arc<AtomicBool>) -> Option<Receiver<()>> {
+    /// A thread that `LISTEN`s on `channel` (and then runs `then`, on the same session) until
+    /// `stop` is set, reconnecting (with backoff, logged) when its connection is lost; after
+    /// each connection it sends a wake-up, since notifications may have been missed.
+    pub(super) fn listen_on(
+        &self,
+        channel: String,
+        then: Option<String>,
+        stop: Arc<AtomicBool>,
+    ) -> Option<Receiver<()>> {
         let (tx, rx) = bounded::<()>(1);
         let settings = self.pool.settings.clone();
         let spawned = std::thread::Builder::new()
@@ -41,9 +42,13 @@ impl PgStore {
             .spawn(move || {
                 let mut delay = Duration::from_millis(100);
                 loop {
-                    let session = settings
-                        .connect()
-                        .and_then(|mut c| c.batch_execute(&format!("LISTEN {channel}")).map(|()| c));
+                    let session = settings.connect().and_then(|mut c| {
+                        c.batch_execute(&format!("LISTEN {channel}"))?;
+                        if let Some(then) = &then {
+                            c.batch_execute(then)?;
+                        }
+                        Ok(c)
+                    });
                     let mut c = match session {
                         Ok(c) => c,
                         Err(e) => {

@@ -10,7 +10,11 @@ use super::pool::{db_error, is_connection_error};
 use super::rows::{TASK_COLUMNS, from_row, i64_of, lease_at, lease_of, ms_col, spec_of};
 use super::{PgStore, random_i64};
 use crate::kernel::memory::Note;
-use crate::store::{Enqueued, Error, Lease, NewTask, Result, TaskRecord, new_record, same_request};
+use crate::store::{
+    Changes, Enqueued, Error, Lease, NewTask, Result, TaskRecord, Watched, new_record, same_request,
+};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 /// Takes up to `$1` ready tasks under the lease `$2`/`$3` (owner), for `$4` ms (a lease's
 /// length) plus each task's remaining active time from now by the server's clock (`$5`: the
@@ -293,11 +297,20 @@ impl Queue for PgStore {
         false
     }
 
-    /// LISTEN on the settled channel, which a trigger on the tasks' status notifies.
-    fn changes(&self) -> Option<crate::store::Changes> {
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let rx = self.listen_on(self.settled_channel(), std::sync::Arc::clone(&stop))?;
-        Some(crate::store::Changes {
+    /// LISTEN on the settled channel (registered in `waiters`, so that settles notify: the
+    /// trigger of migrations 6 and 8) or on the callbacks channel; the listening thread stops
+    /// when the guard is dropped.
+    fn changes(&self, of: Watched) -> Option<Changes> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (channel, then) = match of {
+            Watched::Settled => (
+                format!("{}_settled", self.schema),
+                Some(self.sql(super::schema::REGISTER_WAITER)),
+            ),
+            Watched::Callbacks => (format!("{}_callbacks", self.schema), None),
+        };
+        let rx = self.listen_on(channel, then, Arc::clone(&stop))?;
+        Some(Changes {
             rx,
             guard: Box::new(super::listen::StopOnDrop(stop)),
         })

@@ -37,7 +37,8 @@ impl Queue for RedbStore {
     }
 
     /// A watch on the file: every commit of any process writes it.
-    fn changes(&self) -> Option<crate::store::Changes> {
+    /// Any write to the file may have brought what either kind of waiter waits for.
+    fn changes(&self, _of: crate::store::Watched) -> Option<crate::store::Changes> {
         match crate::filewatch::watch(self.path()) {
             Ok(w) => Some(crate::store::Changes {
                 rx: w.changes.clone(),
