@@ -700,6 +700,38 @@ conformance! {
     }
 }
 
+conformance! {
+    /// The task a final commit claims gets a lease as long as one from a plain claim (the
+    /// lease plus its remaining active time, from now), so no daemon's recovery takes it over
+    /// while it runs.
+    fn a_task_claimed_by_a_final_commit_holds_a_full_lease(d) {
+        let store = backend(d);
+        let now = tether::clock::now_ms();
+        let long = now + 1_000_000_000;
+        store.heartbeat("me", now, long).expect("heartbeat");
+        store
+            .enqueue(&[new_task("cu_ana", "a", None), new_task("cu_ana", "b", None)], now)
+            .expect("enqueue");
+        let first = store.claim(&lease("me", now + 60_000), 1, now).expect("claim").remove(0);
+        let token = first.lease.as_ref().expect("lease").token;
+        let mut fin = step_commit(&first, token, 2);
+        fin.now_ms = now;
+        fin.kind = CommitKind::Final(tether::kernel::StopReason::Done);
+        fin.claim_next = Some(lease("me", now + 60_000));
+        let out = store.commit_batch(&[&fin]).expect("final").remove(0).expect("accepted");
+        let next = out.next.expect("the next task was claimed");
+        let left = store
+            .claim_left(&next.id, next.lease.as_ref().expect("lease").token, now)
+            .expect("claim_left")
+            .expect("its claim");
+        assert!(left >= 60_000, "the claim of {} is held for {left} ms only", next.id);
+        let recovered = store
+            .recover(now + 1_000, &|_| false, &|_, _| false)
+            .expect("recover");
+        assert!(recovered.is_empty(), "recovered while running: {recovered:?}");
+    }
+}
+
 /// A file backend whose writes, syncs and growth fail while `full` is set, as on a full disk.
 #[derive(Debug)]
 struct FullDisk {

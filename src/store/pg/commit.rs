@@ -73,8 +73,8 @@ pub(super) fn commit_statements(s: &str, t: &str) -> [String; 10] {
 
 /// The end of a final commit that claims the thread's next task in the same statement (one
 /// round trip, one flush): a queued task is taken only if the final commit was accepted, under
-/// the lease `$26`/`$27` for `$28` ms plus the task's remaining active time, marked with the
-/// commit's marker `$3`.
+/// the lease `$26`/`$27` for `$28` ms plus the task's remaining active time from now, marked
+/// with the commit's marker `$3`.
 fn final_and_claim() -> String {
     format!(
         "nx AS (SELECT id FROM {{s}}.tasks WHERE status = 'queued' AND EXISTS (SELECT 1 FROM u) \
@@ -87,6 +87,9 @@ fn final_and_claim() -> String {
          SELECT u.cancel_requested, cl.* FROM u LEFT JOIN cl ON true",
         returning("t.")
     )
+    // Appended to a statement whose `$4::bigint` already became "now": here too, `$4` is
+    // the caller's clock offset, and "now" is the server's clock plus it.
+    .replace("$4::bigint", &super::now_sql(4))
 }
 
 fn kind_index(kind: CommitKind) -> usize {
