@@ -462,9 +462,10 @@ fn settles_notify_only_while_a_waiter_is_registered() {
     );
 }
 
-/// A registration waits for a settling transaction that already looked for waiters and found
-/// none: it commits first, so whatever the new waiter reads next includes it (no wake-up can
-/// fall between the look and the registration).
+/// A registration never completes while a settling transaction that already looked for
+/// waiters and found none is open: it waits for it (at most 100 ms, so settles do not queue
+/// behind it) and is tried again; once the settle committed, it goes through. So whatever the
+/// new waiter reads next includes the settle, and no wake-up falls between the two.
 #[test]
 fn a_registration_waits_for_a_settle_that_found_no_waiter() {
     let Some(pg) = common::pg::shared() else {
@@ -484,45 +485,26 @@ fn a_registration_waits_for_a_settle_that_found_no_waiter() {
         )
         .expect("settle");
     assert_eq!(n, 1);
-    let (url, schema) = (pg.url(), s.clone());
-    let (pid_tx, pid_rx) = std::sync::mpsc::channel();
-    let waiter = std::thread::spawn(move || {
-        let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
-        let pid: i32 = c
-            .query_one("SELECT pg_backend_pid()", &[])
-            .expect("pid")
-            .get(0);
-        pid_tx.send(pid).expect("send");
-        c.batch_execute(&format!("LISTEN {schema}_settled"))
+    let register =
+        tether::store::pg::schema::sql(tether::store::pg::schema::REGISTER_WAITER, &s, "");
+    let try_register = || {
+        let mut c = postgres::Client::connect(&pg.url(), postgres::NoTls).expect("connect");
+        c.batch_execute(&format!("LISTEN {s}_settled"))
             .expect("LISTEN");
-        let register =
-            tether::store::pg::schema::sql(tether::store::pg::schema::REGISTER_WAITER, &schema, "");
-        c.batch_execute(&register).expect("register");
-    });
-    let pid = pid_rx.recv().expect("the waiter's pid");
-    // The registration must come to wait on a lock while the settle is open; if it finished
-    // instead, a wake-up could have been lost.
-    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    let waiting = loop {
-        if waiter.is_finished() {
-            break false;
-        }
-        assert!(
-            std::time::Instant::now() < give_up,
-            "the registration neither finished nor waited on a lock"
-        );
-        let state = pg.psql(&format!(
-            "SELECT wait_event_type FROM pg_stat_activity WHERE pid = {pid}"
-        ));
-        if state == "Lock" {
-            break true;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        c.batch_execute(&register).map(|()| c)
     };
-    assert!(waiting, "the registration did not wait for the open settle");
+    for _ in 0..3 {
+        let e = try_register()
+            .err()
+            .expect("no registration while the settle is open");
+        assert_eq!(
+            e.code(),
+            Some(&postgres::error::SqlState::LOCK_NOT_AVAILABLE),
+            "{e:?}"
+        );
+    }
     tx.commit().expect("commit the settle");
-    waiter
-        .join()
-        .expect("the registration ends once the settle committed");
+    let _registered =
+        try_register().expect("the registration goes through once the settle committed");
     assert_eq!(pg.psql(&format!("SELECT count(*) FROM {s}.waiters")), "1");
 }

@@ -55,6 +55,8 @@ impl PgStore {
                             if stop.load(Ordering::Relaxed) {
                                 return;
                             }
+                            // Not listening: whoever waits reads again at each try.
+                            let _ = tx.try_send(());
                             tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, channel = %channel, "cannot LISTEN; polling meanwhile");
                             std::thread::sleep(delay);
                             delay = (delay * 2).min(Duration::from_secs(5));

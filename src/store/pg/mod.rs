@@ -163,7 +163,11 @@ pub fn parse_url(url: &str, retry_for: Duration, max: usize) -> Result<(Settings
         config.connect_timeout(Duration::from_secs(5));
     }
     if config.get_options().is_none() {
-        config.options("-c statement_timeout=30000 -c lock_timeout=10000");
+        // READ COMMITTED whatever the database's default: claims skip locked rows, and a settle
+        // looks for registered waiters with a snapshot taken after it waited for their lock.
+        config.options(
+            "-c statement_timeout=30000 -c lock_timeout=10000 -c default_transaction_isolation=read\\ committed",
+        );
     }
     if config.get_application_name().is_none() {
         config.application_name("tether");

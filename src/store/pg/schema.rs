@@ -182,8 +182,11 @@ CREATE TRIGGER callbacks_added AFTER INSERT ON {s}.callbacks FOR EACH ROW
 /// Registers the session as one that listens on the settled channel (migration 8's
 /// `waiters`), and forgets sessions that are gone. Run after its `LISTEN`; the lock waits
 /// for settling transactions that found no one listening, so whatever the session reads
-/// after this returns includes them.
-pub const REGISTER_WAITER: &str = "BEGIN; LOCK TABLE {s}.waiters IN ACCESS EXCLUSIVE MODE; \
+/// after this returns includes them. Settles queue behind a registration that waits, so it
+/// gives up after 100 ms (something holds `waiters` long: a dump, an idle transaction) and
+/// is tried again with backoff, the waiters reading their tasks at each try meanwhile.
+pub const REGISTER_WAITER: &str = "BEGIN; SET LOCAL lock_timeout = '100ms'; \
+     LOCK TABLE {s}.waiters IN ACCESS EXCLUSIVE MODE; \
      DELETE FROM {s}.waiters w WHERE NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(w.pid)); \
      INSERT INTO {s}.waiters (pid) VALUES (pg_backend_pid()) ON CONFLICT (pid) DO NOTHING; COMMIT;";
 
