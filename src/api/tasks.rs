@@ -11,8 +11,9 @@ use super::{Api, Caller, Role, body, param, problem};
 use crate::clock::{now_ms, parse_rfc3339_from_epoch, rfc3339};
 use crate::httpd::{Reply, Request};
 use crate::operator::submit::{Origin, TaskRequest, new_task};
-use crate::store::list::{ListQuery, Listed, TaskSummary, task_num};
-use crate::store::result::result_json;
+use crate::store::list::shown_stop;
+use crate::store::list::{ListQuery, Listed, task_num};
+use crate::store::result::{result_json, summary_json};
 use crate::store::{Event, QueueStatus, TaskRecord};
 
 /// The longest long poll.
@@ -239,7 +240,7 @@ impl Api {
             .tasks
             .iter()
             .map(|t| match t {
-                Listed::Task(s) => summary_json(s),
+                Listed::Task(s) => summary_json(s, shown_stop(s.status, s.stop)),
                 Listed::Damaged { id, error } => {
                     json!({"id": id, "status": "damaged", "error": error})
                 }
@@ -388,26 +389,6 @@ fn list_query(req: &Request) -> Result<ListQuery, Reply> {
         );
     }
     Ok(q)
-}
-
-fn summary_json(t: &TaskSummary) -> Value {
-    json!({
-        "id": t.id,
-        "status": t.status.as_str(),
-        "stop": crate::store::list::shown_stop(t.status, t.stop).map(|s| s.as_str()),
-        "outcome": t.outcome,
-        "user": t.user,
-        "goal": t.goal,
-        "priority": t.priority,
-        "key": t.key,
-        "steps": t.steps,
-        "tool_calls": t.tool_calls,
-        "tokens": t.tokens,
-        "elapsed_s": t.elapsed_ms as f64 / 1000.0,
-        "runs": t.runs,
-        "created_at": rfc3339(t.created_at_ms),
-        "updated_at": rfc3339(t.updated_at_ms),
-    })
 }
 
 fn event_json(e: &Event) -> Value {

@@ -26,26 +26,13 @@ fn record_json(r: &TaskRecord) -> Value {
     })
 }
 
+/// A task's line of `list --json`: the API's, with its stop reason as stored and the times
+/// also in ms.
 fn summary_json(t: &TaskSummary) -> Value {
-    json!({
-        "id": t.id,
-        "status": t.status.as_str(),
-        "stop": t.stop.map(|s| s.as_str()),
-        "outcome": t.outcome,
-        "user": t.user,
-        "goal": t.goal,
-        "priority": t.priority,
-        "key": t.key,
-        "steps": t.steps,
-        "tool_calls": t.tool_calls,
-        "tokens": t.tokens,
-        "elapsed_s": t.elapsed_ms as f64 / 1000.0,
-        "runs": t.runs,
-        "created_at": rfc3339(t.created_at_ms),
-        "updated_at": rfc3339(t.updated_at_ms),
-        "created_at_ms": t.created_at_ms,
-        "updated_at_ms": t.updated_at_ms,
-    })
+    let mut v = crate::store::result::summary_json(t, t.stop);
+    v["created_at_ms"] = json!(t.created_at_ms);
+    v["updated_at_ms"] = json!(t.updated_at_ms);
+    v
 }
 
 /// A stop as a person reads it: a final answer that could not complete the goal says so

@@ -1,6 +1,7 @@
 //! A task's result as a job or a service sees it: the one JSON shape that `worker wait
 //! --json`, `worker enqueue --wait --json`, the HTTP API and the completion callbacks all
-//! give, and how a task ended, as the exit code of `worker wait`.
+//! give, and how a task ended, as the exit code of `worker wait`; and a task's line in a
+//! list, as `worker list --json` and the API's list give it.
 //!
 //! | exit code | how the task stands | stop reasons |
 //! | --- | --- | --- |
@@ -15,6 +16,7 @@
 
 use serde_json::{Value, json};
 
+use super::list::TaskSummary;
 use super::{QueueStatus, TaskRecord};
 use crate::clock::rfc3339;
 use crate::kernel::StopReason;
@@ -115,5 +117,26 @@ pub fn result_json(db_id: &str, rec: &TaskRecord) -> Value {
         "runs": rec.runs,
         "created_at": rfc3339(rec.created_at_ms),
         "updated_at": rfc3339(rec.updated_at_ms),
+    })
+}
+
+/// A task's line in a list, showing `stop` as its stop reason.
+pub fn summary_json(t: &TaskSummary, stop: Option<StopReason>) -> Value {
+    json!({
+        "id": t.id,
+        "status": t.status.as_str(),
+        "stop": stop.map(StopReason::as_str),
+        "outcome": t.outcome,
+        "user": t.user,
+        "goal": t.goal,
+        "priority": t.priority,
+        "key": t.key,
+        "steps": t.steps,
+        "tool_calls": t.tool_calls,
+        "tokens": t.tokens,
+        "elapsed_s": t.elapsed_ms as f64 / 1000.0,
+        "runs": t.runs,
+        "created_at": rfc3339(t.created_at_ms),
+        "updated_at": rfc3339(t.updated_at_ms),
     })
 }

@@ -48,6 +48,11 @@ fn venv_tool(name: &str, module: &str) -> Option<PathBuf> {
     Some(bin.join(name))
 }
 
+/// A POST of the JSON `body` with `token`.
+fn post(url: &str, token: &str, body: &Value) -> (u16, ureq::http::HeaderMap, Value) {
+    call("POST", url, Some(token), &[], Some(body))
+}
+
 /// One request: (status, headers wanted, body as JSON or Null).
 fn call(
     method: &str,
@@ -202,13 +207,7 @@ fn roles_bound_what_a_token_may_do() {
         Some(&refund("cu_ana")),
     );
     assert_eq!(s, 201, "{mine}");
-    let (s, _, theirs) = call(
-        "POST",
-        &format!("{api}/tasks"),
-        Some(OTHER),
-        &[],
-        Some(&refund("cu_bo")),
-    );
+    let (s, _, theirs) = post(&format!("{api}/tasks"), OTHER, &refund("cu_bo"));
     assert_eq!(s, 201, "{theirs}");
     let id = mine["id"].as_str().expect("an id").to_string();
     let (s, _, got) = call("GET", &format!("{api}/tasks/{id}"), Some(JOB), &[], None);
@@ -274,22 +273,12 @@ fn roles_bound_what_a_token_may_do() {
         "{p}"
     );
     lifted["budget"] = json!({"steps_max": 5});
-    let (s, _, p) = call(
-        "POST",
-        &format!("{api}/tasks"),
-        Some(JOB),
-        &[],
-        Some(&lifted),
-    );
+    let (s, _, p) = post(&format!("{api}/tasks"), JOB, &lifted);
     assert_eq!(s, 201, "{p}");
-    let (s, _, p) = call(
-        "POST",
+    let (s, _, p) = post(
         &format!("{api}/tasks"),
-        Some(OPS),
-        &[],
-        Some(
-            &json!({"user": "cu_ana", "goal": GOAL, "model": "policy", "budget": {"steps_max": 1000}}),
-        ),
+        OPS,
+        &json!({"user": "cu_ana", "goal": GOAL, "model": "policy", "budget": {"steps_max": 1000}}),
     );
     assert_eq!(s, 201, "an operator may raise them: {p}");
 
@@ -302,30 +291,12 @@ fn roles_bound_what_a_token_may_do() {
         .expect("a held call")
         .to_string();
     let approve = json!({"reason": "damage confirmed", "digest": digest});
-    let (s, _, p) = call(
-        "POST",
-        &format!("{api}/tasks/{id}/approve"),
-        Some(JOB),
-        &[],
-        Some(&approve),
-    );
+    let (s, _, p) = post(&format!("{api}/tasks/{id}/approve"), JOB, &approve);
     assert_eq!(s, 403, "a submitter does not decide: {p}");
     let wrong = json!({"reason": "r", "digest": "00000000"});
-    let (s, _, p) = call(
-        "POST",
-        &format!("{api}/tasks/{id}/approve"),
-        Some(OPS),
-        &[],
-        Some(&wrong),
-    );
+    let (s, _, p) = post(&format!("{api}/tasks/{id}/approve"), OPS, &wrong);
     assert_eq!(s, 409, "a digest of another call: {p}");
-    let (s, _, t) = call(
-        "POST",
-        &format!("{api}/tasks/{id}/approve"),
-        Some(OPS),
-        &[],
-        Some(&approve),
-    );
+    let (s, _, t) = post(&format!("{api}/tasks/{id}/approve"), OPS, &approve);
     assert_eq!(s, 200, "{t}");
     let events = json(d, &["events", &id, "--json"]);
     assert_eq!(events[0]["verb"], "approve", "{events}");
@@ -378,7 +349,7 @@ fn bad_requests_are_problem_details_that_say_what_was_wrong() {
         ),
     ];
     for (body, status, says) in cases {
-        let (s, h, p) = call("POST", &url, Some(OPS), &[], Some(&body));
+        let (s, h, p) = post(&url, OPS, &body);
         assert_eq!(s, status, "{body}: {p}");
         assert_eq!(
             header(&h, "content-type"),
@@ -412,13 +383,7 @@ fn bad_requests_are_problem_details_that_say_what_was_wrong() {
     assert_eq!(raw("application/json", big).0, 413);
     let (s, _, p) = call("GET", &format!("{url}/t1?wait=10m"), Some(OPS), &[], None);
     assert_eq!(s, 400, "{p}");
-    let (s, _, p) = call(
-        "POST",
-        &url,
-        Some(OPS),
-        &[],
-        Some(&json!({"user": "cu_ana", "goal": "g"})),
-    );
+    let (s, _, p) = post(&url, OPS, &json!({"user": "cu_ana", "goal": "g"}));
     assert_eq!(s, 422, "{p}");
     assert!(
         p["detail"]
@@ -438,12 +403,10 @@ fn a_long_poll_returns_when_the_task_finishes() {
     let d = dir.path();
     let server = served(d);
     let api = format!("{}/api/v1", server.base);
-    let (_, _, t) = call(
-        "POST",
+    let (_, _, t) = post(
         &format!("{api}/tasks"),
-        Some(OPS),
-        &[],
-        Some(&json!({"user": "cu_ana", "goal": GOAL, "model": "policy"})),
+        OPS,
+        &json!({"user": "cu_ana", "goal": GOAL, "model": "policy"}),
     );
     let id = t["id"].as_str().expect("an id").to_string();
     let (s, _, still) = call(

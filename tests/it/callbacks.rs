@@ -96,6 +96,21 @@ fn daemon(d: &Path, extra: &[&str]) -> std::process::Child {
         .expect("start the daemon")
 }
 
+/// `worker enqueue` of a demo task whose callback goes to `url`.
+fn enqueue_to(url: &str) -> [&str; 9] {
+    [
+        "enqueue",
+        "--user",
+        "cu_ana",
+        "--goal",
+        GOAL,
+        "--model",
+        "policy",
+        "--callback",
+        url,
+    ]
+}
+
 fn url(port: u16, task: &str) -> String {
     format!("http://127.0.0.1:{port}/hooks/{task}")
 }
@@ -268,20 +283,7 @@ conformance! {
 fn callback_urls_are_checked_against_the_config() {
     let dir = TempDir::new("callback_urls");
     let d = dir.path();
-    let (code, err) = fails(
-        d,
-        &[
-            "enqueue",
-            "--user",
-            "cu_ana",
-            "--goal",
-            GOAL,
-            "--model",
-            "policy",
-            "--callback",
-            "http://127.0.0.1:9/hooks/x",
-        ],
-    );
+    let (code, err) = fails(d, &enqueue_to("http://127.0.0.1:9/hooks/x"));
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("[callbacks]"), "{err}");
     config(d, "1m");
@@ -294,22 +296,7 @@ fn callback_urls_are_checked_against_the_config() {
         "http://127.0.0.1:9/hooks/%2e%2e/admin",
         "http://127.0.0.1:99999/hooks/x",
     ] {
-        let out = with_config(
-            d,
-            &[
-                "enqueue",
-                "--user",
-                "cu_ana",
-                "--goal",
-                GOAL,
-                "--model",
-                "policy",
-                "--callback",
-                bad,
-            ],
-        )
-        .output()
-        .expect("enqueue");
+        let out = with_config(d, &enqueue_to(bad)).output().expect("enqueue");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{bad} was accepted");
         assert!(
