@@ -21,6 +21,8 @@ pub fn tasks(model: &ModelProfile, n: usize) -> Vec<NewTask> {
             instructions: None,
             callback_url: None,
             submitted_by: None,
+            not_before_ms: None,
+            concurrency_key: None,
         })
         .collect()
 }

@@ -375,6 +375,17 @@ pub struct EnqueueArgs {
     /// the config's [callbacks] allow list admits.
     #[arg(long, value_name = "URL", conflicts_with = "file")]
     pub callback: Option<String>,
+    /// Do not start the task before this time (RFC 3339, e.g. 2026-12-05T02:00:00Z); it is
+    /// listed as scheduled until then.
+    #[arg(long, value_name = "TIME", conflicts_with_all = ["file", "start_in"])]
+    pub not_before: Option<String>,
+    /// Do not start the task before this long from now (90s, 10m, 2h, 1d).
+    #[arg(long = "in", value_name = "DURATION", conflicts_with = "file")]
+    pub start_in: Option<String>,
+    /// The key whose limit in the daemon's [concurrency] config bounds how many of its
+    /// tasks run at once, e.g. tenant:acme (default: the model profile's concurrency_key).
+    #[arg(long, value_name = "KEY", conflicts_with = "file")]
+    pub concurrency_key: Option<String>,
     /// Enqueue every task of a JSONL file in one transaction (all or nothing).
     #[arg(long)]
     pub file: Option<PathBuf>,

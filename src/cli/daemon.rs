@@ -203,6 +203,8 @@ fn run_demo(store: Db, tools: Arc<DurableStore>, a: &DemoArgs) -> CliResult {
             catalog: None,
             store_scope: sc.name[..1].to_string(),
             approval_wait_ms: store::DEFAULT_APPROVAL_WAIT_MS,
+            not_before_ms: None,
+            concurrency_key: None,
             instructions: None,
             callback_url: None,
             submitted_by: None,

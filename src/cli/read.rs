@@ -171,7 +171,7 @@ fn print_table(page: &Page, now: u64) -> CliResult {
                 outln!(
                     "{:8} {:10} {:16} {:>5} {:>5} {:>6} {:>6.1}  {:10} {:9} {}",
                     t.id,
-                    t.status.as_str(),
+                    t.shown_status(now),
                     stop_shown(t.stop, t.outcome.as_deref()),
                     t.steps,
                     t.tool_calls,

@@ -26,6 +26,10 @@
 //! [callbacks]                              # completion callbacks: see `callbacks`
 //! secret_env = "TETHER_WEBHOOK_SECRET"
 //! allow = ["https://hooks.example.com/"]
+//!
+//! [concurrency]                            # tasks of a concurrency key running at once
+//! "tenant:*" = 2                           # a prefix and '*': each such key
+//! "tenant:acme" = 5                        # a key's own limit wins
 //! ```
 
 use serde::Deserialize;
@@ -55,6 +59,8 @@ struct ConfigFile {
     demo: DemoConfig,
     #[serde(default)]
     callbacks: Option<callbacks::CallbacksEntry>,
+    #[serde(default)]
+    concurrency: BTreeMap<String, u32>,
 }
 
 /// Rules for the demo shop's tools (`[demo.tools.NAME]`), which have no catalog entry.
@@ -92,6 +98,9 @@ pub struct Config {
     pub demo: DemoConfig,
     /// Where completion callbacks may go and how they are signed (`[callbacks]`).
     pub callbacks: Option<callbacks::Callbacks>,
+    /// How many tasks of a concurrency key a daemon's claims let run at once
+    /// (`[concurrency]`).
+    pub concurrency: crate::store::flow::ConcurrencyLimits,
 }
 
 impl Config {
@@ -309,6 +318,12 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, String> {
             .map_err(|e| format!("{}: {e}", path.display()))?;
     }
     let callbacks = callbacks_of(file.callbacks, &models, path)?;
+    for k in file.concurrency.keys() {
+        crate::limits::check_name(k.trim_end_matches('*'), &format!("concurrency.{k:?}"))
+            .map_err(|e| format!("{}: {}", path.display(), e.0))?;
+    }
+    let concurrency = crate::store::flow::ConcurrencyLimits::new(file.concurrency)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(Config {
         models,
         default_model: file.default_model,
@@ -316,6 +331,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, String> {
         mcp,
         demo: file.demo,
         callbacks,
+        concurrency,
     })
 }
 

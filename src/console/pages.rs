@@ -75,7 +75,7 @@ impl TasksPage {
             .map(|l| match l {
                 Listed::Task(t) => Row {
                     id: t.id.clone(),
-                    status: t.status.as_str(),
+                    status: t.shown_status(now),
                     stop: match (t.stop, t.outcome.as_deref()) {
                         (_, Some("cannot_complete")) => "done: cannot_complete".into(),
                         (s, _) => s.map_or("-", |s| s.as_str()).into(),

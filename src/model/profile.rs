@@ -83,6 +83,9 @@ pub struct HttpProfile {
     /// Where a task of this profile's result is POSTed when it settles, unless its enqueue
     /// names another URL (checked against the config's `[callbacks] allow`).
     pub callback_url: Option<String>,
+    /// The concurrency key of a task of this profile unless its enqueue names one, so a
+    /// limit in `[concurrency]` bounds how many of them call this provider at once.
+    pub concurrency_key: Option<String>,
 }
 
 /// The budget of a task on a real model, unless its profile or its enqueue says otherwise:
@@ -156,6 +159,8 @@ pub struct ProfileEntry {
     budget: BTreeMap<String, toml::Value>,
     #[serde(default)]
     callback_url: Option<String>,
+    #[serde(default)]
+    concurrency_key: Option<String>,
 }
 
 fn default_retries() -> u32 {
@@ -203,6 +208,9 @@ pub(crate) fn from_entry(name: &str, m: ProfileEntry, path: &Path) -> Result<Htt
     }
     let instructions = instructions_of(name, m.instructions, m.instructions_file, path)?;
     let budget = budget_of(name, &m.budget)?;
+    if let Some(k) = &m.concurrency_key {
+        crate::limits::check_name(k, &format!("models.{name}.concurrency_key")).map_err(|e| e.0)?;
+    }
     Ok(HttpProfile {
         api,
         base_url: m.base_url.trim_end_matches('/').to_string(),
@@ -218,6 +226,7 @@ pub(crate) fn from_entry(name: &str, m: ProfileEntry, path: &Path) -> Result<Htt
         instructions,
         budget,
         callback_url: m.callback_url,
+        concurrency_key: m.concurrency_key,
     })
 }
 

@@ -50,6 +50,15 @@ pub struct TaskRequest {
     /// Where the result is POSTed when the task settles (else the profile's).
     #[serde(default)]
     pub callback_url: Option<String>,
+    /// Not started before this time (RFC 3339).
+    #[serde(default)]
+    pub not_before: Option<String>,
+    /// Not started before this long from now (`90s`, `10m`, `2h`, `1d`).
+    #[serde(default)]
+    pub start_in: Option<String>,
+    /// The key whose concurrency limit bounds this task (else its model profile's).
+    #[serde(default)]
+    pub concurrency_key: Option<String>,
 }
 
 /// The demo models, for messages.
@@ -160,6 +169,9 @@ fn check_request(l: &TaskRequest) -> Result<(), String> {
             return Err("--store-scope must not contain '/'".into());
         }
     }
+    if let Some(k) = &l.concurrency_key {
+        check_name("concurrency-key", k)?;
+    }
     if l.priority.unsigned_abs() > limits::PRIORITY_MAX.unsigned_abs() {
         return Err(format!(
             "--priority {} is out of range (-{max} to {max})",
@@ -206,6 +218,11 @@ pub fn new_task(
         }
     };
     set_budget(&mut budget, &l.budget, &origin)?;
+    let not_before_ms = start_of(l.not_before.as_deref(), l.start_in.as_deref(), &origin)?;
+    let concurrency_key = l.concurrency_key.or_else(|| {
+        cfg.and_then(|c| c.models.get(name))
+            .and_then(|p| p.concurrency_key.clone())
+    });
     for tool in l.tool_latency_ms.keys() {
         if Catalog::demo().get(tool).is_none() {
             return Err(format!("--tool-latency: unknown tool {tool:?}"));
@@ -230,7 +247,27 @@ pub fn new_task(
             Origin::Cli => None,
             Origin::Api { submitter } => submitter,
         },
+        not_before_ms,
+        concurrency_key,
     })
+}
+
+/// The start time a request asks for: a time (RFC 3339) or a delay from now, not both.
+fn start_of(at: Option<&str>, delay: Option<&str>, origin: &Origin) -> Result<Option<u64>, String> {
+    let (at_name, in_name) = match origin {
+        Origin::Cli => ("--not-before", "--in"),
+        Origin::Api { .. } => ("not_before", "start_in"),
+    };
+    match (at, delay) {
+        (Some(_), Some(_)) => Err(format!("give {at_name} or {in_name}, not both")),
+        (Some(t), None) => crate::clock::parse_rfc3339_from_epoch(t)
+            .map(Some)
+            .map_err(|e| format!("{at_name}: {e}")),
+        (None, Some(d)) => crate::clock::parse_duration_ms(d)
+            .map(|ms| Some(crate::clock::now_ms().saturating_add(ms)))
+            .map_err(|e| format!("{in_name}: {e}")),
+        (None, None) => Ok(None),
+    }
 }
 
 /// `cfg` with its MCP servers' tools in the catalog a task keeps (each server asked for its
@@ -247,6 +284,7 @@ pub fn with_mcp_tools(cfg: &crate::config::Config) -> Result<crate::config::Conf
         mcp: cfg.mcp.clone(),
         demo: cfg.demo.clone(),
         callbacks: cfg.callbacks.clone(),
+        concurrency: cfg.concurrency.clone(),
     })
 }
 

@@ -187,6 +187,14 @@ pub trait Queue {
     /// The daemon `owner` is stopping: its heartbeat is removed.
     fn sign_off(&self, owner: &str) -> Result<()>;
 
+    /// The concurrency limits this process's claims apply (a daemon's `[concurrency]`); none
+    /// until set.
+    fn set_limits(&self, limits: crate::store::flow::ConcurrencyLimits);
+
+    /// The earliest start time after `now_ms` of a queued task (a delayed start, or a task
+    /// waiting for its model's capacity), so an idle daemon sleeps until then.
+    fn next_start_ms(&self, now_ms: u64) -> Result<Option<u64>>;
+
     /// A channel that receives a message whenever a task may have become ready (PostgreSQL's
     /// LISTEN/NOTIFY), so an idle daemon starts it at once; `None` when the daemon must poll.
     fn wakeups(&self) -> Option<Receiver<()>>;

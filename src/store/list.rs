@@ -54,6 +54,18 @@ pub struct TaskSummary {
     pub runs: u32,
     pub created_at_ms: u64,
     pub updated_at_ms: u64,
+    /// Not started before this time: a delayed start, or a wait for its model's capacity.
+    pub not_before_ms: Option<u64>,
+}
+
+impl TaskSummary {
+    /// Its status as a list shows it: `scheduled` while it is queued before its start time.
+    pub fn shown_status(&self, now_ms: u64) -> &'static str {
+        match self.not_before_ms {
+            Some(at) if self.status == QueueStatus::Queued && at > now_ms => "scheduled",
+            _ => self.status.as_str(),
+        }
+    }
 }
 
 /// A listed task, or one whose record cannot be decoded (listed, never hidden).

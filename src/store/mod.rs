@@ -10,6 +10,7 @@
 mod backend;
 pub mod callbacks;
 pub mod codec;
+pub mod flow;
 pub mod list;
 pub mod outbox;
 pub mod pg;

@@ -140,9 +140,22 @@ pub struct TaskRecord {
     /// only its own tasks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub submitted_by: Option<String>,
+    /// Not claimed before this time (ms since the epoch): a delayed start, or a task that
+    /// gave its thread back until its model has capacity again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_before_ms: Option<u64>,
+    /// The key whose concurrency limit (in the daemon's config) bounds how many of its tasks
+    /// run at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency_key: Option<String>,
 }
 
 impl TaskRecord {
+    /// Whether the task waits for its start time (queued, not yet due at `now_ms`).
+    pub fn is_scheduled(&self, now_ms: u64) -> bool {
+        self.status == QueueStatus::Queued && self.not_before_ms.is_some_and(|t| t > now_ms)
+    }
+
     /// The namespace of this task's call keys, in the database whose id is `db_id`.
     pub fn key_namespace<'a>(&'a self, db_id: &'a str) -> &'a str {
         self.key_ns.as_deref().unwrap_or(db_id)
@@ -207,6 +220,10 @@ pub struct NewTask {
     pub callback_url: Option<String>,
     /// See [`TaskRecord::submitted_by`].
     pub submitted_by: Option<String>,
+    /// See [`TaskRecord::not_before_ms`].
+    pub not_before_ms: Option<u64>,
+    /// See [`TaskRecord::concurrency_key`].
+    pub concurrency_key: Option<String>,
 }
 
 /// A write's call key record: committed as an intent before the tool is called, then completed
@@ -320,6 +337,8 @@ pub(crate) fn new_record(
         instructions: t.instructions.clone(),
         callback_url: t.callback_url.clone(),
         submitted_by: t.submitted_by.clone(),
+        not_before_ms: t.not_before_ms,
+        concurrency_key: t.concurrency_key.clone(),
     }
 }
 
@@ -356,6 +375,8 @@ fn differs(rec: &TaskRecord, t: &NewTask) -> Option<&'static str> {
         Some("budget")
     } else if rec.priority != t.priority {
         Some("priority")
+    } else if rec.concurrency_key != t.concurrency_key {
+        Some("concurrency key")
     } else if rec.instructions != t.instructions {
         Some("instructions")
     } else if rec.catalog != t.catalog {

@@ -138,5 +138,6 @@ pub fn summary_json(t: &TaskSummary, stop: Option<StopReason>) -> Value {
         "runs": t.runs,
         "created_at": rfc3339(t.created_at_ms),
         "updated_at": rfc3339(t.updated_at_ms),
+        "not_before": t.not_before_ms.map(rfc3339),
     })
 }

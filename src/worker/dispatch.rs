@@ -200,10 +200,28 @@ impl<'a> Dispatch<'a> {
                     Drain::Wait => {}
                 }
             }
+            let idle = self.idle_for();
             crossbeam_channel::select! {
                 recv(self.done_rx) -> r => if r.is_ok() { self.in_flight -= 1 },
                 recv(self.wake) -> _ => {}
-                default(self.poll) => {}
+                default(idle) => {}
+            }
+        }
+    }
+
+    /// How long to wait for a wake-up before claiming again: the poll interval, or less when
+    /// a delayed task comes due sooner (a daemon woken by NOTIFY polls once a second).
+    fn idle_for(&self) -> Duration {
+        if self.in_flight >= self.workers {
+            return self.poll;
+        }
+        let now = now_ms();
+        match self.store.next_start_ms(now) {
+            Ok(Some(at)) => self.poll.min(Duration::from_millis(at.saturating_sub(now))),
+            Ok(None) => self.poll,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read the next start time; polling");
+                self.poll
             }
         }
     }

@@ -120,6 +120,7 @@ pub struct Stats {
 /// and everything stops in the reverse order.
 pub fn run(store: Arc<dyn Backend>, cfg: &Config, shutdown: Arc<AtomicBool>) -> Result<Arc<Stats>> {
     let workers = cfg.workers.max(1);
+    store.set_limits(cfg.trusted.concurrency.clone());
     let me = Identity::current();
     let stats = Arc::new(Stats::default());
     let heartbeat = Arc::new(Heartbeat::start(

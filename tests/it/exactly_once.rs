@@ -41,6 +41,8 @@ fn new_task(user: &str, goal: &str, key: Option<&str>) -> NewTask {
         instructions: None,
         callback_url: None,
         submitted_by: None,
+        not_before_ms: None,
+        concurrency_key: None,
     }
 }
 

@@ -16,6 +16,7 @@ mod crash_recovery;
 mod daemon;
 mod exactly_once;
 mod figures;
+mod flow;
 mod http;
 mod kernel;
 mod kernel_purity;

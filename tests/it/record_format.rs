@@ -94,7 +94,7 @@ fn a_version_1_database_is_read_back_as_written_and_migrated() {
         );
     }
     // The file is now of the current version, every record in the envelope, none as JSON.
-    assert_eq!(schema_version(&d.join("worker.redb")), 3);
+    assert_eq!(schema_version(&d.join("worker.redb")), 4);
     let raw = stored_records(&d.join("worker.redb"));
     assert!(raw.len() > 40, "{} records", raw.len());
     for (table, v) in &raw {

@@ -135,6 +135,8 @@ fn task(rng: &mut Rng, i: usize) -> NewTask {
         instructions: None,
         callback_url: None,
         submitted_by: None,
+        not_before_ms: None,
+        concurrency_key: None,
     }
 }
 

@@ -78,6 +78,7 @@ pub(super) fn commit_statements(s: &str, t: &str) -> [String; 10] {
 fn final_and_claim() -> String {
     format!(
         "nx AS (SELECT id FROM {{s}}.tasks WHERE status = 'queued' AND EXISTS (SELECT 1 FROM u) \
+         AND concurrency_key IS NULL AND (not_before_ms IS NULL OR not_before_ms <= $4::bigint) \
          ORDER BY priority DESC, ready_seq LIMIT 1 FOR UPDATE SKIP LOCKED), \
          cl AS (UPDATE {{s}}.tasks t SET status = 'running', token = t.token + 1, lease = $26::jsonb, \
          lease_owner = $27::text, \
@@ -430,7 +431,7 @@ impl PgStore {
         commits: &[&Commit],
         params: &[CommitParams],
     ) -> std::result::Result<Vec<Option<CommitOutcome>>, Tried> {
-        let claim = self.sql(&format!("{}{}", claim_sql(), returning("t.")));
+        let claim = self.sql(&format!("{}{}", claim_sql(true), returning("t.")));
         let mut statements = Vec::new();
         for cm in commits {
             statements.push(

@@ -64,7 +64,7 @@ impl DecisionTx for PgTx<'_, '_, '_> {
             .query_opt(&sql, &[&id])
             .map_err(db_error)?
             .ok_or_else(|| Error::NoTask(id.to_string()))?;
-        if let Some(why) = row.get::<_, Option<String>>(18) {
+        if let Some(why) = row.get::<_, Option<String>>(super::rows::TASK_COLUMNS_LEN) {
             return Err(Error::Corrupt(format!("task {id} is quarantined: {why}")));
         }
         from_row(&row)

@@ -14,7 +14,7 @@ use crate::store::{QueueStatus, Result};
 const LIST_SQL: &str = "SELECT id, num, status, state->'stop', user_id, state->>'goal', priority, \
     enqueue_key, (state->>'step')::bigint, (state->>'tool_calls')::bigint, \
     (state->>'tokens')::bigint, elapsed_ms, token, created_at_ms, updated_at_ms, damaged, \
-    state->>'outcome' \
+    state->>'outcome', not_before_ms \
     FROM {s}.tasks \
     WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR user_id = $2) \
       AND ($3::text IS NULL OR enqueue_key = $3) AND ($4::bigint IS NULL OR created_at_ms >= $4) \
@@ -71,6 +71,7 @@ impl Lists for PgStore {
                 runs: n(12) as u32,
                 created_at_ms: n(13),
                 updated_at_ms: n(14),
+                not_before_ms: r.get::<_, Option<i64>>(17).map(u64_of),
                 id,
             }));
         }

@@ -22,6 +22,7 @@
 mod callbacks;
 mod commit;
 mod decide;
+mod flow;
 mod list;
 mod listen;
 mod maintenance;
@@ -66,6 +67,8 @@ pub struct PgStore {
     exporter: i64,
     /// Faults a test injects into step commits (the seeded simulation); none otherwise.
     commit_faults: Mutex<Option<FaultSource>>,
+    /// The concurrency limits its claims apply.
+    limits: std::sync::RwLock<Arc<crate::store::flow::ConcurrencyLimits>>,
 }
 
 /// What decides the fault of each step commit (see [`PgStore::inject_commit_faults`]).
@@ -263,6 +266,7 @@ impl PgStore {
             stop: Arc::default(),
             exporter: random_i64(),
             commit_faults: Mutex::new(None),
+            limits: Default::default(),
         })
     }
 

@@ -18,17 +18,35 @@ use std::sync::atomic::AtomicBool;
 
 /// Takes up to `$1` ready tasks under the lease `$2`/`$3` (owner), for `$4` ms (a lease's
 /// length) plus each task's remaining active time from now by the server's clock (`$5`: the
-/// caller's clock offset); `$6` marks the claim.
-pub(super) fn claim_sql() -> String {
+/// caller's clock offset); `$6` marks the claim. A task is due when its start time has come;
+/// `keyless`: only tasks without a concurrency key (a claim folded into a final commit, which
+/// takes no slot; keyed tasks are claimed by `Queue::claim`).
+pub(super) fn claim_sql(keyless: bool) -> String {
+    let now = super::now_sql(5);
+    let keys = if keyless {
+        "AND concurrency_key IS NULL "
+    } else {
+        ""
+    };
+    format!(
+        "WITH c AS (SELECT id FROM {{s}}.tasks WHERE status = 'queued' {keys}\
+         AND (not_before_ms IS NULL OR not_before_ms <= {now}) \
+         ORDER BY priority DESC, ready_seq LIMIT $1::bigint FOR UPDATE SKIP LOCKED) \
+         {}",
+        claim_update("c")
+    )
+}
+
+/// The `UPDATE` that claims the tasks of the CTE `from` (a column `id`), with the parameters
+/// of [`claim_sql`]; `RETURNING` follows.
+pub(super) fn claim_update(from: &str) -> String {
     let now = super::now_sql(5);
     format!(
-        "WITH c AS (SELECT id FROM {{s}}.tasks WHERE status = 'queued' \
-         ORDER BY priority DESC, ready_seq LIMIT $1::bigint FOR UPDATE SKIP LOCKED) \
-         UPDATE {{s}}.tasks t SET status = 'running', token = t.token + 1, lease = $2::jsonb, \
+        "UPDATE {{s}}.tasks t SET status = 'running', token = t.token + 1, lease = $2::jsonb, \
          lease_owner = $3::text, \
          lease_expires_ms = {now} + $4::bigint + GREATEST(t.deadline_ms - t.elapsed_ms, 0), \
          updated_at_ms = {now}, claim_commit = $6::bigint, ready_seq = NULL \
-         FROM c WHERE t.id = c.id RETURNING "
+         FROM {from} WHERE t.id = {from}.id RETURNING "
     )
 }
 
@@ -69,8 +87,9 @@ impl Queue for PgStore {
         ));
         let insert = self.sql(
             "INSERT INTO {s}.tasks (id, num, status, priority, ready_seq, enqueue_key, user_id, \
-             approval_wait_ms, created_at_ms, updated_at_ms, budget, spec, state, deadline_ms) \
-             VALUES ($1, $2, 'queued', $3, nextval('{s}.ready_seq'), $4, $5, $6, $7, $7, $8, $9, $10, $11)",
+             approval_wait_ms, created_at_ms, updated_at_ms, budget, spec, state, deadline_ms, \
+             not_before_ms, concurrency_key) \
+             VALUES ($1, $2, 'queued', $3, nextval('{s}.ready_seq'), $4, $5, $6, $7, $7, $8, $9, $10, $11, $12, $13)",
         );
         let notes_sql =
             self.sql("SELECT user_id, text, source, created_at_s, expires_at_s FROM {s}.notes");
@@ -122,6 +141,8 @@ impl Queue for PgStore {
                             &Json(spec_of(&rec)?),
                             &Json(to_json(&rec.state)?),
                             &ms_col(rec.budget.deadline_ms),
+                            &rec.not_before_ms.map(ms_col),
+                            &rec.concurrency_key,
                         ],
                     )
                     .map_err(db_error)?;
@@ -141,8 +162,12 @@ impl Queue for PgStore {
         if max == 0 {
             return Ok(Vec::new());
         }
+        let limits = self.limits();
+        if !limits.is_empty() {
+            return self.claim_limited(lease, max, now_ms, &limits);
+        }
         let marker = random_i64();
-        let sql = self.sql(&format!("{}{}", claim_sql(), returning("t.")));
+        let sql = self.sql(&format!("{}{}", claim_sql(false), returning("t.")));
         let lease_json = Json(lease_of(&Some(lease.clone())).unwrap_or(Value::Null));
         let limit = i64::try_from(max).unwrap_or(i64::MAX);
         let (expires, now) = (lease_len(lease, now_ms), super::offset_of(now_ms));
@@ -314,6 +339,22 @@ impl Queue for PgStore {
             rx,
             guard: Box::new(super::listen::StopOnDrop(stop)),
         })
+    }
+
+    fn set_limits(&self, limits: crate::store::flow::ConcurrencyLimits) {
+        *self.limits.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(limits);
+    }
+
+    fn next_start_ms(&self, now_ms: u64) -> Result<Option<u64>> {
+        let now = super::now_sql(1);
+        let sql = self.sql(&format!(
+            "SELECT min(not_before_ms) - {now} FROM {{s}}.tasks WHERE status = 'queued' \
+             AND not_before_ms > {now}"
+        ));
+        let off = super::offset_of(now_ms);
+        let left: Option<i64> = self.read(|c| Ok(c.client.query_one(&sql, &[&off])?.get(0)))?;
+        // In the caller's clock: the server's time left, from the caller's now.
+        Ok(left.map(|l| now_ms.saturating_add(super::rows::u64_of(l))))
     }
 
     /// LISTEN/NOTIFY on the queue's channel.

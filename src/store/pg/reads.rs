@@ -79,7 +79,7 @@ impl Reads for PgStore {
         let mut out = Vec::new();
         for r in &rows {
             let id: String = r.get(0);
-            if let Some(why) = r.get::<_, Option<String>>(18) {
+            if let Some(why) = r.get::<_, Option<String>>(super::rows::TASK_COLUMNS_LEN) {
                 out.push((id, why));
             } else if let Err(e) = from_row(r) {
                 out.push((id, e.to_string()));

@@ -14,7 +14,10 @@ use crate::store::{Error, Lease, QueueStatus, Result, TaskRecord};
 /// The columns a task is read from, in the order [`from_row`] expects.
 pub const TASK_COLUMNS: &str = "id, status, priority, enqueue_key, token, lease, lease_expires_ms, \
     suspended_at_ms, approval_wait_ms, cancel_requested, created_at_ms, updated_at_ms, \
-    next_span_id, budget, spec, state, settle, approval";
+    next_span_id, budget, spec, state, settle, approval, not_before_ms, concurrency_key";
+
+/// How many columns [`TASK_COLUMNS`] names: a column selected after them is at this index.
+pub const TASK_COLUMNS_LEN: usize = 20;
 
 /// What enqueue fixed: written once, never rewritten by a step.
 #[derive(Serialize, Deserialize)]
@@ -131,6 +134,8 @@ pub fn from_row_at(r: &Row, o: usize) -> Result<TaskRecord> {
         instructions: spec.instructions,
         callback_url: spec.callback_url,
         submitted_by: spec.submitted_by,
+        not_before_ms: r.get::<_, Option<i64>>(18 + o).map(u64_of),
+        concurrency_key: r.get(19 + o),
         id,
     })
 }
@@ -179,6 +184,7 @@ pub struct Saved {
     pub approval: Option<Json<Value>>,
     pub deadline_ms: i64,
     pub elapsed_ms: i64,
+    pub not_before_ms: Option<i64>,
 }
 
 /// A time in milliseconds as a column that sums with now without overflow.
@@ -197,7 +203,7 @@ pub const SAVE_SQL: &str = "UPDATE {s}.tasks SET status = $2, token = $3, lease 
     ready_seq = CASE WHEN $9 THEN nextval('{s}.ready_seq') ELSE ready_seq END, \
     suspended_at_ms = $10, cancel_requested = $11, updated_at_ms = $12, next_span_id = $13, \
     budget = $14, state = $15, settle = $16, approval = $17, deadline_ms = $18, \
-    elapsed_ms = $19 WHERE id = $1";
+    elapsed_ms = $19, not_before_ms = $20 WHERE id = $1";
 
 pub fn saved(rec: &TaskRecord, was: QueueStatus) -> Result<Saved> {
     Ok(Saved {
@@ -227,11 +233,12 @@ pub fn saved(rec: &TaskRecord, was: QueueStatus) -> Result<Saved> {
         },
         deadline_ms: ms_col(rec.budget.deadline_ms),
         elapsed_ms: ms_col(rec.state.elapsed_ms),
+        not_before_ms: rec.not_before_ms.map(ms_col),
     })
 }
 
 impl Saved {
-    pub fn params<'a>(&'a self, id: &'a String) -> [&'a (dyn postgres::types::ToSql + Sync); 19] {
+    pub fn params<'a>(&'a self, id: &'a String) -> [&'a (dyn postgres::types::ToSql + Sync); 20] {
         [
             id,
             &self.status,
@@ -252,6 +259,18 @@ impl Saved {
             &self.approval,
             &self.deadline_ms,
             &self.elapsed_ms,
+            &self.not_before_ms,
         ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_column_count_is_that_of_the_list() {
+        assert_eq!(
+            super::TASK_COLUMNS.split(',').count(),
+            super::TASK_COLUMNS_LEN
+        );
     }
 }

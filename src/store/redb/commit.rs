@@ -4,10 +4,10 @@
 
 use redb::WriteTransaction;
 
+use super::RedbStore;
 use super::queue::claim_in;
 use super::rows as tasks;
 use super::schema::*;
-use super::{RedbStore, next_seq};
 use crate::kernel::StopReason;
 use crate::store::backend::Commits;
 use crate::store::codec::{self, encode};
@@ -25,11 +25,12 @@ impl Commits for RedbStore {
         &self,
         commits: &[&Commit],
     ) -> std::result::Result<Vec<Option<CommitOutcome>>, String> {
+        let limits = self.limits();
         let applied = (|| {
             let w = self.begin_write().map_err(|e| (None, e))?;
             let mut results = Vec::with_capacity(commits.len());
             for c in commits {
-                match apply_commit(&w, c) {
+                match apply_commit(&w, c, &limits) {
                     Ok(o) => results.push(Some(o)),
                     Err(Error::LeaseLost(_) | Error::NoTask(_)) => results.push(None),
                     Err(e) => return Err((Some(c.task_id.clone()), e)),
@@ -83,13 +84,17 @@ fn end_run(
         held.remove(c.task_id.as_str())?;
     }
     rec.lease = None;
-    w.open_table(RUNNING)?.remove(c.task_id.as_str())?;
+    super::flow::Flow::left_running(w, &c.task_id)?;
     Ok(())
 }
 
 /// Applies one worker commit inside `w`. Checks first that the worker still holds the lease
 /// and writes nothing if not, so one failed commit never spoils the others of a group.
-fn apply_commit(w: &WriteTransaction, c: &Commit) -> Result<CommitOutcome> {
+fn apply_commit(
+    w: &WriteTransaction,
+    c: &Commit,
+    limits: &crate::store::flow::ConcurrencyLimits,
+) -> Result<CommitOutcome> {
     let mut tasks = w.open_table(TASKS)?;
     // The task row only: a step never reads or rewrites the spec or the shared blobs.
     let mut rec =
@@ -150,10 +155,8 @@ fn apply_commit(w: &WriteTransaction, c: &Commit) -> Result<CommitOutcome> {
         CommitKind::Release => {
             rec.status = QueueStatus::Queued;
             rec.lease = None;
-            w.open_table(RUNNING)?.remove(c.task_id.as_str())?;
-            let seq = next_seq(&mut w.open_table(META)?, META_READY_SEQ)?;
-            w.open_table(READY)?
-                .insert((-rec.priority, seq), c.task_id.as_str())?;
+            super::flow::Flow::left_running(w, &c.task_id)?;
+            super::flow::Flow::queue(w, &c.task_id, rec.priority, rec.not_before_ms, c.now_ms)?;
         }
     }
     if rec.status != QueueStatus::Running {
@@ -162,7 +165,7 @@ fn apply_commit(w: &WriteTransaction, c: &Commit) -> Result<CommitOutcome> {
     tasks.insert(c.task_id.as_str(), rows::encode_task(&rec)?.as_slice())?;
     drop(tasks);
     if let (CommitKind::Final(_), Some(lease)) = (c.kind, &c.claim_next) {
-        outcome.next = claim_in(w, lease, 1, c.now_ms)?.pop();
+        outcome.next = claim_in(w, lease, 1, c.now_ms, limits)?.0.pop();
     }
     Ok(outcome)
 }

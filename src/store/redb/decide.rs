@@ -68,11 +68,10 @@ impl DecisionTx for RedbTx<'_> {
             held.insert(id, now)?;
         }
         if rec.status != QueueStatus::Running {
-            self.w.open_table(RUNNING)?.remove(id)?;
+            super::flow::Flow::left_running(self.w, id)?;
         }
         if rec.status == QueueStatus::Queued && was != QueueStatus::Queued {
-            let seq = next_seq(&mut self.w.open_table(META)?, META_READY_SEQ)?;
-            self.w.open_table(READY)?.insert((-rec.priority, seq), id)?;
+            super::flow::Flow::queue(self.w, id, rec.priority, rec.not_before_ms, now)?;
         }
         super::list::Indexes::open(self.w)?.moved(id, was, rec.status)?;
         tasks::save(self.w, rec)

@@ -124,6 +124,7 @@ pub(super) fn summary(row: &TaskRow, spec: &SpecRow) -> TaskSummary {
         runs: row.runs,
         created_at_ms: spec.created_at_ms,
         updated_at_ms: row.updated_at_ms,
+        not_before_ms: row.not_before_ms,
     }
 }
 

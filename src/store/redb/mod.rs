@@ -12,6 +12,7 @@
 mod callbacks;
 mod commit;
 mod decide;
+mod flow;
 mod handle;
 mod list;
 mod maintenance;
@@ -60,6 +61,8 @@ pub struct RedbStore {
     db_id: String,
     /// The benchmark's write meter, when it switched one on.
     meter: std::sync::OnceLock<std::sync::Arc<WriteStats>>,
+    /// The concurrency limits its claims apply.
+    limits: std::sync::RwLock<std::sync::Arc<crate::store::flow::ConcurrencyLimits>>,
 }
 
 fn next_seq(meta: &mut redb::Table<&str, u64>, name: &str) -> Result<u64> {
@@ -72,6 +75,11 @@ impl RedbStore {
     /// Switches on this database's write meter (for the storage benchmark) and returns it.
     pub fn meter_writes(&self) -> std::sync::Arc<WriteStats> {
         std::sync::Arc::clone(self.meter.get_or_init(Default::default))
+    }
+
+    /// The concurrency limits its claims apply (see `Queue::set_limits`).
+    fn limits(&self) -> std::sync::Arc<crate::store::flow::ConcurrencyLimits> {
+        std::sync::Arc::clone(&self.limits.read().unwrap_or_else(|p| p.into_inner()))
     }
 
     pub fn begin_write(&self) -> Result<WriteTransaction> {

@@ -38,6 +38,7 @@ impl RedbStore {
             path: path.to_path_buf(),
             db_id: String::new(),
             meter: Default::default(),
+            limits: Default::default(),
         };
         store.init()?;
         store.db_id = store.load_db_id()?;
@@ -90,6 +91,7 @@ impl RedbStore {
             path: path.to_path_buf(),
             db_id: String::new(),
             meter: Default::default(),
+            limits: Default::default(),
         };
         let (schema, id) = {
             let r = store.db.begin_read()?;
@@ -241,6 +243,7 @@ impl RedbStore {
             w.open_table(REPLIES)?;
             w.open_table(EVENTS)?;
             w.open_table(NOTES)?;
+            drop(super::flow::Flow::open(&w)?);
             let mut tables = super::rows::Tables::open(&w)?;
             if v1 {
                 let n = migrate_v1(&w, &mut tables)?;

@@ -4,6 +4,7 @@
 
 use redb::{ReadableTable, ReadableTableMetadata, WriteTransaction};
 
+use super::flow::{DELAYED, Flow};
 use super::list::Indexes;
 use super::rows as tasks;
 use super::schema::*;
@@ -11,6 +12,7 @@ use super::{RedbStore, next_seq};
 use crate::kernel::memory::Note;
 use crate::store::backend::Queue;
 use crate::store::codec::decode;
+use crate::store::flow::ConcurrencyLimits;
 use crate::store::records::{new_record, same_request};
 use crate::store::{
     Enqueued, Error, Lease, NewTask, QueueStatus, Result, TaskRecord, remaining_ms,
@@ -63,6 +65,7 @@ impl Queue for RedbStore {
             let mut keys = w.open_table(ENQUEUE_KEYS)?;
             let notes = load_notes(&w.open_table(NOTES)?)?;
             let mut idx = Indexes::open(&w)?;
+            let mut flow = Flow::open(&w)?;
             for t in tasks {
                 if let Some(k) = &t.key
                     && let Some(existing) = keys.get(k.as_str())?
@@ -79,7 +82,13 @@ impl Queue for RedbStore {
                 tables.insert_new(&rec)?;
                 idx.added(&id, &rec.state.user_id, rec.status, rec.created_at_ms)?;
                 let seq = next_seq(&mut meta, META_READY_SEQ)?;
-                ready.insert((-t.priority, seq), id.as_str())?;
+                match rec.not_before_ms.filter(|&at| at > now_ms) {
+                    Some(at) => flow.delayed.insert((at, seq), id.as_str())?,
+                    None => ready.insert((-t.priority, seq), id.as_str())?,
+                };
+                if let Some(k) = &rec.concurrency_key {
+                    flow.keys.insert(id.as_str(), k.as_str())?;
+                }
                 if let Some(k) = &t.key {
                     keys.insert(k.as_str(), id.as_str())?;
                 }
@@ -91,19 +100,57 @@ impl Queue for RedbStore {
     }
 
     /// Takes up to `max` tasks from the ready queue, highest priority first, and leases them.
+    /// Takes up to `max` ready tasks; a claim that finds none writes nothing.
     fn claim(&self, lease: &Lease, max: usize, now_ms: u64) -> Result<Vec<TaskRecord>> {
-        if max == 0 || self.ready_count()? == 0 {
+        if max == 0 {
             return Ok(Vec::new());
         }
+        let due = {
+            let r = self.db.begin_read()?;
+            let delayed = match r.open_table(DELAYED) {
+                Ok(t) => t.first()?.is_some_and(|(k, _)| k.value().0 <= now_ms),
+                Err(redb::TableError::TableDoesNotExist(_)) => false,
+                Err(e) => return Err(e.into()),
+            };
+            delayed || !r.open_table(READY)?.is_empty()?
+        };
+        if !due {
+            return Ok(Vec::new());
+        }
+        let limits = self.limits();
         let w = self.db.begin_write()?;
-        let out = claim_in(&w, lease, max, now_ms)?;
-        w.commit()?;
+        let (out, moved) = claim_in(&w, lease, max, now_ms, &limits)?;
+        if out.is_empty() && !moved {
+            w.abort()?;
+        } else {
+            w.commit()?;
+        }
         Ok(out)
     }
 
+    /// Queued tasks, due or not.
     fn ready_count(&self) -> Result<u64> {
         let r = self.db.begin_read()?;
-        Ok(r.open_table(READY)?.len()?)
+        let delayed = match r.open_table(DELAYED) {
+            Ok(t) => t.len()?,
+            Err(redb::TableError::TableDoesNotExist(_)) => 0,
+            Err(e) => return Err(e.into()),
+        };
+        Ok(r.open_table(READY)?.len()? + delayed)
+    }
+
+    fn set_limits(&self, limits: crate::store::flow::ConcurrencyLimits) {
+        *self.limits.write().unwrap_or_else(|p| p.into_inner()) = std::sync::Arc::new(limits);
+    }
+
+    fn next_start_ms(&self, now_ms: u64) -> Result<Option<u64>> {
+        let r = self.db.begin_read()?;
+        let first = match r.open_table(DELAYED) {
+            Ok(t) => t.first()?.map(|(k, _)| k.value().0),
+            Err(redb::TableError::TableDoesNotExist(_)) => None,
+            Err(e) => return Err(e.into()),
+        };
+        Ok(first.filter(|&at| at > now_ms))
     }
 
     fn running_count(&self) -> Result<u64> {
@@ -188,6 +235,7 @@ impl Queue for RedbStore {
             let mut running = w.open_table(RUNNING)?;
             let mut ready = w.open_table(READY)?;
             let mut idx = Indexes::open(&w)?;
+            let mut flow = Flow::open(&w)?;
             for id in candidates {
                 // Checked again inside the write: another process may have recovered it.
                 if running.get(id.as_str())?.is_none() {
@@ -197,11 +245,13 @@ impl Queue for RedbStore {
                     Ok(Some(rec)) => rec,
                     Ok(None) => {
                         running.remove(id.as_str())?;
+                        flow.give_back(&id)?;
                         continue;
                     }
                     Err(e) => {
                         tracing::error!(task = %id, error = %e, "task record damaged; quarantined");
                         running.remove(id.as_str())?;
+                        flow.give_back(&id)?;
                         w.open_table(DAMAGED)?
                             .insert(id.as_str(), e.to_string().as_str())?;
                         idx.removed(&id, QueueStatus::Running, None)?;
@@ -212,6 +262,7 @@ impl Queue for RedbStore {
                     continue;
                 }
                 running.remove(id.as_str())?;
+                flow.give_back(&id)?;
                 rec.status = QueueStatus::Queued;
                 rec.lease = None;
                 rec.updated_at_ms = now_ms;
@@ -228,63 +279,130 @@ impl Queue for RedbStore {
 }
 
 /// Takes up to `max` tasks from the ready queue inside `w`, highest priority first, and leases
-/// them, each under a new fencing token. A record that cannot be decoded is quarantined.
+/// them, each under a new fencing token; first, the delayed tasks that are due join the ready
+/// queue. A task whose concurrency key is at its limit is passed over (it keeps its place),
+/// so a key at its limit never holds back another's tasks. A record that cannot be decoded
+/// is quarantined. Returns the tasks, and whether anything else was written.
 pub(super) fn claim_in(
     w: &WriteTransaction,
     lease: &Lease,
     max: usize,
     now_ms: u64,
-) -> Result<Vec<TaskRecord>> {
+    limits: &ConcurrencyLimits,
+) -> Result<(Vec<TaskRecord>, bool)> {
     let mut out = Vec::new();
-    {
-        let mut ready = w.open_table(READY)?;
-        let mut tables = tasks::Tables::open(w)?;
-        let mut running = w.open_table(RUNNING)?;
-        let mut taken = Vec::new();
-        for entry in ready.iter()?.take(max) {
-            let (k, v) = entry?;
-            taken.push((k.value(), v.value().to_string()));
+    let mut ready = w.open_table(READY)?;
+    let mut tables = tasks::Tables::open(w)?;
+    let mut flow = Flow::open(w)?;
+    let moved = due_to_ready(&mut flow, &mut ready, &mut tables, now_ms)?;
+    let mut running = w.open_table(RUNNING)?;
+    let mut damaged = w.open_table(DAMAGED)?;
+    let mut idx = Indexes::open(w)?;
+    let taken = pick(&ready, &flow, max, limits)?;
+    for (k, id, slot) in taken {
+        ready.remove(k)?;
+        let mut rec = match tables.get(&id) {
+            Ok(Some(rec)) => rec,
+            Ok(None) => continue,
+            Err(e) => {
+                // Quarantined: listed as damaged, never run, never fatal for others.
+                tracing::error!(task = %id, error = %e, "task record damaged; quarantined");
+                damaged.insert(id.as_str(), e.to_string().as_str())?;
+                idx.removed(&id, QueueStatus::Queued, None)?;
+                continue;
+            }
+        };
+        if rec.status != QueueStatus::Queued {
+            continue; // stale entry
         }
-        let mut damaged = w.open_table(DAMAGED)?;
-        let mut idx = Indexes::open(w)?;
-        for (k, id) in taken {
-            ready.remove(k)?;
-            let mut rec = match tables.get(&id) {
-                Ok(Some(rec)) => rec,
-                Ok(None) => continue,
-                Err(e) => {
-                    // Quarantined: listed as damaged, never run, never fatal for others.
-                    tracing::error!(task = %id, error = %e, "task record damaged; quarantined");
-                    damaged.insert(id.as_str(), e.to_string().as_str())?;
-                    idx.removed(&id, QueueStatus::Queued, None)?;
+        if let Some(key) = &slot {
+            flow.take_slot(&id, key)?;
+        }
+        rec.status = QueueStatus::Running;
+        let mut lease = lease.clone();
+        // The claim's lease (now + lease_ms) plus the task's remaining active time: one
+        // model or tool call may take all of it.
+        lease.expires_at_ms = lease
+            .expires_at_ms
+            .max(now_ms)
+            .saturating_add(remaining_ms(&rec.budget, rec.state.elapsed_ms));
+        rec.runs = rec.runs.saturating_add(1);
+        lease.token = u64::from(rec.runs);
+        rec.lease = Some(lease);
+        rec.updated_at_ms = now_ms;
+        tables.save(&rec)?;
+        idx.moved(&id, QueueStatus::Queued, QueueStatus::Running)?;
+        running.insert(
+            id.as_str(),
+            rec.lease.as_ref().map_or(now_ms, |l| l.expires_at_ms),
+        )?;
+        out.push(rec);
+    }
+    Ok((out, moved))
+}
+
+/// A ready task a claim takes: its ready-queue key, its id, and the key whose slot it takes.
+type Picked = ((i64, u64), String, Option<String>);
+
+/// The ready tasks a claim of `max` takes, in queue order: `(ready key, id, the key whose slot
+/// it takes)`, passing over those whose concurrency key is at its limit.
+fn pick(
+    ready: &redb::Table<(i64, u64), &str>,
+    flow: &Flow,
+    max: usize,
+    limits: &ConcurrencyLimits,
+) -> Result<Vec<Picked>> {
+    let mut taken = Vec::new();
+    let mut running: std::collections::BTreeMap<String, u64> = Default::default();
+    for entry in ready.iter()? {
+        if taken.len() >= max {
+            break;
+        }
+        let (k, v) = entry?;
+        let id = v.value().to_string();
+        let limited = match flow.key_of(&id)? {
+            Some(key) => limits.limit_of(&key).map(|l| (key, u64::from(l))),
+            None => None,
+        };
+        let slot = match limited {
+            Some((key, limit)) => {
+                let n = match running.get(&key) {
+                    Some(n) => *n,
+                    None => flow.running(&key)?,
+                };
+                if n >= limit {
                     continue;
                 }
-            };
-            if rec.status != QueueStatus::Queued {
-                continue; // stale entry
+                running.insert(key.clone(), n + 1);
+                Some(key)
             }
-            rec.status = QueueStatus::Running;
-            let mut lease = lease.clone();
-            // The claim's lease (now + lease_ms) plus the task's remaining active time: one
-            // model or tool call may take all of it.
-            lease.expires_at_ms = lease
-                .expires_at_ms
-                .max(now_ms)
-                .saturating_add(remaining_ms(&rec.budget, rec.state.elapsed_ms));
-            rec.runs = rec.runs.saturating_add(1);
-            lease.token = u64::from(rec.runs);
-            rec.lease = Some(lease);
-            rec.updated_at_ms = now_ms;
-            tables.save(&rec)?;
-            idx.moved(&id, QueueStatus::Queued, QueueStatus::Running)?;
-            running.insert(
-                id.as_str(),
-                rec.lease.as_ref().map_or(now_ms, |l| l.expires_at_ms),
-            )?;
-            out.push(rec);
-        }
+            None => None,
+        };
+        taken.push((k.value(), id, slot));
     }
-    Ok(out)
+    Ok(taken)
+}
+
+/// Moves the delayed tasks due at `now_ms` to the ready queue (each keeps its sequence, so it
+/// takes the place its enqueue gave it among tasks of its priority). Whether any moved.
+fn due_to_ready(
+    flow: &mut Flow,
+    ready: &mut redb::Table<(i64, u64), &str>,
+    tables: &mut tasks::Tables,
+    now_ms: u64,
+) -> Result<bool> {
+    let due: Vec<((u64, u64), String)> = flow
+        .delayed
+        .range(..(now_ms.saturating_add(1), 0))?
+        .map(|e| e.map(|(k, v)| (k.value(), v.value().to_string())))
+        .collect::<std::result::Result<_, _>>()?;
+    for ((at, seq), id) in &due {
+        flow.delayed.remove((*at, *seq))?;
+        // A record that cannot be read joins the queue too: the claim quarantines it.
+        let priority = tables.get(id).ok().flatten().map_or(0, |r| r.priority);
+        ready.insert((-priority, *seq), id.as_str())?;
+    }
+    Ok(!due.is_empty())
 }
 
 /// A running task may be taken over when its lease expired or its owner is gone.

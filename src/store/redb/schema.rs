@@ -10,8 +10,11 @@ use redb::TableDefinition;
 /// record; version 2 stores bincode rows in an envelope, a task as a row, a spec and blobs.
 /// Version 3 adds the list indexes (by status, user and creation, and the status counts; see
 /// [`super::list`]), built from the task rows when an older file is opened for writing.
+/// Version 4 adds flow control (delayed starts, concurrency keys and slots; see
+/// [`super::flow`]): a version-3 file gets the tables, empty, when opened for writing, and
+/// an older Tether refuses a version-4 file rather than ignore its delayed tasks and limits.
 /// Opening a version-1 or -2 file for writing migrates it (see `open`).
-pub const SCHEMA_VERSION: u64 = 3;
+pub const SCHEMA_VERSION: u64 = 4;
 
 /// "schema_version" -> u64; "task_seq" -> next task number; "event_seq", "ready_seq",
 /// "note_seq"; "db_id" -> the database id.
@@ -51,7 +54,7 @@ pub const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
 pub const NOTES: TableDefinition<u64, &[u8]> = TableDefinition::new("notes");
 
 /// The name of every table: a file missing one gets it at open.
-pub const ALL_TABLES: [&str; 20] = [
+pub const ALL_TABLES: [&str; 24] = [
     "meta",
     "tasks",
     "task_specs",
@@ -72,6 +75,10 @@ pub const ALL_TABLES: [&str; 20] = [
     "by_user",
     "created",
     "status_counts",
+    "delayed",
+    "concurrency_keys",
+    "slots",
+    "slot_holders",
 ];
 
 pub const META_SCHEMA: &str = "schema_version";

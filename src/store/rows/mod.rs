@@ -174,6 +174,7 @@ pub fn task_row(rec: &TaskRecord) -> TaskRow {
         approval_wait_ms: rec.approval_wait_ms,
         suspended_at_ms: rec.suspended_at_ms,
         approval: rec.approval.clone(),
+        not_before_ms: rec.not_before_ms,
     }
 }
 
@@ -243,6 +244,7 @@ pub fn split(rec: &TaskRecord) -> Split {
             instructions: rec.instructions.clone(),
             callback_url: rec.callback_url.clone(),
             submitted_by: rec.submitted_by.clone(),
+            concurrency_key: rec.concurrency_key.clone(),
         },
         blobs,
     }
@@ -334,6 +336,8 @@ pub fn join(row: TaskRow, spec: SpecRow, blob: &mut dyn FnMut(&str) -> R<Blob>) 
         instructions: spec.instructions,
         callback_url: spec.callback_url,
         submitted_by: spec.submitted_by,
+        not_before_ms: row.not_before_ms,
+        concurrency_key: spec.concurrency_key,
     })
 }
 

@@ -236,11 +236,32 @@ pub struct TaskRow {
     pub approval_wait_ms: u64,
     pub suspended_at_ms: Option<u64>,
     pub approval: Option<Approval>,
+    pub not_before_ms: Option<u64>,
 }
 
 /// The format a task row is written in: 3 adds the model's last turn to the state, 4 the
-/// budget's `replans_max` and the state's plan revisions and failed writes.
-pub const TASK_FORMAT: u8 = 4;
+/// budget's `replans_max` and the state's plan revisions and failed writes, 5 the time
+/// before which it is not claimed.
+pub const TASK_FORMAT: u8 = 5;
+
+/// A task row of format 4 (before delayed starts).
+#[derive(Serialize, Deserialize)]
+pub struct TaskRowV4 {
+    id: String,
+    status: QueueStatus,
+    priority: i64,
+    budget: Budget,
+    state: StateRow,
+    next_span_id: u32,
+    updated_at_ms: u64,
+    lease: Option<Lease>,
+    runs: u32,
+    cancel_requested: Option<String>,
+    settle: Option<Json>,
+    approval_wait_ms: u64,
+    suspended_at_ms: Option<u64>,
+    approval: Option<Approval>,
+}
 
 /// A task row of format 3, or (with a format-2 state) of format 2.
 #[derive(Serialize, Deserialize)]
@@ -266,10 +287,31 @@ pub fn encode_task(row: &TaskRow) -> std::result::Result<Vec<u8>, crate::store::
     crate::store::codec::encode_row_as(TASK_FORMAT, row)
 }
 
-/// A stored task row of format 4, or of an older format read as one: format 3 with the
-/// default replan budget and no revisions, format 2 also without a last turn.
+/// A stored task row of format 5, or of an older format read as one: format 4 without a start
+/// time, format 3 also with the default replan budget and no revisions, format 2 also without
+/// a last turn.
 pub fn decode_task(what: &str, bytes: &[u8]) -> std::result::Result<TaskRow, crate::store::Error> {
     crate::store::codec::decode_row_versioned(what, bytes, TASK_FORMAT, |version, payload| {
+        if version == 4 {
+            let o: TaskRowV4 = crate::store::codec::decode_payload(what, payload)?;
+            return Ok(TaskRow {
+                id: o.id,
+                status: o.status,
+                priority: o.priority,
+                budget: o.budget,
+                state: o.state,
+                next_span_id: o.next_span_id,
+                updated_at_ms: o.updated_at_ms,
+                lease: o.lease,
+                runs: o.runs,
+                cancel_requested: o.cancel_requested,
+                settle: o.settle,
+                approval_wait_ms: o.approval_wait_ms,
+                suspended_at_ms: o.suspended_at_ms,
+                approval: o.approval,
+                not_before_ms: None,
+            });
+        }
         let o: TaskRowOld<StateRowV3> = match version {
             3 => crate::store::codec::decode_payload(what, payload)?,
             2 => {
@@ -312,6 +354,7 @@ pub fn decode_task(what: &str, bytes: &[u8]) -> std::result::Result<TaskRow, cra
             approval_wait_ms: o.approval_wait_ms,
             suspended_at_ms: o.suspended_at_ms,
             approval: o.approval,
+            not_before_ms: None,
         })
     })
 }

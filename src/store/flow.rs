@@ -1,0 +1,82 @@
+//! Claim rules both engines apply: the concurrency limits of a daemon's `[concurrency]`
+//! config, by key or by key prefix (`"tenant:*" = 2`, `"tenant:acme" = 5`).
+
+use std::collections::BTreeMap;
+
+/// How many tasks of a concurrency key may run at once, across every daemon that claims with
+/// these limits. A key no limit names runs unbounded.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConcurrencyLimits {
+    exact: BTreeMap<String, u32>,
+    /// `(prefix, limit)` of the patterns ending in `*`, longest prefix first.
+    prefixes: Vec<(String, u32)>,
+}
+
+impl ConcurrencyLimits {
+    /// Limits from `pattern = n` pairs; a pattern is a key, or a prefix followed by `*`.
+    pub fn new(pairs: impl IntoIterator<Item = (String, u32)>) -> Result<Self, String> {
+        let mut out = ConcurrencyLimits::default();
+        for (pattern, n) in pairs {
+            if n == 0 {
+                return Err(format!(
+                    "concurrency.{pattern:?} = 0 would never run its tasks; give 1 or more"
+                ));
+            }
+            match pattern.strip_suffix('*') {
+                Some(prefix) if prefix.contains('*') => {
+                    return Err(format!(
+                        "concurrency.{pattern:?}: '*' may only end a pattern"
+                    ));
+                }
+                Some(prefix) => out.prefixes.push((prefix.to_string(), n)),
+                None if pattern.contains('*') => {
+                    return Err(format!(
+                        "concurrency.{pattern:?}: '*' may only end a pattern"
+                    ));
+                }
+                None => {
+                    out.exact.insert(pattern, n);
+                }
+            }
+        }
+        out.prefixes.sort_by_key(|p| std::cmp::Reverse(p.0.len()));
+        Ok(out)
+    }
+
+    /// The limit of `key`: its own, else that of the longest pattern it starts with.
+    pub fn limit_of(&self, key: &str) -> Option<u32> {
+        self.exact.get(key).copied().or_else(|| {
+            self.prefixes
+                .iter()
+                .find(|(p, _)| key.starts_with(p.as_str()))
+                .map(|(_, n)| *n)
+        })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.exact.is_empty() && self.prefixes.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_exact_key_then_the_longest_pattern() {
+        let l = ConcurrencyLimits::new([
+            ("tenant:*".to_string(), 2),
+            ("tenant:acme".to_string(), 5),
+            ("tenant:big*".to_string(), 9),
+            ("*".to_string(), 50),
+        ])
+        .expect("limits");
+        assert_eq!(l.limit_of("tenant:acme"), Some(5));
+        assert_eq!(l.limit_of("tenant:other"), Some(2));
+        assert_eq!(l.limit_of("tenant:bigco"), Some(9));
+        assert_eq!(l.limit_of("openai"), Some(50));
+        assert!(ConcurrencyLimits::default().limit_of("x").is_none());
+        assert!(ConcurrencyLimits::new([("a*b".to_string(), 1)]).is_err());
+        assert!(ConcurrencyLimits::new([("a".to_string(), 0)]).is_err());
+    }
+}
