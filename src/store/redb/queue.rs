@@ -119,8 +119,8 @@ impl Queue for RedbStore {
         }
         let limits = self.limits();
         let w = self.db.begin_write()?;
-        let (out, moved) = claim_in(&w, lease, max, now_ms, &limits)?;
-        if out.is_empty() && !moved {
+        let (out, changed) = claim_in(&w, lease, max, now_ms, &limits)?;
+        if out.is_empty() && !changed {
             w.abort()?;
         } else {
             w.commit()?;
@@ -282,7 +282,8 @@ impl Queue for RedbStore {
 /// them, each under a new fencing token; first, the delayed tasks that are due join the ready
 /// queue. A task whose concurrency key is at its limit is passed over (it keeps its place),
 /// so a key at its limit never holds back another's tasks. A record that cannot be decoded
-/// is quarantined. Returns the tasks, and whether anything else was written.
+/// is quarantined. Returns the tasks, and whether anything was written (due tasks moved,
+/// stale entries removed).
 pub(super) fn claim_in(
     w: &WriteTransaction,
     lease: &Lease,
@@ -299,6 +300,8 @@ pub(super) fn claim_in(
     let mut damaged = w.open_table(DAMAGED)?;
     let mut idx = Indexes::open(w)?;
     let taken = pick(&ready, &flow, max, limits)?;
+    // Entries taken and found stale (the task was cancelled while queued) are removed too.
+    let changed = moved || !taken.is_empty();
     for (k, id, slot) in taken {
         ready.remove(k)?;
         let mut rec = match tables.get(&id) {
@@ -338,7 +341,7 @@ pub(super) fn claim_in(
         )?;
         out.push(rec);
     }
-    Ok((out, moved))
+    Ok((out, changed))
 }
 
 /// A ready task a claim takes: its ready-queue key, its id, and the key whose slot it takes.
