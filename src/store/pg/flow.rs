@@ -35,16 +35,20 @@ impl PgStore {
         limits: &ConcurrencyLimits,
     ) -> Result<Vec<TaskRecord>> {
         let now = super::now_sql(1);
-        let full_sql = self.sql("SELECT key, running FROM {s}.slots WHERE running > 0");
+        // Keys whose slots were all taken when last counted are passed over at once; the
+        // upsert in `take_slots` is what decides.
         let candidates_sql = self.sql(&format!(
-            "SELECT id, concurrency_key FROM {{s}}.tasks WHERE status = 'queued' \
+            "SELECT id, concurrency_key FROM {{s}}.tasks t WHERE status = 'queued' \
              AND (not_before_ms IS NULL OR not_before_ms <= {now}) \
-             AND (concurrency_key IS NULL OR NOT concurrency_key = ANY($2::text[])) \
-             ORDER BY priority DESC, ready_seq LIMIT $3 FOR UPDATE SKIP LOCKED"
+             AND (concurrency_key IS NULL OR NOT EXISTS (SELECT 1 FROM {{s}}.slots s \
+                  WHERE s.key = t.concurrency_key AND s.running >= s.cap)) \
+             ORDER BY priority DESC, ready_seq LIMIT $2 FOR UPDATE SKIP LOCKED"
         ));
         let take_sql = self.sql(
-            "INSERT INTO {s}.slots (key, running) VALUES ($1, 1) ON CONFLICT (key) DO UPDATE \
-             SET running = {s}.slots.running + 1 WHERE {s}.slots.running < $2 RETURNING running",
+            "INSERT INTO {s}.slots (key, running, cap) SELECT k, 1, c \
+             FROM unnest($1::text[], $2::int[]) AS u(k, c) \
+             ON CONFLICT (key) DO UPDATE SET running = {s}.slots.running + 1, cap = EXCLUDED.cap \
+             WHERE {s}.slots.running < EXCLUDED.cap RETURNING key",
         );
         let claim = self.sql(&format!(
             "WITH c AS (SELECT unnest($1::text[]) AS id) {}{}",
@@ -57,22 +61,9 @@ impl PgStore {
         let lease_json = Json(lease_of(&Some(lease.clone())).unwrap_or(Value::Null));
         let (len, off) = (lease_len(lease, now_ms), super::offset_of(now_ms));
         let rows = self.write(|tx| {
-            let full: Vec<String> = tx
-                .query(&full_sql, &[])
-                .map_err(db_error)?
-                .iter()
-                .filter(|r| {
-                    let key: String = r.get(0);
-                    let n: i32 = r.get(1);
-                    limits
-                        .limit_of(&key)
-                        .is_some_and(|l| i64::from(n) >= i64::from(l))
-                })
-                .map(|r| r.get(0))
-                .collect();
             let look = i64_of(max as u64).saturating_add(LOOK_AHEAD);
             let candidates = tx
-                .query(&candidates_sql, &[&off, &full, &look])
+                .query(&candidates_sql, &[&off, &look])
                 .map_err(db_error)?;
             let (take, slotted) = take_slots(tx, &candidates, max, limits, &take_sql)?;
             if take.is_empty() {
@@ -99,8 +90,9 @@ impl PgStore {
 }
 
 /// Of the `candidates` (id, key) in order, the ids a claim of `max` takes, and those of them
-/// that took a slot of their key (by `take_sql`, a conditional upsert); a key whose slot
-/// could not be had is passed over for the rest of the claim.
+/// that took a slot of their key. Slots are taken by `take_sql` (one upsert for a set of
+/// distinct keys, each taking one slot if its key has one free), in rounds: a key's second
+/// candidate waits for the next round, and a key refused a slot is passed over from then on.
 fn take_slots(
     tx: &mut postgres::Transaction<'_>,
     candidates: &[postgres::Row],
@@ -108,31 +100,73 @@ fn take_slots(
     limits: &ConcurrencyLimits,
     take_sql: &str,
 ) -> Result<(Vec<String>, Vec<String>)> {
-    let (mut take, mut slotted) = (Vec::new(), Vec::new());
-    let mut full: BTreeMap<String, ()> = BTreeMap::new();
-    for r in candidates {
-        if take.len() >= max {
-            break;
-        }
-        let id: String = r.get(0);
-        let key: Option<String> = r.get(1);
-        match key.and_then(|k| limits.limit_of(&k).map(|l| (k, l))) {
-            None => take.push(id),
-            Some((k, _)) if full.contains_key(&k) => {}
-            Some((k, l)) => {
-                let cap = i32::try_from(l).unwrap_or(i32::MAX);
-                if tx
-                    .query_opt(take_sql, &[&k, &cap])
-                    .map_err(db_error)?
-                    .is_some()
-                {
-                    slotted.push(id.clone());
-                    take.push(id);
-                } else {
-                    full.insert(k, ());
+    // (id, the limited key and its limit), in queue order.
+    let mut left: Vec<(String, Option<(String, u32)>)> = candidates
+        .iter()
+        .map(|r| {
+            let key: Option<String> = r.get(1);
+            (
+                r.get(0),
+                key.and_then(|k| limits.limit_of(&k).map(|l| (k, l))),
+            )
+        })
+        .collect();
+    let mut granted: BTreeMap<String, ()> = BTreeMap::new();
+    let mut taken: BTreeMap<String, bool> = BTreeMap::new();
+    loop {
+        // Up to `max` candidates still undecided, at most one per key this round.
+        let mut round: BTreeMap<String, u32> = BTreeMap::new();
+        let mut count = taken.len();
+        for (id, limited) in &left {
+            if count >= max {
+                break;
+            }
+            match limited {
+                None => {
+                    taken.insert(id.clone(), false);
+                    count += 1;
                 }
+                Some((k, l)) if !round.contains_key(k) => {
+                    round.insert(k.clone(), *l);
+                    count += 1;
+                }
+                Some(_) => {}
             }
         }
+        left.retain(|(id, _)| !taken.contains_key(id));
+        if round.is_empty() {
+            break;
+        }
+        let keys: Vec<&String> = round.keys().collect();
+        let caps: Vec<i32> = round
+            .values()
+            .map(|l| i32::try_from(*l).unwrap_or(i32::MAX))
+            .collect();
+        granted.clear();
+        for r in tx.query(take_sql, &[&keys, &caps]).map_err(db_error)? {
+            granted.insert(r.get(0), ());
+        }
+        // The first candidate of each key of the round takes its slot, or the key is full.
+        let mut seen: BTreeMap<String, ()> = BTreeMap::new();
+        left.retain(|(id, limited)| match limited {
+            Some((k, _)) if round.contains_key(k) && !seen.contains_key(k) => {
+                seen.insert(k.clone(), ());
+                if granted.contains_key(k) {
+                    taken.insert(id.clone(), true);
+                }
+                false
+            }
+            Some((k, _)) if round.contains_key(k) && !granted.contains_key(k) => false,
+            _ => true,
+        });
     }
+    // In queue order, as the candidates came.
+    let order: Vec<String> = candidates.iter().map(|r| r.get(0)).collect();
+    let take: Vec<String> = order
+        .iter()
+        .filter(|id| taken.contains_key(*id))
+        .cloned()
+        .collect();
+    let slotted = take.iter().filter(|id| taken[*id]).cloned().collect();
     Ok((take, slotted))
 }

@@ -179,12 +179,13 @@ CREATE TRIGGER callbacks_added AFTER INSERT ON {s}.callbacks FOR EACH ROW
 "#,
     // Flow control: a task is not claimed before `not_before_ms` (a delayed start, or a wait
     // for its model's capacity); `concurrency_key` names the limit that bounds it, and a
-    // running task that took one of its key's slots names it in `slot`. The trigger gives the
+    // running task that took one of its key's slots names it in `slot`; `slots.cap` is the
+    // key's limit as the last claim that took a slot saw it. The trigger gives the
     // slot back in whatever statement moves the task out of `running`, so no path can miss it.
     r#"
 ALTER TABLE {s}.tasks ADD COLUMN not_before_ms bigint, ADD COLUMN concurrency_key text, ADD COLUMN slot text;
 CREATE INDEX tasks_scheduled ON {s}.tasks (not_before_ms) WHERE status = 'queued' AND not_before_ms IS NOT NULL;
-CREATE TABLE {s}.slots (key text PRIMARY KEY, running integer NOT NULL);
+CREATE TABLE {s}.slots (key text PRIMARY KEY, running integer NOT NULL, cap integer NOT NULL);
 CREATE FUNCTION {s}.give_back_slot() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     UPDATE {s}.slots SET running = running - 1 WHERE key = OLD.slot;
