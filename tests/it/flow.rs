@@ -292,3 +292,19 @@ conformance! {
         assert_eq!(g.arrivals.first().map(|a| a.0.as_str()), Some("bo"), "bo ran first");
     }
 }
+
+/// Purging a finished task removes its concurrency key too (the file keeps nothing of it).
+#[test]
+fn a_purged_task_leaves_no_concurrency_key_behind() {
+    let dir = TempDir::new("purge_key");
+    let d = dir.path();
+    enqueue(d, &["--concurrency-key", "tenant:acme"]);
+    ok(d, &["run", "--drain"]);
+    let purged = json(d, &["purge", "--finished-before", "0s", "--json"]);
+    assert_eq!(purged["ids"], json!(["t1"]), "{purged}");
+    let db = redb::Database::open(d.join("worker.redb")).expect("open");
+    let r = redb::ReadableDatabase::begin_read(&db).expect("read");
+    let keys: redb::TableDefinition<&str, &str> = redb::TableDefinition::new("concurrency_keys");
+    let t = r.open_table(keys).expect("the table");
+    assert_eq!(redb::ReadableTableMetadata::len(&t).expect("len"), 0);
+}

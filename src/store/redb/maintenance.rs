@@ -236,6 +236,7 @@ impl RedbStore {
             let mut keys = w.open_table(ENQUEUE_KEYS)?;
             let held = w.open_table(HELD)?;
             let mut idx = super::list::Indexes::open(&w)?;
+            let mut flow = super::flow::Flow::open(&w)?;
             for (id, key, ns) in ids {
                 // Checked again inside the write: an operator may have acted meanwhile.
                 let user = match tasks::read_row(&tables.tasks, id) {
@@ -259,6 +260,7 @@ impl RedbStore {
                 if let Some(k) = key {
                     keys.remove(k.as_str())?;
                 }
+                flow.keys.remove(id.as_str())?;
                 done.push(id.clone());
             }
             let set: std::collections::BTreeSet<&str> = done.iter().map(String::as_str).collect();
