@@ -26,6 +26,8 @@ pub struct Metrics {
     pub commit_group: Histogram,
     pub model_calls: IntCounterVec,
     pub model_seconds: HistogramVec,
+    /// Model calls that waited for a shared rate limit, by limit and cause.
+    pub rate_limited: IntCounterVec,
     pub tool_calls: IntCounterVec,
     pub tool_seconds: HistogramVec,
     pub tool_retries: IntCounterVec,
@@ -143,6 +145,11 @@ fn build() -> prometheus::Result<Metrics> {
             "tether_model_calls_total",
             "Model calls by model and outcome (ok, error, timeout).",
             &["model", "outcome"],
+        )?,
+        rate_limited: counters(
+            "tether_rate_limit_waits_total",
+            "Model calls a shared rate limit made wait (the task yielded its thread), by limit and cause (window: no room in the window; 429: the provider asked to slow down).",
+            &["limit", "cause"],
         )?,
         model_seconds: histograms(
             "tether_model_call_seconds",

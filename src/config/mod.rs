@@ -113,7 +113,7 @@ impl Config {
             ModelProfile::Profile { name } => match self.models.get(name) {
                 Some(p) => Ok(RunModel::Http {
                     name: name.clone(),
-                    profile: p.clone(),
+                    profile: Box::new(p.clone()),
                 }),
                 None => Err(format!(
                     "this worker's config has no model profile {name:?} ({}); run it with the config the task was enqueued with (--config or WORKER_CONFIG)",
@@ -139,7 +139,7 @@ impl Config {
                 })
                 .map(|(n, p)| RunModel::Http {
                     name: n.clone(),
-                    profile: p.clone(),
+                    profile: Box::new(p.clone()),
                 })
                 .ok_or_else(|| {
                     format!(
@@ -427,7 +427,7 @@ mod tests {
         .expect("config");
         let mine = RunModel::Http {
             name: "openai".into(),
-            profile: cfg.models["openai"].clone(),
+            profile: Box::new(cfg.models["openai"].clone()),
         };
         let named = ModelProfile::Profile {
             name: "openai".into(),

@@ -151,6 +151,9 @@ pub struct ModelRequest<'a> {
     /// 1-based number of this step.
     pub step: u32,
     pub output_tokens_max: u32,
+    /// The kernel's pessimistic estimate of the call's tokens (the input it expects plus
+    /// the output cap), which a shared rate limit reserves before the call.
+    pub expected_tokens: u64,
     /// Remaining active time: the call must not outlive it.
     pub timeout_ms: u64,
 }

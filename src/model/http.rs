@@ -52,6 +52,9 @@ impl Parsed {
 /// The longest wait between two attempts, whatever a `Retry-After` asks.
 const WAIT_MAX: Duration = Duration::from_secs(60);
 
+/// How long a profile with a shared rate limit waits after a `429` without `Retry-After`.
+const BUSY_WAIT: Duration = Duration::from_secs(1);
+
 /// A model profile with what its task's model is told, ready to send.
 pub struct HttpModel {
     pub profile: HttpProfile,
@@ -59,6 +62,9 @@ pub struct HttpModel {
     /// From the profile's variable when the model was built; `Err` says why there is none
     /// (every call then stops the task with that message, and nothing is sent).
     pub api_key: Result<Option<String>, String>,
+    /// A `429` the provider answered, with how long it asked to wait, when the profile has a
+    /// shared rate limit: the driver waits (off the thread) instead of this model.
+    pub busy: std::cell::Cell<Option<Duration>>,
 }
 
 /// The model of a task whose tools are `catalog`, on `profile`, with the task's own
@@ -79,6 +85,7 @@ pub fn build(
         profile: profile.clone(),
         prompt,
         api_key: profile.api_key(),
+        busy: std::cell::Cell::new(None),
     })
 }
 
@@ -147,6 +154,13 @@ impl HttpModel {
                 return self.parse(req.step, &text);
             }
             let (message, code) = error_of(&text);
+            if status == 429 && self.profile.rate_limit.is_some() {
+                // The whole profile slows down: its driver records the wait for every
+                // daemon and hands this task's thread back meanwhile.
+                let wait = wait_asked.unwrap_or(BUSY_WAIT).min(WAIT_MAX);
+                self.busy.set(Some(wait));
+                return Err(gave_up(status, attempt + 1, None, message));
+            }
             if matches!(status, 408 | 409 | 429 | 500..=599) {
                 let wait = wait_asked
                     .unwrap_or_else(|| jittered(attempt))
@@ -263,6 +277,10 @@ impl Model for HttpModel {
 
     fn prompt_id(&self) -> Option<String> {
         Some(self.prompt.id.clone())
+    }
+
+    fn busy(&mut self) -> Option<u64> {
+        self.busy.take().map(|d| d.as_millis() as u64)
     }
 }
 

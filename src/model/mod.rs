@@ -34,6 +34,12 @@ pub trait Model: Send {
     fn prompt_id(&self) -> Option<String> {
         None
     }
+    /// After a call: the provider asked to slow down (a `429`) and this model was built to
+    /// hand the wait to its driver rather than wait itself (a profile with a shared rate
+    /// limit): how long, in ms. The reply of that call is then not to be folded in.
+    fn busy(&mut self) -> Option<u64> {
+        None
+    }
 }
 
 /// A task's model as this process runs it: a scripted model as the task stored it, or a
@@ -41,7 +47,10 @@ pub trait Model: Send {
 #[derive(Clone, Debug, PartialEq)]
 pub enum RunModel {
     Scripted(ModelProfile),
-    Http { name: String, profile: HttpProfile },
+    Http {
+        name: String,
+        profile: Box<HttpProfile>,
+    },
 }
 
 impl RunModel {
@@ -531,6 +540,9 @@ impl<M: Model> Model for Recorder<M> {
     fn prompt_id(&self) -> Option<String> {
         self.inner.prompt_id()
     }
+    fn busy(&mut self) -> Option<u64> {
+        self.inner.busy()
+    }
 }
 
 /// Returns recorded replies in order; past the end it fails, which the kernel counts as a step.
@@ -573,5 +585,8 @@ impl Model for Box<dyn Model> {
     }
     fn prompt_id(&self) -> Option<String> {
         (**self).prompt_id()
+    }
+    fn busy(&mut self) -> Option<u64> {
+        (**self).busy()
     }
 }

@@ -86,6 +86,8 @@ pub struct HttpProfile {
     /// The concurrency key of a task of this profile unless its enqueue names one, so a
     /// limit in `[concurrency]` bounds how many of them call this provider at once.
     pub concurrency_key: Option<String>,
+    /// The provider's rate limit, shared by every daemon on the database under its key.
+    pub rate_limit: Option<(String, crate::store::rate::RateLimit)>,
 }
 
 /// The budget of a task on a real model, unless its profile or its enqueue says otherwise:
@@ -161,6 +163,78 @@ pub struct ProfileEntry {
     callback_url: Option<String>,
     #[serde(default)]
     concurrency_key: Option<String>,
+    #[serde(default)]
+    requests_per_minute: Option<u32>,
+    #[serde(default)]
+    tokens_per_minute: Option<u64>,
+    #[serde(default)]
+    rate_limit: Option<RateLimitEntry>,
+}
+
+/// A `[models.NAME.rate_limit]` table: the limit over any window of `per`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitEntry {
+    #[serde(default)]
+    requests: Option<u32>,
+    #[serde(default)]
+    tokens: Option<u64>,
+    /// The window, as `1m` (the default), `10s`, `1h`.
+    #[serde(default)]
+    per: Option<String>,
+    /// The name the limit is shared under (default: the profile's name), so several profiles
+    /// on one provider account can share one limit.
+    #[serde(default)]
+    key: Option<String>,
+}
+
+/// A profile's rate limit, from `requests_per_minute`/`tokens_per_minute` or `rate_limit`.
+fn rate_limit_of(
+    name: &str,
+    rpm: Option<u32>,
+    tpm: Option<u64>,
+    table: Option<RateLimitEntry>,
+) -> Result<Option<(String, crate::store::rate::RateLimit)>, String> {
+    let (requests, tokens, per, key) = match (rpm.is_some() || tpm.is_some(), table) {
+        (true, Some(_)) => {
+            return Err(format!(
+                "models.{name}: give requests_per_minute/tokens_per_minute or a rate_limit table, not both"
+            ));
+        }
+        (false, None) => return Ok(None),
+        (true, None) => (rpm, tpm, 60_000, None),
+        (false, Some(t)) => {
+            let per = match &t.per {
+                None => 60_000,
+                Some(p) => crate::clock::parse_duration_ms(p)
+                    .map_err(|e| format!("models.{name}.rate_limit.per: {e}"))?,
+            };
+            (t.requests, t.tokens, per, t.key)
+        }
+    };
+    if requests == Some(0) || tokens == Some(0) {
+        return Err(format!(
+            "models.{name}: a rate limit of 0 would never call the model; give 1 or more"
+        ));
+    }
+    if requests.is_none() && tokens.is_none() {
+        return Err(format!(
+            "models.{name}.rate_limit: give requests, tokens or both"
+        ));
+    }
+    if !(1_000..=86_400_000).contains(&per) {
+        return Err(format!(
+            "models.{name}.rate_limit.per must be between 1s and 24h"
+        ));
+    }
+    let key = key.unwrap_or_else(|| name.to_string());
+    crate::limits::check_name(&key, &format!("models.{name}.rate_limit.key")).map_err(|e| e.0)?;
+    let limit = crate::store::rate::RateLimit {
+        requests,
+        tokens,
+        per_ms: per,
+    };
+    Ok(Some((key, limit)))
 }
 
 fn default_retries() -> u32 {
@@ -211,7 +285,14 @@ pub(crate) fn from_entry(name: &str, m: ProfileEntry, path: &Path) -> Result<Htt
     if let Some(k) = &m.concurrency_key {
         crate::limits::check_name(k, &format!("models.{name}.concurrency_key")).map_err(|e| e.0)?;
     }
+    let rate_limit = rate_limit_of(
+        name,
+        m.requests_per_minute,
+        m.tokens_per_minute,
+        m.rate_limit,
+    )?;
     Ok(HttpProfile {
+        rate_limit,
         api,
         base_url: m.base_url.trim_end_matches('/').to_string(),
         model: m.model,

@@ -149,7 +149,18 @@ impl CheckReport {
 
 /// A database of tasks, as every part of Tether sees it: all of the interface's parts.
 pub trait Backend:
-    Queue + Commits + Decide + Reads + Lists + Notes + Maintenance + Outbox + Callbacks + Send + Sync
+    Queue
+    + Commits
+    + Decide
+    + Reads
+    + Lists
+    + Notes
+    + Maintenance
+    + Outbox
+    + Callbacks
+    + RateLimits
+    + Send
+    + Sync
 {
     /// The id that prefixes every call key of this database.
     fn db_id(&self) -> &str;
@@ -389,4 +400,26 @@ pub trait Outbox {
 
     /// Forgets outbox entries that were sent (or dropped).
     fn outbox_done(&self, seqs: &[u64]) -> Result<()>;
+}
+
+/// Model rate limits shared by every daemon on the database (the arithmetic is
+/// `store::rate`'s). Times are the database's clock: the caller's `now_ms` on redb, the
+/// server's (with the caller's offset) on PostgreSQL, as for delayed starts.
+pub trait RateLimits {
+    /// Reserves one request and `tokens` of `key`'s `limit` at `now_ms`, in one transaction
+    /// with every other daemon's reservations: granted if the window has room and no
+    /// slow-down holds the key, else the time to try again.
+    fn reserve(
+        &self,
+        key: &str,
+        limit: &crate::store::rate::RateLimit,
+        tokens: u64,
+        now_ms: u64,
+    ) -> Result<crate::store::rate::Reserve>;
+    /// The call of reservation `id` is over: it holds `tokens` (what the provider
+    /// reported); `None`: it was never sent, and the reservation is dropped.
+    fn settle_reservation(&self, key: &str, id: u64, tokens: Option<u64>) -> Result<()>;
+    /// The provider asked `key` to slow down: no reservation of it is granted for `for_ms`
+    /// from `now_ms`. Returns the time until which it holds.
+    fn slow_down(&self, key: &str, now_ms: u64, for_ms: u64) -> Result<u64>;
 }

@@ -269,6 +269,9 @@ pub struct Commit {
     /// With a final commit of a task that names a callback URL: the callback its settling
     /// makes, queued in the same transaction.
     pub callback: Option<super::Callback>,
+    /// With a release: the task is not claimed again before this time (it waits for its
+    /// model's capacity); `None` keeps its start time as it was.
+    pub not_before_ms: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -39,6 +39,8 @@ pub(super) struct Drive<'a> {
     pub step_reply: Option<RecordedReply>,
     /// The commits of this run clear the operator's settlement it folded in.
     pub clear_settle: bool,
+    /// The model's shared rate limit, if its profile has one.
+    pub capacity: Option<super::rate::Capacity>,
 }
 
 /// A tool request copied out of the session, so the session can be committed before the
@@ -87,10 +89,10 @@ impl<'a> Drive<'a> {
         let cap = 16 * (self.rec.budget.steps_max as usize + 2);
         for _ in 0..cap {
             match session.poll() {
-                Action::Model(req) => {
-                    let reply = self.on_model(&req)?;
-                    session.on_model(reply);
-                }
+                Action::Model(req) => match self.on_model(&req)? {
+                    Some(reply) => session.on_model(reply),
+                    None => return Ok(Ended::Yielded),
+                },
                 Action::Tool(req) => {
                     let pending = Pending::of(&req);
                     self.on_tool(session, pending)?;
@@ -143,6 +145,9 @@ impl<'a> Drive<'a> {
             CommitKind::Final(stop) => self.callback(session, stop, now),
             _ => None,
         };
+        if let (Some(cap), CommitKind::Step) = (self.capacity.as_mut(), kind) {
+            cap.boundary = Some((session.state().clone(), session.trace().next_id()));
+        }
         ctx.committer.commit(Commit {
             task_id: self.rec.id.clone(),
             token: self.token,
@@ -158,6 +163,7 @@ impl<'a> Drive<'a> {
             claim_next,
             export: ctx.export,
             callback,
+            not_before_ms: None,
         })
     }
 
@@ -179,7 +185,7 @@ impl<'a> Drive<'a> {
     }
 
     /// The model's reply for the step: the one a run before a crash recorded, or a new one.
-    fn on_model(&mut self, req: &ModelRequest<'_>) -> Result<ModelReply, CommitFail> {
+    fn on_model(&mut self, req: &ModelRequest<'_>) -> Result<Option<ModelReply>, CommitFail> {
         let (ctx, rec) = (self.ctx, self.rec);
         ctx.stats.steps.fetch_add(1, Ordering::Relaxed);
         let step = req.step;
@@ -197,8 +203,17 @@ impl<'a> Drive<'a> {
         let (reply, prompt, tools) = match recorded {
             Some(recorded) => (recorded.to_reply(), recorded.prompt, recorded.tools),
             None => {
+                if let Some(until) = self.gate(|cap, store, now| cap.before(store, req, now))? {
+                    return self.yield_until(until).map(|()| None);
+                }
                 let reply = self.model.next(req);
                 observe_model(&rec.id, step, rec.model.label(), &reply);
+                let busy = self.model.busy();
+                if let Some(until) =
+                    self.gate(|cap, store, now| cap.after(store, &reply, busy, now))?
+                {
+                    return self.yield_until(until).map(|()| None);
+                }
                 (reply, self.model.prompt_id(), None)
             }
         };
@@ -207,7 +222,59 @@ impl<'a> Drive<'a> {
         let mut recorded = RecordedReply::of(step, &reply, prompt);
         recorded.tools = Some(tools.unwrap_or_default());
         self.step_reply = Some(recorded);
-        Ok(reply)
+        Ok(Some(reply))
+    }
+
+    /// Asks the rate limit, if the model has one, whether to go on; `Some(t)`: wait until t.
+    fn gate(
+        &mut self,
+        f: impl FnOnce(
+            &mut super::rate::Capacity,
+            &dyn crate::store::Backend,
+            u64,
+        ) -> crate::store::Result<super::rate::Gate>,
+    ) -> Result<Option<u64>, CommitFail> {
+        let now = self.now_ms();
+        let Some(cap) = self.capacity.as_mut() else {
+            return Ok(None);
+        };
+        match f(cap, &*self.ctx.store, now) {
+            Ok(super::rate::Gate::Go) => Ok(None),
+            Ok(super::rate::Gate::Wait(t)) => Ok(Some(t)),
+            Err(e) => Err(self.failed("model's rate limit", e)),
+        }
+    }
+
+    /// The model must wait for capacity: the task goes back to the queue as its last step
+    /// left it, not before `until`, and this thread is free.
+    fn yield_until(&mut self, until: u64) -> Result<(), CommitFail> {
+        let ctx = self.ctx;
+        let rec = self.rec;
+        let (state, next_span_id) = self
+            .capacity
+            .as_mut()
+            .and_then(|c| c.boundary.take())
+            .unwrap_or_else(|| (rec.state.clone(), rec.next_span_id));
+        tracing::info!(task = %rec.id, until_ms = until, "waiting for the model's capacity; the task yields its thread");
+        pass(ctx, super::driver::Point::Commit)?;
+        ctx.committer.commit(Commit {
+            task_id: rec.id.clone(),
+            token: self.token,
+            kind: CommitKind::Release,
+            state,
+            next_span_id,
+            spans: Vec::new(),
+            reply: None,
+            call: None,
+            now_ms: self.now_ms(),
+            lease_ms: ctx.lease_ms,
+            clear_settle: false,
+            claim_next: None,
+            export: ctx.export,
+            callback: None,
+            not_before_ms: Some(until),
+        })?;
+        Ok(())
     }
 
     /// One tool call: a write is answered from its record, held, or has its intent committed

@@ -26,6 +26,7 @@ use super::routes::Routed;
 use super::{CommitFail, Committer, Stats};
 use crate::kernel::{Keys, Run, Session, StopReason};
 use crate::mcp::McpTools;
+use crate::store::rate::RateLimit;
 use crate::store::{Backend, Commit, CommitKind, TaskRecord};
 use crate::tools::durable::DemoShop;
 use crate::tools::http::HttpTools;
@@ -94,6 +95,7 @@ pub fn run_task(ctx: &Context, rec: TaskRecord) -> Option<TaskRecord> {
             return next.map(|b| *b);
         }
         Ok(Ended::Released) => tracing::info!(task = %id, "task released at shutdown"),
+        Ok(Ended::Yielded) => {}
         Err(CommitFail::LeaseLost) => {
             ctx.stats.abandoned.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(task = %id, "claim superseded (lease taken over); abandoning the task here");
@@ -129,6 +131,8 @@ pub(super) enum Ended {
     Stopped(StopReason, Option<Box<TaskRecord>>),
     /// Handed back at shutdown.
     Released,
+    /// Handed back to wait for its model's capacity (a shared rate limit).
+    Yielded,
 }
 
 /// Proves the claim `token` of task `id` current and held for [`SEND_MARGIN_MS`] (or a third of
@@ -194,6 +198,7 @@ fn release_unstarted(ctx: &Context, rec: &TaskRecord, token: u64) -> Result<Ende
         claim_next: None,
         export: ctx.export,
         callback: None,
+        not_before_ms: None,
     })?;
     Ok(Ended::Released)
 }
@@ -227,7 +232,7 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
     for (tool, why) in &unavailable {
         tracing::warn!(task = %rec.id, tool = %tool, reason = %why, "tool unavailable to this worker");
     }
-    let model = task_model(ctx, &rec, &catalog);
+    let (model, rate) = task_model(ctx, &rec, &catalog);
     let routes = Routed {
         catalog: &catalog,
         unavailable: &unavailable,
@@ -279,22 +284,26 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
         step_call: None,
         step_reply,
         clear_settle,
+        capacity: super::rate::Capacity::new(rate),
     }
     .run(&mut session)
 }
 
-/// The task's model as the daemon's config makes it, or a stand-in that fails every call
-/// with the reason it is unavailable.
+/// The task's model as the daemon's config makes it (with its profile's shared rate limit),
+/// or a stand-in that fails every call with the reason it is unavailable.
 fn task_model(
     ctx: &Context,
     rec: &TaskRecord,
     catalog: &crate::kernel::Catalog,
-) -> Box<dyn crate::model::Model> {
+) -> (Box<dyn crate::model::Model>, Option<(String, RateLimit)>) {
     match ctx.trusted.model_for(&rec.model) {
-        Ok(m) => m.build(catalog, rec.instructions.as_deref()),
+        Ok(m) => {
+            let rate = m.http().and_then(|p| p.rate_limit.clone());
+            (m.build(catalog, rec.instructions.as_deref()), rate)
+        }
         Err(why) => {
             tracing::error!(task = %rec.id, reason = %why, "model unavailable to this worker");
-            Box::new(crate::model::Unavailable(why))
+            (Box::new(crate::model::Unavailable(why)), None)
         }
     }
 }

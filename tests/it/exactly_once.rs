@@ -75,6 +75,7 @@ fn step_commit(rec: &tether::store::TaskRecord, token: u64, steps: u32) -> Commi
         claim_next: None,
         export: false,
         callback: None,
+        not_before_ms: None,
     }
 }
 
@@ -91,7 +92,7 @@ fn commit(store: &dyn Backend, c: &Commit) -> Result<(), Error> {
 }
 
 /// The test directory's database as a backend: a file in it, or its PostgreSQL schema.
-fn backend(d: &Path) -> Arc<dyn Backend> {
+pub(crate) fn backend(d: &Path) -> Arc<dyn Backend> {
     match db_url(d) {
         Some(url) => Arc::new(
             tether::store::pg::PgStore::open(&url, true, 4, std::time::Duration::from_secs(5))

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 /// The Python of the test peers' venv (`.ci/test` makes it), if it has the SDKs.
-fn python() -> Option<PathBuf> {
+pub(crate) fn python() -> Option<PathBuf> {
     let py = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/mcp-venv/bin/python");
     let has = Command::new(&py)
         .args(["-c", "import openai, anthropic"])
@@ -34,9 +34,9 @@ fn python() -> Option<PathBuf> {
 }
 
 /// A fake provider process; killed when dropped.
-struct Fake {
+pub(crate) struct Fake {
     child: Child,
-    url: String,
+    pub(crate) url: String,
     log: PathBuf,
 }
 
@@ -48,7 +48,18 @@ impl Drop for Fake {
 }
 
 impl Fake {
-    fn start(py: &Path, dir: &Path, api: &str, script: &[Value]) -> Fake {
+    pub(crate) fn start(py: &Path, dir: &Path, api: &str, script: &[Value]) -> Fake {
+        Fake::start_with(py, dir, api, script, &[])
+    }
+
+    /// A fake started with extra arguments (its rate limits).
+    pub(crate) fn start_with(
+        py: &Path,
+        dir: &Path,
+        api: &str,
+        script: &[Value],
+        extra: &[String],
+    ) -> Fake {
         let name = format!("{api}-{}", std::process::id());
         let script_path = dir.join(format!("{name}.script.jsonl"));
         let lines: Vec<String> = script.iter().map(Value::to_string).collect();
@@ -63,6 +74,7 @@ impl Fake {
             .arg(&script_path)
             .arg("--log")
             .arg(&log)
+            .args(extra)
             .stdout(Stdio::piped())
             .spawn()
             .expect("start the fake provider");
@@ -79,7 +91,7 @@ impl Fake {
     }
 
     /// Every request the fake received, in order.
-    fn requests(&self) -> Vec<Value> {
+    pub(crate) fn requests(&self) -> Vec<Value> {
         std::fs::read_to_string(&self.log)
             .unwrap_or_default()
             .lines()

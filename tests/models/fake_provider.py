@@ -7,7 +7,13 @@ what the provider sends, not a copy of it written here. Every request is appende
 (one JSON object per line: path, the headers that matter, body).
 
 Usage: fake_provider.py --api openai|anthropic --script FILE --log FILE
+                        [--limit-requests N] [--limit-tokens T] [--window-ms W]
 Prints `listening on http://127.0.0.1:PORT` when ready.
+
+With limits it is rate limited as a provider is: a request that would take the requests it
+accepted in the last W ms past N, or their billed tokens past T, is answered 429 with
+`Retry-After` (whole seconds) and OpenAI's `rate_limit_exceeded` error. Each log line then
+also has `at_ms` (arrival), `status` and `tokens` (what the request would be billed).
 
 The script has one recipe per line, used in the order requests arrive (the last one repeats):
   {"call": NAME, "args": {...}}            one function call
@@ -139,9 +145,28 @@ def main():
     ap.add_argument("--api", choices=["openai", "anthropic"], required=True)
     ap.add_argument("--script", required=True)
     ap.add_argument("--log", required=True)
+    ap.add_argument("--limit-requests", type=int)
+    ap.add_argument("--limit-tokens", type=int)
+    ap.add_argument("--window-ms", type=int, default=60000)
     a = ap.parse_args()
     script = [json.loads(l) for l in open(a.script) if l.strip()]
     served = [0]
+    accepted = []  # (at_ms, tokens) of the requests accepted in the window
+
+    def admit(now_ms, tokens):
+        """None if the request is within the limits (and counts it), else seconds to wait."""
+        if a.limit_requests is None and a.limit_tokens is None:
+            return None
+        while accepted and accepted[0][0] + a.window_ms <= now_ms:
+            accepted.pop(0)
+        over_r = a.limit_requests is not None and len(accepted) + 1 > a.limit_requests
+        used = sum(t for _, t in accepted)
+        over_t = a.limit_tokens is not None and used + tokens > a.limit_tokens
+        if not (over_r or over_t):
+            accepted.append((now_ms, tokens))
+            return None
+        oldest = accepted[0][0] if accepted else now_ms
+        return max(1, -(-(oldest + a.window_ms - now_ms) // 1000))
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):
@@ -157,16 +182,26 @@ def main():
             with LOCK:
                 n = served[0]
                 served[0] += 1
+                r = script[min(n, len(script) - 1)]
+                billed = sum(r["usage"]) if "usage" in r else max(1, len(raw) // 4)
+                now_ms = int(time.time() * 1000)
+                wait = admit(now_ms, billed)
                 keep = ["authorization", "x-api-key", "anthropic-version", "content-type"]
                 entry = {
                     "n": n,
                     "path": self.path,
                     "headers": {k.lower(): v for k, v in self.headers.items() if k.lower() in keep},
                     "body": body,
+                    "at_ms": now_ms,
+                    "status": 429 if wait else 200,
+                    "tokens": billed,
                 }
                 with open(a.log, "a") as f:
                     f.write(json.dumps(entry) + "\n")
-            r = script[min(n, len(script) - 1)]
+            if wait:
+                r = {"status": 429, "headers": {"Retry-After": str(wait)}, "error": {
+                    "message": "Rate limit reached for gpt-4o: please try again later.",
+                    "type": "requests", "param": None, "code": "rate_limit_exceeded"}}
             if "policy" in r:
                 time.sleep(r.get("delay_ms", 0) / 1000)
                 r = policy_move(body, r["policy"])

@@ -298,6 +298,9 @@ impl<'c> Session<'c> {
                         last_turn: self.state.last_turn.as_ref(),
                         step: self.state.step,
                         output_tokens_max: self.budget.output_tokens_max,
+                        expected_tokens: self
+                            .expected_input()
+                            .saturating_add(u64::from(self.budget.output_tokens_max)),
                         timeout_ms: self.remaining_ms(),
                     });
                 }

@@ -118,7 +118,8 @@ fn commit_sql(kind: CommitKind, ob: &str) -> String {
         ),
         CommitKind::Release => format!(
             "{STEP_SET}, status = 'queued', ready_seq = nextval('{{s}}.ready_seq'), \
-             lease = NULL, lease_owner = NULL, lease_expires_ms = NULL"
+             lease = NULL, lease_owner = NULL, lease_expires_ms = NULL, \
+             not_before_ms = COALESCE($20::bigint, not_before_ms)"
         ),
     };
     let ob = ob.replace(
@@ -165,6 +166,7 @@ struct CommitParams<'c> {
     cb_id: Option<String>,
     cb_url: Option<String>,
     cb_payload: Option<String>,
+    not_before: Option<i64>,
 }
 
 impl<'c> CommitParams<'c> {
@@ -202,6 +204,7 @@ impl<'c> CommitParams<'c> {
             cb_id: c.callback.as_ref().map(|cb| cb.id.clone()),
             cb_url: c.callback.as_ref().map(|cb| cb.url.clone()),
             cb_payload: c.callback.as_ref().map(|cb| cb.payload.clone()),
+            not_before: c.not_before_ms.map(i64_of),
         })
     }
 
@@ -249,6 +252,7 @@ impl<'c> CommitParams<'c> {
                 &self.next_span_id,
                 &self.clear_settle,
                 &self.elapsed,
+                &self.not_before,
             ]),
         }
         p

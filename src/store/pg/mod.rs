@@ -31,6 +31,7 @@ mod outbox;
 pub(crate) use rows::random_i64;
 mod pool;
 mod queue;
+mod rate;
 mod reads;
 pub mod rows;
 pub mod schema;

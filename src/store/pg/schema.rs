@@ -196,6 +196,13 @@ CREATE TRIGGER tasks_give_back_slot BEFORE UPDATE OF status ON {s}.tasks FOR EAC
     WHEN (OLD.slot IS NOT NULL AND NEW.status <> 'running')
     EXECUTE FUNCTION {s}.give_back_slot();
 "#,
+    // Model rate limits shared by every daemon (`store::rate`): the reservations of each
+    // limited model profile in its window, and per key the time until which a provider's
+    // 429 holds it (its row is also what a reservation locks, so daemons take turns).
+    r#"
+CREATE TABLE {s}.rate_keys (key text PRIMARY KEY, blocked_until_ms bigint NOT NULL DEFAULT 0);
+CREATE TABLE {s}.rate_log (key text NOT NULL, id bigserial, at_ms bigint NOT NULL, tokens bigint NOT NULL, PRIMARY KEY (key, id));
+"#,
 ];
 
 /// Registers the session as one that listens on the settled channel (migration 8's

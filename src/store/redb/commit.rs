@@ -155,6 +155,9 @@ fn apply_commit(
         CommitKind::Release => {
             rec.status = QueueStatus::Queued;
             rec.lease = None;
+            if c.not_before_ms.is_some() {
+                rec.not_before_ms = c.not_before_ms;
+            }
             super::flow::Flow::left_running(w, &c.task_id)?;
             super::flow::Flow::queue(w, &c.task_id, rec.priority, rec.not_before_ms, c.now_ms)?;
         }

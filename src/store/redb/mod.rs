@@ -20,6 +20,7 @@ mod notes;
 mod open;
 mod outbox;
 mod queue;
+mod rate;
 mod reads;
 mod rows;
 pub mod schema;
