@@ -13,6 +13,7 @@ pub mod openai;
 pub mod profile;
 pub mod prompt;
 pub mod pyrandom;
+pub mod rate;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};

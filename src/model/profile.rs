@@ -87,7 +87,7 @@ pub struct HttpProfile {
     /// limit in `[concurrency]` bounds how many of them call this provider at once.
     pub concurrency_key: Option<String>,
     /// The provider's rate limit, shared by every daemon on the database under its key.
-    pub rate_limit: Option<(String, crate::store::rate::RateLimit)>,
+    pub rate_limit: Option<(String, crate::model::rate::RateLimit)>,
 }
 
 /// The budget of a task on a real model, unless its profile or its enqueue says otherwise:
@@ -194,7 +194,7 @@ fn rate_limit_of(
     rpm: Option<u32>,
     tpm: Option<u64>,
     table: Option<RateLimitEntry>,
-) -> Result<Option<(String, crate::store::rate::RateLimit)>, String> {
+) -> Result<Option<(String, crate::model::rate::RateLimit)>, String> {
     let (requests, tokens, per, key) = match (rpm.is_some() || tpm.is_some(), table) {
         (true, Some(_)) => {
             return Err(format!(
@@ -229,7 +229,7 @@ fn rate_limit_of(
     }
     let key = key.unwrap_or_else(|| name.to_string());
     crate::limits::check_name(&key, &format!("models.{name}.rate_limit.key")).map_err(|e| e.0)?;
-    let limit = crate::store::rate::RateLimit {
+    let limit = crate::model::rate::RateLimit {
         requests,
         tokens,
         per_ms: per,

@@ -403,7 +403,7 @@ pub trait Outbox {
 }
 
 /// Model rate limits shared by every daemon on the database (the arithmetic is
-/// `store::rate`'s). Times are the database's clock: the caller's `now_ms` on redb, the
+/// `model::rate`'s). Times are the database's clock: the caller's `now_ms` on redb, the
 /// server's (with the caller's offset) on PostgreSQL, as for delayed starts.
 pub trait RateLimits {
     /// Reserves one request and `tokens` of `key`'s `limit` at `now_ms`, in one transaction
@@ -412,10 +412,10 @@ pub trait RateLimits {
     fn reserve(
         &self,
         key: &str,
-        limit: &crate::store::rate::RateLimit,
+        limit: &crate::model::rate::RateLimit,
         tokens: u64,
         now_ms: u64,
-    ) -> Result<crate::store::rate::Reserve>;
+    ) -> Result<crate::model::rate::Reserve>;
     /// The call of reservation `id` is over: it holds `tokens` (what the provider
     /// reported); `None`: it was never sent, and the reservation is dropped.
     fn settle_reservation(&self, key: &str, id: u64, tokens: Option<u64>) -> Result<()>;

@@ -14,7 +14,6 @@ pub mod flow;
 pub mod list;
 pub mod outbox;
 pub mod pg;
-pub mod rate;
 mod records;
 pub mod redb;
 pub mod result;

@@ -26,7 +26,7 @@ use super::routes::Routed;
 use super::{CommitFail, Committer, Stats};
 use crate::kernel::{Keys, Run, Session, StopReason};
 use crate::mcp::McpTools;
-use crate::store::rate::RateLimit;
+use crate::model::rate::RateLimit;
 use crate::store::{Backend, Commit, CommitKind, TaskRecord};
 use crate::tools::durable::DemoShop;
 use crate::tools::http::HttpTools;

@@ -1,11 +1,11 @@
-//! A task's model calls under its profile's shared rate limit (`store::rate`): a reservation
+//! A task's model calls under its profile's shared rate limit (`model::rate`): a reservation
 //! before each call, settled with the tokens the provider reported; and, when the window
 //! has no room or the provider answered `429`, the task yields: it goes back to the queue as
 //! its last step left it, not to be claimed before capacity returns, and its thread is free.
 //! The wait is not active time (only model and tool latency is).
 
 use crate::kernel::{ModelReply, ModelRequest, TaskState};
-use crate::store::rate::{RateLimit, Reserve};
+use crate::model::rate::{RateLimit, Reserve};
 
 /// The limit of one run's model, and the state a yield gives back.
 pub(super) struct Capacity {

@@ -184,7 +184,7 @@ conformance! {
     /// settled reservation holds what the provider billed, not the estimate; a dropped one
     /// frees its request; a slow-down one daemon records holds the other's reservations.
     fn reservations_are_shared_by_every_handle_on_a_database(d) {
-        use tether::store::rate::{RateLimit, Reserve};
+        use tether::model::rate::{RateLimit, Reserve};
         let (a, b) = (crate::exactly_once::backend(d), crate::exactly_once::backend(d));
         let limit = RateLimit { requests: Some(3), tokens: Some(1_000), per_ms: 1_000 };
         // A whole second before now: the times are the database's, and PostgreSQL's is the

@@ -1,4 +1,4 @@
-//! Model rate limits on PostgreSQL (see `store::rate`): migration 10's `rate_log` (the
+//! Model rate limits on PostgreSQL (see `model::rate`): migration 10's `rate_log` (the
 //! reservations of each limited profile in its window) and `rate_keys` (one row per key,
 //! holding the time until which a provider's `429` holds it). A reservation locks its key's
 //! row first, so daemons on every host take turns on a key; times are the server's clock.
@@ -6,9 +6,9 @@
 use super::PgStore;
 use super::pool::db_error;
 use super::rows::i64_of;
+use crate::model::rate::{Held, RateLimit, Reserve};
 use crate::store::Result;
 use crate::store::backend::RateLimits;
-use crate::store::rate::{Held, RateLimit, Reserve};
 
 impl RateLimits for PgStore {
     fn reserve(&self, key: &str, limit: &RateLimit, tokens: u64, now_ms: u64) -> Result<Reserve> {

@@ -196,7 +196,7 @@ CREATE TRIGGER tasks_give_back_slot BEFORE UPDATE OF status ON {s}.tasks FOR EAC
     WHEN (OLD.slot IS NOT NULL AND NEW.status <> 'running')
     EXECUTE FUNCTION {s}.give_back_slot();
 "#,
-    // Model rate limits shared by every daemon (`store::rate`): the reservations of each
+    // Model rate limits shared by every daemon (`model::rate`): the reservations of each
     // limited model profile in its window, and per key the time until which a provider's
     // 429 holds it (its row is also what a reservation locks, so daemons take turns).
     r#"

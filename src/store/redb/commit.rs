@@ -88,6 +88,18 @@ fn end_run(
     Ok(())
 }
 
+/// The task goes back to the queue (at shutdown, or to wait for its model's capacity until
+/// the commit's `not_before_ms`).
+fn release(w: &WriteTransaction, rec: &mut crate::store::rows::TaskRow, c: &Commit) -> Result<()> {
+    rec.status = QueueStatus::Queued;
+    rec.lease = None;
+    if c.not_before_ms.is_some() {
+        rec.not_before_ms = c.not_before_ms;
+    }
+    super::flow::Flow::left_running(w, &c.task_id)?;
+    super::flow::Flow::queue(w, &c.task_id, rec.priority, rec.not_before_ms, c.now_ms)
+}
+
 /// Applies one worker commit inside `w`. Checks first that the worker still holds the lease
 /// and writes nothing if not, so one failed commit never spoils the others of a group.
 fn apply_commit(
@@ -152,15 +164,7 @@ fn apply_commit(
                 super::callbacks::queue(w, cb)?;
             }
         }
-        CommitKind::Release => {
-            rec.status = QueueStatus::Queued;
-            rec.lease = None;
-            if c.not_before_ms.is_some() {
-                rec.not_before_ms = c.not_before_ms;
-            }
-            super::flow::Flow::left_running(w, &c.task_id)?;
-            super::flow::Flow::queue(w, &c.task_id, rec.priority, rec.not_before_ms, c.now_ms)?;
-        }
+        CommitKind::Release => release(w, &mut rec, c)?,
     }
     if rec.status != QueueStatus::Running {
         super::list::Indexes::open(w)?.moved(&c.task_id, QueueStatus::Running, rec.status)?;

@@ -1,13 +1,13 @@
-//! Model rate limits in the redb file (see `store::rate`): the reservations of each limited
+//! Model rate limits in the redb file (see `model::rate`): the reservations of each limited
 //! profile in its current window, and the time until which a provider's `429` holds it. A
 //! reservation is one write transaction, so the daemons sharing the file take turns on it.
 
 use redb::{ReadableTable, TableDefinition};
 
 use super::{RedbStore, next_seq, schema::META};
+use crate::model::rate::{Held, RateLimit, Reserve};
 use crate::store::Result;
 use crate::store::backend::RateLimits;
-use crate::store::rate::{Held, RateLimit, Reserve};
 
 /// (rate key, reservation id) -> (made at ms, tokens held).
 pub const RATE_LOG: TableDefinition<(&str, u64), (u64, u64)> = TableDefinition::new("rate_log");
