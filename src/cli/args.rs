@@ -93,6 +93,9 @@ pub enum Command {
         after_help = "Example:\n  worker --config worker.toml tools list\n  worker --config worker.toml tools list --json"
     )]
     Tools(ToolsCommand),
+    /// Cron schedules stored in the database: each tick enqueues one task.
+    #[command(subcommand, after_help = super::schedule::SCHEDULE_HELP)]
+    Schedule(super::schedule::ScheduleCommand),
     /// Enqueue scenarios A-H on a fresh temporary database, run them, print the table.
     #[command(after_help = "Example:\n  worker demo --workers 4")]
     Demo(DemoArgs),

@@ -54,7 +54,7 @@ pub(super) fn load_config(cli: &Cli) -> Result<Option<crate::config::Config>, Cl
 
 /// The config for enqueue: with MCP servers, their tools join the catalog each task keeps
 /// (discovered now, once for the whole batch).
-fn enqueue_config(cli: &Cli) -> Result<Option<crate::config::Config>, CliError> {
+pub(super) fn enqueue_config(cli: &Cli) -> Result<Option<crate::config::Config>, CliError> {
     let Some(cfg) = load_config(cli)? else {
         return Ok(None);
     };
@@ -126,6 +126,11 @@ fn read_batch(
 
 /// The one task the command line describes.
 fn one_task(a: &EnqueueArgs, cfg: Option<&crate::config::Config>) -> Result<NewTask, CliError> {
+    new_task(request_of(a)?, cfg, Origin::Cli).map_err(CliError::usage)
+}
+
+/// The task the command line asks for, as a batch line would (nothing resolved yet).
+pub(super) fn request_of(a: &EnqueueArgs) -> Result<TaskRequest, CliError> {
     let mut budget = BTreeMap::new();
     for b in &a.budgets {
         let (k, v) = parse_pair("budget", b).map_err(CliError::usage)?;
@@ -141,27 +146,22 @@ fn one_task(a: &EnqueueArgs, cfg: Option<&crate::config::Config>) -> Result<NewT
         })?;
         latency.insert(k.to_string(), ms);
     }
-    new_task(
-        TaskRequest {
-            user: a.user.clone().unwrap_or_default(),
-            goal: a.goal.clone().unwrap_or_default(),
-            key: a.key.clone(),
-            priority: a.priority,
-            budget,
-            model: a.model.clone(),
-            tool_latency_ms: latency,
-            store_scope: a.store_scope.clone(),
-            approval_wait_ms: a.approval_wait_ms,
-            instructions: a.instructions.clone(),
-            callback_url: a.callback.clone(),
-            not_before: a.not_before.clone(),
-            start_in: a.start_in.clone(),
-            concurrency_key: a.concurrency_key.clone(),
-        },
-        cfg,
-        Origin::Cli,
-    )
-    .map_err(CliError::usage)
+    Ok(TaskRequest {
+        user: a.user.clone().unwrap_or_default(),
+        goal: a.goal.clone().unwrap_or_default(),
+        key: a.key.clone(),
+        priority: a.priority,
+        budget,
+        model: a.model.clone(),
+        tool_latency_ms: latency,
+        store_scope: a.store_scope.clone(),
+        approval_wait_ms: a.approval_wait_ms,
+        instructions: a.instructions.clone(),
+        callback_url: a.callback.clone(),
+        not_before: a.not_before.clone(),
+        start_in: a.start_in.clone(),
+        concurrency_key: a.concurrency_key.clone(),
+    })
 }
 
 pub(super) fn cmd_enqueue(cli: &Cli, a: &EnqueueArgs) -> CliResult {

@@ -41,6 +41,7 @@ mod decide;
 mod enqueue;
 mod progress;
 mod read;
+mod schedule;
 mod stores;
 mod wait;
 
@@ -205,6 +206,7 @@ pub fn run(cli: Cli) -> CliResult {
         Command::DemoStore(a) => cmd_demo_store(&cli, a),
         Command::Console(a) => cmd_console(&cli, a),
         Command::Tools(c) => stores::cmd_tools(&cli, c),
+        Command::Schedule(c) => schedule::cmd_schedule(&cli, c),
         Command::Store(c) => cmd_store(&cli, &c.shop(), &c.command),
         Command::Approve(a) => cmd_approve(&cli, a),
         Command::Reject(a) => cmd_reject(&cli, a),

@@ -12,6 +12,7 @@
 
 mod decide;
 mod review;
+pub mod schedule;
 pub mod submit;
 mod wait;
 

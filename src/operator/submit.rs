@@ -3,7 +3,7 @@
 //! resolves its model, budget and callback in the caller's config, with the same messages for
 //! both.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -26,7 +26,7 @@ pub enum Origin {
 /// A task as a caller asks for it: a line of an enqueue batch file, `worker enqueue`'s flags,
 /// or the body of the HTTP API's create (its key then comes from the `Idempotency-Key`
 /// header).
-#[derive(Deserialize, Debug, Default)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
 #[serde(deny_unknown_fields)]
 pub struct TaskRequest {
     pub user: String,

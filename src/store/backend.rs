@@ -159,6 +159,7 @@ pub trait Backend:
     + Outbox
     + Callbacks
     + RateLimits
+    + Schedules
     + Send
     + Sync
 {
@@ -422,4 +423,20 @@ pub trait RateLimits {
     /// The provider asked `key` to slow down: no reservation of it is granted for `for_ms`
     /// from `now_ms`. Returns the time until which it holds.
     fn slow_down(&self, key: &str, now_ms: u64, for_ms: u64) -> Result<u64>;
+}
+
+/// The schedules of the database (`store::schedule`); each is changed in one transaction.
+pub trait Schedules {
+    /// Every schedule, by name.
+    fn schedules(&self) -> Result<Vec<crate::store::schedule::Schedule>>;
+    /// Adds `s`; a schedule of that name already there is a conflict.
+    fn add_schedule(&self, s: &crate::store::schedule::Schedule) -> Result<()>;
+    /// Changes the schedule `name` with `f` in one transaction; `Ok(false)`: there is none.
+    fn update_schedule(
+        &self,
+        name: &str,
+        f: &mut dyn FnMut(&mut crate::store::schedule::Schedule),
+    ) -> Result<bool>;
+    /// Removes the schedule `name` (its tasks stay); `Ok(false)`: there was none.
+    fn remove_schedule(&self, name: &str) -> Result<bool>;
 }

@@ -18,11 +18,12 @@ mod records;
 pub mod redb;
 pub mod result;
 pub mod rows;
+pub mod schedule;
 pub mod watch;
 
 pub use backend::{
     Backend, Callbacks, Changes, CheckReport, Commits, Decide, Decision, DecisionTx, Error, Event,
-    Lists, Maintenance, Notes, Outbox, Queue, RateLimits, Reads, Result, Watched,
+    Lists, Maintenance, Notes, Outbox, Queue, RateLimits, Reads, Result, Schedules, Watched,
 };
 pub use callbacks::Callback;
 pub use outbox::OutboxEntry;
@@ -35,7 +36,7 @@ pub(crate) use redb::{check_not_empty, create_private, open_redb};
 pub mod prelude {
     pub use super::backend::{
         Backend, Callbacks as _, Commits as _, Decide as _, Lists as _, Maintenance as _,
-        Notes as _, Outbox as _, Queue as _, RateLimits as _, Reads as _,
+        Notes as _, Outbox as _, Queue as _, RateLimits as _, Reads as _, Schedules as _,
     };
 }
 

@@ -144,7 +144,11 @@ pub(super) struct Dispatch<'a> {
     // In-process intervals run on the monotonic clock; the wall clock (`now_ms`) is only for
     // expiries that other processes compare.
     last_recover: Instant,
+    last_schedules: Instant,
 }
+
+/// How often a daemon fires the schedules' due ticks.
+const SCHEDULES_EVERY: Duration = Duration::from_secs(1);
 
 impl<'a> Dispatch<'a> {
     pub fn new(
@@ -176,6 +180,7 @@ impl<'a> Dispatch<'a> {
             poll,
             in_flight: 0,
             last_recover: Instant::now(),
+            last_schedules: Instant::now(),
         }
     }
 
@@ -240,6 +245,10 @@ impl<'a> Dispatch<'a> {
             self.last_recover = Instant::now();
             self.housekeeping(now);
         }
+        if self.last_schedules.elapsed() >= SCHEDULES_EVERY {
+            self.last_schedules = Instant::now();
+            self.fire_schedules(now);
+        }
         let free = self.workers.saturating_sub(self.in_flight);
         if free == 0 {
             return Ok(Turn::Claimed(0));
@@ -280,6 +289,28 @@ impl<'a> Dispatch<'a> {
             Ok(ids) if !ids.is_empty() => tracing::info!(tasks = ?ids, "approval waits ran out"),
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "expiring approval waits failed"),
+        }
+    }
+
+    /// The schedules' due ticks enqueued (each under its tick's key, so daemons firing the
+    /// same tick enqueue it once); a failure is logged and tried again at the next pass.
+    fn fire_schedules(&self, now: u64) {
+        let store = &**self.store;
+        let pass = match crate::operator::schedule::fire_due(store, Some(&self.cfg.trusted), now) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the schedules");
+                return;
+            }
+        };
+        for f in pass.fired.iter().filter(|f| f.task.created) {
+            tracing::info!(schedule = %f.schedule, tick = %crate::clock::rfc3339(f.tick_ms), task = %f.task.id, "schedule fired");
+        }
+        for (name, n) in &pass.skipped {
+            tracing::info!(schedule = %name, missed = n, "missed ticks passed over");
+        }
+        for e in &pass.failed {
+            tracing::warn!(error = %e, "a schedule could not fire");
         }
     }
 

@@ -34,6 +34,7 @@ mod property;
 mod rate_limits;
 mod record_format;
 mod rest_tools;
+mod schedules;
 mod settle;
 mod several_hosts;
 mod simulation;

@@ -34,6 +34,7 @@ mod queue;
 mod rate;
 mod reads;
 pub mod rows;
+mod schedules;
 pub mod schema;
 mod tls;
 

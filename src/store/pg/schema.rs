@@ -203,6 +203,10 @@ CREATE TRIGGER tasks_give_back_slot BEFORE UPDATE OF status ON {s}.tasks FOR EAC
 CREATE TABLE {s}.rate_keys (key text PRIMARY KEY, blocked_until_ms bigint NOT NULL DEFAULT 0);
 CREATE TABLE {s}.rate_log (key text NOT NULL, id bigserial, at_ms bigint NOT NULL, tokens bigint NOT NULL, PRIMARY KEY (key, id));
 "#,
+    // Schedules (`store::schedule`): one row per schedule, its record as JSON.
+    r#"
+CREATE TABLE {s}.schedules (name text PRIMARY KEY, body text NOT NULL);
+"#,
 ];
 
 /// Registers the session as one that listens on the settled channel (migration 8's

@@ -23,6 +23,7 @@ mod queue;
 mod rate;
 mod reads;
 mod rows;
+mod schedules;
 pub mod schema;
 mod writes;
 
