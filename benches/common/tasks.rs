@@ -22,6 +22,7 @@ pub fn tasks(model: &ModelProfile, n: usize) -> Vec<NewTask> {
             callback_url: None,
             submitted_by: None,
             not_before_ms: None,
+            time_limits: Default::default(),
             concurrency_key: None,
         })
         .collect()

@@ -389,6 +389,14 @@ pub struct EnqueueArgs {
     /// tasks run at once, e.g. tenant:acme (default: the model profile's concurrency_key).
     #[arg(long, value_name = "KEY", conflicts_with = "file")]
     pub concurrency_key: Option<String>,
+    /// Expire the task (stop `expired`) unless it has started within this long (30s, 10m,
+    /// 2h, 1d): a queue time to live.
+    #[arg(long, value_name = "DURATION", conflicts_with = "file")]
+    pub ttl: Option<String>,
+    /// Stop the task (`timed_out`) unless it has finished within this long of now, by the
+    /// wall clock, waits included (its budget's deadline_ms counts active time only).
+    #[arg(long, value_name = "DURATION", conflicts_with = "file")]
+    pub finish_within: Option<String>,
     /// Enqueue every task of a JSONL file in one transaction (all or nothing).
     #[arg(long)]
     pub file: Option<PathBuf>,
@@ -413,9 +421,10 @@ settles). The exit code says how the task stands:
   0  completed: the model's final answer completed the goal
   3  cannot_complete: the model gave up, saying why (the answer says why)
   4  stopped by a budget or a loop check (max_steps, max_tool_calls, max_tokens,
-     deadline, repeated_call, no_progress) or by its model (model_failed)
+     deadline, repeated_call, no_progress), by its model (model_failed) or by its
+     wall-clock deadline (timed_out)
   5  waiting on a person: an approval (worker approve) or a held write (worker reconcile)
-  6  cancelled, or its approval wait ran out
+  6  cancelled, its approval wait ran out, or it expired unstarted (expired)
   7  --timeout passed while it was still queued or running (it goes on)
   1  an operational error (the database cannot be read); 2  a usage error
 

@@ -204,6 +204,7 @@ fn run_demo(store: Db, tools: Arc<DurableStore>, a: &DemoArgs) -> CliResult {
             store_scope: sc.name[..1].to_string(),
             approval_wait_ms: store::DEFAULT_APPROVAL_WAIT_MS,
             not_before_ms: None,
+            time_limits: Default::default(),
             concurrency_key: None,
             instructions: None,
             callback_url: None,

@@ -161,6 +161,8 @@ pub(super) fn request_of(a: &EnqueueArgs) -> Result<TaskRequest, CliError> {
         not_before: a.not_before.clone(),
         start_in: a.start_in.clone(),
         concurrency_key: a.concurrency_key.clone(),
+        ttl: a.ttl.clone(),
+        finish_within: a.finish_within.clone(),
     })
 }
 

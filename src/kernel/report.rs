@@ -90,6 +90,13 @@ fn lead(state: &TaskState) -> String {
             ),
             None => "The task stopped because an approval did not come in time.".into(),
         },
+        Some(StopReason::Expired) => {
+            "The task expired: it was not started before its time to live ran out; nothing ran."
+                .into()
+        }
+        Some(StopReason::TimedOut) => {
+            "The task stopped because its wall-clock deadline passed before it finished.".into()
+        }
     }
 }
 

@@ -144,9 +144,13 @@ pub enum StopReason {
     /// key, a model name, a request longer than its context window), or every step that made
     /// no progress failed at the model. Fix the model profile, then enqueue again.
     ModelFailed,
+    /// The task was not started before its queue time-to-live ran out (`--ttl`).
+    Expired,
+    /// Its wall-clock deadline (`--finish-within`) passed before it finished.
+    TimedOut,
 }
 
-pub const STOP_REASONS: [StopReason; 12] = [
+pub const STOP_REASONS: [StopReason; 14] = [
     StopReason::Done,
     StopReason::MaxSteps,
     StopReason::MaxToolCalls,
@@ -159,6 +163,8 @@ pub const STOP_REASONS: [StopReason; 12] = [
     StopReason::Cancelled,
     StopReason::ApprovalExpired,
     StopReason::ModelFailed,
+    StopReason::Expired,
+    StopReason::TimedOut,
 ];
 
 impl StopReason {
@@ -176,6 +182,8 @@ impl StopReason {
             StopReason::Cancelled => "cancelled",
             StopReason::ApprovalExpired => "approval_expired",
             StopReason::ModelFailed => "model_failed",
+            StopReason::Expired => "expired",
+            StopReason::TimedOut => "timed_out",
         }
     }
 

@@ -59,6 +59,12 @@ pub struct TaskRequest {
     /// The key whose concurrency limit bounds this task (else its model profile's).
     #[serde(default)]
     pub concurrency_key: Option<String>,
+    /// Expires (stop `expired`) unless started within this long (`30s`, `10m`, `2h`, `1d`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<String>,
+    /// Stops (`timed_out`) unless finished within this long of its enqueue, wall clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_within: Option<String>,
 }
 
 /// The demo models, for messages.
@@ -219,6 +225,7 @@ pub fn new_task(
     };
     set_budget(&mut budget, &l.budget, &origin)?;
     let not_before_ms = start_of(l.not_before.as_deref(), l.start_in.as_deref(), &origin)?;
+    let time_limits = time_limits_of(l.ttl.as_deref(), l.finish_within.as_deref(), &origin)?;
     let concurrency_key = l.concurrency_key.or_else(|| {
         cfg.and_then(|c| c.models.get(name))
             .and_then(|p| p.concurrency_key.clone())
@@ -248,6 +255,7 @@ pub fn new_task(
             Origin::Api { submitter } => submitter,
         },
         not_before_ms,
+        time_limits,
         concurrency_key,
     })
 }
@@ -268,6 +276,30 @@ fn start_of(at: Option<&str>, delay: Option<&str>, origin: &Origin) -> Result<Op
             .map_err(|e| format!("{in_name}: {e}")),
         (None, None) => Ok(None),
     }
+}
+
+/// A task's time limits from their durations, counted from now.
+fn time_limits_of(
+    ttl: Option<&str>,
+    within: Option<&str>,
+    origin: &Origin,
+) -> Result<crate::store::TimeLimits, String> {
+    let (ttl_name, within_name) = match origin {
+        Origin::Cli => ("--ttl", "--finish-within"),
+        Origin::Api { .. } => ("ttl", "finish_within"),
+    };
+    let at = |d: Option<&str>, name: &str| -> Result<Option<u64>, String> {
+        d.map(|d| {
+            crate::clock::parse_duration_ms(d)
+                .map(|ms| crate::clock::now_ms().saturating_add(ms))
+                .map_err(|e| format!("{name}: {e}"))
+        })
+        .transpose()
+    };
+    Ok(crate::store::TimeLimits {
+        expires_at_ms: at(ttl, ttl_name)?,
+        deadline_at_ms: at(within, within_name)?,
+    })
 }
 
 /// `cfg` with its MCP servers' tools in the catalog a task keeps (each server asked for its

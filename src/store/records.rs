@@ -148,6 +148,36 @@ pub struct TaskRecord {
     /// run at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency_key: Option<String>,
+    /// When it expires unless started, and when it must have finished (wall clock).
+    #[serde(default)]
+    pub time_limits: TimeLimits,
+}
+
+/// A caller's time limits of a task, fixed at enqueue (ms since the epoch). Stored in binary
+/// rows too, so every field is always written (no `skip_serializing_if`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimeLimits {
+    /// Not started by then (its queue time to live ran out): it stops with `expired`.
+    #[serde(default)]
+    pub expires_at_ms: Option<u64>,
+    /// Not finished by then (its wall-clock deadline): it stops with `timed_out` at the next
+    /// step boundary, or when it is next picked up.
+    #[serde(default)]
+    pub deadline_at_ms: Option<u64>,
+}
+
+impl TimeLimits {
+    /// The stop reason a run that is `started` (it took a step before) meets at `now_ms`.
+    pub fn passed(&self, started: bool, now_ms: u64) -> Option<crate::kernel::StopReason> {
+        use crate::kernel::StopReason;
+        if !started && self.expires_at_ms.is_some_and(|t| t <= now_ms) {
+            Some(StopReason::Expired)
+        } else if self.deadline_at_ms.is_some_and(|t| t <= now_ms) {
+            Some(StopReason::TimedOut)
+        } else {
+            None
+        }
+    }
 }
 
 impl TaskRecord {
@@ -224,6 +254,8 @@ pub struct NewTask {
     pub not_before_ms: Option<u64>,
     /// See [`TaskRecord::concurrency_key`].
     pub concurrency_key: Option<String>,
+    /// See [`TaskRecord::time_limits`].
+    pub time_limits: TimeLimits,
 }
 
 /// A write's call key record: committed as an intent before the tool is called, then completed
@@ -342,6 +374,7 @@ pub(crate) fn new_record(
         submitted_by: t.submitted_by.clone(),
         not_before_ms: t.not_before_ms,
         concurrency_key: t.concurrency_key.clone(),
+        time_limits: t.time_limits,
     }
 }
 
@@ -389,6 +422,7 @@ fn differs(rec: &TaskRecord, t: &NewTask) -> Option<&'static str> {
     } else if rec.callback_url != t.callback_url {
         Some("callback URL")
     } else if rec.approval_wait_ms != t.approval_wait_ms {
+        // Time limits are not compared: `--ttl 1h` retried a minute later is the same request.
         Some("approval wait")
     } else {
         None

@@ -49,7 +49,9 @@ impl Ending {
                     Ending::CannotComplete
                 }
                 Some(StopReason::Done) => Ending::Completed,
-                Some(StopReason::Cancelled | StopReason::ApprovalExpired) => Ending::Cancelled,
+                Some(StopReason::Cancelled | StopReason::ApprovalExpired | StopReason::Expired) => {
+                    Ending::Cancelled
+                }
                 _ => Ending::Stopped,
             }),
         }

@@ -206,6 +206,7 @@ impl<'a> Drive<'a> {
                 if let Some(until) = self.gate(|cap, store, now| cap.before(store, req, now))? {
                     return self.yield_until(until).map(|()| None);
                 }
+                pass(ctx, super::driver::Point::ModelCall)?;
                 let reply = self.model.next(req);
                 observe_model(&rec.id, step, rec.model.label(), &reply);
                 let busy = self.model.busy();
@@ -405,6 +406,9 @@ impl<'a> Drive<'a> {
         if let Some(why) = outcome.cancel_requested {
             tracing::info!(task = %self.rec.id, reason = %why, "cancel requested");
             session.cancel();
+        } else if let Some(stop) = self.rec.time_limits.passed(true, self.now_ms()) {
+            tracing::info!(task = %self.rec.id, stop = %stop, "the task's wall-clock deadline passed");
+            session.stop_with(stop);
         }
         Ok(None)
     }

@@ -32,12 +32,14 @@ use crate::tools::durable::DemoShop;
 use crate::tools::http::HttpTools;
 
 /// Where a driver stops to let a simulation run other work first, or crash it: before a model
-/// call, before a tool call is sent, after its answer came back, and before each commit. A
+/// call, as the call leaves (its rate limit, if any, granted it), before a tool call is sent,
+/// after its answer came back, and before each commit. A
 /// hook that returns false crashes the worker there: it abandons the task at once, as a killed
 /// process would, leaving only what it had committed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Point {
     Model,
+    ModelCall,
     Send,
     Sent,
     Commit,
@@ -76,6 +78,9 @@ pub struct Context {
     pub time_scale: f64,
     pub shutdown: Arc<AtomicBool>,
     pub stats: Arc<Stats>,
+    /// A shared rate limit for the scripted models (which have no profile to name one): the
+    /// seeded simulation runs its tasks under one. `None` in the daemon.
+    pub scripted_rate: Option<(String, RateLimit)>,
 }
 
 /// Runs the task until it ends, suspends, is released at shutdown, or its claim is superseded.
@@ -263,6 +268,12 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
         // Cancelled while its worker was gone: stop before anything runs.
         session.cancel();
     }
+    // A time limit that passed while it waited in the queue (or on a person).
+    let started = rec.state.step > 0 || rec.state.pending.is_some();
+    if let Some(stop) = rec.time_limits.passed(started, (ctx.clock)()) {
+        tracing::info!(task = %rec.id, stop = %stop, "a time limit of the task passed before it was picked up");
+        session.stop_with(stop);
+    }
     // Spans a crashed run left open never end by themselves: this run ends them
     // ("interrupted", at the task's last committed active time) in its first commit, so a
     // trace is a finished tree and a live exporter sends them.
@@ -298,7 +309,10 @@ fn task_model(
 ) -> (Box<dyn crate::model::Model>, Option<(String, RateLimit)>) {
     match ctx.trusted.model_for(&rec.model) {
         Ok(m) => {
-            let rate = m.http().and_then(|p| p.rate_limit.clone());
+            let rate = match m.http() {
+                Some(p) => p.rate_limit.clone(),
+                None => ctx.scripted_rate.clone(),
+            };
             (m.build(catalog, rec.instructions.as_deref()), rate)
         }
         Err(why) => {

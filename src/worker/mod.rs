@@ -233,6 +233,7 @@ fn context(
         time_scale: cfg.time_scale,
         shutdown: Arc::clone(shutdown),
         stats: Arc::clone(stats),
+        scripted_rate: None,
     }
 }
 

@@ -42,6 +42,7 @@ fn new_task(user: &str, goal: &str, key: Option<&str>) -> NewTask {
         callback_url: None,
         submitted_by: None,
         not_before_ms: None,
+        time_limits: Default::default(),
         concurrency_key: None,
     }
 }
@@ -1123,6 +1124,7 @@ fn test_context(
         time_scale: 0.0,
         shutdown: Arc::new(AtomicBool::new(false)),
         stats: Arc::new(tether::worker::Stats::default()),
+        scripted_rate: None,
     }
 }
 

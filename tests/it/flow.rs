@@ -308,3 +308,47 @@ fn a_purged_task_leaves_no_concurrency_key_behind() {
     let t = r.open_table(keys).expect("the table");
     assert_eq!(redb::ReadableTableMetadata::len(&t).expect("len"), 0);
 }
+
+conformance! {
+    /// A task not started within its `--ttl` ends `expired` without running a step (and
+    /// `worker wait` exits 6); one without a limit, queued beside it, runs.
+    fn a_task_not_started_within_its_ttl_expires(d) {
+        let late = enqueue(d, &["--ttl", "1s"]).trim().to_string();
+        let fine = enqueue(d, &[]).trim().to_string();
+        std::thread::sleep(Duration::from_millis(1_300));
+        ok(d, &["run", "--drain"]);
+        let t = json(d, &["show", &late, "--json"]);
+        assert_eq!(t["stop"], "expired", "{t}");
+        assert_eq!(t["steps"], 0, "an expired task ran nothing: {t}");
+        assert_eq!(json(d, &["show", &fine, "--json"])["stop"], "done");
+        let out = worker(d, &["wait", &late]);
+        assert_eq!(out.status.code(), Some(6), "{}", String::from_utf8_lossy(&out.stderr));
+        let listed = json(d, &["list", "--stop", "expired", "--json"]);
+        assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed}");
+    }
+}
+
+conformance! {
+    /// A task whose wall-clock deadline passes while it runs stops `timed_out` at the next
+    /// step boundary, having taken some of its steps; the same task without the limit runs
+    /// them all. Its time counts waits (here the tools' latency), unlike the active-time
+    /// budget, which is far from spent.
+    fn a_wall_clock_deadline_stops_a_running_task(d) {
+        let limited = enqueue(d, &["--tool-latency", "get_order=800", "--finish-within", "3s", "--store-scope", "a"])
+            .trim()
+            .to_string();
+        let free = enqueue(d, &["--tool-latency", "get_order=800", "--store-scope", "b"])
+            .trim()
+            .to_string();
+        ok(d, &["run", "--drain", "--time-scale", "1"]);
+        let t = json(d, &["show", &limited, "--json"]);
+        let all = json(d, &["show", &free, "--json"]);
+        assert_eq!(t["stop"], "timed_out", "{t}");
+        assert_eq!(all["stop"], "done", "{all}");
+        let (steps, full) = (t["steps"].as_u64().unwrap_or(0), all["steps"].as_u64().unwrap_or(0));
+        assert!(steps >= 1 && steps < full, "{steps} of {full} steps");
+        assert!(t["closing_message"].as_str().unwrap_or("").contains("wall-clock deadline"), "{t}");
+        let out = worker(d, &["wait", &limited]);
+        assert_eq!(out.status.code(), Some(4));
+    }
+}

@@ -23,6 +23,15 @@
 //!   never commits);
 //! - no committed state exceeds its budget;
 //! - every held write stays listed by `held` until it is settled;
+//! - a task given a start time (some are) has not run before it, by the simulated clock;
+//! - no more tasks of a concurrency key run at once than its limit (`tenant:*` = 1; most
+//!   tasks have one of two keys), whatever crashes, pauses and takeovers happen;
+//! - the model calls of all workers together (every one shares one rate limit, small enough
+//!   that tasks often wait for it) never exceed the limit in any window of the simulated
+//!   clock, and a task waiting for capacity is queued, not running (it gave its worker back).
+//!   On PostgreSQL these time checks allow `PG_CLOCK_SLACK_MS`: the store reads "now" as the
+//!   server's clock plus the caller's lead, so it runs ahead of the simulated clock by the
+//!   real time a statement takes to start;
 //! - after a settling phase without faults, every task has ended and nothing is held.
 //!
 //! `cargo test --test simulation` runs 2,000 seeds from a random base it prints;
@@ -89,7 +98,16 @@ struct Sim {
     /// latest of those decisions).
     sends: BTreeMap<String, (usize, usize, usize)>,
     ids: Vec<String>,
+    /// When each task's own start time is, if it has one.
+    starts: BTreeMap<String, u64>,
+    /// The simulated time of every model call that left a worker (its capacity granted).
+    calls: Arc<Mutex<Vec<u64>>>,
+    /// How far the store's "now" may run ahead of the simulated clock (0 on redb).
+    slack_ms: u64,
 }
+
+/// On PostgreSQL, how far its "now" may run ahead of the simulated clock.
+const PG_CLOCK_SLACK_MS: u64 = 250;
 
 fn sim_dir() -> std::path::PathBuf {
     // tmpfs makes fsync cheap, so thousands of seeds fit in a test run.
@@ -135,10 +153,25 @@ fn task(rng: &mut Rng, i: usize) -> NewTask {
         instructions: None,
         callback_url: None,
         submitted_by: None,
-        not_before_ms: None,
-        concurrency_key: None,
+        // Some start later (the simulated clock starts at 1,000,000 ms); most share one of
+        // two concurrency keys, limited to one running task each.
+        not_before_ms: (rng.below(3) == 0).then(|| START_MS + rng.below(5_000)),
+        time_limits: Default::default(),
+        concurrency_key: match rng.below(3) {
+            0 => None,
+            1 => Some("tenant:a".into()),
+            _ => Some("tenant:b".into()),
+        },
     }
 }
+
+/// The simulated clock at the start.
+const START_MS: u64 = 1_000_000;
+/// The limit of every `tenant:` key.
+const TENANT_LIMIT: usize = 1;
+/// The rate limit every model call shares: `RATE_REQUESTS` calls in any `RATE_WINDOW_MS`.
+const RATE_REQUESTS: usize = 2;
+const RATE_WINDOW_MS: u64 = 400;
 
 impl Sim {
     fn new(seed: u64, db: &SimDb) -> Sim {
@@ -167,13 +200,20 @@ impl Sim {
             }
         };
         let tools = Arc::new(tools);
+        let limits = [("tenant:*".to_string(), TENANT_LIMIT as u32)];
+        store.set_limits(tether::store::flow::ConcurrencyLimits::new(limits).expect("limits"));
         let n = 2 + rng.below(3) as usize;
         let tasks: Vec<NewTask> = (0..n).map(|i| task(&mut rng, i)).collect();
-        let ids = store
+        let ids: Vec<String> = store
             .enqueue(&tasks, 0)
             .expect("enqueue")
             .into_iter()
             .map(|e| e.id)
+            .collect();
+        let starts = ids
+            .iter()
+            .zip(&tasks)
+            .filter_map(|(id, t)| Some((id.clone(), t.not_before_ms?)))
             .collect();
         let (parked_tx, parked) = unbounded();
         let mut sim = Sim {
@@ -181,7 +221,7 @@ impl Sim {
             rng,
             store,
             tools,
-            clock: Arc::new(AtomicU64::new(1_000_000)),
+            clock: Arc::new(AtomicU64::new(START_MS)),
             workers: Vec::new(),
             parked,
             parked_tx,
@@ -190,6 +230,12 @@ impl Sim {
             seen: BTreeMap::new(),
             sends: BTreeMap::new(),
             ids,
+            starts,
+            calls: Arc::default(),
+            slack_ms: match db {
+                SimDb::Dir(_) => 0,
+                SimDb::Pg(_) => PG_CLOCK_SLACK_MS,
+            },
         };
         let workers = 2 + sim.rng.below(2) as usize;
         for slot in 0..workers {
@@ -238,9 +284,19 @@ impl Sim {
         let gate: Arc<dyn Fn(bool) -> bool + Send + Sync> = Arc::new(gate);
         let hook_gate = Arc::clone(&gate);
         let clock = Arc::clone(&self.clock);
+        let (calls, call_clock) = (Arc::clone(&self.calls), Arc::clone(&self.clock));
+        let hook = move |p: Point| {
+            if p == Point::ModelCall {
+                // Not a scheduling point: the call leaves at once, as its capacity was granted.
+                let now = call_clock.load(Ordering::SeqCst);
+                calls.lock().expect("calls").push(now);
+                return true;
+            }
+            hook_gate(p == Point::Commit)
+        };
         let ctx = driver::Context {
             clock: Arc::new(move || clock.load(Ordering::SeqCst)),
-            hook: Some(Arc::new(move |p: Point| hook_gate(p == Point::Commit))),
+            hook: Some(Arc::new(hook)),
             mcp: None,
             trusted: Arc::default(),
             export: false,
@@ -255,6 +311,14 @@ impl Sim {
             time_scale: 0.0,
             shutdown: Arc::new(AtomicBool::new(false)),
             stats: Arc::new(Stats::default()),
+            scripted_rate: Some((
+                "sim-model".into(),
+                tether::model::rate::RateLimit {
+                    requests: Some(RATE_REQUESTS as u32),
+                    tokens: None,
+                    per_ms: RATE_WINDOW_MS,
+                },
+            )),
         };
         let store = Arc::clone(&self.store);
         let thread = std::thread::spawn(move || {
@@ -549,6 +613,36 @@ impl Sim {
             .into_iter()
             .map(|(r, _)| r.id)
             .collect();
+        let mut running: BTreeMap<&str, usize> = BTreeMap::new();
+        for r in &tasks {
+            if let (QueueStatus::Running, Some(k)) = (r.status, r.concurrency_key.as_deref()) {
+                *running.entry(k).or_default() += 1;
+            }
+            let now = self.now() + self.slack_ms;
+            if let Some(&at) = self.starts.get(&r.id).filter(|&&at| at > now) {
+                assert!(
+                    r.runs == 0 && r.state.step == 0,
+                    "seed {seed}: task {} ran before its start time {at} (now {})",
+                    r.id,
+                    self.now()
+                );
+            }
+            if let Some(at) = r.not_before_ms.filter(|&at| at > now) {
+                assert!(
+                    r.status != QueueStatus::Running,
+                    "seed {seed}: task {} runs while it waits until {at} (now {})",
+                    r.id,
+                    self.now()
+                );
+            }
+        }
+        for (k, n) in running {
+            assert!(
+                n <= TENANT_LIMIT,
+                "seed {seed}: {n} tasks of {k} run at once (limit {TENANT_LIMIT})"
+            );
+        }
+        self.check_rate();
         for r in &tasks {
             let st = &r.state;
             let now = (st.step, st.tool_calls, st.elapsed_ms);
@@ -572,6 +666,21 @@ impl Sim {
                 !holds || held.contains(&r.id),
                 "seed {seed}: the held write of task {} is not listed",
                 r.id
+            );
+        }
+    }
+
+    /// No more than `RATE_REQUESTS` model calls in any window of `RATE_WINDOW_MS`.
+    fn check_rate(&self) {
+        let mut calls = self.calls.lock().expect("calls").clone();
+        calls.sort_unstable();
+        for w in calls.windows(RATE_REQUESTS + 1) {
+            assert!(
+                w[RATE_REQUESTS] - w[0] + self.slack_ms >= RATE_WINDOW_MS,
+                "seed {}: {} model calls within {} ms (at {w:?}; the limit is {RATE_REQUESTS} in {RATE_WINDOW_MS} ms)",
+                self.seed,
+                RATE_REQUESTS + 1,
+                w[RATE_REQUESTS] - w[0]
             );
         }
     }

@@ -561,6 +561,12 @@ impl<'c> Session<'c> {
     /// Stops the run at this step boundary with `cancelled`. Refused while a model or tool
     /// call is outstanding, because its result must be folded in first.
     pub fn cancel(&mut self) -> bool {
+        self.stop_with(StopReason::Cancelled)
+    }
+
+    /// Stops the run with `stop` at a boundary (an operator's cancel, a time limit the
+    /// driver saw pass), as [`Session::cancel`] does.
+    pub fn stop_with(&mut self, stop: StopReason) -> bool {
         match self.phase {
             Phase::AwaitModel | Phase::AwaitTool { .. } => false,
             Phase::Finished(_) => true,
@@ -573,7 +579,7 @@ impl<'c> Session<'c> {
                                 .start(SpanKind::Task, self.state.task_id.clone(), None, t),
                         );
                 }
-                self.finish(StopReason::Cancelled, None);
+                self.finish(stop, None);
                 true
             }
         }

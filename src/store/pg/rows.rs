@@ -39,6 +39,8 @@ pub struct Spec {
     pub callback_url: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub submitted_by: Option<String>,
+    #[serde(default)]
+    pub time_limits: crate::store::TimeLimits,
 }
 
 /// A lease as stored: the owner's identity and the token; the expiry is its own column.
@@ -136,6 +138,7 @@ pub fn from_row_at(r: &Row, o: usize) -> Result<TaskRecord> {
         submitted_by: spec.submitted_by,
         not_before_ms: r.get::<_, Option<i64>>(18 + o).map(u64_of),
         concurrency_key: r.get(19 + o),
+        time_limits: spec.time_limits,
         id,
     })
 }
@@ -152,6 +155,7 @@ pub fn spec_of(rec: &TaskRecord) -> Result<Value> {
             instructions: rec.instructions.clone(),
             callback_url: rec.callback_url.clone(),
             submitted_by: rec.submitted_by.clone(),
+            time_limits: rec.time_limits,
         },
         "the task's spec",
     )

@@ -245,6 +245,7 @@ pub fn split(rec: &TaskRecord) -> Split {
             callback_url: rec.callback_url.clone(),
             submitted_by: rec.submitted_by.clone(),
             concurrency_key: rec.concurrency_key.clone(),
+            time_limits: rec.time_limits,
         },
         blobs,
     }
@@ -338,6 +339,7 @@ pub fn join(row: TaskRow, spec: SpecRow, blob: &mut dyn FnMut(&str) -> R<Blob>) 
         submitted_by: spec.submitted_by,
         not_before_ms: row.not_before_ms,
         concurrency_key: spec.concurrency_key,
+        time_limits: spec.time_limits,
     })
 }
 
