@@ -53,6 +53,16 @@ impl ConcurrencyLimits {
         })
     }
 
+    /// The limits of single keys, `(key, limit)`.
+    pub fn exact(&self) -> impl Iterator<Item = (&str, u32)> {
+        self.exact.iter().map(|(k, n)| (k.as_str(), *n))
+    }
+
+    /// The limits of key prefixes, `(prefix, limit)`, longest prefix first.
+    pub fn prefixes(&self) -> impl Iterator<Item = (&str, u32)> {
+        self.prefixes.iter().map(|(k, n)| (k.as_str(), *n))
+    }
+
     pub fn is_empty(&self) -> bool {
         self.exact.is_empty() && self.prefixes.is_empty()
     }

@@ -26,7 +26,7 @@ use tether::kernel::Budget;
 use tether::model::ModelProfile;
 use tether::store::{Backend, Commit, CommitKind, Error, Lease, NewTask, RedbStore};
 
-fn new_task(user: &str, goal: &str, key: Option<&str>) -> NewTask {
+pub(crate) fn new_task(user: &str, goal: &str, key: Option<&str>) -> NewTask {
     NewTask {
         user: user.into(),
         goal: goal.into(),

@@ -352,3 +352,65 @@ conformance! {
         assert_eq!(out.status.code(), Some(4));
     }
 }
+
+/// How many of `claimed` have each concurrency key ("-" for none).
+fn per_key(claimed: &[tether::store::TaskRecord]) -> BTreeMap<String, usize> {
+    let mut n = BTreeMap::new();
+    for r in claimed {
+        let k = r.concurrency_key.clone().unwrap_or_else(|| "-".into());
+        *n.entry(k).or_default() += 1;
+    }
+    n
+}
+
+conformance! {
+    /// The claim itself, on the store: a key's own limit wins over its prefix's, a key no
+    /// limit names is not bounded, claims of one task at a time and of many at once take the
+    /// same share of each key, and the slots come back when the claims run out.
+    fn a_claim_takes_each_keys_share_and_no_more(d) {
+        use tether::store::flow::ConcurrencyLimits;
+        let store = crate::exactly_once::backend(d);
+        let limits = [("tenant:*".to_string(), 2), ("tenant:acme".to_string(), 3)];
+        store.set_limits(ConcurrencyLimits::new(limits).expect("limits"));
+        let now = tether::clock::now_ms();
+        let mut tasks = Vec::new();
+        for (key, n) in [(Some("tenant:acme"), 6), (Some("tenant:bo"), 4), (Some("free"), 3), (None, 2)] {
+            for _ in 0..n {
+                let mut t = crate::exactly_once::new_task("cu_ana", "work", None);
+                t.concurrency_key = key.map(str::to_string);
+                tasks.push(t);
+            }
+        }
+        store.enqueue(&tasks, now).expect("enqueue");
+        let lease = |owner: &str| tether::store::Lease {
+            owner: owner.into(),
+            host: "test-host".into(),
+            pid: 1,
+            start_ticks: 0,
+            expires_at_ms: now + 60_000,
+            token: 0,
+        };
+        let expected: BTreeMap<String, usize> =
+            [("-", 2), ("free", 3), ("tenant:acme", 3), ("tenant:bo", 2)]
+                .into_iter()
+                .map(|(k, n)| (k.to_string(), n))
+                .collect();
+        // One at a time, as a daemon with one free thread claims.
+        let mut one_by_one = Vec::new();
+        loop {
+            let got = store.claim(&lease("a"), 1, now).expect("claim");
+            assert!(got.len() <= 1, "a claim of 1 took {}", got.len());
+            if got.is_empty() {
+                break;
+            }
+            one_by_one.extend(got);
+        }
+        assert_eq!(per_key(&one_by_one), expected);
+        // Every claim runs out: the slots come back, and one claim of many takes the same.
+        let later = now + 100_000_000;
+        store.recover(later, &|_| false, &|_, _| false).expect("recover");
+        let at_once = store.claim(&lease("b"), 100, later).expect("claim");
+        assert_eq!(per_key(&at_once), expected);
+        assert!(store.claim(&lease("c"), 100, later).expect("claim").is_empty());
+    }
+}

@@ -6,6 +6,7 @@ use crate::common;
 use common::pg::PgCluster;
 use common::*;
 use postgres::fallible_iterator::FallibleIterator;
+use std::time::{Duration, Instant};
 
 #[test]
 fn a_throwaway_cluster_keeps_committed_rows_across_an_immediate_stop() {
@@ -507,4 +508,85 @@ fn a_registration_waits_for_a_settle_that_found_no_waiter() {
     let _registered =
         try_register().expect("the registration goes through once the settle committed");
     assert_eq!(pg.psql(&format!("SELECT count(*) FROM {s}.waiters")), "1");
+}
+
+/// Two claimers on one key, the second reaching the key's slot row while the first holds it:
+/// the second's claim is cut to what the limit has left once the first commits, not to what
+/// its own snapshot counted (which would run one task too many). The first claimer is a
+/// transaction held open here, taking a slot as a claim's upsert does.
+#[test]
+fn a_claim_that_waits_on_a_keys_slot_takes_only_what_is_left() {
+    use tether::store::Queue;
+    use tether::store::flow::ConcurrencyLimits;
+    let Some(pg) = common::pg::shared() else {
+        return;
+    };
+    let s = common::pg::schema("slot_race");
+    let url = format!("{}?schema={s}", pg.url());
+    let store =
+        tether::store::pg::PgStore::open(&url, true, 4, Duration::from_secs(5)).expect("open");
+    store.set_limits(ConcurrencyLimits::new([("tenant:*".to_string(), 3)]).expect("limits"));
+    let now = tether::clock::now_ms();
+    let tasks: Vec<_> = (0..6)
+        .map(|_| {
+            let mut t = crate::exactly_once::new_task("cu_ana", "work", None);
+            t.concurrency_key = Some("tenant:acme".into());
+            t
+        })
+        .collect();
+    store.enqueue(&tasks, now).expect("enqueue");
+    let lease = tether::store::Lease {
+        owner: "a".into(),
+        host: "test-host".into(),
+        pid: 1,
+        start_ticks: 0,
+        expires_at_ms: now + 60_000,
+        token: 0,
+    };
+    assert_eq!(store.claim(&lease, 1, now).expect("claim").len(), 1);
+    // The other claimer: it took a second slot and has not committed yet.
+    let mut other = postgres::Client::connect(&pg.url(), postgres::NoTls).expect("connect");
+    let mut tx = other.transaction().expect("begin");
+    tx.execute(
+        &format!("UPDATE {s}.slots SET running = running + 1 WHERE key = 'tenant:acme'"),
+        &[],
+    )
+    .expect("take a slot");
+    let claimer = std::thread::spawn(move || store.claim(&lease, 100, now).expect("claim"));
+    // Wait until the claim waits on the slot row's lock.
+    let mut watch = postgres::Client::connect(&pg.url(), postgres::NoTls).expect("connect");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let waiting: i64 = watch
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%slots%'",
+                &[],
+            )
+            .expect("activity")
+            .get(0);
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the claim never waited on the slot row"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    tx.commit().expect("commit");
+    let got = claimer.join().expect("claimer");
+    assert_eq!(
+        got.len(),
+        1,
+        "the limit is 3 and 2 were taken: the claim may take 1, it took {}",
+        got.len()
+    );
+    let running: i32 = watch
+        .query_one(
+            &format!("SELECT running FROM {s}.slots WHERE key = 'tenant:acme'"),
+            &[],
+        )
+        .expect("slots")
+        .get(0);
+    assert_eq!(running, 3);
 }

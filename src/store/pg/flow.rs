@@ -1,12 +1,12 @@
-//! Claims under concurrency limits on PostgreSQL: the slots of the keys that have a limit
-//! (migration 9's `slots`) are taken in the claim's transaction, each by a conditional
+//! Claims under concurrency limits on PostgreSQL, in one statement: the due tasks in order
+//! (those of keys whose slots were all taken when last counted passed over), ranked within
+//! their key; each limited key's share taken from `slots` (migration 9) by one conditional
 //! upsert whose row lock makes claimers on several hosts take turns on a key, so together
-//! they never exceed its limit; the trigger of migration 9 gives a slot back in whatever
-//! statement moves its task out of `running`.
+//! they never exceed its limit; and exactly the tasks the upsert granted claimed. The trigger
+//! of migration 9 gives a slot back in whatever statement moves its task out of `running`.
 
 use postgres::types::Json;
 use serde_json::Value;
-use std::collections::BTreeMap;
 
 use super::PgStore;
 use super::pool::db_error;
@@ -18,6 +18,45 @@ use crate::store::{Lease, Result, TaskRecord};
 /// How many candidates past `max` a limited claim looks at (tasks of keys at their limit are
 /// passed over; they keep their place).
 const LOOK_AHEAD: i64 = 64;
+
+/// The claim under limits. Parameters: those of `queue::claim_sql` (`$1` the candidates to
+/// look at, `$2`..`$6` the lease, its owner and length, the clock offset, the marker), `$7`
+/// the most to take, `$8`/`$9` the keys with a limit of their own and those limits, `$10`/`$11`
+/// the key prefixes (longest first) and theirs.
+///
+/// `granted` is what the upsert gave this claim: the key's share, cut to what its limit has
+/// left by the row as it is when the claim holds its lock (not as the statement's snapshot
+/// saw it). A key's chosen tasks are the first of its candidates in queue order, so its
+/// `rn <= granted` are exactly the ones that got a slot.
+fn claim_limited_sql() -> String {
+    let now = super::now_sql(5);
+    format!(
+        "WITH locked AS (SELECT id, concurrency_key AS k, priority, ready_seq FROM {{s}}.tasks t \
+           WHERE status = 'queued' AND (not_before_ms IS NULL OR not_before_ms <= {now}) \
+           AND (concurrency_key IS NULL OR NOT EXISTS (SELECT 1 FROM {{s}}.slots s \
+                WHERE s.key = t.concurrency_key AND s.running >= s.cap)) \
+           ORDER BY priority DESC, ready_seq LIMIT $1::bigint FOR UPDATE SKIP LOCKED), \
+         capped AS (SELECT l.*, CASE WHEN l.k IS NULL THEN NULL ELSE COALESCE( \
+             (SELECT e.c FROM unnest($8::text[], $9::int[]) AS e(k, c) WHERE e.k = l.k), \
+             (SELECT p.c FROM unnest($10::text[], $11::int[]) WITH ORDINALITY AS p(k, c, o) \
+              WHERE starts_with(l.k, p.k) ORDER BY p.o LIMIT 1)) END AS cap FROM locked l), \
+         ranked AS (SELECT c.*, row_number() OVER (PARTITION BY c.k ORDER BY c.priority DESC, c.ready_seq) AS rn, \
+             COALESCE((SELECT s.running FROM {{s}}.slots s WHERE s.key = c.k), 0) AS used FROM capped c), \
+         chosen AS (SELECT id, k, cap, rn FROM ranked WHERE cap IS NULL OR rn <= cap - used \
+             ORDER BY priority DESC, ready_seq LIMIT $7::bigint), \
+         took AS (INSERT INTO {{s}}.slots AS s (key, running, cap, granted) \
+             SELECT k, LEAST(count(*), min(cap)), min(cap), LEAST(count(*), min(cap)) FROM chosen \
+             WHERE cap IS NOT NULL GROUP BY k \
+             ON CONFLICT (key) DO UPDATE SET running = LEAST(s.running + EXCLUDED.granted, EXCLUDED.cap), \
+               granted = LEAST(s.running + EXCLUDED.granted, EXCLUDED.cap) - s.running, cap = EXCLUDED.cap \
+             WHERE s.running < EXCLUDED.cap RETURNING s.key, s.granted), \
+         c AS (SELECT ch.id, tk.key AS slot FROM chosen ch LEFT JOIN took tk ON tk.key = ch.k \
+             WHERE ch.cap IS NULL OR ch.rn <= tk.granted) \
+         {}{}",
+        claim_update("c").replacen(" FROM c ", ", slot = c.slot FROM c ", 1),
+        returning("t.")
+    )
+}
 
 impl PgStore {
     /// The concurrency limits its claims apply (see `Queue::set_limits`).
@@ -34,52 +73,35 @@ impl PgStore {
         now_ms: u64,
         limits: &ConcurrencyLimits,
     ) -> Result<Vec<TaskRecord>> {
-        let now = super::now_sql(1);
-        // Keys whose slots were all taken when last counted are passed over at once; the
-        // upsert in `take_slots` is what decides.
-        let candidates_sql = self.sql(&format!(
-            "SELECT id, concurrency_key FROM {{s}}.tasks t WHERE status = 'queued' \
-             AND (not_before_ms IS NULL OR not_before_ms <= {now}) \
-             AND (concurrency_key IS NULL OR NOT EXISTS (SELECT 1 FROM {{s}}.slots s \
-                  WHERE s.key = t.concurrency_key AND s.running >= s.cap)) \
-             ORDER BY priority DESC, ready_seq LIMIT $2 FOR UPDATE SKIP LOCKED"
-        ));
-        let take_sql = self.sql(
-            "INSERT INTO {s}.slots (key, running, cap) SELECT k, 1, c \
-             FROM unnest($1::text[], $2::int[]) AS u(k, c) \
-             ON CONFLICT (key) DO UPDATE SET running = {s}.slots.running + 1, cap = EXCLUDED.cap \
-             WHERE {s}.slots.running < EXCLUDED.cap RETURNING key",
-        );
-        let claim = self.sql(&format!(
-            "WITH c AS (SELECT unnest($1::text[]) AS id) {}{}",
-            claim_update("c"),
-            returning("t.")
-        ));
-        // The claimed tasks that took a slot name it.
-        let name_slots =
-            self.sql("UPDATE {s}.tasks SET slot = concurrency_key WHERE id = ANY($1::text[])");
+        let claim = self.sql(&claim_limited_sql());
         let lease_json = Json(lease_of(&Some(lease.clone())).unwrap_or(Value::Null));
         let (len, off) = (lease_len(lease, now_ms), super::offset_of(now_ms));
+        let cap = |n: u32| i32::try_from(n).unwrap_or(i32::MAX);
+        let (keys, key_caps): (Vec<&str>, Vec<i32>) =
+            limits.exact().map(|(k, n)| (k, cap(n))).unzip();
+        let (prefixes, prefix_caps): (Vec<&str>, Vec<i32>) =
+            limits.prefixes().map(|(k, n)| (k, cap(n))).unzip();
+        let max = i64_of(max as u64);
+        let look = max.saturating_add(LOOK_AHEAD);
         let rows = self.write(|tx| {
-            let look = i64_of(max as u64).saturating_add(LOOK_AHEAD);
-            let candidates = tx
-                .query(&candidates_sql, &[&off, &look])
-                .map_err(db_error)?;
-            let (take, slotted) = take_slots(tx, &candidates, max, limits, &take_sql)?;
-            if take.is_empty() {
-                return Ok(Vec::new());
-            }
             let marker = random_i64();
-            let rows = tx
-                .query(
-                    &claim,
-                    &[&take, &lease_json, &lease.owner, &len, &off, &marker],
-                )
-                .map_err(db_error)?;
-            if !slotted.is_empty() {
-                tx.execute(&name_slots, &[&slotted]).map_err(db_error)?;
-            }
-            Ok(rows)
+            tx.query(
+                &claim,
+                &[
+                    &look,
+                    &lease_json,
+                    &lease.owner,
+                    &len,
+                    &off,
+                    &marker,
+                    &max,
+                    &keys,
+                    &key_caps,
+                    &prefixes,
+                    &prefix_caps,
+                ],
+            )
+            .map_err(db_error)
         })?;
         let quarantine =
             self.sql("UPDATE {s}.tasks SET status = 'damaged', damaged = $2 WHERE id = $1");
@@ -87,86 +109,4 @@ impl PgStore {
             let _ = self.read(|c| c.client.execute(&quarantine, &[&id, &why]));
         }))
     }
-}
-
-/// Of the `candidates` (id, key) in order, the ids a claim of `max` takes, and those of them
-/// that took a slot of their key. Slots are taken by `take_sql` (one upsert for a set of
-/// distinct keys, each taking one slot if its key has one free), in rounds: a key's second
-/// candidate waits for the next round, and a key refused a slot is passed over from then on.
-fn take_slots(
-    tx: &mut postgres::Transaction<'_>,
-    candidates: &[postgres::Row],
-    max: usize,
-    limits: &ConcurrencyLimits,
-    take_sql: &str,
-) -> Result<(Vec<String>, Vec<String>)> {
-    // (id, the limited key and its limit), in queue order.
-    let mut left: Vec<(String, Option<(String, u32)>)> = candidates
-        .iter()
-        .map(|r| {
-            let key: Option<String> = r.get(1);
-            (
-                r.get(0),
-                key.and_then(|k| limits.limit_of(&k).map(|l| (k, l))),
-            )
-        })
-        .collect();
-    let mut granted: BTreeMap<String, ()> = BTreeMap::new();
-    let mut taken: BTreeMap<String, bool> = BTreeMap::new();
-    loop {
-        // Up to `max` candidates still undecided, at most one per key this round.
-        let mut round: BTreeMap<String, u32> = BTreeMap::new();
-        let mut count = taken.len();
-        for (id, limited) in &left {
-            if count >= max {
-                break;
-            }
-            match limited {
-                None => {
-                    taken.insert(id.clone(), false);
-                    count += 1;
-                }
-                Some((k, l)) if !round.contains_key(k) => {
-                    round.insert(k.clone(), *l);
-                    count += 1;
-                }
-                Some(_) => {}
-            }
-        }
-        left.retain(|(id, _)| !taken.contains_key(id));
-        if round.is_empty() {
-            break;
-        }
-        let keys: Vec<&String> = round.keys().collect();
-        let caps: Vec<i32> = round
-            .values()
-            .map(|l| i32::try_from(*l).unwrap_or(i32::MAX))
-            .collect();
-        granted.clear();
-        for r in tx.query(take_sql, &[&keys, &caps]).map_err(db_error)? {
-            granted.insert(r.get(0), ());
-        }
-        // The first candidate of each key of the round takes its slot, or the key is full.
-        let mut seen: BTreeMap<String, ()> = BTreeMap::new();
-        left.retain(|(id, limited)| match limited {
-            Some((k, _)) if round.contains_key(k) && !seen.contains_key(k) => {
-                seen.insert(k.clone(), ());
-                if granted.contains_key(k) {
-                    taken.insert(id.clone(), true);
-                }
-                false
-            }
-            Some((k, _)) if round.contains_key(k) && !granted.contains_key(k) => false,
-            _ => true,
-        });
-    }
-    // In queue order, as the candidates came.
-    let order: Vec<String> = candidates.iter().map(|r| r.get(0)).collect();
-    let take: Vec<String> = order
-        .iter()
-        .filter(|id| taken.contains_key(*id))
-        .cloned()
-        .collect();
-    let slotted = take.iter().filter(|id| taken[*id]).cloned().collect();
-    Ok((take, slotted))
 }

@@ -207,6 +207,11 @@ CREATE TABLE {s}.rate_log (key text NOT NULL, id bigserial, at_ms bigint NOT NUL
     r#"
 CREATE TABLE {s}.schedules (name text PRIMARY KEY, body text NOT NULL);
 "#,
+    // A claim takes its slots in one statement: the upsert of a key's row records how many
+    // slots it granted that claim (`granted`), which the same statement's `RETURNING` reads.
+    r#"
+ALTER TABLE {s}.slots ADD COLUMN granted integer NOT NULL DEFAULT 0;
+"#,
 ];
 
 /// Registers the session as one that listens on the settled channel (migration 8's
