@@ -144,9 +144,9 @@ pub fn encode_spec(spec: &SpecRow) -> std::result::Result<Vec<u8>, crate::store:
     crate::store::codec::encode_row_as(SPEC_FORMAT, spec)
 }
 
-impl From<SpecRowV6> for SpecRow {
-    fn from(o: SpecRowV6) -> SpecRow {
-        SpecRow {
+impl From<SpecRowV6> for SpecRowV7 {
+    fn from(o: SpecRowV6) -> SpecRowV7 {
+        SpecRowV7 {
             key: o.key,
             model: o.model,
             tool_latency_ms: o.tool_latency_ms,
@@ -159,7 +159,6 @@ impl From<SpecRowV6> for SpecRow {
             callback_url: o.callback_url,
             submitted_by: o.submitted_by,
             concurrency_key: None,
-            time_limits: Default::default(),
         }
     }
 }
@@ -252,6 +251,6 @@ pub fn decode_spec(what: &str, bytes: &[u8]) -> std::result::Result<SpecRow, cra
                 )));
             }
         };
-        Ok(v6.into())
+        Ok(SpecRowV7::from(v6).into())
     })
 }
