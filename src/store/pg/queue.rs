@@ -80,6 +80,39 @@ pub(super) fn decode_claimed(
     out
 }
 
+impl PgStore {
+    /// Runs claim statement `sql` (marked `marker`, its `$6`) on its own, one round trip with
+    /// no transaction around it; if the connection is lost on the way, what the claim took is
+    /// read back by its marker. A claimed row that cannot be read is quarantined.
+    pub(super) fn run_claim(
+        &self,
+        sql: &str,
+        params: &[&(dyn postgres::types::ToSql + Sync)],
+        marker: i64,
+    ) -> Result<Vec<TaskRecord>> {
+        let mut c = self.conn()?;
+        let rows = match c.prepared(sql).and_then(|st| c.client.query(&st, params)) {
+            Ok(rows) => rows,
+            Err(e) if is_connection_error(&e) => {
+                // The claim may have landed: take what it claimed, found by its marker.
+                c.broken = true;
+                drop(c);
+                tracing::warn!(error = %e, "the connection was lost during a claim; reading back what it claimed");
+                let by_marker = self.sql(&format!(
+                    "SELECT {TASK_COLUMNS} FROM {{s}}.tasks WHERE claim_commit = $1 AND status = 'running'"
+                ));
+                self.read(|c| c.client.query(&by_marker, &[&marker]))?
+            }
+            Err(e) => return Err(db_error(e)),
+        };
+        let quarantine =
+            self.sql("UPDATE {s}.tasks SET status = 'damaged', damaged = $2 WHERE id = $1");
+        Ok(decode_claimed(self, &rows, &mut |id, why| {
+            let _ = self.read(|c| c.client.execute(&quarantine, &[&id, &why]));
+        }))
+    }
+}
+
 impl Queue for PgStore {
     fn enqueue(&self, tasks: &[NewTask], now_ms: u64) -> Result<Vec<Enqueued>> {
         let by_key = self.sql(&format!(
@@ -171,31 +204,11 @@ impl Queue for PgStore {
         let lease_json = Json(lease_of(&Some(lease.clone())).unwrap_or(Value::Null));
         let limit = i64::try_from(max).unwrap_or(i64::MAX);
         let (expires, now) = (lease_len(lease, now_ms), super::offset_of(now_ms));
-        let mut c = self.conn()?;
-        let rows = match c.prepared(&sql).and_then(|st| {
-            c.client.query(
-                &st,
-                &[&limit, &lease_json, &lease.owner, &expires, &now, &marker],
-            )
-        }) {
-            Ok(rows) => rows,
-            Err(e) if is_connection_error(&e) => {
-                // The claim may have landed: take what it claimed, found by its marker.
-                c.broken = true;
-                drop(c);
-                tracing::warn!(error = %e, "the connection was lost during a claim; reading back what it claimed");
-                let by_marker = self.sql(&format!(
-                    "SELECT {TASK_COLUMNS} FROM {{s}}.tasks WHERE claim_commit = $1 AND status = 'running'"
-                ));
-                self.read(|c| c.client.query(&by_marker, &[&marker]))?
-            }
-            Err(e) => return Err(db_error(e)),
-        };
-        let quarantine =
-            self.sql("UPDATE {s}.tasks SET status = 'damaged', damaged = $2 WHERE id = $1");
-        Ok(decode_claimed(self, &rows, &mut |id, why| {
-            let _ = self.read(|c| c.client.execute(&quarantine, &[&id, &why]));
-        }))
+        self.run_claim(
+            &sql,
+            &[&limit, &lease_json, &lease.owner, &expires, &now, &marker],
+            marker,
+        )
     }
 
     /// How long claim `token` of task `id` is held, by the server's clock: the least of its

@@ -130,11 +130,13 @@ impl PgCluster {
     /// Starts the server (again, after [`PgCluster::stop_immediate`]).
     pub fn start_server(&self) {
         let data = self.dir.join("data");
+        // TETHER_PG_OPTS: server settings added when investigating (`-c auto_explain...`).
         let opts = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync={} -c max_connections=200",
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync={} -c max_connections=200 {}",
             self.port,
             self.dir.display(),
-            if self.durable { "on" } else { "off" }
+            if self.durable { "on" } else { "off" },
+            std::env::var("TETHER_PG_OPTS").unwrap_or_default()
         );
         self.run(
             "pg_ctl",
