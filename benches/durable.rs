@@ -5,6 +5,7 @@
 //!   workload (1 commit per step) and the design reference's Policy (refund and email: intents and
 //!   store writes too);
 //! - the same with 64 tasks in flight (64 threads; the committer groups their steps);
+//! - enqueue to start with an idle daemon (its distribution);
 //! - enqueue throughput: one `worker enqueue` process per task, and one batch file;
 //! - bytes written per step commit, in the record format and as format 1 (JSON, the whole task
 //!   record rewritten by every step) would have written the same commits: for the Policy, and
@@ -18,7 +19,7 @@ use std::time::Instant;
 use tether::store::prelude::*;
 
 use tether::model::ModelProfile;
-use tether::store::RedbStore;
+use tether::store::{QueueStatus, RedbStore};
 use tether::tools::durable::DurableStore;
 use tether::worker::{self, Config};
 
@@ -74,6 +75,50 @@ fn raw_commit_rate(n: usize) -> f64 {
 /// threads until drained, and returns (steps/s, tasks/s, transactions, commits).
 fn durable(name: &str, model: &ModelProfile, n: usize, workers: usize) -> (f64, f64, u64, u64) {
     durable_metered(name, model, n, workers, |_| {})
+}
+
+/// Enqueue-to-start latency with an idle daemon on the file: each of `n` tasks is enqueued
+/// after a pause in which the daemon finds nothing to do, and the time until its claim is
+/// visible is measured (ms, in order).
+fn wake_latency(n: usize) -> Vec<f64> {
+    let dir = temp_dir("wake");
+    let store = Arc::new(RedbStore::open(&dir.join("w.redb"), true).expect("db"));
+    let tools = Arc::new(DurableStore::open(&dir.join("w.store.redb")).expect("store"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let daemon = {
+        let (store, stop) = (store.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let cfg = Config {
+                demo: Some(Arc::new(tether::tools::durable::DemoShop::opened(
+                    Arc::clone(&tools),
+                ))),
+                workers: 1,
+                ..Config::default()
+            };
+            worker::run(store, &cfg, stop).expect("daemon")
+        })
+    };
+    let reads = ModelProfile::NewIds { latency_ms: 1500 };
+    let mut out = Vec::new();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    for _ in 0..n {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let t = Instant::now();
+        let id = store
+            .enqueue(&tasks(&reads, 1), worker::now_ms())
+            .expect("enqueue")[0]
+            .id
+            .clone();
+        while store.task(&id).expect("task").status == QueueStatus::Queued {
+            assert!(t.elapsed().as_secs() < 10, "the task never started");
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+        out.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    stop.store(true, Ordering::SeqCst);
+    daemon.join().expect("daemon thread");
+    let _ = std::fs::remove_dir_all(&dir);
+    out
 }
 
 /// `durable`, with `meter` called on the database before the run (to switch its write meter on).
@@ -249,6 +294,15 @@ fn main() {
     println!(
         "bytes per step commit, 2 MB script : {now:.0} B (format 1: {before:.0} B, {:.0}x less)",
         before / now
+    );
+    let mut lat = wake_latency(30);
+    lat.sort_by(f64::total_cmp);
+    println!(
+        "enqueue to start, idle daemon: median {:.1} ms, p90 {:.1} ms, max {:.1} ms over {} tasks (woken by a watch on the file; target under 5 ms; the poll fallback is 1000 ms)",
+        lat[lat.len() / 2],
+        lat[lat.len() * 9 / 10],
+        lat[lat.len() - 1],
+        lat.len()
     );
     let (single, batch) = enqueue_rates(50, 2000);
     println!(

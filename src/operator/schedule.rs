@@ -124,6 +124,8 @@ pub struct Pass {
     /// (schedule, how many missed ticks it passed over).
     pub skipped: Vec<(String, usize)>,
     pub failed: Vec<String>,
+    /// How many schedules are active (not paused).
+    pub active: usize,
 }
 
 pub fn fire_due(
@@ -136,6 +138,7 @@ pub fn fire_due(
         if s.paused {
             continue;
         }
+        pass.active += 1;
         if let Err(e) = fire_one(store, cfg, &s, now_ms, &mut pass) {
             pass.failed.push(format!("schedule {:?}: {e}", s.name));
         }

@@ -145,6 +145,9 @@ pub(super) struct Dispatch<'a> {
     // expiries that other processes compare.
     last_recover: Instant,
     last_schedules: Instant,
+    /// Whether the last pass over the schedules found an active one: only then does an idle
+    /// daemon wake for them between wake-ups.
+    schedules_active: bool,
 }
 
 /// How often a daemon fires the schedules' due ticks.
@@ -160,7 +163,8 @@ impl<'a> Dispatch<'a> {
         task_tx: Sender<TaskRecord>,
         done_rx: &'a Receiver<()>,
     ) -> Dispatch<'a> {
-        // Wake-ups when a task becomes ready (PostgreSQL's NOTIFY); polling is the fallback.
+        // Wake-ups when a task may have become ready (PostgreSQL's NOTIFY, a watch on the
+        // redb file); polling is the fallback.
         let wake = store.wakeups();
         let poll = Duration::from_millis(if wake.is_some() {
             cfg.poll_ms.max(1000)
@@ -181,6 +185,7 @@ impl<'a> Dispatch<'a> {
             in_flight: 0,
             last_recover: Instant::now(),
             last_schedules: Instant::now(),
+            schedules_active: true,
         }
     }
 
@@ -215,18 +220,26 @@ impl<'a> Dispatch<'a> {
     }
 
     /// How long to wait for a wake-up before claiming again: the poll interval, or less when
-    /// a delayed task comes due sooner (a daemon woken by NOTIFY polls once a second).
+    /// a delayed task, recovery or the schedules come due sooner (a daemon with wake-ups
+    /// polls once a second).
     fn idle_for(&self) -> Duration {
+        // Recovery and the schedules keep their times however long the poll interval is.
+        let recover = Duration::from_millis(self.cfg.recover_every_ms)
+            .saturating_sub(self.last_recover.elapsed());
+        let mut timers = self.poll.min(recover);
+        if self.schedules_active {
+            timers = timers.min(SCHEDULES_EVERY.saturating_sub(self.last_schedules.elapsed()));
+        }
         if self.in_flight >= self.workers {
-            return self.poll;
+            return timers;
         }
         let now = now_ms();
         match self.store.next_start_ms(now) {
-            Ok(Some(at)) => self.poll.min(Duration::from_millis(at.saturating_sub(now))),
-            Ok(None) => self.poll,
+            Ok(Some(at)) => timers.min(Duration::from_millis(at.saturating_sub(now))),
+            Ok(None) => timers,
             Err(e) => {
                 tracing::debug!(error = %e, "cannot read the next start time; polling");
-                self.poll
+                timers
             }
         }
     }
@@ -294,7 +307,7 @@ impl<'a> Dispatch<'a> {
 
     /// The schedules' due ticks enqueued (each under its tick's key, so daemons firing the
     /// same tick enqueue it once); a failure is logged and tried again at the next pass.
-    fn fire_schedules(&self, now: u64) {
+    fn fire_schedules(&mut self, now: u64) {
         let store = &**self.store;
         let pass = match crate::operator::schedule::fire_due(store, Some(&self.cfg.trusted), now) {
             Ok(p) => p,
@@ -303,6 +316,7 @@ impl<'a> Dispatch<'a> {
                 return;
             }
         };
+        self.schedules_active = pass.active > 0;
         for f in pass.fired.iter().filter(|f| f.task.created) {
             tracing::info!(schedule = %f.schedule, tick = %crate::clock::rfc3339(f.tick_ms), task = %f.task.id, "schedule fired");
         }

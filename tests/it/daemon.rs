@@ -194,3 +194,60 @@ conformance! {
         assert_sent_at_most_once(d, &[], 0);
     }
 }
+
+/// An idle daemon on the file is woken by the enqueue's commit: with its polling and recovery
+/// set ten minutes apart, a task enqueued by another process while it waits still runs (the
+/// test would wait those ten minutes without the wake-up).
+#[test]
+fn an_idle_daemon_on_the_file_is_woken_by_an_enqueue() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Instant;
+    use tether::store::RedbStore;
+    use tether::tools::durable::DurableStore;
+    let dir = TempDir::new("file_wake");
+    let db = dir.path().join("worker.redb");
+    let store = Arc::new(RedbStore::open(&db, true).expect("open"));
+    let shop = dir.path().join("worker.store.redb");
+    let tools = Arc::new(DurableStore::open_target(&shop.to_string_lossy()).expect("store"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let daemon = {
+        let (store, stop) = (store.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let cfg = tether::worker::Config {
+                demo: Some(Arc::new(tether::tools::durable::DemoShop::opened(
+                    Arc::clone(&tools),
+                ))),
+                workers: 1,
+                poll_ms: 600_000,
+                recover_every_ms: 600_000,
+                ..Default::default()
+            };
+            tether::worker::run(store, &cfg, stop).expect("daemon")
+        })
+    };
+    // Let it find the queue empty and wait.
+    std::thread::sleep(Duration::from_millis(500));
+    let id = enqueue(dir.path(), &[]).trim().to_string();
+    let started = Instant::now();
+    let mut status = String::new();
+    while started.elapsed() < Duration::from_secs(120) {
+        status = json(dir.path(), &["show", &id, "--json"])["status"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        if status == "finished" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stop.store(true, Ordering::SeqCst);
+    // The stopping daemon waits for a wake-up too: touch the file.
+    let f = std::fs::File::options()
+        .write(true)
+        .open(&db)
+        .expect("the file");
+    f.set_modified(std::time::SystemTime::now()).expect("touch");
+    assert_eq!(status, "finished", "the idle daemon never started {id}");
+    daemon.join().expect("daemon");
+}

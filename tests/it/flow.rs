@@ -414,3 +414,43 @@ conformance! {
         assert!(store.claim(&lease("c"), 100, later).expect("claim").is_empty());
     }
 }
+
+conformance! {
+    /// A limit changed while its key's tasks run: the claim counts against the limit the
+    /// daemon has now. Lowered below what runs, the key's queued tasks wait and another key's
+    /// task behind them still starts (they do not fill the claim's look at the queue);
+    /// raised, the key takes the new room at once.
+    fn a_changed_limit_counts_at_the_next_claim(d) {
+        use tether::store::flow::ConcurrencyLimits;
+        let store = crate::exactly_once::backend(d);
+        let limit = |n: u32| ConcurrencyLimits::new([("tenant:acme".to_string(), n)]).expect("limits");
+        store.set_limits(limit(5));
+        let now = tether::clock::now_ms();
+        let task = |key: &str| {
+            let mut t = crate::exactly_once::new_task("cu_ana", "work", None);
+            t.concurrency_key = Some(key.to_string());
+            t
+        };
+        // 5 run, 60 wait (more than any claim looks at), then one of another key.
+        let mut tasks: Vec<_> = (0..65).map(|_| task("tenant:acme")).collect();
+        tasks.push(task("tenant:bo"));
+        store.enqueue(&tasks, now).expect("enqueue");
+        let lease = tether::store::Lease {
+            owner: "a".into(),
+            host: "test-host".into(),
+            pid: 1,
+            start_ticks: 0,
+            expires_at_ms: now + 60_000,
+            token: 0,
+        };
+        let first = store.claim(&lease, 5, now).expect("claim");
+        assert_eq!(per_key(&first).get("tenant:acme"), Some(&5));
+        store.set_limits(limit(2));
+        let next = store.claim(&lease, 8, now).expect("claim");
+        let want: BTreeMap<String, usize> = [("tenant:bo".to_string(), 1)].into_iter().collect();
+        assert_eq!(per_key(&next), want, "the lowered limit holds acme back, not bo");
+        store.set_limits(limit(8));
+        let raised = store.claim(&lease, 8, now).expect("claim");
+        assert_eq!(per_key(&raised).get("tenant:acme"), Some(&3), "the raised limit's room is taken");
+    }
+}

@@ -590,3 +590,61 @@ fn a_claim_that_waits_on_a_keys_slot_takes_only_what_is_left() {
         .get(0);
     assert_eq!(running, 3);
 }
+
+/// A claim that waits on a key's slot row past the `lock_timeout` (another claimer holds it)
+/// takes nothing and fails nothing: the daemon's next claim takes the tasks once the row is
+/// free (before, the error ended the daemon).
+#[test]
+fn a_claim_that_gives_way_on_a_slot_row_takes_nothing_and_keeps_going() {
+    use tether::store::Queue;
+    use tether::store::flow::ConcurrencyLimits;
+    let Some(pg) = common::pg::shared() else {
+        return;
+    };
+    let s = common::pg::schema("slot_timeout");
+    let url = format!("{}?schema={s}", pg.url());
+    let store =
+        tether::store::pg::PgStore::open(&url, true, 4, Duration::from_secs(5)).expect("open");
+    store.set_limits(ConcurrencyLimits::new([("tenant:*".to_string(), 3)]).expect("limits"));
+    let now = tether::clock::now_ms();
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let mut t = crate::exactly_once::new_task("cu_ana", "work", None);
+            t.concurrency_key = Some("tenant:acme".into());
+            t
+        })
+        .collect();
+    store.enqueue(&tasks, now).expect("enqueue");
+    let lease = tether::store::Lease {
+        owner: "a".into(),
+        host: "test-host".into(),
+        pid: 1,
+        start_ticks: 0,
+        expires_at_ms: now + 60_000,
+        token: 0,
+    };
+    assert_eq!(store.claim(&lease, 1, now).expect("claim").len(), 1);
+    // Another claimer holds the key's slot row past the claim's lock_timeout (10 s).
+    let mut other = postgres::Client::connect(&pg.url(), postgres::NoTls).expect("connect");
+    let mut tx = other.transaction().expect("begin");
+    tx.execute(
+        &format!("SELECT running FROM {s}.slots WHERE key = 'tenant:acme' FOR UPDATE"),
+        &[],
+    )
+    .expect("lock the slot row");
+    let got = store
+        .claim(&lease, 8, now)
+        .expect("a claim that gave way is not an error");
+    assert!(
+        got.is_empty(),
+        "it took {} while the row was locked",
+        got.len()
+    );
+    tx.rollback().expect("release");
+    let got = store.claim(&lease, 8, now).expect("claim");
+    assert_eq!(
+        got.len(),
+        2,
+        "the limit's room (3, 1 taken) is taken once the row is free"
+    );
+}

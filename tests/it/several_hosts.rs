@@ -653,3 +653,98 @@ fn hole_4_a_read_back_whose_own_answer_is_lost_still_knows() {
     );
     assert!(proxy.lost() >= 1, "the read-back's answer was lost");
 }
+
+/// A claim whose connection is cut while it waits on a key's slot row (another claimer holds
+/// it): its server process has not noticed and would go on to claim once the row is free,
+/// after the daemon read back "nothing". The daemon ends that process before it reads back,
+/// so every task the database shows running was handed to a caller.
+#[test]
+fn a_claim_cut_off_while_it_waits_claims_nothing_behind_the_daemons_back() {
+    use tether::store::Queue;
+    use tether::store::flow::ConcurrencyLimits;
+    let Some(pg) = PgCluster::start("cut_claim") else {
+        return;
+    };
+    let proxy = Proxy::start(pg.port);
+    let via = format!(
+        "postgres://tether@127.0.0.1:{}/postgres?schema=cut_claim",
+        proxy.port
+    );
+    let store =
+        tether::store::pg::PgStore::open(&via, true, 4, Duration::from_secs(20)).expect("open");
+    store.set_limits(ConcurrencyLimits::new([("tenant:*".to_string(), 3)]).expect("limits"));
+    let now = tether::clock::now_ms();
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let mut t = crate::exactly_once::new_task("cu_ana", "work", None);
+            t.concurrency_key = Some("tenant:acme".into());
+            t
+        })
+        .collect();
+    store.enqueue(&tasks, now).expect("enqueue");
+    let lease = tether::store::Lease {
+        owner: "a".into(),
+        host: "test-host".into(),
+        pid: 1,
+        start_ticks: 0,
+        expires_at_ms: now + 60_000,
+        token: 0,
+    };
+    assert_eq!(store.claim(&lease, 1, now).expect("claim").len(), 1);
+    let mut other = postgres::Client::connect(&pg.url(), postgres::NoTls).expect("connect");
+    let mut tx = other.transaction().expect("begin");
+    tx.execute(
+        "SELECT running FROM cut_claim.slots WHERE key = 'tenant:acme' FOR UPDATE",
+        &[],
+    )
+    .expect("lock the slot row");
+    let store = Arc::new(store);
+    let claimer = {
+        let store = Arc::clone(&store);
+        std::thread::spawn(move || store.claim(&lease, 8, now))
+    };
+    let mut watch = postgres::Client::connect(&pg.url(), postgres::NoTls).expect("connect");
+    let waiting = |w: &mut postgres::Client| -> i64 {
+        w.query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%slots%'",
+            &[],
+        )
+        .expect("activity")
+        .get(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while waiting(&mut watch) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the claim never waited on the slot row"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    proxy.cut();
+    std::thread::sleep(Duration::from_millis(300));
+    proxy.restore();
+    let handed: usize = match claimer.join().expect("claimer") {
+        Ok(got) => got.len(),
+        Err(e) => panic!("the claim after a cut: {e}"),
+    };
+    // Free the row; a claim still running on the server would now take its tasks.
+    tx.rollback().expect("release");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while waiting(&mut watch) > 0 {
+        assert!(Instant::now() < deadline, "a claim still waits");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let running: i64 = watch
+        .query_one(
+            "SELECT count(*) FROM cut_claim.tasks WHERE status = 'running'",
+            &[],
+        )
+        .expect("count")
+        .get(0);
+    assert_eq!(
+        running as usize,
+        1 + handed,
+        "tasks running that no claim handed to its caller"
+    );
+}

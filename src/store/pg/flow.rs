@@ -25,33 +25,36 @@ const LOOK_AHEAD: usize = 16;
 /// key prefixes (longest first) and theirs.
 ///
 /// The candidates' count is written into the text, not passed: a prepared statement's plan
-/// for a parameter `LIMIT` assumes a tenth of the table and joins `slots` by scanning it. The
-/// candidates are joined with their key's slot row, passing over keys whose slots were all
-/// taken when last counted. `granted` is what the upsert gave this claim: the key's share, cut
-/// to what its limit has left by the row as it is when the claim holds its lock (not as the
-/// statement's snapshot saw it). A key's chosen tasks are the first of its candidates in queue
-/// order, so its `rn <= granted` are exactly the ones that got a slot.
+/// for a parameter `LIMIT` assumes a tenth of the table and joins `slots` by scanning it. Each
+/// candidate's limit is the one the daemon has now (not one stored by an earlier claim), and
+/// its key's slot row is probed by its primary key: keys whose slots were all taken when last
+/// counted are passed over, so they do not fill the look at the queue. `granted` is what the
+/// upsert gave this claim: the key's share, cut to what its limit has left by the row as it is
+/// when the claim holds its lock (not as the statement's snapshot saw it). The upsert takes
+/// its rows in key order, so two claims that share keys lock them in the same order. A key's
+/// chosen tasks are the first of its candidates in queue order, so its `rn <= granted` are
+/// exactly the ones that got a slot.
 fn claim_limited_sql(look: usize) -> String {
     let now = super::now_sql(5);
     format!(
-        "WITH locked AS (SELECT t.id, t.concurrency_key AS k, t.priority, t.ready_seq, \
+        "WITH locked AS (SELECT t.id, t.concurrency_key AS k, t.priority, t.ready_seq, lim.cap, \
              COALESCE((SELECT s.running FROM {{s}}.slots s WHERE s.key = t.concurrency_key), 0) AS used \
-           FROM {{s}}.tasks t \
-           WHERE t.status = 'queued' AND (t.not_before_ms IS NULL OR t.not_before_ms <= {now}) \
-           AND (t.concurrency_key IS NULL OR COALESCE((SELECT s.running < s.cap FROM {{s}}.slots s \
-                WHERE s.key = t.concurrency_key), true)) \
-           ORDER BY t.priority DESC, t.ready_seq LIMIT {look} FOR UPDATE SKIP LOCKED), \
-         ranked AS (SELECT l.*, CASE WHEN l.k IS NULL THEN NULL ELSE COALESCE( \
-             (SELECT e.c FROM unnest($7::text[], $8::int[]) AS e(k, c) WHERE e.k = l.k), \
+           FROM {{s}}.tasks t, LATERAL (SELECT CASE WHEN t.concurrency_key IS NULL THEN NULL ELSE COALESCE( \
+             (SELECT e.c FROM unnest($7::text[], $8::int[]) AS e(k, c) WHERE e.k = t.concurrency_key), \
              (SELECT p.c FROM unnest($9::text[], $10::int[]) WITH ORDINALITY AS p(k, c, o) \
-              WHERE starts_with(l.k, p.k) ORDER BY p.o LIMIT 1)) END AS cap, \
+              WHERE starts_with(t.concurrency_key, p.k) ORDER BY p.o LIMIT 1)) END AS cap) lim \
+           WHERE t.status = 'queued' AND (t.not_before_ms IS NULL OR t.not_before_ms <= {now}) \
+           AND (lim.cap IS NULL OR COALESCE((SELECT s.running FROM {{s}}.slots s \
+                WHERE s.key = t.concurrency_key), 0) < lim.cap) \
+           ORDER BY t.priority DESC, t.ready_seq LIMIT {look} FOR UPDATE OF t SKIP LOCKED), \
+         ranked AS (SELECT l.*, \
              row_number() OVER (PARTITION BY l.k ORDER BY l.priority DESC, l.ready_seq) AS rn \
              FROM locked l), \
          chosen AS (SELECT id, k, cap, rn FROM ranked WHERE cap IS NULL OR rn <= cap - used \
              ORDER BY priority DESC, ready_seq LIMIT $1::bigint), \
          took AS (INSERT INTO {{s}}.slots AS s (key, running, cap, granted) \
              SELECT k, LEAST(count(*), min(cap)), min(cap), LEAST(count(*), min(cap)) FROM chosen \
-             WHERE cap IS NOT NULL GROUP BY k \
+             WHERE cap IS NOT NULL GROUP BY k ORDER BY k \
              ON CONFLICT (key) DO UPDATE SET running = LEAST(s.running + EXCLUDED.granted, EXCLUDED.cap), \
                granted = LEAST(s.running + EXCLUDED.granted, EXCLUDED.cap) - s.running, cap = EXCLUDED.cap \
              WHERE s.running < EXCLUDED.cap RETURNING s.key, s.granted), \

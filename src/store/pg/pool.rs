@@ -60,6 +60,10 @@ pub struct Conn {
     prepared: HashMap<String, Statement>,
     /// Set when the connection failed: it is dropped instead of returned to the pool.
     pub broken: bool,
+    /// The server process serving it and when that started (which tells it apart from a
+    /// later process given the same id): read at connect, so that a session whose
+    /// connection was lost can be ended before anyone looks at what it did.
+    pub session: Option<(i32, String)>,
 }
 
 impl Conn {
@@ -224,7 +228,15 @@ impl Pool {
                 st.open += 1;
             }
             match self.settings.connect() {
-                Ok(client) => {
+                Ok(mut client) => {
+                    let session = client
+                        .query_opt(
+                            "SELECT pid, backend_start::text FROM pg_stat_activity WHERE pid = pg_backend_pid()",
+                            &[],
+                        )
+                        .ok()
+                        .flatten()
+                        .map(|r| (r.get(0), r.get(1)));
                     let mut st = self.lock();
                     if std::mem::take(&mut st.down) {
                         tracing::warn!(server = %self.settings.display, "reconnected to PostgreSQL");
@@ -235,6 +247,7 @@ impl Pool {
                             client,
                             prepared: HashMap::new(),
                             broken: false,
+                            session,
                         }),
                     });
                 }

@@ -80,10 +80,47 @@ pub(super) fn decode_claimed(
     out
 }
 
+/// Whether a statement failed because it waited on others' locks (a deadlock, the
+/// `lock_timeout`, the `statement_timeout`, a serialization failure): undone, worth trying again.
+fn gave_way(e: &postgres::Error) -> bool {
+    matches!(
+        e.code().map(|c| c.code()),
+        Some("40P01" | "40001" | "55P03" | "57014")
+    )
+}
+
 impl PgStore {
+    /// Ends the server process `pid` (started at `started`) of a lost connection and waits
+    /// until it is gone, so that what it was running has either committed or been undone.
+    /// Without the right to end it, waits for it to end on its own (its statement timeout).
+    fn end_session(&self, pid: i32, started: &str) -> Result<()> {
+        let end = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                   WHERE pid = $1 AND backend_start::text = $2";
+        let alive =
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND backend_start::text = $2";
+        if let Err(e) = self.read(|c| c.client.execute(end, &[&pid, &started])) {
+            tracing::warn!(error = %e, pid, "cannot end the server process of a lost connection; waiting for it");
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let n: i64 = self.read(|c| Ok(c.client.query_one(alive, &[&pid, &started])?.get(0)))?;
+            if n == 0 {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(Error::Unavailable(format!(
+                    "the server process {pid} of a lost connection is still running after 60 s"
+                )));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     /// Runs claim statement `sql` (marked `marker`, its `$6`) on its own, one round trip with
     /// no transaction around it; if the connection is lost on the way, what the claim took is
-    /// read back by its marker. A claimed row that cannot be read is quarantined.
+    /// read back by its marker. A claim that gave way to others' locks took nothing and says
+    /// so (an empty claim), so a daemon keeps running. A claimed row that cannot be read is
+    /// quarantined.
     pub(super) fn run_claim(
         &self,
         sql: &str,
@@ -94,14 +131,25 @@ impl PgStore {
         let rows = match c.prepared(sql).and_then(|st| c.client.query(&st, params)) {
             Ok(rows) => rows,
             Err(e) if is_connection_error(&e) => {
-                // The claim may have landed: take what it claimed, found by its marker.
+                // The claim may have landed, or may still be running on a server process that
+                // has not noticed its client is gone (waiting on a lock, say): end that
+                // process first, then take what the claim took, found by its marker.
                 c.broken = true;
+                let session = c.session.take();
                 drop(c);
                 tracing::warn!(error = %e, "the connection was lost during a claim; reading back what it claimed");
+                if let Some((pid, started)) = session {
+                    self.end_session(pid, &started)?;
+                }
                 let by_marker = self.sql(&format!(
                     "SELECT {TASK_COLUMNS} FROM {{s}}.tasks WHERE claim_commit = $1 AND status = 'running'"
                 ));
                 self.read(|c| c.client.query(&by_marker, &[&marker]))?
+            }
+            Err(e) if gave_way(&e) => {
+                // The statement was undone whole: nothing was claimed. The next turn claims.
+                tracing::warn!(error = %db_error(e), "a claim gave way to another; claiming again next turn");
+                return Ok(Vec::new());
             }
             Err(e) => return Err(db_error(e)),
         };

@@ -65,6 +65,8 @@ pub struct RedbStore {
     meter: std::sync::OnceLock<std::sync::Arc<WriteStats>>,
     /// The concurrency limits its claims apply.
     limits: std::sync::RwLock<std::sync::Arc<crate::store::flow::ConcurrencyLimits>>,
+    /// The watch on the file that wakes an idle daemon, made on first use (`Queue::wakeups`).
+    wake: std::sync::Mutex<Option<crate::filewatch::FileWatch>>,
 }
 
 fn next_seq(meta: &mut redb::Table<&str, u64>, name: &str) -> Result<u64> {

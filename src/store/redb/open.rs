@@ -39,6 +39,7 @@ impl RedbStore {
             db_id: String::new(),
             meter: Default::default(),
             limits: Default::default(),
+            wake: Default::default(),
         };
         store.init()?;
         store.db_id = store.load_db_id()?;
@@ -92,6 +93,7 @@ impl RedbStore {
             db_id: String::new(),
             meter: Default::default(),
             limits: Default::default(),
+            wake: Default::default(),
         };
         let (schema, id) = {
             let r = store.db.begin_read()?;

@@ -33,9 +33,25 @@ impl Queue for RedbStore {
         Ok(())
     }
 
-    /// None: an idle daemon polls the file.
+    /// A watch on the file: an enqueue, a decision that requeues, any commit of any process
+    /// writes it, and the dispatcher then looks for due tasks (a read, before it writes).
+    /// One watch per store, made on first use; none where the system has no file watch.
     fn wakeups(&self) -> Option<crossbeam_channel::Receiver<()>> {
-        None
+        let mut guard = self.wake.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(w) = guard.as_ref() {
+            return Some(w.changes.clone());
+        }
+        match crate::filewatch::watch(self.path()) {
+            Ok(w) => {
+                let rx = w.changes.clone();
+                *guard = Some(w);
+                Some(rx)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "no watch on the file; an idle daemon polls it");
+                None
+            }
+        }
     }
 
     /// A watch on the file: every commit of any process writes it.
