@@ -7,6 +7,10 @@
 //! against it. Both sides run the very same 2,000 models (same seeds, same random numbers), and
 //! the bench checks that they print the same report before it prints a ratio.
 
+/// The allocator the worker binary runs on (`src/bin/worker.rs`), so the bench measures what ships.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::process::Command;
 use std::time::Instant;
 

@@ -170,16 +170,24 @@ impl<'de> serde::de::Visitor<'de> for Strict {
 
 /// How deep arrays and objects nest in `v` (a scalar is 0), without recursion.
 pub fn json_depth(v: &Value) -> usize {
+    let is_container = |v: &Value| matches!(v, Value::Array(_) | Value::Object(_));
+    if !is_container(v) {
+        return 0;
+    }
     let mut deepest = 0;
-    let mut stack: Vec<(&Value, usize)> = vec![(v, 0)];
+    let mut stack: Vec<(&Value, usize)> = vec![(v, 1)];
     while let Some((v, d)) = stack.pop() {
-        let children: Box<dyn Iterator<Item = &Value>> = match v {
-            Value::Array(a) => Box::new(a.iter()),
-            Value::Object(m) => Box::new(m.values()),
-            _ => continue,
-        };
-        deepest = deepest.max(d + 1);
-        stack.extend(children.map(|c| (c, d + 1)));
+        deepest = deepest.max(d);
+        // Only containers go on the stack: a scalar adds no depth.
+        match v {
+            Value::Array(a) => {
+                stack.extend(a.iter().filter(|c| is_container(c)).map(|c| (c, d + 1)))
+            }
+            Value::Object(m) => {
+                stack.extend(m.values().filter(|c| is_container(c)).map(|c| (c, d + 1)))
+            }
+            _ => {}
+        }
     }
     deepest
 }

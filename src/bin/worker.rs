@@ -5,6 +5,12 @@
 use clap::Parser;
 use tether::cli::{Cli, Command, LogFormat, run};
 
+/// mimalloc rather than the system allocator: a step makes dozens of small, short-lived
+/// allocations (JSON values, strings, spans), and with glibc's malloc they were a quarter of
+/// the kernel's time (`cargo bench --bench kernel`, which runs on the same allocator).
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,

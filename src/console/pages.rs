@@ -327,9 +327,9 @@ fn waterfall(all: &[crate::kernel::Span]) -> (u64, Vec<SpanBar>) {
                 kind: s.kind.as_str(),
                 name: match (&s.kind, &s.key) {
                     (SpanKind::Tool, Some(k)) => format!("{} ({k})", s.name),
-                    _ => s.name.clone(),
+                    _ => s.name.to_string(),
                 },
-                status: s.status.clone(),
+                status: s.status.to_string(),
                 ms: s.duration_ms(),
                 left: format!("{left:.2}"),
                 width: format!("{:.2}", width.min(100.0 - left).max(0.4)),

@@ -1,19 +1,23 @@
 //! What a model may reply, and how a raw reply becomes one: a plan, a tool call, or a final
 //! answer. Anything else is an error the kernel writes into `last_result`; never a panic.
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
+use super::json::{Count, Sink, write_map, write_str, write_value};
 use super::state::ToolCall;
 use crate::limits;
 
 /// A model's reply as it arrived: parsed JSON (scripted models and an adapter's function
-/// calls), text (a model that answers in JSON text), or a reply its adapter could already tell
-/// is not a usable move (function arguments that are not JSON, a reply cut off at the output
-/// cap), with what was wrong.
+/// calls), text (a model that answers in JSON text), a move a scripted model built as a typed
+/// value (no JSON tree in between), or a reply its adapter could already tell is not a usable
+/// move (function arguments that are not JSON, a reply cut off at the output cap), with what
+/// was wrong.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RawReply {
     Json(Value),
     Text(String),
+    /// Counted and recorded as its JSON form ([`Reply::to_value`]), as if it had come as that.
+    Move(Reply),
     Invalid(String),
 }
 
@@ -23,6 +27,7 @@ impl RawReply {
         match self {
             RawReply::Json(v) => v.clone(),
             RawReply::Text(t) => Value::String(t.clone()),
+            RawReply::Move(m) => m.to_value(),
             RawReply::Invalid(why) => serde_json::json!({"invalid": why}),
         }
     }
@@ -48,6 +53,84 @@ pub enum Reply {
     Tool(ToolCall),
 }
 
+impl Reply {
+    /// The reply as JSON: `{"type": "final", "outcome": ..., "text": ...}` (no `outcome` when
+    /// it has none), `{"type": "plan", "steps": ...}`, `{"type": "tool", "name": ..., "args":
+    /// ..., "plan_step": ...}` (`plan_step` null when it names none). Parsing it gives `self`.
+    pub fn to_value(&self) -> Value {
+        let mut m = Map::new();
+        match self {
+            Reply::Final { outcome, text } => {
+                m.insert("type".into(), "final".into());
+                if let Some(o) = outcome {
+                    m.insert("outcome".into(), o.as_str().into());
+                }
+                m.insert("text".into(), text.as_str().into());
+            }
+            Reply::Plan { steps } => {
+                m.insert("type".into(), "plan".into());
+                m.insert("steps".into(), steps.clone());
+            }
+            Reply::Tool(c) => {
+                m.insert("type".into(), "tool".into());
+                m.insert("name".into(), c.name.as_str().into());
+                m.insert("args".into(), Value::Object(c.args.clone()));
+                m.insert("plan_step".into(), c.plan_step.as_deref().into());
+            }
+        }
+        Value::Object(m)
+    }
+
+    /// The length of `json.dumps` of [`Reply::to_value`], without building it.
+    pub fn json_len(&self) -> usize {
+        let mut n = Count::default();
+        let key = |n: &mut Count, k: &str| {
+            write_str(n, k);
+            n.put(": ");
+        };
+        n.put("{");
+        match self {
+            Reply::Final { outcome, text } => {
+                if let Some(o) = outcome {
+                    key(&mut n, "outcome");
+                    write_str(&mut n, o);
+                    n.put(", ");
+                }
+                key(&mut n, "text");
+                write_str(&mut n, text);
+                n.put(", ");
+                key(&mut n, "type");
+                write_str(&mut n, "final");
+            }
+            Reply::Plan { steps } => {
+                key(&mut n, "steps");
+                write_value(&mut n, steps);
+                n.put(", ");
+                key(&mut n, "type");
+                write_str(&mut n, "plan");
+            }
+            Reply::Tool(c) => {
+                key(&mut n, "args");
+                write_map(&mut n, &c.args);
+                n.put(", ");
+                key(&mut n, "name");
+                write_str(&mut n, &c.name);
+                n.put(", ");
+                key(&mut n, "plan_step");
+                match &c.plan_step {
+                    Some(p) => write_str(&mut n, p),
+                    None => n.put("null"),
+                }
+                n.put(", ");
+                key(&mut n, "type");
+                write_str(&mut n, "tool");
+            }
+        }
+        n.put("}");
+        n.0
+    }
+}
+
 /// Parses a reply. Text is parsed as JSON first; the error names what was wrong.
 pub fn parse_reply(raw: &RawReply) -> Result<Reply, String> {
     parse_owned(raw.clone())
@@ -57,6 +140,7 @@ pub fn parse_reply(raw: &RawReply) -> Result<Reply, String> {
 pub fn parse_owned(raw: RawReply) -> Result<Reply, String> {
     let v = match raw {
         RawReply::Json(v) => v,
+        RawReply::Move(m) => return check_move(m),
         RawReply::Invalid(why) => return Err(why),
         RawReply::Text(t) => {
             if t.len() > limits::REPLY_BYTES_MAX {
@@ -122,6 +206,23 @@ pub fn parse_owned(raw: RawReply) -> Result<Reply, String> {
     }
 }
 
+/// A typed move: built as a value, so its shape is right; only its nesting is left to check,
+/// as the depth of its JSON form.
+fn check_move(m: Reply) -> Result<Reply, String> {
+    let d = match &m {
+        Reply::Final { .. } => 1,
+        Reply::Plan { steps } => 1 + limits::json_depth(steps),
+        Reply::Tool(c) => 2 + c.args.values().map(limits::json_depth).max().unwrap_or(0),
+    };
+    if d > limits::JSON_DEPTH_MAX {
+        return Err(format!(
+            "reply nests {d} levels of arrays and objects, over the limit of {}",
+            limits::JSON_DEPTH_MAX
+        ));
+    }
+    Ok(m)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,6 +262,58 @@ mod tests {
         assert!(e.contains("reply nests 126 levels"), "{e}");
         let v: Value = serde_json::from_str(&deep).unwrap();
         assert!(err(RawReply::Json(v)).contains("over the limit of 32"));
+    }
+
+    #[test]
+    fn a_typed_move_counts_and_records_as_its_json() {
+        let moves = [
+            Reply::Final {
+                outcome: Some("completed".into()),
+                text: "done \u{e9}".into(),
+            },
+            Reply::Final {
+                outcome: None,
+                text: "x".into(),
+            },
+            Reply::Plan {
+                steps: json!([{"id": "s1", "tool": "get_order", "depends_on": []}]),
+            },
+            Reply::Tool(ToolCall {
+                name: "issue_refund".into(),
+                args: json!({"order_id": "ord_1001", "amount_cents": 3000})
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default(),
+                plan_step: None,
+            }),
+            Reply::Tool(ToolCall {
+                name: "get_order".into(),
+                args: Map::new(),
+                plan_step: Some("s1".into()),
+            }),
+        ];
+        for m in moves {
+            let v = m.to_value();
+            assert_eq!(m.json_len(), crate::kernel::json::dumped_len(&v), "{v}");
+            assert_eq!(parse_reply(&RawReply::Json(v.clone())), Ok(m.clone()));
+            assert_eq!(parse_reply(&RawReply::Move(m.clone())), Ok(m.clone()));
+            assert_eq!(RawReply::Move(m).to_value(), v);
+        }
+        // As deep as the limit allows in JSON, and one level more, either way.
+        for extra in [30, 31] {
+            let args = json!({"x": serde_json::from_str::<Value>(&format!("{}{}", "[".repeat(extra), "]".repeat(extra))).unwrap()});
+            let m = Reply::Tool(ToolCall {
+                name: "get_order".into(),
+                args: args.as_object().cloned().unwrap_or_default(),
+                plan_step: None,
+            });
+            let as_json = parse_reply(&RawReply::Json(m.to_value()));
+            assert_eq!(
+                parse_reply(&RawReply::Move(m)).is_ok(),
+                as_json.is_ok(),
+                "{extra}"
+            );
+        }
     }
 
     #[test]

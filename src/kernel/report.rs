@@ -180,12 +180,12 @@ pub fn postmortem_with(
     let first_error = tools
         .iter()
         .find(|s| s.status != "ok")
-        .map(|s| (s.name.clone(), s.status.clone()));
+        .map(|s| (s.name.to_string(), s.status.to_string()));
     // Counter.most_common(1): highest count, first seen among equals.
     let mut counts: Vec<((String, String), u32)> = Vec::new();
     for s in &tools {
         let args = dumps(&Value::Object(s.args.clone().unwrap_or_else(Map::new)));
-        let k = (s.name.clone(), args);
+        let k = (s.name.to_string(), args);
         match counts.iter_mut().find(|(c, _)| *c == k) {
             Some((_, n)) => *n += 1,
             None => counts.push((k, 1)),

@@ -470,24 +470,32 @@ impl TaskState {
         serde_json::from_str(text)
     }
 
-    /// Hash of everything that counts as progress: facts and plan step statuses.
+    /// Hash of what counts as progress, facts and plan statuses: the reference's `signature`.
     pub fn signature(&self) -> String {
         let mut text = String::with_capacity(128);
-        text.push_str("{\"facts\": ");
-        json::write_map(&mut text, &self.facts);
-        text.push_str(", \"plan\": [");
+        self.progress_text(&mut text);
+        hex_prefix(&Sha256::digest(text.as_bytes()), 12)
+    }
+
+    /// The text [`TaskState::signature`] hashes, written into `out` (cleared first). Two states
+    /// made the same progress exactly when these texts are equal, so a session compares them
+    /// directly instead of hashing each step.
+    pub fn progress_text(&self, out: &mut String) {
+        out.clear();
+        out.push_str("{\"facts\": ");
+        json::write_map(out, &self.facts);
+        out.push_str(", \"plan\": [");
         for (i, s) in self.plan.iter().enumerate() {
             if i > 0 {
-                text.push_str(", ");
+                out.push_str(", ");
             }
-            text.push('[');
-            json::write_str(&mut text, &s.id);
-            text.push_str(", ");
-            json::write_str(&mut text, s.status.as_str());
-            text.push(']');
+            out.push('[');
+            json::write_str(out, &s.id);
+            out.push_str(", ");
+            json::write_str(out, s.status.as_str());
+            out.push(']');
         }
-        text.push_str("]}");
-        hex_prefix(&Sha256::digest(text.as_bytes()), 12)
+        out.push_str("]}");
     }
 
     /// The held write whose outcome is unknown, if any: the held call of an `unknown_outcome`

@@ -1,6 +1,8 @@
 //! Trace spans: task, step, model, tool and resume, each with a parent, start and end times in
 //! milliseconds of active time, a status, and the attributes the design reference records.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -31,11 +33,12 @@ pub struct Span {
     pub id: u32,
     pub parent: Option<u32>,
     pub kind: SpanKind,
-    pub name: String,
+    /// Borrowed when the name is a fixed one ("model.next"), so most spans allocate nothing.
+    pub name: Cow<'static, str>,
     pub t0_ms: u64,
     pub t1_ms: Option<u64>,
     /// "open" until the span ends; then "ok", a stop reason, or a tool result code.
-    pub status: String,
+    pub status: Cow<'static, str>,
     /// Model spans: estimated (or provider-reported) input and output tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tin: Option<u64>,
@@ -77,16 +80,22 @@ impl Trace {
         }
     }
 
-    pub fn start(&mut self, kind: SpanKind, name: String, parent: Option<u32>, t_ms: u64) -> u32 {
+    pub fn start(
+        &mut self,
+        kind: SpanKind,
+        name: impl Into<Cow<'static, str>>,
+        parent: Option<u32>,
+        t_ms: u64,
+    ) -> u32 {
         let id = self.first_id + self.spans.len() as u32;
         self.spans.push(Span {
             id,
             parent,
             kind,
-            name,
+            name: name.into(),
             t0_ms: t_ms,
             t1_ms: None,
-            status: "open".to_string(),
+            status: Cow::Borrowed("open"),
             tin: None,
             tout: None,
             args: None,
@@ -104,11 +113,10 @@ impl Trace {
         &mut self.spans[i]
     }
 
-    pub fn end(&mut self, id: u32, status: &str, t_ms: u64) {
+    pub fn end(&mut self, id: u32, status: impl Into<Cow<'static, str>>, t_ms: u64) {
         let span = self.get_mut(id);
         span.t1_ms = Some(t_ms);
-        span.status.clear();
-        span.status.push_str(status);
+        span.status = status.into();
     }
 
     /// Spans created or changed since the last call, in id order: what a durable driver must

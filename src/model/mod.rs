@@ -13,6 +13,7 @@ pub mod openai;
 pub mod profile;
 pub mod prompt;
 pub mod pyrandom;
+pub mod random;
 pub mod rate;
 
 use serde::{Deserialize, Serialize};
@@ -22,7 +23,7 @@ use crate::kernel::{
     InputStyle, ModelError, ModelReply, ModelRequest, RawReply, ResponseInfo, Turn, Usage,
 };
 pub use profile::HttpProfile;
-use pyrandom::PyRandom;
+pub use random::RandomModel;
 
 pub trait Model: Send {
     fn next(&mut self, req: &ModelRequest<'_>) -> ModelReply;
@@ -382,46 +383,6 @@ impl Model for Script {
     }
 }
 
-/// The random model of the design reference's bound check (`random_demo.py`), on the same random
-/// numbers as Python's `random.Random(seed)`.
-pub struct RandomModel {
-    rng: PyRandom,
-    latency_ms: u64,
-}
-
-impl RandomModel {
-    pub fn new(seed: u64) -> RandomModel {
-        let mut rng = PyRandom::new(seed);
-        let latency_ms = *rng.choice(&[500, 1500, 4000]);
-        RandomModel { rng, latency_ms }
-    }
-}
-
-impl Model for RandomModel {
-    fn next(&mut self, _req: &ModelRequest<'_>) -> ModelReply {
-        let rng = &mut self.rng;
-        let r = rng.random();
-        let reply = if r < 0.10 {
-            json!({"type": "final", "outcome": *rng.choice(&["completed", "cannot_complete"]), "text": "done"})
-        } else if r < 0.20 {
-            json!({"type": "plan", "steps": [{"id": "s1", "tool": *rng.choice(&["get_order", "nope"]), "depends_on": []}]})
-        } else {
-            let tool = *rng.choice(&[
-                "get_order",
-                "issue_refund",
-                "send_status_email",
-                "search_policy",
-                "delete_order",
-            ]);
-            let order = *rng.choice(&["ord_1001", "ord_1004", "ord_9999"]);
-            let amount = *rng.choice(&[100, 3000, 8000, 99999]);
-            let plan_step = *rng.choice(&[None, Some("s1")]);
-            json!({"type": "tool", "name": tool, "args": {"order_id": order, "amount_cents": amount}, "plan_step": plan_step})
-        };
-        ModelReply::json(reply, self.latency_ms)
-    }
-}
-
 /// A model reply as stored for replay.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -475,6 +436,7 @@ impl RecordedReply {
             step,
             outcome: match &r.outcome {
                 Ok(RawReply::Json(v)) => RecordedOutcome::Json(v.clone()),
+                Ok(RawReply::Move(m)) => RecordedOutcome::Json(m.to_value()),
                 Ok(RawReply::Text(t)) => RecordedOutcome::Text(t.clone()),
                 Ok(RawReply::Invalid(m)) => RecordedOutcome::Invalid(m.clone()),
                 Err(ModelError::Timeout) => RecordedOutcome::Timeout,

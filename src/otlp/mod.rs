@@ -202,7 +202,7 @@ pub fn spans_of(
             let mut a: Vec<(String, Attr)> = vec![
                 ("tether.task_id".into(), s(&rec.id)),
                 ("tether.span.kind".into(), s(sp.kind.as_str())),
-                ("tether.status".into(), s(&sp.status)),
+                ("tether.status".into(), s(&*sp.status)),
             ];
             let (name, kind, message) = match sp.kind {
                 SpanKind::Model => run.model_span(sp, &mut a),
@@ -210,12 +210,12 @@ pub fn spans_of(
                 _ => {
                     a.push(("openinference.span.kind".into(), s("CHAIN")));
                     let message = format!("{} ended {}", sp.name, sp.status);
-                    (sp.name.clone(), KIND_INTERNAL, message)
+                    (sp.name.to_string(), KIND_INTERNAL, message)
                 }
             };
             let status_code = status_of(&sp.status);
             if status_code == STATUS_ERROR {
-                a.push(("error.type".into(), s(&sp.status)));
+                a.push(("error.type".into(), s(&*sp.status)));
             }
             // Each run's task span hangs under the task's root.
             let parent = sp.parent.unwrap_or(ROOT);
@@ -305,7 +305,7 @@ impl Run<'_> {
     /// A tool call's attributes; its name, kind and the message shown if it failed.
     fn tool_span(&self, sp: &Span, a: &mut Vec<(String, Attr)>) -> (String, i32, String) {
         a.push(("gen_ai.operation.name".into(), s("execute_tool")));
-        a.push(("gen_ai.tool.name".into(), s(&sp.name)));
+        a.push(("gen_ai.tool.name".into(), s(&*sp.name)));
         if let Some(k) = &sp.key {
             a.push(("gen_ai.tool.call.id".into(), s(k)));
             a.push(("tether.call_key".into(), s(k)));
@@ -324,7 +324,7 @@ impl Run<'_> {
             a.push(("gen_ai.tool.type".into(), s("function")));
         }
         a.push(("openinference.span.kind".into(), s("TOOL")));
-        a.push(("tool.name".into(), s(&sp.name)));
+        a.push(("tool.name".into(), s(&*sp.name)));
         let message = format!("the tool call ended {}", sp.status);
         (format!("execute_tool {}", sp.name), KIND_INTERNAL, message)
     }

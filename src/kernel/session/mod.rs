@@ -81,8 +81,11 @@ pub struct Session<'c> {
     step_span: u32,
     model_span: u32,
     resume_span: Option<u32>,
-    /// Signature at the start of the current step (and so at the end of the previous one).
-    signature: String,
+    /// What counts as progress (see [`TaskState::progress_text`]) at the start of the current
+    /// step, and so at the end of the previous one.
+    progress: String,
+    /// The same at the end of this step, written into a buffer kept between steps.
+    progress_now: String,
     /// How the model takes its input (set by the driver from the model).
     input: InputStyle,
     /// What the first call of this step's turn is answered with, when that is not the last
@@ -171,7 +174,7 @@ impl<'c> Session<'c> {
             Run::Resume => {
                 let rid = s
                     .trace
-                    .start(SpanKind::Resume, "execute held call".into(), None, t);
+                    .start(SpanKind::Resume, "execute held call", None, t);
                 s.resume_span = Some(rid);
                 // The held call is a tool call like any other: it may not break the budget.
                 let spent = if s.state.tool_calls >= s.budget.tool_calls_max {
@@ -192,7 +195,7 @@ impl<'c> Session<'c> {
             Run::Settled(result) => {
                 let rid = s
                     .trace
-                    .start(SpanKind::Resume, "settled held call".into(), None, t);
+                    .start(SpanKind::Resume, "settled held call", None, t);
                 s.resume_span = Some(rid);
                 s.open_tool(call, rid, true);
                 // Nothing is sent: the result is the operator's decision, taking no active
@@ -217,7 +220,8 @@ impl<'c> Session<'c> {
         phase: Phase,
         keys: Keys,
     ) -> Self {
-        let signature = state.signature();
+        let mut progress = String::with_capacity(128);
+        state.progress_text(&mut progress);
         Session {
             keys,
             state,
@@ -232,7 +236,8 @@ impl<'c> Session<'c> {
             step_span: 0,
             model_span: 0,
             resume_span: None,
-            signature,
+            progress_now: String::with_capacity(progress.capacity()),
+            progress,
             input: InputStyle::View,
             turn_answer: None,
             model_failures: 0,
@@ -342,9 +347,11 @@ impl<'c> Session<'c> {
     fn open_step(&mut self) {
         self.state.step += 1;
         let t = self.state.elapsed_ms;
-        let name = format!("step {}", self.state.step);
+        let mut name = String::with_capacity(12);
+        name.push_str("step ");
+        crate::kernel::json::write_int(&mut name, i64::from(self.state.step));
         self.step_span = self.trace.start(SpanKind::Step, name, self.root, t);
-        let model = "model.next".into();
+        let model = "model.next";
         self.model_span = (self.trace).start(SpanKind::Model, model, Some(self.step_span), t);
         self.phase = Phase::AwaitModel;
     }
@@ -463,6 +470,7 @@ impl<'c> Session<'c> {
         }
         let estimated_out = match raw {
             RawReply::Json(v) => est_tokens(dumped_len(v)),
+            RawReply::Move(m) => est_tokens(m.json_len()),
             RawReply::Text(t) | RawReply::Invalid(t) => est_tokens(t.chars().count()),
         };
         let mut tout = usage.map_or(estimated_out, |u| u.output_tokens);
@@ -518,10 +526,10 @@ impl<'c> Session<'c> {
 
     fn end_step(&mut self, mut stop: Option<StopReason>) {
         self.answer_turn();
-        let after = self.state.signature();
-        if after != self.signature {
+        self.state.progress_text(&mut self.progress_now);
+        if self.progress_now != self.progress {
             self.state.stalls = 0;
-            self.signature = after;
+            std::mem::swap(&mut self.progress, &mut self.progress_now);
         } else {
             self.state.stalls += 1;
         }

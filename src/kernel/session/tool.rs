@@ -223,22 +223,14 @@ impl Session<'_> {
         let status = result
             .get("status")
             .and_then(Value::as_str)
-            .unwrap_or("error")
-            .to_string();
-        let code = result
-            .get("code")
-            .and_then(Value::as_str)
-            .map(str::to_string);
+            .unwrap_or("error");
+        let code = result.get("code").and_then(Value::as_str);
         let t = self.state.elapsed_ms;
         let s = self.trace.get_mut(span);
         s.result_tokens = Some(est_tokens(dumped_len(&result)));
-        let shown = code
-            .as_deref()
-            .filter(|c| !c.is_empty())
-            .unwrap_or(&status)
-            .to_string();
-        self.trace.end(span, &shown, t);
-        let stop = self.apply_status(call, &status, code.as_deref(), &result);
+        let shown = code.filter(|c| !c.is_empty()).unwrap_or(status);
+        self.trace.end(span, span_status(shown), t);
+        let stop = self.apply_status(call, status, code, &result);
         self.state.last_result = Some(result);
         if held {
             self.held_call_done(stop);
@@ -258,7 +250,7 @@ impl Session<'_> {
         match stop {
             Some(stop) => self.finish(stop, None),
             None => {
-                self.signature = self.state.signature();
+                self.state.progress_text(&mut self.progress);
                 self.phase = Phase::HeldDone;
             }
         }
@@ -359,6 +351,26 @@ fn checked_result(result: Value, write: bool) -> Value {
         Value::String("tool result must be an object with a string `status`".into()),
     );
     Value::Object(m)
+}
+
+/// A tool span's status: the usual ones borrowed, any other a copy of what the tool said.
+fn span_status(shown: &str) -> std::borrow::Cow<'static, str> {
+    const KNOWN: [&str; 10] = [
+        "ok",
+        "error",
+        "unknown",
+        "rejected",
+        "needs_approval",
+        "not_found",
+        "invalid_state",
+        "invalid_args",
+        "timeout",
+        "unknown_tool",
+    ];
+    match KNOWN.iter().find(|k| **k == shown) {
+        Some(k) => std::borrow::Cow::Borrowed(k),
+        None => std::borrow::Cow::Owned(shown.to_string()),
+    }
 }
 
 /// Python's `str()` of an argument, as the design reference's f-string prefixes facts with it.

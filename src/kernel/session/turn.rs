@@ -72,12 +72,14 @@ impl Session<'_> {
     /// others as not run (one move per reply).
     pub(super) fn answer_turn(&mut self) {
         let step = self.state.step;
-        let first = self
-            .turn_answer
-            .take()
+        let answer = self.turn_answer.take();
+        if self.state.last_turn.as_ref().is_none_or(|t| t.step != step) {
+            return;
+        }
+        let first = answer
             .or_else(|| self.state.last_result.clone())
             .unwrap_or(Value::Null);
-        let Some(t) = self.state.last_turn.as_mut().filter(|t| t.step == step) else {
+        let Some(t) = self.state.last_turn.as_mut() else {
             return;
         };
         t.results = (0..t.turn.calls.len())
