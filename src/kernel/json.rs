@@ -285,6 +285,22 @@ pub fn py_repr(v: &Value) -> String {
     }
 }
 
+/// The first `n` hex digits of `bytes`.
+pub fn hex_prefix(bytes: &[u8], n: usize) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(n);
+    for b in bytes {
+        if s.len() >= n {
+            break;
+        }
+        s.push(HEX[(b >> 4) as usize] as char);
+        if s.len() < n {
+            s.push(HEX[(b & 15) as usize] as char);
+        }
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,11 +1,10 @@
 //! The task state, the budget, stop reasons and the progress signature.
 //!
-//! `TaskState` carries every field of the design reference's TaskState. Time is kept as whole
-//! milliseconds of active time (`elapsed_ms`), which is what the design reference's `round(t + s, 3)`
-//! arithmetic amounts to, and is written to JSON as float seconds (`"elapsed": 10.0`) so that a
-//! state reads the same as the design reference's. Two additions, both omitted from JSON while empty:
-//! `outcome` (the final reply's outcome, e.g. `cannot_complete`) and `remembered` (long-term
-//! memory notes selected for this task when it was created).
+//! `TaskState` carries every field of the design reference's TaskState. Time is whole
+//! milliseconds of active time (`elapsed_ms`, what the reference's `round(t + s, 3)` amounts to),
+//! written to JSON as float seconds (`"elapsed": 10.0`) so a state reads the same as the
+//! reference's. Two additions, omitted from JSON while empty: `outcome` (the final reply's, e.g.
+//! `cannot_complete`) and `remembered` (memory notes selected for the task when it was created).
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
@@ -14,6 +13,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use super::json;
+pub use super::json::hex_prefix;
 
 /// Limits of one task. Names carry their unit; the defaults are the design reference's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -303,21 +303,6 @@ fn call_sha256(name: &str, args: &Map<String, Value>) -> impl AsRef<[u8]> {
     Sha256::digest(text.as_bytes())
 }
 
-pub fn hex_prefix(bytes: &[u8], n: usize) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(n);
-    for b in bytes {
-        if s.len() >= n {
-            break;
-        }
-        s.push(HEX[(b >> 4) as usize] as char);
-        if s.len() < n {
-            s.push(HEX[(b & 15) as usize] as char);
-        }
-    }
-    s
-}
-
 /// The model's last reply in its provider's protocol (see [`super::io::Turn`]) and what came of
 /// each of its calls: the first call is the move the kernel took, any others were not run.
 /// The next request shows the model this, and nothing older: the input stays bounded.
@@ -477,13 +462,17 @@ impl TaskState {
         hex_prefix(&Sha256::digest(text.as_bytes()), 12)
     }
 
-    /// The text [`TaskState::signature`] hashes, written into `out` (cleared first). Two states
-    /// made the same progress exactly when these texts are equal, so a session compares them
-    /// directly instead of hashing each step.
+    /// The text [`TaskState::signature`] hashes, into `out` (cleared first). Equal texts, same
+    /// progress: a session compares them instead of hashing each step.
     pub fn progress_text(&self, out: &mut String) {
         out.clear();
         out.push_str("{\"facts\": ");
         json::write_map(out, &self.facts);
+        self.progress_plan(out);
+    }
+
+    /// The rest of [`TaskState::progress_text`] after the facts' JSON text.
+    pub fn progress_plan(&self, out: &mut String) {
         out.push_str(", \"plan\": [");
         for (i, s) in self.plan.iter().enumerate() {
             if i > 0 {

@@ -73,7 +73,8 @@ pub struct Trace {
 impl Trace {
     pub fn new(first_id: u32) -> Trace {
         Trace {
-            spans: Vec::new(),
+            // A run of a few steps makes a dozen spans: room for them from the start.
+            spans: Vec::with_capacity(16),
             first_id,
             taken: 0,
             touched: Vec::new(),
@@ -137,5 +138,18 @@ impl Trace {
 
     pub fn next_id(&self) -> u32 {
         self.first_id + self.spans.len() as u32
+    }
+}
+
+/// A step span's name, `step N`: borrowed for the first steps (every step of a run under the
+/// default budget), written out beyond them.
+pub fn step_name(step: u32) -> std::borrow::Cow<'static, str> {
+    const NAMES: [&str; 17] = [
+        "step 0", "step 1", "step 2", "step 3", "step 4", "step 5", "step 6", "step 7", "step 8",
+        "step 9", "step 10", "step 11", "step 12", "step 13", "step 14", "step 15", "step 16",
+    ];
+    match NAMES.get(step as usize) {
+        Some(n) => std::borrow::Cow::Borrowed(n),
+        None => std::borrow::Cow::Owned(format!("step {step}")),
     }
 }

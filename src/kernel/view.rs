@@ -14,38 +14,82 @@ pub const REMEMBERED_LABEL: &str =
 
 /// Renders the view into `out` (cleared first), reusing its allocation.
 pub fn render_into(out: &mut String, state: &TaskState, budget: &Budget) {
-    render_parts(out, state, budget, false, false);
+    render_parts(out, state, budget, None, false, LastResult::Write);
+}
+
+/// How the view writes the last result: from the state, as text already written (a session
+/// keeps the last result's text between steps, so a long one is escaped once), or not at all.
+#[derive(Clone, Copy)]
+pub enum LastResult<'a> {
+    Write,
+    Written(&'a str),
+    Omit,
+}
+
+/// The view, with the JSON texts of the facts and the last result given by the caller (see
+/// [`LastResult`]).
+pub fn render_with(out: &mut String, state: &TaskState, budget: &Budget, facts: &str, last: &str) {
+    render_parts(
+        out,
+        state,
+        budget,
+        Some(facts),
+        false,
+        LastResult::Written(last),
+    );
 }
 
 /// The view as the state message of a model that takes messages: without the goal (a message
 /// of its own), and without the last result when the last turn's messages carry it.
-pub fn render_state_message(out: &mut String, state: &TaskState, budget: &Budget) {
+pub fn render_state_message(
+    out: &mut String,
+    state: &TaskState,
+    budget: &Budget,
+    facts: &str,
+    last: &str,
+) {
     let carried = state
         .last_turn
         .as_ref()
         .is_some_and(|t| !t.turn.calls.is_empty());
-    render_parts(out, state, budget, true, carried);
+    let last = if carried {
+        LastResult::Omit
+    } else {
+        LastResult::Written(last)
+    };
+    render_parts(out, state, budget, Some(facts), true, last);
 }
 
 fn render_parts(
     out: &mut String,
     state: &TaskState,
     budget: &Budget,
+    facts: Option<&str>,
     omit_goal: bool,
-    omit_last_result: bool,
+    last: LastResult<'_>,
 ) {
     out.clear();
     out.push_str("{\"facts\": ");
-    write_map(out, &state.facts);
+    match facts {
+        Some(text) => out.push_str(text),
+        None => write_map(out, &state.facts),
+    }
     if !omit_goal {
         out.push_str(", \"goal\": ");
         write_str(out, &state.goal);
     }
-    if !omit_last_result {
-        out.push_str(", \"last_result\": ");
-        match &state.last_result {
-            Some(v) => write_value(out, v),
-            None => out.push_str("null"),
+    match last {
+        LastResult::Omit => {}
+        LastResult::Written(text) => {
+            out.push_str(", \"last_result\": ");
+            out.push_str(text);
+        }
+        LastResult::Write => {
+            out.push_str(", \"last_result\": ");
+            match &state.last_result {
+                Some(v) => write_value(out, v),
+                None => out.push_str("null"),
+            }
         }
     }
     out.push_str(", \"plan\": [");

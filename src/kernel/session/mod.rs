@@ -73,6 +73,8 @@ pub struct Session<'c> {
     phase: Phase,
     view: String,
     view_tokens: u64,
+    /// JSON texts of the last result and the facts, kept between views (see [`turn::Written`]).
+    written: turn::Written,
     /// How much more input a provider has counted than the 4-characters estimate, at most, in
     /// this run (1.0 until a provider reports usage). The pessimistic check scales the next
     /// view's estimate by it, so provider counts do not slip past the token budget.
@@ -231,6 +233,7 @@ impl<'c> Session<'c> {
             phase,
             view: String::with_capacity(512),
             view_tokens: 0,
+            written: turn::Written::default(),
             input_scale: 1.0,
             root: None,
             step_span: 0,
@@ -347,9 +350,7 @@ impl<'c> Session<'c> {
     fn open_step(&mut self) {
         self.state.step += 1;
         let t = self.state.elapsed_ms;
-        let mut name = String::with_capacity(12);
-        name.push_str("step ");
-        crate::kernel::json::write_int(&mut name, i64::from(self.state.step));
+        let name = crate::kernel::trace::step_name(self.state.step);
         self.step_span = self.trace.start(SpanKind::Step, name, self.root, t);
         let model = "model.next";
         self.model_span = (self.trace).start(SpanKind::Model, model, Some(self.step_span), t);
@@ -432,13 +433,14 @@ impl<'c> Session<'c> {
         };
         let stop = match parsed {
             Err(detail) => {
-                self.state.last_result =
-                    Some(json!({"status": "error", "code": "invalid_reply", "detail": detail}));
+                self.set_result(
+                    json!({"status": "error", "code": "invalid_reply", "detail": detail}),
+                );
                 None
             }
             Ok(Reply::Final { outcome, text }) => match self.completion_refused(&outcome) {
                 Some(refusal) => {
-                    self.state.last_result = Some(refusal);
+                    self.set_result(refusal);
                     None
                 }
                 None => {
@@ -503,7 +505,7 @@ impl<'c> Session<'c> {
             return Err(Some(StopReason::RepeatedCall));
         }
         let Some(spec) = self.catalog.get(&call.name) else {
-            self.state.last_result = Some(json!({"status": "error", "code": "unknown_tool"}));
+            self.set_result(json!({"status": "error", "code": "unknown_tool"}));
             return Err(None);
         };
         // Refused before any call: nothing is sent, so no tool call is counted.
@@ -519,14 +521,14 @@ impl<'c> Session<'c> {
                 }
             },
         };
-        self.state.last_result = Some(refusal);
+        self.set_result(refusal);
         self.write_failed(&call.name);
         Err(None)
     }
 
     fn end_step(&mut self, mut stop: Option<StopReason>) {
         self.answer_turn();
-        self.state.progress_text(&mut self.progress_now);
+        self.progress_now_text();
         if self.progress_now != self.progress {
             self.state.stalls = 0;
             std::mem::swap(&mut self.progress, &mut self.progress_now);

@@ -44,8 +44,9 @@ impl Session<'_> {
                 });
             }
             Err(problems) => {
-                self.state.last_result =
-                    Some(json!({"status": "error", "code": "invalid_plan", "detail": problems}));
+                self.set_result(
+                    json!({"status": "error", "code": "invalid_plan", "detail": problems}),
+                );
             }
         }
     }

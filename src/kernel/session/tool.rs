@@ -7,7 +7,7 @@ use serde_json::{Map, Value, json};
 use super::{Phase, Session};
 use crate::kernel::catalog::Access;
 use crate::kernel::io::ToolReply;
-use crate::kernel::json::{dumped_len, py_repr};
+use crate::kernel::json::{py_repr, write_value};
 use crate::kernel::state::{StepStatus, StopReason, ToolCall, est_tokens};
 use crate::kernel::trace::SpanKind;
 
@@ -226,12 +226,19 @@ impl Session<'_> {
             .unwrap_or("error");
         let code = result.get("code").and_then(Value::as_str);
         let t = self.state.elapsed_ms;
+        // The result's text is written once here: its length is the span's token figure, and
+        // the next views show the same text.
+        let w = &mut self.written;
+        w.result.clear();
+        write_value(&mut w.result, &result);
         let s = self.trace.get_mut(span);
-        s.result_tokens = Some(est_tokens(dumped_len(&result)));
+        s.result_tokens = Some(est_tokens(self.written.result.len()));
         let shown = code.filter(|c| !c.is_empty()).unwrap_or(status);
         self.trace.end(span, span_status(shown), t);
         let stop = self.apply_status(call, status, code, &result);
         self.state.last_result = Some(result);
+        // `written.result` holds this result's text, written above (nothing in between writes it).
+        self.written.result_ok = true;
         if held {
             self.held_call_done(stop);
         } else {
@@ -328,6 +335,7 @@ impl Session<'_> {
         for (k, v) in obj {
             if spec.fact_fields.iter().any(|f| f == k) {
                 self.state.facts.insert(format!("{prefix}.{k}"), v.clone());
+                self.written.facts_ok = false;
             }
         }
     }

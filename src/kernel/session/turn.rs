@@ -7,21 +7,73 @@ use serde_json::{Value, json};
 use super::Session;
 use crate::kernel::io::InputStyle;
 use crate::kernel::io::{ModelError, Usage};
+use crate::kernel::json::{write_map, write_value};
 use crate::kernel::state::StopReason;
 use crate::kernel::state::est_tokens;
-use crate::kernel::view::{render_into, render_state_message};
+use crate::kernel::view::{render_state_message, render_with};
 
 impl Session<'_> {
     /// Renders the model's next input and estimates its tokens: the design reference's view, or the
     /// state message beside the goal, the last turn and what every request repeats.
+    /// Sets the last result; its text is written when a view or a span first needs it.
+    pub(super) fn set_result(&mut self, v: Value) {
+        self.state.last_result = Some(v);
+        self.written.result_ok = false;
+    }
+
+    /// Writes the JSON texts of the last result and the facts that changed since last written.
+    fn write_texts(&mut self) {
+        let w = &mut self.written;
+        if !w.result_ok {
+            w.result.clear();
+            match &self.state.last_result {
+                Some(v) => write_value(&mut w.result, v),
+                None => w.result.push_str("null"),
+            }
+            w.result_ok = true;
+        }
+        if !w.facts_ok {
+            w.facts.clear();
+            write_map(&mut w.facts, &self.state.facts);
+            w.facts_ok = true;
+        }
+    }
+
+    /// This step's progress text (see [`crate::kernel::TaskState::progress_text`]) into
+    /// `progress_now`, with the facts' text kept between steps.
+    pub(super) fn progress_now_text(&mut self) {
+        self.write_texts();
+        let out = &mut self.progress_now;
+        out.clear();
+        out.push_str("{\"facts\": ");
+        out.push_str(&self.written.facts);
+        self.state.progress_plan(out);
+    }
+
     pub(super) fn render_view(&mut self) {
         match self.input {
             InputStyle::View => {
-                render_into(&mut self.view, &self.state, &self.budget);
+                self.write_texts();
+                let w = &self.written;
+                render_with(
+                    &mut self.view,
+                    &self.state,
+                    &self.budget,
+                    &w.facts,
+                    &w.result,
+                );
                 self.view_tokens = est_tokens(self.view.len());
             }
             InputStyle::Messages { overhead_chars } => {
-                render_state_message(&mut self.view, &self.state, &self.budget);
+                self.write_texts();
+                let w = &self.written;
+                render_state_message(
+                    &mut self.view,
+                    &self.state,
+                    &self.budget,
+                    &w.facts,
+                    &w.result,
+                );
                 let turn = self
                     .state
                     .last_turn
@@ -55,8 +107,7 @@ impl Session<'_> {
             _ => ("model_error", "error"),
         };
         self.trace.end(self.model_span, status, t);
-        self.state.last_result =
-            Some(json!({"status": "error", "code": code, "detail": e.detail()}));
+        self.set_result(json!({"status": "error", "code": code, "detail": e.detail()}));
         if matches!(e, ModelError::Fatal(_)) {
             self.answer_turn();
             self.trace
@@ -93,4 +144,14 @@ impl Session<'_> {
             })
             .collect();
     }
+}
+
+/// JSON texts of parts of the state that views show at every step, each written again only
+/// after it changed: a long tool result is escaped once, not once per view.
+#[derive(Default)]
+pub(super) struct Written {
+    pub result: String,
+    pub result_ok: bool,
+    pub facts: String,
+    pub facts_ok: bool,
 }
