@@ -13,9 +13,7 @@ use crate::kernel::state::est_tokens;
 use crate::kernel::view::{render_state_message, render_with};
 
 impl Session<'_> {
-    /// Renders the model's next input and estimates its tokens: the design reference's view, or the
-    /// state message beside the goal, the last turn and what every request repeats.
-    /// Sets the last result; its text is written when a view or a span first needs it.
+    /// Sets the last result; its text is written when the next view needs it.
     pub(super) fn set_result(&mut self, v: Value) {
         self.state.last_result = Some(v);
         self.written.result_ok = false;
@@ -50,6 +48,8 @@ impl Session<'_> {
         self.state.progress_plan(out);
     }
 
+    /// Renders the model's next input and estimates its tokens: the design reference's view, or the
+    /// state message beside the goal, the last turn and what every request repeats.
     pub(super) fn render_view(&mut self) {
         match self.input {
             InputStyle::View => {
