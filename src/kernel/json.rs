@@ -324,6 +324,33 @@ mod tests {
     }
 
     #[test]
+    fn short_and_long_strings_escape_the_same() {
+        // The clean check runs in chunks of 32 bytes: a character that needs escaping is
+        // escaped in a short string and in a long one, in the first, a middle or the last chunk.
+        let cases = [
+            ('"', r#"\""#),
+            ('\\', r"\\"),
+            ('\n', r"\n"),
+            ('\u{1}', r"\u0001"),
+            ('\u{7f}', r"\u007f"),
+            ('é', r"\u00e9"),
+        ];
+        for (c, escaped) in cases {
+            for (pad, at) in [(3, 0), (3, 2), (40, 0), (40, 39), (70, 33)] {
+                let mut text = "a".repeat(pad);
+                text.insert(at, c);
+                let want = format!("\"{}{escaped}{}\"", "a".repeat(at), "a".repeat(pad - at));
+                assert_eq!(dumps(&json!(text)), want, "{c:?} at {at} of {pad}");
+                assert_eq!(dumped_len(&json!(text)), want.len());
+            }
+        }
+        assert_eq!(
+            dumps(&json!("a".repeat(40))),
+            format!("\"{}\"", "a".repeat(40))
+        );
+    }
+
+    #[test]
     fn floats_print_as_python_repr() {
         let cases = [
             (10.0, "10.0"),
