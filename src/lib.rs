@@ -13,6 +13,7 @@ pub mod group;
 pub mod httpd;
 pub mod kernel;
 pub mod limits;
+pub mod local;
 pub mod mcp;
 pub mod metrics;
 pub mod model;

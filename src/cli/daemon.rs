@@ -58,9 +58,11 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
         tracing::info!(addr = %bound, "serving /metrics and /healthz");
     }
     tracing::info!(db = %store.describe(), workers = cfg.workers, drain = cfg.drain, "worker started");
+    let local = serve_local(cli, &store);
     let reporting = drain_progress(&store, cfg.drain);
     let stats = worker::run(store, &cfg, shutdown);
     reporting.store(true, std::sync::atomic::Ordering::SeqCst);
+    drop(local);
     let stats = stats?;
     tracing::info!(
         tasks_ended = stats.tasks_ended.load(std::sync::atomic::Ordering::Relaxed),
@@ -68,6 +70,32 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
         "worker stopped"
     );
     Ok(())
+}
+
+/// On a redb file: the local socket that `worker enqueue` hands its tasks to while this daemon
+/// runs, unless another daemon on the file serves it. Without it the verbs open the file
+/// themselves, as they do when no daemon runs, so a socket that cannot be served is a warning.
+fn serve_local(cli: &Cli, store: &Db) -> Option<crate::local::LocalApi> {
+    if store::pg::is_url(&cli.db) {
+        return None;
+    }
+    match crate::local::serve(Path::new(&cli.db), Arc::clone(store)) {
+        Ok(crate::local::Served::Serving(api)) => {
+            tracing::info!(socket = %api.socket().display(), "serving the local API");
+            Some(api)
+        }
+        Ok(crate::local::Served::Elsewhere(pid)) => {
+            tracing::info!(
+                daemon = pid,
+                "another daemon on this file serves the local API; this one does not"
+            );
+            None
+        }
+        Err(why) => {
+            tracing::warn!(%why, "the local API is not served; verbs open the file themselves");
+            None
+        }
+    }
 }
 
 /// The daemon's own config, refused when a secret it names is missing.

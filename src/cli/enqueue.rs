@@ -172,9 +172,24 @@ pub(super) fn cmd_enqueue(cli: &Cli, a: &EnqueueArgs) -> CliResult {
         Some(path) => read_batch(path, cfg.as_ref(), a.model.as_deref())?,
         None => vec![one_task(a, cfg.as_ref())?],
     };
-    let store = open_created(cli, 1)?;
-    let out = store.enqueue(&tasks, now_ms())?;
+    // While a daemon runs on the file, it commits the tasks in the database it has open.
+    let through_daemon = if store::pg::is_url(&cli.db) {
+        None
+    } else {
+        crate::local::enqueue(Path::new(&cli.db), &tasks)?
+    };
+    let (out, store) = match through_daemon {
+        Some(out) => (out, None),
+        None => {
+            let store = open_created(cli, 1)?;
+            (store.enqueue(&tasks, now_ms())?, Some(store))
+        }
+    };
     if a.wait {
+        let store = match store {
+            Some(s) => s,
+            None => open_reader(cli)?,
+        };
         let Some(e) = out.first() else {
             return Err(CliError::op("the enqueue returned no task"));
         };

@@ -66,6 +66,9 @@ pub enum Error {
     /// that does not exist) or by our check of its certificate. Trying again would not help.
     #[error("{0}")]
     Refused(String),
+    /// The daemon that owns the file answered a request it was passed with this error.
+    #[error("{0}")]
+    Daemon(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

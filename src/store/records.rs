@@ -231,8 +231,9 @@ fn default_approval_wait_ms() -> u64 {
     DEFAULT_APPROVAL_WAIT_MS
 }
 
-/// A task to enqueue.
-#[derive(Clone, Debug, PartialEq)]
+/// A task to enqueue (also what `worker enqueue` sends a running daemon over its local
+/// socket, as JSON).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NewTask {
     pub user: String,
     pub goal: String,
@@ -326,7 +327,7 @@ pub struct CommitOutcome {
     pub next: Option<TaskRecord>,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Enqueued {
     pub id: String,
     pub created: bool,

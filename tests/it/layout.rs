@@ -161,7 +161,7 @@ const LAYERS: [&[&str]; 8] = [
     &["model"],
     &["store"],
     &["metrics", "tools", "mcp", "config", "sim"],
-    &["operator", "otlp", "replay", "api", "console"],
+    &["operator", "otlp", "replay", "api", "console", "local"],
     &["worker"],
     &["cli"],
 ];

@@ -22,6 +22,7 @@ mod kernel;
 mod kernel_purity;
 mod layout;
 mod list;
+mod local_api;
 mod mcp;
 mod mcp_tasks;
 mod metrics;

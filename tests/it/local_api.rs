@@ -1,0 +1,148 @@
+//! The daemon's local socket (`worker.redb.sock`): `worker enqueue` hands its tasks to the
+//! running daemon; a paused daemon's silence is reported and the request is not sent again; a
+//! killed daemon's socket does not stop an enqueue, and the next daemon replaces it; one
+//! daemon per file serves it.
+
+use crate::common::*;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+/// `worker run` in `dir`, logging at debug level to `dir/NAME.log`.
+fn daemon(dir: &Path, name: &str) -> (Child, PathBuf) {
+    let log = dir.join(format!("{name}.log"));
+    let child = command(dir)
+        .args(["run", "--workers", "1"])
+        .env("RUST_LOG", "tether=debug")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .spawn()
+        .expect("start the daemon");
+    (child, log)
+}
+
+fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !done() {
+        assert!(t.elapsed() < Duration::from_secs(60), "never: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn log_says(log: &Path, text: &str) -> bool {
+    std::fs::read_to_string(log).is_ok_and(|l| l.contains(text))
+}
+
+fn serving(log: &Path) {
+    until("the daemon serves its socket", || {
+        log_says(log, "serving the local API")
+    });
+}
+
+fn stop(mut child: Child) {
+    signal(child.id(), "-TERM");
+    let st = child.wait().expect("the daemon exits");
+    assert!(st.success(), "the daemon exited with {st}");
+}
+
+#[test]
+fn an_enqueue_goes_through_the_daemon_and_a_paused_one_is_not_sent_twice() {
+    let dir = TempDir::new("local_paused");
+    let d = dir.path();
+    let (child, log) = daemon(d, "a");
+    serving(&log);
+    let socket = d.join("worker.redb.sock");
+    {
+        use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+        let m = std::fs::metadata(&socket).expect("the socket");
+        assert!(m.file_type().is_socket());
+        assert_eq!(m.permissions().mode() & 0o777, 0o600);
+    }
+    let id = enqueue(d, &["--key", "k1", "--in", "1h"])
+        .trim()
+        .to_string();
+    until("the daemon logs the enqueue", || {
+        log_says(&log, "enqueued for a caller of the local API")
+    });
+    assert_eq!(json(d, &["show", &id, "--json"])["key"], "k1");
+
+    // Paused: the request waits in the socket; the verb says so and does not send it again.
+    signal(child.id(), "-STOP");
+    let out = command(d)
+        .args([
+            "enqueue", "--user", "cu_ana", "--goal", GOAL, "--model", "policy",
+        ])
+        .args(["--key", "k2", "--in", "1h"])
+        .env("WORKER_DAEMON_TIMEOUT_MS", "300")
+        .output()
+        .expect("enqueue");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("(pid {})", child.id()))
+            && err.contains("did not answer within 300 ms"),
+        "{err}"
+    );
+    assert!(
+        err.contains("running the same enqueue again is safe"),
+        "{err}"
+    );
+    // Resumed, the daemon carries out the request it had: once.
+    signal(child.id(), "-CONT");
+    until("the paused request is carried out", || {
+        json_list(d, &["list", "--key", "k2", "--json"]).len() == 1
+    });
+    let again = enqueue(d, &["--key", "k2", "--in", "1h"]);
+    assert!(again.contains("already enqueued with this key"), "{again}");
+    assert_eq!(json_list(d, &["list", "--json"]).len(), 2);
+
+    stop(child);
+    assert!(!socket.exists(), "a stopped daemon removes its socket");
+}
+
+#[test]
+fn a_killed_daemons_socket_is_passed_over_and_replaced_and_one_daemon_serves_it() {
+    let dir = TempDir::new("local_killed");
+    let d = dir.path();
+    let (mut child, log) = daemon(d, "a");
+    serving(&log);
+    signal(child.id(), "-KILL");
+    child.wait().expect("killed");
+    let socket = d.join("worker.redb.sock");
+    assert!(socket.exists(), "a killed daemon cannot remove its socket");
+    // Nobody listens: the verb opens the file itself.
+    let id = enqueue(d, &["--key", "after-kill", "--in", "1h"]);
+    assert!(id.trim().starts_with('t'), "{id}");
+
+    let (b, log_b) = daemon(d, "b");
+    serving(&log_b);
+    assert_eq!(
+        std::fs::read_to_string(d.join("worker.redb.lock"))
+            .expect("the lock file")
+            .trim(),
+        b.id().to_string()
+    );
+    // A second daemon on the file runs tasks but leaves the socket to the first.
+    let (c, log_c) = daemon(d, "c");
+    until("the second daemon sees the first", || {
+        log_says(&log_c, "another daemon on this file serves the local API")
+    });
+    assert!(
+        log_says(&log_c, &format!("daemon={}", b.id())),
+        "it names the running one"
+    );
+    enqueue(d, &["--key", "through-b", "--in", "1h"]);
+    until("the serving daemon logs the enqueue", || {
+        log_says(&log_b, "enqueued for a caller of the local API")
+    });
+    assert!(!log_says(&log_c, "enqueued for a caller of the local API"));
+    stop(c);
+    assert!(
+        socket.exists(),
+        "the daemon that did not serve leaves the socket alone"
+    );
+    stop(b);
+    assert!(!socket.exists());
+    assert_eq!(json_list(d, &["list", "--json"]).len(), 2);
+}
