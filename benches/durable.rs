@@ -37,9 +37,14 @@ fn temp_dir(name: &str) -> std::path::PathBuf {
 }
 
 fn raw_commit_rate(n: usize) -> f64 {
+    raw_commit_rate_in(redb::ConcurrencyMode::MultiWriter, n)
+}
+
+/// The same commits in another of redb's modes: what owning the file for writing would buy.
+fn raw_commit_rate_in(mode: redb::ConcurrencyMode, n: usize) -> f64 {
     let dir = temp_dir("raw");
     let db = redb::Database::builder()
-        .set_concurrency_mode(redb::ConcurrencyMode::MultiWriter)
+        .set_concurrency_mode(mode)
         .create(dir.join("raw.redb"))
         .expect("open");
     const STATE: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("tasks");
@@ -314,6 +319,25 @@ fn main() {
         "raw redb commit (2 KiB state + key + 3 spans, MultiWriter): {raw:.0} commits/s (median of 5 rounds; {:.2}x the disk)",
         raw / fsync
     );
+    // The modes a daemon that owns the file could use, measured beside MultiWriter (which
+    // lets every process write, and so commits in two phases with the allocator state).
+    let modes = [
+        ("SingleWriter", redb::ConcurrencyMode::SingleWriter),
+        ("ExclusiveWriter", redb::ConcurrencyMode::ExclusiveWriter),
+    ];
+    for (name, mode) in modes {
+        let (mut own, mut multi) = (Vec::new(), Vec::new());
+        for _ in 0..5 {
+            own.push(raw_commit_rate_in(mode, 300));
+            multi.push(raw_commit_rate(300));
+        }
+        let (own, multi) = (median(own), median(multi));
+        println!(
+            "raw redb commit, {name:15}: {own:.0} commits/s ({:.2}x MultiWriter's {multi:.0} in alternating rounds; {:.2}x the disk)",
+            own / multi,
+            own / fsync
+        );
+    }
     println!(
         "1 thread,  read-only tasks : {r1:.0} steps/s, {rt1:.0} tasks/s  ({:.2}x the raw commit rate, median of 5 alternating rounds: {}; target 0.7x)",
         median(ratios.clone()),

@@ -1,6 +1,8 @@
 //! The operators' decisions: approve, reject, reconcile (by hand or `--auto` from the
 //! tools' lookups) and cancel, each bound to the call the operator reviewed. The work is in
-//! [`crate::operator`] and the backend's decisions; this file parses and prints.
+//! [`crate::operator`] and the backend's decisions; this file parses and prints. While a
+//! daemon runs on the file, the decision itself is handed to it (`crate::local`), which runs
+//! the same function.
 
 use super::*;
 use crate::kernel::ToolCall;
@@ -16,6 +18,24 @@ fn decided_json(verb: &str, task: &str, call: &ToolCall, key: Option<String>) ->
         "digest": call.digest(),
         "key": key,
     })
+}
+
+/// A decision handed to the daemon that serves the file, if one runs (`None`: take it here).
+fn through_daemon<T: serde::de::DeserializeOwned>(
+    cli: &Cli,
+    d: &crate::local::Decide,
+) -> Result<Option<T>, CliError> {
+    if store::pg::is_url(&cli.db) {
+        return Ok(None);
+    }
+    match crate::local::decide(Path::new(&cli.db), d)? {
+        None => Ok(None),
+        Some(v) => serde_json::from_value(v).map(Some).map_err(|e| {
+            CliError::op(format!(
+                "the daemon's answer to the decision is not one this release reads: {e}"
+            ))
+        }),
+    }
 }
 
 pub(super) fn cmd_approve(cli: &Cli, a: &ApproveArgs) -> CliResult {
@@ -35,7 +55,18 @@ pub(super) fn cmd_approve(cli: &Cli, a: &ApproveArgs) -> CliResult {
     let task = db.resolve(&a.decide.task)?;
     // The approval is written once, here, with its audit event; the re-sent call carries it
     // to the tool service.
-    let call = crate::operator::approve(&*db, &task, &reviewed, &extend, &d)?;
+    let asked = crate::local::Decide::Approve {
+        task: task.clone(),
+        key: reviewed.key.clone(),
+        digest: reviewed.digest.clone(),
+        extend: extend.0.clone(),
+        by: d.by.clone(),
+        reason: d.reason.clone(),
+    };
+    let call = match through_daemon(cli, &asked)? {
+        Some(call) => call,
+        None => crate::operator::approve(&*db, &task, &reviewed, &extend, &d)?,
+    };
     if a.decide.json {
         return print_json(&decided_json("approve", &task, &call, reviewed.key));
     }
@@ -51,7 +82,18 @@ pub(super) fn cmd_reject(cli: &Cli, a: &RejectArgs) -> CliResult {
     let d = decision(&a.decide.by, &a.decide.reason)?;
     let db = open_existing(cli)?;
     let task = db.resolve(&a.decide.task)?;
-    let call = crate::operator::reject(&*db, &task, &a.call.reviewed(), &d)?;
+    let reviewed = a.call.reviewed();
+    let asked = crate::local::Decide::Reject {
+        task: task.clone(),
+        key: reviewed.key.clone(),
+        digest: reviewed.digest.clone(),
+        by: d.by.clone(),
+        reason: d.reason.clone(),
+    };
+    let call = match through_daemon(cli, &asked)? {
+        Some(call) => call,
+        None => crate::operator::reject(&*db, &task, &reviewed, &d)?,
+    };
     if a.decide.json {
         return print_json(&decided_json("reject", &task, &call, a.call.key.clone()));
     }
@@ -132,8 +174,23 @@ pub(super) fn cmd_reconcile(cli: &Cli, a: &ReconcileArgs) -> CliResult {
     };
     let d = decision(&a.by, &a.reason)?;
     let extend = extension(&a.extend)?;
-    let call =
-        crate::operator::reconcile(&*store, &task, &settlement, &a.call.reviewed(), &extend, &d)?;
+    let reviewed = a.call.reviewed();
+    let asked = crate::local::Decide::Reconcile {
+        task: task.clone(),
+        applied: match &settlement {
+            Settlement::Applied(result) => Some(result.clone()),
+            Settlement::NotApplied => None,
+        },
+        key: reviewed.key.clone(),
+        digest: reviewed.digest.clone(),
+        extend: extend.0.clone(),
+        by: d.by.clone(),
+        reason: d.reason.clone(),
+    };
+    let call = match through_daemon(cli, &asked)? {
+        Some(call) => call,
+        None => crate::operator::reconcile(&*store, &task, &settlement, &reviewed, &extend, &d)?,
+    };
     if a.json {
         let verb = if a.applied {
             "reconcile_applied"
@@ -162,7 +219,15 @@ pub(super) fn cmd_cancel(cli: &Cli, a: &DecideArgs) -> CliResult {
     let d = decision(&a.by, &a.reason)?;
     let db = open_existing(cli)?;
     let task = db.resolve(&a.task)?;
-    let was = crate::operator::cancel(&*db, &task, None, &d)?;
+    let asked = crate::local::Decide::Cancel {
+        task: task.clone(),
+        by: d.by.clone(),
+        reason: d.reason.clone(),
+    };
+    let was = match through_daemon(cli, &asked)? {
+        Some(was) => was,
+        None => crate::operator::cancel(&*db, &task, None, &d)?,
+    };
     if a.json {
         return print_json(&json!({
             "task": task,

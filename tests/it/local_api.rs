@@ -146,3 +146,60 @@ fn a_killed_daemons_socket_is_passed_over_and_replaced_and_one_daemon_serves_it(
     assert!(!socket.exists());
     assert_eq!(json_list(d, &["list", "--json"]).len(), 2);
 }
+
+#[test]
+fn decisions_go_through_the_daemon_with_their_refusals_and_audit() {
+    let dir = TempDir::new("local_decide");
+    let d = dir.path();
+    ok(d, &["store", "orders"]);
+    let (child, log) = daemon(d, "a");
+    serving(&log);
+    enqueue(d, &["--model", "policy:ord_1004:8000"]);
+    until("t1 waits for its approval", || {
+        json(d, &["show", "t1", "--json"])["status"] == "suspended"
+    });
+    // A refusal made by the daemon reads as it would without it.
+    let (code, err) = fails(
+        d,
+        &["approve", "t1", "--digest", "0000000000", "--by", "alice"],
+    );
+    assert_eq!(code, 1);
+    assert!(err.contains("does not match the held call"), "{err}");
+    assert!(!log_says(&log, "decided for a caller of the local API"));
+    let digest = held_digest(d, "t1");
+    let said = ok(
+        d,
+        &[
+            "approve",
+            "t1",
+            "--by",
+            "alice",
+            "--reason",
+            "damage confirmed",
+            "--digest",
+            &digest,
+        ],
+    );
+    assert!(said.contains("approved issue_refund"), "{said}");
+    until("the daemon logs the decision", || {
+        log_says(&log, "decided for a caller of the local API")
+    });
+    until("t1 finishes", || {
+        json(d, &["show", "t1", "--json"])["status"] == "finished"
+    });
+    assert_eq!(json(d, &["show", "t1", "--json"])["stop"], "done");
+    assert_eq!(ledger(d).len(), 2, "one refund and one email");
+    let events = json_list(d, &["events", "--json"]);
+    assert!(
+        events.iter().any(|e| e["verb"] == "approve"
+            && e["by"] == "alice"
+            && e["reason"] == "damage confirmed"),
+        "{events:?}"
+    );
+    // A cancel too.
+    let t2 = enqueue(d, &["--in", "1h"]).trim().to_string();
+    let said = ok(d, &["cancel", &t2, "--by", "alice", "--json"]);
+    assert!(said.contains("\"was\": \"queued\""), "{said}");
+    assert_eq!(json(d, &["show", &t2, "--json"])["status"], "finished");
+    stop(child);
+}

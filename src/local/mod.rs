@@ -1,0 +1,154 @@
+//! The daemon's local API: a Unix socket beside the redb file (`worker.redb.sock`, mode 0600)
+//! through which `worker enqueue` hands its tasks to the running daemon, which commits them in
+//! the database it already has open, and the operators' decisions (approve, reject, reconcile,
+//! cancel) are handed to it to run through the same `operator` functions. The verb then
+//! commits nothing itself. Without a daemon (no socket, or a socket nobody listens on, left by
+//! a daemon that was killed) the verb opens the file as before.
+//!
+//! One daemon per file serves the socket: the one holding the lock on `worker.redb.lock`
+//! (an exclusive `flock`, with its pid written in the file) for as long as it runs. The kernel
+//! drops the lock when the process ends, however it ends, so a socket left by a killed daemon
+//! is replaced by the next one to start. The lock file is never removed: two daemons must
+//! never lock two different files of the same name. The socket is bound inside a private
+//! directory and renamed into place, so it is never reachable with looser permissions.
+//!
+//! The protocol: one request per connection, in lines of JSON. A request is a header line
+//! (`{"op": "enqueue", "protocol": 1, "tasks": N}`) and N lines, one task each, or
+//! (`{"op": "decide", "protocol": 1}`) and one [`Decide`] line; the answer is one line,
+//! `{"ok": ...}` (the enqueued tasks, the call decided on, or a cancelled task's status) or
+//! `{"error": {"kind": ..., "message": ...}}`. Errors carry the store's kinds, so a verb prints and exits as it would have without
+//! the daemon. A request whose answer never comes (the daemon paused, or killed after reading
+//! it) is reported as such: the verb does not send it again on its own, except an enqueue whose
+//! every task has a key, which is tried again when the connection was lost (through the next
+//! daemon, or by the verb itself when none answers: the keys make a second try harmless).
+
+mod client;
+mod server;
+#[cfg(test)]
+mod tests;
+
+pub use client::{decide, enqueue};
+pub use server::{LocalApi, Served, serve};
+
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::store::Error;
+
+/// The protocol's version: a request of another version is refused, not guessed at.
+pub const PROTOCOL: u32 = 1;
+/// Requests handled at once; one more is answered "busy".
+const CONNECTIONS_MAX: usize = 32;
+/// How long the daemon waits for each line of a request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a verb waits for the daemon's answer, unless `WORKER_DAEMON_TIMEOUT_MS` says.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
+/// One line of a request: a task with its script and catalog.
+const LINE_BYTES_MAX: usize = 64 << 20;
+
+/// `dir/worker.redb` -> `dir/worker.redb.sock`.
+pub fn socket_path(db: &Path) -> PathBuf {
+    suffixed(db, ".sock")
+}
+
+/// `dir/worker.redb` -> `dir/worker.redb.lock`: held by the daemon that serves the socket.
+pub fn lock_path(db: &Path) -> PathBuf {
+    suffixed(db, ".lock")
+}
+
+fn suffixed(db: &Path, suffix: &str) -> PathBuf {
+    let mut s = db.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// The pid the daemon serving `db` wrote in its lock file, if one did.
+pub fn daemon_pid(db: &Path) -> Option<u32> {
+    std::fs::read_to_string(lock_path(db))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+#[derive(Serialize, Deserialize)]
+struct Header {
+    op: String,
+    protocol: u32,
+    #[serde(default)]
+    tasks: usize,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Failure {
+    kind: String,
+    message: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Answer {
+    Ok(serde_json::Value),
+    Error(Failure),
+}
+
+/// An operator's decision, as `worker approve|reject|reconcile|cancel` hands it to the daemon:
+/// the task (already resolved to its id), the held call the operator reviewed, the budget
+/// granted, who and why. The daemon runs the same function of `operator` the verb would have.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "verb", rename_all = "snake_case")]
+pub enum Decide {
+    Approve {
+        task: String,
+        key: Option<String>,
+        digest: Option<String>,
+        extend: Vec<(String, u64)>,
+        by: String,
+        reason: Option<String>,
+    },
+    Reject {
+        task: String,
+        key: Option<String>,
+        digest: Option<String>,
+        by: String,
+        reason: Option<String>,
+    },
+    Reconcile {
+        task: String,
+        /// The write's result when it took effect; `None`: it did not.
+        applied: Option<serde_json::Value>,
+        key: Option<String>,
+        digest: Option<String>,
+        extend: Vec<(String, u64)>,
+        by: String,
+        reason: Option<String>,
+    },
+    Cancel {
+        task: String,
+        by: String,
+        reason: Option<String>,
+    },
+}
+
+fn failure(e: &Error) -> Failure {
+    let (kind, message) = match e {
+        Error::Invalid(m) => ("invalid", m.clone()),
+        Error::Conflict(m) => ("conflict", m.clone()),
+        Error::NoTask(id) => ("no_task", id.clone()),
+        other => ("other", other.to_string()),
+    };
+    Failure {
+        kind: kind.into(),
+        message,
+    }
+}
+
+fn error_of(f: Failure) -> Error {
+    match f.kind.as_str() {
+        "invalid" => Error::Invalid(f.message),
+        "conflict" => Error::Conflict(f.message),
+        "no_task" => Error::NoTask(f.message),
+        _ => Error::Daemon(f.message),
+    }
+}

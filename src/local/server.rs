@@ -1,0 +1,319 @@
+//! The daemon's side of the local API: the lock that makes one daemon per file serve it, the
+//! socket bound with its mode from the start, a thread per request (at most
+//! `CONNECTIONS_MAX`), and each request carried out through the store or the operators'
+//! functions.
+
+use std::fs::{self, File};
+use std::io::{BufReader, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::limits::{self, LineError, Lines};
+use crate::store::{Backend, Enqueued, Result};
+
+/// Whether this daemon serves the socket, or another one does.
+pub enum Served {
+    Serving(LocalApi),
+    /// Another daemon holds the lock (its pid, if it wrote one).
+    Elsewhere(Option<u32>),
+}
+
+/// The socket being served; dropping it stops the server (requests being answered are
+/// finished first, for up to five seconds), removes the socket and lets the lock go.
+pub struct LocalApi {
+    socket: PathBuf,
+    stop: Arc<AtomicBool>,
+    live: Arc<AtomicUsize>,
+    accept: Option<std::thread::JoinHandle<()>>,
+    _lock: File,
+}
+
+/// Serves the local API of the database file `db` with `store`, unless another daemon does.
+pub fn serve(db: &Path, store: Arc<dyn Backend>) -> std::result::Result<Served, String> {
+    let lock_file = lock_path(db);
+    let lock = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&lock_file)
+        .map_err(|e| format!("cannot open {}: {e}", lock_file.display()))?;
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(fs::TryLockError::WouldBlock) => return Ok(Served::Elsewhere(daemon_pid(db))),
+        Err(fs::TryLockError::Error(e)) => {
+            return Err(format!("cannot lock {}: {e}", lock_file.display()));
+        }
+    }
+    let pid = format!("{}\n", std::process::id());
+    (|| {
+        lock.set_len(0)?;
+        (&lock).write_all(pid.as_bytes())
+    })()
+    .map_err(|e| format!("cannot write {}: {e}", lock_file.display()))?;
+    let socket = socket_path(db);
+    let listener = bind_private(&socket)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let live = Arc::new(AtomicUsize::new(0));
+    let accept = {
+        let (stop, live) = (Arc::clone(&stop), Arc::clone(&live));
+        std::thread::Builder::new()
+            .name("local-api".into())
+            .spawn(move || accept_loop(listener, store, stop, live))
+            .map_err(|e| format!("cannot start the local API's thread: {e}"))?
+    };
+    Ok(Served::Serving(LocalApi {
+        socket,
+        stop,
+        live,
+        accept: Some(accept),
+        _lock: lock,
+    }))
+}
+
+impl LocalApi {
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+}
+
+impl Drop for LocalApi {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wakes the accept loop, which sees the flag. If the socket was removed under the
+        // daemon, nothing can reach the loop: it is left asleep in `accept` (it holds nothing
+        // but the listener) rather than waited for.
+        let woken = UnixStream::connect(&self.socket).is_ok();
+        if let Some(t) = self.accept.take()
+            && woken
+        {
+            let _ = t.join();
+        }
+        let _ = fs::remove_file(&self.socket);
+        let until = Instant::now() + Duration::from_secs(5);
+        while self.live.load(Ordering::SeqCst) > 0 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+/// Binds `socket` with mode 0600 from the start: inside a directory only this user can enter,
+/// then renamed into place (replacing a socket a killed daemon left).
+fn bind_private(socket: &Path) -> std::result::Result<UnixListener, String> {
+    let dir = match socket.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let private = dir.join(format!(".tether-socket-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&private);
+    let bound = (|| {
+        fs::DirBuilder::new().mode(0o700).create(&private)?;
+        let inner = private.join("s");
+        let listener = UnixListener::bind(&inner)?;
+        fs::set_permissions(&inner, fs::Permissions::from_mode(0o600))?;
+        match fs::remove_file(socket) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        fs::rename(&inner, socket)?;
+        Ok(listener)
+    })();
+    let _ = fs::remove_dir_all(&private);
+    bound.map_err(|e: std::io::Error| format!("cannot serve {}: {e}", socket.display()))
+}
+
+fn accept_loop(
+    listener: UnixListener,
+    store: Arc<dyn Backend>,
+    stop: Arc<AtomicBool>,
+    live: Arc<AtomicUsize>,
+) {
+    for conn in listener.incoming() {
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let conn = match conn {
+            Ok(c) => c,
+            Err(e) => {
+                // Out of descriptors, say: wait a little rather than spin.
+                tracing::warn!(error = %e, "local API: cannot accept a connection");
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
+        if live.fetch_add(1, Ordering::SeqCst) >= CONNECTIONS_MAX {
+            live.fetch_sub(1, Ordering::SeqCst);
+            let busy = Answer::Error(Failure {
+                kind: "busy".into(),
+                message: format!("the daemon is answering {CONNECTIONS_MAX} requests; try again"),
+            });
+            let _ = reply(&conn, &busy);
+            continue;
+        }
+        let (store, done) = (Arc::clone(&store), Arc::clone(&live));
+        let spawned = std::thread::Builder::new()
+            .name("local-request".into())
+            .spawn(move || {
+                handle(conn, store.as_ref());
+                done.fetch_sub(1, Ordering::SeqCst);
+            });
+        if spawned.is_err() {
+            live.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+fn reply(mut conn: &UnixStream, answer: &Answer) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(answer).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    conn.write_all(&line)
+}
+
+fn handle(conn: UnixStream, store: &dyn Backend) {
+    let _ = conn.set_read_timeout(Some(REQUEST_TIMEOUT));
+    let _ = conn.set_write_timeout(Some(REQUEST_TIMEOUT));
+    let mut lines = Lines::new(BufReader::new(&conn));
+    let answer = match request(&mut lines, store) {
+        Ok(out) => Answer::Ok(out),
+        Err(e) => Answer::Error(failure(&e)),
+    };
+    if let Err(e) = reply(&conn, &answer) {
+        tracing::warn!(error = %e, "local API: the caller left before its answer");
+    }
+}
+
+fn next_line<R: std::io::BufRead>(lines: &mut Lines<R>, what: &str) -> Result<String> {
+    match lines.next_line(LINE_BYTES_MAX) {
+        Ok(Some(l)) => Ok(l),
+        Ok(None) => Err(Error::Invalid(format!("the request ended before {what}"))),
+        Err(LineError::Bad(m)) => Err(Error::Invalid(format!("{what}: {m}"))),
+        Err(LineError::Io(e)) => Err(Error::Invalid(format!("reading {what}: {e}"))),
+    }
+}
+
+/// Reads one request and carries it out.
+fn request<R: std::io::BufRead>(
+    lines: &mut Lines<R>,
+    store: &dyn Backend,
+) -> Result<serde_json::Value> {
+    let header: Header = serde_json::from_str(&next_line(lines, "the header")?)
+        .map_err(|e| Error::Invalid(format!("the request's header: {e}")))?;
+    if header.protocol != PROTOCOL {
+        return Err(Error::Invalid(format!(
+            "the daemon speaks version {PROTOCOL} of the local API and the request version {}: run the same Tether release for the daemon and the verbs",
+            header.protocol
+        )));
+    }
+    let value = |v: std::result::Result<serde_json::Value, serde_json::Error>| {
+        v.map_err(|e| Error::Daemon(format!("cannot write the answer: {e}")))
+    };
+    match header.op.as_str() {
+        "enqueue" => value(serde_json::to_value(enqueue_request(
+            lines,
+            header.tasks,
+            store,
+        )?)),
+        "decide" => {
+            let d: Decide = serde_json::from_str(&next_line(lines, "the decision")?)
+                .map_err(|e| Error::Invalid(format!("the decision: {e}")))?;
+            let out = decide_here(&d, store)?;
+            tracing::debug!(decision = ?d, "decided for a caller of the local API");
+            Ok(out)
+        }
+        other => Err(Error::Invalid(format!(
+            "the local API has no operation {other:?}"
+        ))),
+    }
+}
+
+fn enqueue_request<R: std::io::BufRead>(
+    lines: &mut Lines<R>,
+    count: usize,
+    store: &dyn Backend,
+) -> Result<Vec<Enqueued>> {
+    if count == 0 || count > limits::BATCH_TASKS_MAX {
+        return Err(Error::Invalid(format!(
+            "an enqueue carries 1 to {} tasks, not {count}",
+            limits::BATCH_TASKS_MAX,
+        )));
+    }
+    let mut tasks = Vec::with_capacity(count.min(1024));
+    for i in 0..count {
+        let what = format!("task {}", i + 1);
+        let line = next_line(lines, &what)?;
+        let task =
+            serde_json::from_str(&line).map_err(|e| Error::Invalid(format!("{what}: {e}")))?;
+        tasks.push(task);
+    }
+    let out = store.enqueue(&tasks, crate::clock::now_ms())?;
+    tracing::debug!(tasks = out.len(), "enqueued for a caller of the local API");
+    Ok(out)
+}
+
+/// Carries out a decision in this process, through the operators' own functions.
+fn decide_here(d: &Decide, store: &dyn Backend) -> Result<serde_json::Value> {
+    use crate::operator::{Extension, Reviewed, Settlement};
+    let decision = |by: &str, reason: &Option<String>| {
+        crate::operator::decision(by, reason.as_deref()).map_err(Error::Invalid)
+    };
+    let reviewed = |key: &Option<String>, digest: &Option<String>| Reviewed {
+        key: key.clone(),
+        digest: digest.clone(),
+    };
+    let call = match d {
+        Decide::Approve {
+            task,
+            key,
+            digest,
+            extend,
+            by,
+            reason,
+        } => crate::operator::approve(
+            store,
+            task,
+            &reviewed(key, digest),
+            &Extension(extend.clone()),
+            &decision(by, reason)?,
+        )?,
+        Decide::Reject {
+            task,
+            key,
+            digest,
+            by,
+            reason,
+        } => crate::operator::reject(store, task, &reviewed(key, digest), &decision(by, reason)?)?,
+        Decide::Reconcile {
+            task,
+            applied,
+            key,
+            digest,
+            extend,
+            by,
+            reason,
+        } => {
+            let settlement = match applied {
+                Some(result) => Settlement::Applied(result.clone()),
+                None => Settlement::NotApplied,
+            };
+            crate::operator::reconcile(
+                store,
+                task,
+                &settlement,
+                &reviewed(key, digest),
+                &Extension(extend.clone()),
+                &decision(by, reason)?,
+            )?
+        }
+        Decide::Cancel { task, by, reason } => {
+            let was = crate::operator::cancel(store, task, None, &decision(by, reason)?)?;
+            return Ok(serde_json::json!(was));
+        }
+    };
+    Ok(serde_json::json!(call))
+}

@@ -1,0 +1,285 @@
+//! The local API in one process: tasks and decisions through the socket, one server per lock,
+//! a stale or removed socket, and malformed requests.
+
+use super::client::read_answer;
+use super::server::*;
+use super::*;
+use crate::store::prelude::*;
+use crate::store::{Backend, NewTask, RedbStore};
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::Arc;
+
+fn temp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tether-local-{name}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&d);
+    fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+fn task(key: Option<&str>) -> NewTask {
+    NewTask {
+        user: "cu_ana".into(),
+        goal: "refund the damaged item on order ord_1001".into(),
+        key: key.map(str::to_string),
+        priority: 3,
+        budget: crate::kernel::Budget::default(),
+        model: crate::model::ModelProfile::policy(),
+        tool_latency_ms: [("get_order".to_string(), 7)].into(),
+        catalog: None,
+        store_scope: "s1".into(),
+        approval_wait_ms: 60_000,
+        instructions: Some("be brief".into()),
+        callback_url: None,
+        submitted_by: None,
+        not_before_ms: None,
+        concurrency_key: Some("tenant:a".into()),
+        time_limits: Default::default(),
+    }
+}
+
+fn serving(db: &Path, store: &Arc<RedbStore>) -> LocalApi {
+    match serve(db, Arc::clone(store) as Arc<dyn Backend>).expect("serve") {
+        Served::Serving(api) => api,
+        Served::Elsewhere(pid) => panic!("the socket is served by {pid:?}"),
+    }
+}
+
+/// Sends `text` as a whole request and returns the answer.
+fn raw(db: &Path, text: &str) -> Answer {
+    let conn = UnixStream::connect(socket_path(db)).expect("connect");
+    (&conn).write_all(text.as_bytes()).expect("send");
+    conn.shutdown(std::net::Shutdown::Write).expect("shutdown");
+    read_answer(&conn).expect("an answer")
+}
+
+#[test]
+fn tasks_sent_to_the_daemon_are_committed_as_sent_and_keys_hold() {
+    let dir = temp("enqueue");
+    let db = dir.join("worker.redb");
+    let store = Arc::new(RedbStore::open(&db, true).expect("open"));
+    let api = serving(&db, &store);
+    let mode = fs::metadata(socket_path(&db))
+        .expect("socket")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "the socket is the owner's only");
+    assert_eq!(daemon_pid(&db), Some(std::process::id()));
+    let sent = vec![task(Some("k1")), task(None)];
+    let out = enqueue(&db, &sent)
+        .expect("enqueue")
+        .expect("a daemon answered");
+    assert_eq!(out.len(), 2);
+    assert!(out.iter().all(|e| e.created));
+    // What the daemon committed is what was sent, field for field.
+    for (e, t) in out.iter().zip(&sent) {
+        let rec = store.task(&e.id).expect("the task");
+        assert_eq!(rec.key, t.key);
+        assert_eq!(rec.priority, 3);
+        assert_eq!(rec.instructions.as_deref(), Some("be brief"));
+        assert_eq!(rec.concurrency_key.as_deref(), Some("tenant:a"));
+        assert_eq!(rec.tool_latency_ms.get("get_order"), Some(&7));
+        assert_eq!(rec.model, t.model);
+    }
+    // The key is the daemon's to check, as it is the file's.
+    let again = enqueue(&db, &[task(Some("k1"))])
+        .expect("enqueue")
+        .expect("answered");
+    assert_eq!(again[0].id, out[0].id);
+    assert!(!again[0].created);
+    drop(api);
+    assert!(
+        !socket_path(&db).exists(),
+        "a stopped daemon removes its socket"
+    );
+    assert!(enqueue(&db, &[task(None)]).expect("no daemon").is_none());
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn one_daemon_serves_the_socket_and_a_killed_ones_socket_is_replaced() {
+    let dir = temp("owner");
+    let db = dir.join("worker.redb");
+    let store = Arc::new(RedbStore::open(&db, true).expect("open"));
+    let api = serving(&db, &store);
+    match serve(&db, Arc::clone(&store) as Arc<dyn Backend>).expect("second") {
+        Served::Elsewhere(pid) => assert_eq!(pid, Some(std::process::id())),
+        Served::Serving(_) => panic!("two daemons served one socket"),
+    }
+    drop(api);
+    // A socket nobody listens on (its daemon was killed): the verbs open the file...
+    let stale = UnixListener::bind(socket_path(&db)).expect("bind");
+    drop(stale);
+    assert!(socket_path(&db).exists());
+    assert!(enqueue(&db, &[task(None)]).expect("no daemon").is_none());
+    // ... and the next daemon replaces it.
+    let api = serving(&db, &store);
+    assert!(enqueue(&db, &[task(None)]).expect("enqueue").is_some());
+    drop(api);
+    // A socket removed under the daemon: it still stops.
+    let api = serving(&db, &store);
+    fs::remove_file(socket_path(&db)).expect("remove");
+    drop(api);
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_bad_request_is_refused_with_its_reason_and_enqueues_nothing() {
+    let dir = temp("bad");
+    let db = dir.join("worker.redb");
+    let store = Arc::new(RedbStore::open(&db, true).expect("open"));
+    let api = serving(&db, &store);
+    let line = serde_json::to_string(&task(None)).expect("json");
+    let cases = [
+        ("", "ended before the header"),
+        ("nonsense\n", "header"),
+        (
+            r#"{"op": "enqueue", "protocol": 99, "tasks": 1}"#,
+            "version 1",
+        ),
+        (r#"{"op": "drop_tables", "protocol": 1}"#, "no operation"),
+        (r#"{"op": "enqueue", "protocol": 1, "tasks": 0}"#, "1 to"),
+        (
+            &format!("{{\"op\": \"enqueue\", \"protocol\": 1, \"tasks\": 2}}\n{line}\n"),
+            "ended before task 2",
+        ),
+        (
+            &format!(
+                "{{\"op\": \"enqueue\", \"protocol\": 1, \"tasks\": 2}}\n{line}\n{{\"user\": 1}}\n"
+            ),
+            "task 2",
+        ),
+    ];
+    for (text, says) in cases {
+        match raw(&db, text) {
+            Answer::Error(f) => {
+                assert_eq!(f.kind, "invalid", "{text:?}: {f:?}");
+                assert!(f.message.contains(says), "{text:?}: {f:?}");
+            }
+            Answer::Ok(out) => panic!("{text:?} was accepted: {out:?}"),
+        }
+    }
+    let q = crate::store::list::ListQuery {
+        limit: 100,
+        ..Default::default()
+    };
+    let page = store.list(&q).expect("list");
+    assert!(
+        page.tasks.is_empty(),
+        "nothing was enqueued: {:?}",
+        page.tasks
+    );
+    // The daemon still answers.
+    assert!(enqueue(&db, &[task(None)]).expect("enqueue").is_some());
+    drop(api);
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn decisions_sent_to_the_daemon_run_the_operators_functions_and_keep_their_errors() {
+    let dir = temp("decide");
+    let db = dir.join("worker.redb");
+    let store = Arc::new(RedbStore::open(&db, true).expect("open"));
+    let api = serving(&db, &store);
+    let out = enqueue(&db, &[task(None)])
+        .expect("enqueue")
+        .expect("answered");
+    let id = out[0].id.clone();
+    // Nothing is held: the operator function's refusal comes back as the same error.
+    let reject = Decide::Reject {
+        task: id.clone(),
+        key: None,
+        digest: Some("0000000000".into()),
+        by: "alice".into(),
+        reason: None,
+    };
+    match decide(&db, &reject) {
+        Err(Error::Conflict(m)) => assert!(m.contains(&id), "{m}"),
+        other => panic!("a reject of a queued task: {other:?}"),
+    }
+    let missing = Decide::Cancel {
+        task: "t999".into(),
+        by: "alice".into(),
+        reason: None,
+    };
+    assert!(matches!(decide(&db, &missing), Err(Error::NoTask(t)) if t == "t999"));
+    let bad_by = Decide::Cancel {
+        task: id.clone(),
+        by: String::new(),
+        reason: None,
+    };
+    assert!(matches!(decide(&db, &bad_by), Err(Error::Invalid(_))));
+    // A cancel is carried out and audited under the operator's name.
+    let cancel = Decide::Cancel {
+        task: id.clone(),
+        by: "alice".into(),
+        reason: Some("not needed".into()),
+    };
+    let was = decide(&db, &cancel).expect("cancel").expect("answered");
+    assert_eq!(was, serde_json::json!("queued"));
+    let rec = store.task(&id).expect("task");
+    assert_eq!(rec.status, crate::store::QueueStatus::Finished);
+    let events = store.events(Some(&id)).expect("events");
+    assert!(
+        events.iter().any(|e| e.verb == "cancel"
+            && e.by == "alice"
+            && e.reason.as_deref() == Some("not needed")),
+        "{events:?}"
+    );
+    drop(api);
+    assert!(decide(&db, &cancel).expect("no daemon").is_none());
+    let _ = fs::remove_dir_all(&dir);
+}
+
+/// A "daemon" that reads the first line of one request and dies without answering, leaving its
+/// socket behind.
+fn dies_after_reading(db: &Path) -> std::thread::JoinHandle<()> {
+    let listener = UnixListener::bind(socket_path(db)).expect("bind");
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        let (conn, _) = listener.accept().expect("accept");
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(&conn).read_line(&mut line);
+    })
+}
+
+#[test]
+fn a_lost_answer_is_tried_again_only_when_keys_make_it_safe() {
+    let dir = temp("lost");
+    let db = dir.join("worker.redb");
+    // Every task keyed: tried again; nobody listens any more, so the verb is told to open the
+    // file itself (where the keys make a second enqueue harmless).
+    let fake = dies_after_reading(&db);
+    let out = enqueue(&db, &[task(Some("k1")), task(Some("k2"))]).expect("tried again");
+    assert!(out.is_none(), "{out:?}");
+    fake.join().expect("fake daemon");
+    fs::remove_file(socket_path(&db)).expect("remove");
+    // A task without a key: the outcome is unknown, and the verb says so instead of sending it
+    // a second time.
+    let fake = dies_after_reading(&db);
+    match enqueue(&db, &[task(Some("k3")), task(None)]) {
+        Err(Error::Daemon(m)) => {
+            assert!(m.contains("did not answer"), "{m}");
+            assert!(m.contains("may or may not be enqueued"), "{m}");
+            assert!(m.contains("would be enqueued twice"), "{m}");
+        }
+        other => panic!("a keyless enqueue whose answer was lost: {other:?}"),
+    }
+    fake.join().expect("fake daemon");
+    fs::remove_file(socket_path(&db)).expect("remove");
+    // A decision likewise (taking it twice would report a refusal of what was done).
+    let fake = dies_after_reading(&db);
+    let cancel = Decide::Cancel {
+        task: "t1".into(),
+        by: "alice".into(),
+        reason: None,
+    };
+    assert!(
+        matches!(decide(&db, &cancel), Err(Error::Daemon(m)) if m.contains("may or may not be recorded"))
+    );
+    fake.join().expect("fake daemon");
+    let _ = fs::remove_dir_all(&dir);
+}
