@@ -45,7 +45,7 @@ pub enum LogFormat {
 pub enum Command {
     /// Run the daemon: claim tasks and run them on a pool of threads.
     #[command(
-        after_help = "Example:\n  RUST_LOG=info worker run --workers 8        # until SIGINT/SIGTERM\n  worker run --drain                          # until the queue is empty"
+        after_help = "Example:\n  RUST_LOG=info worker run --workers 8        # until SIGINT/SIGTERM\n  worker run --drain                          # until the queue is empty\n\nOn a file, the daemon serves a local API on a Unix socket beside it (worker.redb.sock,\nmode 0600): while it runs, `worker enqueue` and the decisions (approve, reject, reconcile,\ncancel) go through it. One daemon per file serves the socket (it holds worker.redb.lock,\nwhich names its pid); another daemon on the same file runs tasks but leaves the socket to it."
     )]
     Run(RunArgs),
     /// Add a task (or a batch from a JSONL file) to the queue; prints the task id.
@@ -278,7 +278,12 @@ Examples:
   worker enqueue --file tasks.jsonl
 A line of tasks.jsonl:
   {\"user\": \"cu_ana\", \"goal\": \"refund\", \"key\": \"job-7\", \"priority\": 5,
-   \"budget\": {\"steps_max\": 3}, \"model\": \"policy\", \"tool_latency_ms\": {\"issue_refund\": 40000}}";
+   \"budget\": {\"steps_max\": 3}, \"model\": \"policy\", \"tool_latency_ms\": {\"issue_refund\": 40000}}
+
+While a daemon runs on the file, the tasks are handed to it through its socket and it commits
+them; otherwise the file is opened here. A daemon that does not answer within 60 s
+(WORKER_DAEMON_TIMEOUT_MS) is reported, exit 1, and the request is not sent again: the tasks
+may or may not be enqueued (with --key, running the same enqueue again is safe).";
 
 #[derive(Args, Debug)]
 pub struct RunArgs {

@@ -1,36 +1,36 @@
 //! The verbs' side of the local API: one request per connection to the daemon serving the
-//! file, `None` when no daemon answers (the verb then opens the file), and an answer that does
-//! not come reported as such rather than sent again.
+//! file, `None` when no daemon of this user answers (the verb then opens the file), and an
+//! answer that does not come reported as such rather than sent again.
 
 use std::io::{BufRead, BufReader, BufWriter, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::*;
 use crate::store::{Enqueued, NewTask, Result};
 
-/// How long a verb waits for the daemon's answer.
-fn answer_timeout() -> Duration {
-    std::env::var("WORKER_DAEMON_TIMEOUT_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .map_or(ANSWER_TIMEOUT, Duration::from_millis)
+/// How long a verb waits for the daemon, from `WORKER_DAEMON_TIMEOUT_MS` (default 60 s).
+fn answer_timeout() -> Result<Duration> {
+    match std::env::var("WORKER_DAEMON_TIMEOUT_MS") {
+        Err(_) => Ok(ANSWER_TIMEOUT),
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
+            _ => Err(Error::Invalid(format!(
+                "WORKER_DAEMON_TIMEOUT_MS={v:?}: give a whole number of milliseconds, at least 1"
+            ))),
+        },
+    }
 }
 
 /// Enqueues `tasks` through the daemon serving the file `db`, in one transaction of its own.
 /// `Ok(None)`: no daemon answers on the socket, nothing was sent (open the file instead).
 pub fn enqueue(db: &Path, tasks: &[NewTask]) -> Result<Option<Vec<Enqueued>>> {
-    let header = Header {
-        op: "enqueue".into(),
-        protocol: PROTOCOL,
-        tasks: tasks.len(),
-    };
     let keyed = tasks.iter().all(|t| t.key.is_some());
     let again = if keyed {
-        "the tasks may or may not be enqueued; `worker list` shows them (running the same enqueue again is safe: its keys are not enqueued twice)"
+        "running the same enqueue again is safe: its keys are not enqueued twice"
     } else {
-        "the tasks may or may not be enqueued; `worker list` shows them (tasks without --key would be enqueued twice by running it again)"
+        "tasks without --key would be enqueued twice by running it again"
     };
     let body = |w: &mut dyn Write| {
         for t in tasks {
@@ -39,7 +39,16 @@ pub fn enqueue(db: &Path, tasks: &[NewTask]) -> Result<Option<Vec<Enqueued>>> {
         }
         Ok(())
     };
-    exchange(db, &header, &body, again, keyed)?
+    let asked = Asked {
+        op: "enqueue",
+        tasks: tasks.len(),
+        what: "the tasks",
+        unknown: "the tasks may or may not be enqueued",
+        seen_with: "`worker list` shows them",
+        again,
+        retry_lost: keyed,
+    };
+    exchange(db, &asked, &body)?
         .map(|v| {
             serde_json::from_value(v).map_err(|e| {
                 Error::Daemon(format!("the daemon's answer is not a list of tasks: {e}"))
@@ -52,105 +61,163 @@ pub fn enqueue(db: &Path, tasks: &[NewTask]) -> Result<Option<Vec<Enqueued>>> {
 /// is what the operator function returned (the call decided on, or a cancelled task's status
 /// before). `Ok(None)`: no daemon answers, nothing was sent.
 pub fn decide(db: &Path, d: &Decide) -> Result<Option<serde_json::Value>> {
-    let header = Header {
-        op: "decide".into(),
-        protocol: PROTOCOL,
-        tasks: 0,
-    };
     let body = |w: &mut dyn Write| {
         serde_json::to_writer(&mut *w, d)?;
         w.write_all(b"\n")
     };
-    exchange(
-        db,
-        &header,
-        &body,
-        "the decision may or may not be recorded; `worker show` and `worker events` show it (taking it again is safe: a decision already taken is refused)",
-        false,
-    )
+    let asked = Asked {
+        op: "decide",
+        tasks: 0,
+        what: "the decision",
+        unknown: "the decision may or may not be recorded",
+        seen_with: "`worker show` and `worker events` show it",
+        again: "taking it again is safe: a decision already taken is refused",
+        // Taken twice, a decision would report the refusal of what was done.
+        retry_lost: false,
+    };
+    exchange(db, &asked, &body)
+}
+
+/// A request as the caller describes it, for the header and for what it is told on failure.
+struct Asked<'a> {
+    op: &'a str,
+    tasks: usize,
+    what: &'a str,
+    unknown: &'a str,
+    seen_with: &'a str,
+    again: &'a str,
+    /// Doing it twice does not do it twice: a request whose connection was lost is sent again.
+    retry_lost: bool,
 }
 
 type Body<'a> = dyn Fn(&mut dyn Write) -> std::io::Result<()> + 'a;
 
 /// How one try of a request ended.
 enum Tried {
-    /// Nobody listens on the socket: nothing was sent.
+    /// No daemon of this user answers on the socket: nothing was sent.
     NoDaemon,
     Answered(serde_json::Value),
     Refused(Error),
-    /// The daemon is answering as many requests as it takes: nothing was done.
-    Busy,
     /// The connection ended without an answer (the daemon killed or gone): done or not.
     Lost(Error),
-    /// No answer within the timeout (the daemon paused): done or not, or later.
+    /// No answer in time (the daemon paused): done, not done, or refused when it resumes.
     Silent(Error),
 }
 
-/// One request to the daemon serving `db`: `Ok(None)` if none answers on the socket. With
-/// `retry_lost` (a request that doing twice cannot do twice: an enqueue whose every task has a
-/// key), a connection lost before the answer is tried again, through the next daemon or, if
-/// none answers, by the verb itself.
-fn exchange(
-    db: &Path,
-    header: &Header,
-    body: &Body,
-    unknown_outcome: &str,
-    retry_lost: bool,
-) -> Result<Option<serde_json::Value>> {
+/// One request to the daemon serving `db`: `Ok(None)` if none answers on the socket (or it
+/// is busy: nothing was done). A request that `retry_lost` allows is sent again when its
+/// connection was lost, through the next daemon or, if none answers, by the verb itself.
+fn exchange(db: &Path, asked: &Asked, body: &Body) -> Result<Option<serde_json::Value>> {
+    let timeout = answer_timeout()?;
+    let deadline = Instant::now() + timeout;
+    let deadline_ms = crate::clock::now_ms().saturating_add(timeout.as_millis() as u64);
     let mut pause = Duration::from_millis(10);
-    for attempt in 1.. {
-        match exchange_once(db, header, body, unknown_outcome) {
+    loop {
+        match exchange_once(db, asked, body, deadline, deadline_ms, timeout) {
             Tried::NoDaemon => return Ok(None),
             Tried::Answered(v) => return Ok(Some(v)),
             Tried::Refused(e) | Tried::Silent(e) => return Err(e),
-            Tried::Lost(e) if !retry_lost || attempt >= 10 => return Err(e),
-            Tried::Busy if attempt >= 100 => {
-                return Err(Error::Daemon(format!(
-                    "the daemon serving {} stayed busy with other requests; nothing was done: try again",
-                    db.display()
-                )));
+            Tried::Lost(e) if !asked.retry_lost || Instant::now() + pause >= deadline => {
+                return Err(e);
             }
             Tried::Lost(e) => {
                 tracing::debug!(error = %e, "the daemon went away before answering; trying again");
             }
-            Tried::Busy => {}
         }
         std::thread::sleep(pause);
         pause = (pause * 2).min(Duration::from_millis(200));
     }
-    unreachable!("the loop returns")
 }
 
-fn exchange_once(db: &Path, header: &Header, body: &Body, unknown_outcome: &str) -> Tried {
+/// Connects within `left`: a daemon that is paused with its queue of connections full would
+/// hold a plain `connect` forever. (A connection still waiting when the verb gives up is
+/// dropped with the process; the daemon reads nothing from it.)
+fn connect(socket: &Path, left: Duration) -> std::io::Result<UnixStream> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = socket.to_path_buf();
+    std::thread::Builder::new()
+        .name("local-connect".into())
+        .spawn(move || {
+            let _ = tx.send(UnixStream::connect(path));
+        })?;
+    rx.recv_timeout(left).unwrap_or_else(|_| {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "the daemon did not accept the connection in time",
+        ))
+    })
+}
+
+fn exchange_once(
+    db: &Path,
+    asked: &Asked,
+    body: &Body,
+    deadline: Instant,
+    deadline_ms: u64,
+    timeout: Duration,
+) -> Tried {
     let socket = socket_path(db);
-    let conn = match UnixStream::connect(&socket) {
+    let left = deadline.saturating_duration_since(Instant::now());
+    let conn = match connect(&socket, left.max(Duration::from_millis(1))) {
         Ok(c) => c,
         Err(e) => {
             tracing::debug!(socket = %socket.display(), error = %e, "no daemon answers; opening the file");
             return Tried::NoDaemon;
         }
     };
-    let timeout = answer_timeout();
-    let _ = conn.set_read_timeout(Some(timeout));
-    let _ = conn.set_write_timeout(Some(timeout));
-    let sent = send(&conn, header, body);
+    // Only a daemon of this user is trusted with the request (another user could have put a
+    // socket of their own at this path).
+    match peer_uid(&conn) {
+        Ok(uid) if uid == own_uid() => {}
+        Ok(uid) => {
+            tracing::warn!(socket = %socket.display(), uid, "the socket is served by another user; ignored, opening the file");
+            return Tried::NoDaemon;
+        }
+        Err(e) => {
+            tracing::debug!(socket = %socket.display(), error = %e, "cannot tell who serves the socket; opening the file");
+            return Tried::NoDaemon;
+        }
+    }
+    // A commit the daemon began before the deadline is waited for a little longer.
+    let wait = left + GRACE;
+    let _ = conn.set_read_timeout(Some(wait));
+    let _ = conn.set_write_timeout(Some(wait));
+    let header = Header {
+        op: asked.op.into(),
+        protocol: PROTOCOL,
+        tasks: asked.tasks,
+        deadline_ms,
+    };
+    let sent = send(&conn, &header, body);
     // An answer may have come even when sending failed (a refusal of the header).
     let answer = read_answer(&conn);
     let daemon = match daemon_pid(db) {
         Some(pid) => format!("the daemon serving {} (pid {pid})", db.display()),
         None => format!("the daemon serving {}", db.display()),
     };
-    let unknown = |what: String| Error::Daemon(format!("{daemon} {what}: {unknown_outcome}"));
+    let lost = |what: String| {
+        Error::Daemon(format!(
+            "{daemon} {what}: {}; {} ({})",
+            asked.unknown, asked.seen_with, asked.again
+        ))
+    };
+    let silent = || {
+        Error::Daemon(format!(
+            "{daemon} did not answer within {} ms (is it paused?): when it resumes it refuses {}, as the deadline passed, unless it had already begun to carry it out; {} ({})",
+            timeout.as_millis(),
+            asked.what,
+            asked.seen_with,
+            asked.again
+        ))
+    };
     match (sent, answer) {
         (_, Ok(Answer::Ok(out))) => Tried::Answered(out),
-        (_, Ok(Answer::Error(f))) if f.kind == "busy" => Tried::Busy,
+        // Nothing was done: the verb does it itself.
+        (_, Ok(Answer::Error(f))) if f.kind == "busy" => Tried::NoDaemon,
         (_, Ok(Answer::Error(f))) => Tried::Refused(error_of(f)),
-        (Err(e), Err(_)) => Tried::Lost(unknown(format!("stopped reading the request ({e})"))),
-        (Ok(()), Err(e)) if is_timeout(&e) => Tried::Silent(unknown(format!(
-            "did not answer within {} ms (is it paused?)",
-            timeout.as_millis()
-        ))),
-        (Ok(()), Err(e)) => Tried::Lost(unknown(format!("did not answer ({e})"))),
+        (Err(e), _) | (Ok(()), Err(e)) if is_timeout(&e) => Tried::Silent(silent()),
+        (Err(e), Err(_)) => Tried::Lost(lost(format!("stopped reading the request ({e})"))),
+        (Ok(()), Err(e)) => Tried::Lost(lost(format!("did not answer ({e})"))),
     }
 }
 

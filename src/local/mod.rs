@@ -44,8 +44,15 @@ const CONNECTIONS_MAX: usize = 32;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a verb waits for the daemon's answer, unless `WORKER_DAEMON_TIMEOUT_MS` says.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
-/// One line of a request: a task with its script and catalog.
-const LINE_BYTES_MAX: usize = 64 << 20;
+/// One line of a request: a task with its script (at most 8 MiB as a file) and catalog.
+const LINE_BYTES_MAX: usize = 16 << 20;
+/// A whole request (a batch of tasks).
+const REQUEST_BYTES_MAX: usize = 256 << 20;
+/// How long a caller waits past its deadline for the answer of a request the daemon began
+/// before it: a commit in progress.
+const GRACE: Duration = Duration::from_secs(2);
+/// The longest a Unix socket's path may be (`sun_path`, with its terminating zero).
+const SOCKET_PATH_MAX: usize = 107;
 
 /// `dir/worker.redb` -> `dir/worker.redb.sock`.
 pub fn socket_path(db: &Path) -> PathBuf {
@@ -78,6 +85,50 @@ struct Header {
     protocol: u32,
     #[serde(default)]
     tasks: usize,
+    /// When the caller stops waiting (ms since the epoch): a daemon that comes to the request
+    /// later (it was paused) refuses it instead of carrying it out for a caller who has gone.
+    deadline_ms: u64,
+}
+
+/// The uid of the process at the other end of a Unix socket connection.
+#[cfg(target_os = "linux")]
+fn peer_uid(conn: &std::os::unix::net::UnixStream) -> std::io::Result<u32> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cred`, a `ucred` owned here, and
+    // `conn` keeps the descriptor open for the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            conn.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(cred.uid)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn peer_uid(_conn: &std::os::unix::net::UnixStream) -> std::io::Result<u32> {
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        "peer credentials are read on Linux only",
+    ))
+}
+
+/// This process's effective uid.
+fn own_uid() -> u32 {
+    // SAFETY: geteuid takes nothing and cannot fail.
+    unsafe { libc::geteuid() }
 }
 
 #[derive(Debug, Serialize, Deserialize)]

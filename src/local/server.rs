@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::limits::{self, LineError, Lines};
-use crate::store::{Backend, Enqueued, Result};
+use crate::store::{Backend, Enqueued, NewTask, Result};
 
 /// Whether this daemon serves the socket, or another one does.
 pub enum Served {
@@ -35,15 +35,15 @@ pub struct LocalApi {
 
 /// Serves the local API of the database file `db` with `store`, unless another daemon does.
 pub fn serve(db: &Path, store: Arc<dyn Backend>) -> std::result::Result<Served, String> {
+    let socket = socket_path(db);
+    if socket.as_os_str().len() > SOCKET_PATH_MAX {
+        return Err(format!(
+            "{} is longer than the {SOCKET_PATH_MAX} bytes a Unix socket's path may have",
+            socket.display()
+        ));
+    }
     let lock_file = lock_path(db);
-    let lock = fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(&lock_file)
-        .map_err(|e| format!("cannot open {}: {e}", lock_file.display()))?;
+    let lock = open_lock(&lock_file)?;
     match lock.try_lock() {
         Ok(()) => {}
         Err(fs::TryLockError::WouldBlock) => return Ok(Served::Elsewhere(daemon_pid(db))),
@@ -57,7 +57,6 @@ pub fn serve(db: &Path, store: Arc<dyn Backend>) -> std::result::Result<Served, 
         (&lock).write_all(pid.as_bytes())
     })()
     .map_err(|e| format!("cannot write {}: {e}", lock_file.display()))?;
-    let socket = socket_path(db);
     let listener = bind_private(&socket)?;
     let stop = Arc::new(AtomicBool::new(false));
     let live = Arc::new(AtomicUsize::new(0));
@@ -75,6 +74,33 @@ pub fn serve(db: &Path, store: Arc<dyn Backend>) -> std::result::Result<Served, 
         accept: Some(accept),
         _lock: lock,
     }))
+}
+
+/// Opens the lock file without following a symbolic link, and only if it is a regular file of
+/// this user with no other name: its content is replaced with the pid, so a link planted
+/// there must not make the daemon overwrite the file it names.
+fn open_lock(path: &Path) -> std::result::Result<File, String> {
+    use std::os::unix::fs::MetadataExt;
+    let lock = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let m = lock
+        .metadata()
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if !m.is_file() || m.uid() != own_uid() || m.nlink() != 1 {
+        return Err(format!(
+            "{} is not a file of this user's alone (a regular file owned by uid {}, with one name); remove it",
+            path.display(),
+            own_uid()
+        ));
+    }
+    Ok(lock)
 }
 
 impl LocalApi {
@@ -110,7 +136,10 @@ fn bind_private(socket: &Path) -> std::result::Result<UnixListener, String> {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    let private = dir.join(format!(".tether-socket-{}", std::process::id()));
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let private = dir.join(format!(".tether-socket-{}-{nanos:09}", std::process::id()));
     let _ = fs::remove_dir_all(&private);
     let bound = (|| {
         fs::DirBuilder::new().mode(0o700).create(&private)?;
@@ -176,10 +205,26 @@ fn reply(mut conn: &UnixStream, answer: &Answer) -> std::io::Result<()> {
 }
 
 fn handle(conn: UnixStream, store: &dyn Backend) {
-    let _ = conn.set_read_timeout(Some(REQUEST_TIMEOUT));
     let _ = conn.set_write_timeout(Some(REQUEST_TIMEOUT));
-    let mut lines = Lines::new(BufReader::new(&conn));
-    let answer = match request(&mut lines, store) {
+    // The socket's mode keeps other users out; root is the one other caller it lets in.
+    let answer = match peer_uid(&conn) {
+        Ok(uid) if uid == own_uid() || uid == 0 => {
+            let mut r = Reading {
+                conn: &conn,
+                lines: Lines::new(BufReader::new(&conn)),
+                until: Instant::now() + REQUEST_TIMEOUT,
+                bytes: 0,
+            };
+            request(&mut r, store)
+        }
+        Ok(uid) => Err(Error::Invalid(format!(
+            "the daemon takes requests from its own user only, not from uid {uid}"
+        ))),
+        Err(e) => Err(Error::Invalid(format!(
+            "the daemon cannot tell who is calling: {e}"
+        ))),
+    };
+    let answer = match answer {
         Ok(out) => Answer::Ok(out),
         Err(e) => Answer::Error(failure(&e)),
     };
@@ -188,21 +233,59 @@ fn handle(conn: UnixStream, store: &dyn Backend) {
     }
 }
 
-fn next_line<R: std::io::BufRead>(lines: &mut Lines<R>, what: &str) -> Result<String> {
-    match lines.next_line(LINE_BYTES_MAX) {
-        Ok(Some(l)) => Ok(l),
-        Ok(None) => Err(Error::Invalid(format!("the request ended before {what}"))),
-        Err(LineError::Bad(m)) => Err(Error::Invalid(format!("{what}: {m}"))),
-        Err(LineError::Io(e)) => Err(Error::Invalid(format!("reading {what}: {e}"))),
+/// A request as it arrives: within one time limit for the whole of it, and one size limit.
+struct Reading<'a> {
+    conn: &'a UnixStream,
+    lines: Lines<BufReader<&'a UnixStream>>,
+    until: Instant,
+    bytes: usize,
+}
+
+impl Reading<'_> {
+    fn next(&mut self, what: &str) -> Result<String> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Error::Invalid(format!(
+                "the request took longer than {} s to arrive",
+                REQUEST_TIMEOUT.as_secs()
+            )));
+        }
+        let _ = self.conn.set_read_timeout(Some(left));
+        let line = match self.lines.next_line(LINE_BYTES_MAX) {
+            Ok(Some(l)) => l,
+            Ok(None) => {
+                return Err(Error::Invalid(format!("the request ended before {what}")));
+            }
+            Err(LineError::Bad(m)) => return Err(Error::Invalid(format!("{what}: {m}"))),
+            Err(LineError::Io(e)) => {
+                return Err(Error::Invalid(format!("reading {what}: {e}")));
+            }
+        };
+        self.bytes += line.len() + 1;
+        if self.bytes > REQUEST_BYTES_MAX {
+            return Err(Error::Invalid(format!(
+                "the request is over {} MiB; split the batch",
+                REQUEST_BYTES_MAX >> 20
+            )));
+        }
+        Ok(line)
     }
 }
 
+/// Refuses a request whose caller stopped waiting before the daemon came to it.
+fn in_time(deadline_ms: u64) -> Result<()> {
+    if crate::clock::now_ms() > deadline_ms {
+        return Err(Error::Daemon(
+            "the caller's deadline passed before the daemon came to the request (was it paused?): nothing was done"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Reads one request and carries it out.
-fn request<R: std::io::BufRead>(
-    lines: &mut Lines<R>,
-    store: &dyn Backend,
-) -> Result<serde_json::Value> {
-    let header: Header = serde_json::from_str(&next_line(lines, "the header")?)
+fn request(r: &mut Reading, store: &dyn Backend) -> Result<serde_json::Value> {
+    let header: Header = serde_json::from_str(&r.next("the header")?)
         .map_err(|e| Error::Invalid(format!("the request's header: {e}")))?;
     if header.protocol != PROTOCOL {
         return Err(Error::Invalid(format!(
@@ -214,14 +297,11 @@ fn request<R: std::io::BufRead>(
         v.map_err(|e| Error::Daemon(format!("cannot write the answer: {e}")))
     };
     match header.op.as_str() {
-        "enqueue" => value(serde_json::to_value(enqueue_request(
-            lines,
-            header.tasks,
-            store,
-        )?)),
+        "enqueue" => value(serde_json::to_value(enqueue_request(r, &header, store)?)),
         "decide" => {
-            let d: Decide = serde_json::from_str(&next_line(lines, "the decision")?)
+            let d: Decide = serde_json::from_str(&r.next("the decision")?)
                 .map_err(|e| Error::Invalid(format!("the decision: {e}")))?;
+            in_time(header.deadline_ms)?;
             let out = decide_here(&d, store)?;
             tracing::debug!(decision = ?d, "decided for a caller of the local API");
             Ok(out)
@@ -232,11 +312,8 @@ fn request<R: std::io::BufRead>(
     }
 }
 
-fn enqueue_request<R: std::io::BufRead>(
-    lines: &mut Lines<R>,
-    count: usize,
-    store: &dyn Backend,
-) -> Result<Vec<Enqueued>> {
+fn enqueue_request(r: &mut Reading, header: &Header, store: &dyn Backend) -> Result<Vec<Enqueued>> {
+    let count = header.tasks;
     if count == 0 || count > limits::BATCH_TASKS_MAX {
         return Err(Error::Invalid(format!(
             "an enqueue carries 1 to {} tasks, not {count}",
@@ -246,11 +323,14 @@ fn enqueue_request<R: std::io::BufRead>(
     let mut tasks = Vec::with_capacity(count.min(1024));
     for i in 0..count {
         let what = format!("task {}", i + 1);
-        let line = next_line(lines, &what)?;
-        let task =
+        let line = r.next(&what)?;
+        let task: NewTask =
             serde_json::from_str(&line).map_err(|e| Error::Invalid(format!("{what}: {e}")))?;
+        crate::operator::submit::check_new_task(&task)
+            .map_err(|e| Error::Invalid(format!("{what}: {e}")))?;
         tasks.push(task);
     }
+    in_time(header.deadline_ms)?;
     let out = store.enqueue(&tasks, crate::clock::now_ms())?;
     tracing::debug!(tasks = out.len(), "enqueued for a caller of the local API");
     Ok(out)

@@ -4,6 +4,7 @@
 use super::client::read_answer;
 use super::server::*;
 use super::*;
+use crate::limits;
 use crate::store::prelude::*;
 use crate::store::{Backend, NewTask, RedbStore};
 use std::fs;
@@ -51,8 +52,10 @@ fn serving(db: &Path, store: &Arc<RedbStore>) -> LocalApi {
 /// Sends `text` as a whole request and returns the answer.
 fn raw(db: &Path, text: &str) -> Answer {
     let conn = UnixStream::connect(socket_path(db)).expect("connect");
-    (&conn).write_all(text.as_bytes()).expect("send");
-    conn.shutdown(std::net::Shutdown::Write).expect("shutdown");
+    // The daemon may answer (and close) before it read everything: a refusal of the header,
+    // or of a line over the limit.
+    let _ = (&conn).write_all(text.as_bytes());
+    let _ = conn.shutdown(std::net::Shutdown::Write);
     read_answer(&conn).expect("an answer")
 }
 
@@ -126,40 +129,79 @@ fn one_daemon_serves_the_socket_and_a_killed_ones_socket_is_replaced() {
     let _ = fs::remove_dir_all(&dir);
 }
 
+/// Requests the daemon must refuse, each with what its refusal says.
+fn bad_requests() -> Vec<(String, &'static str)> {
+    let line = serde_json::to_string(&task(None)).expect("json");
+    let later = crate::clock::now_ms() + 60_000;
+    let head = |op: &str, tasks: usize| {
+        format!(
+            "{{\"op\": \"{op}\", \"protocol\": 1, \"tasks\": {tasks}, \"deadline_ms\": {later}}}\n"
+        )
+    };
+    let mut empty_user = task(None);
+    empty_user.user = String::new();
+    let mut long_goal = task(None);
+    long_goal.goal = "g".repeat(limits::GOAL_BYTES_MAX + 1);
+    let mut far = task(None);
+    far.not_before_ms = Some(u64::MAX);
+    let one = |t: &NewTask| {
+        format!(
+            "{}{}\n",
+            head("enqueue", 1),
+            serde_json::to_string(t).expect("json")
+        )
+    };
+    vec![
+        (String::new(), "ended before the header"),
+        ("nonsense\n".to_string(), "header"),
+        (
+            format!(
+                "{{\"op\": \"enqueue\", \"protocol\": 99, \"tasks\": 1, \"deadline_ms\": {later}}}\n"
+            ),
+            "version 1",
+        ),
+        (
+            r#"{"op": "enqueue", "protocol": 1, "tasks": 1}"#.to_string() + "\n",
+            "deadline_ms",
+        ),
+        (head("drop_tables", 0), "no operation"),
+        (head("enqueue", 0), "1 to"),
+        (
+            format!("{}{line}\n", head("enqueue", 2)),
+            "ended before task 2",
+        ),
+        (
+            format!("{}{line}\n{{\"user\": 1}}\n", head("enqueue", 2)),
+            "task 2",
+        ),
+        (one(&empty_user), "user"),
+        (one(&long_goal), "goal"),
+        (one(&far), "century"),
+        (
+            format!(
+                "{}{}\n",
+                head("enqueue", 1),
+                "x".repeat(LINE_BYTES_MAX + 10)
+            ),
+            "limit",
+        ),
+    ]
+}
+
 #[test]
 fn a_bad_request_is_refused_with_its_reason_and_enqueues_nothing() {
     let dir = temp("bad");
     let db = dir.join("worker.redb");
     let store = Arc::new(RedbStore::open(&db, true).expect("open"));
     let api = serving(&db, &store);
-    let line = serde_json::to_string(&task(None)).expect("json");
-    let cases = [
-        ("", "ended before the header"),
-        ("nonsense\n", "header"),
-        (
-            r#"{"op": "enqueue", "protocol": 99, "tasks": 1}"#,
-            "version 1",
-        ),
-        (r#"{"op": "drop_tables", "protocol": 1}"#, "no operation"),
-        (r#"{"op": "enqueue", "protocol": 1, "tasks": 0}"#, "1 to"),
-        (
-            &format!("{{\"op\": \"enqueue\", \"protocol\": 1, \"tasks\": 2}}\n{line}\n"),
-            "ended before task 2",
-        ),
-        (
-            &format!(
-                "{{\"op\": \"enqueue\", \"protocol\": 1, \"tasks\": 2}}\n{line}\n{{\"user\": 1}}\n"
-            ),
-            "task 2",
-        ),
-    ];
-    for (text, says) in cases {
+    let cases = bad_requests();
+    for (text, says) in &cases {
         match raw(&db, text) {
             Answer::Error(f) => {
-                assert_eq!(f.kind, "invalid", "{text:?}: {f:?}");
-                assert!(f.message.contains(says), "{text:?}: {f:?}");
+                assert_eq!(f.kind, "invalid", "{says}: {f:?}");
+                assert!(f.message.contains(says), "{says}: {f:?}");
             }
-            Answer::Ok(out) => panic!("{text:?} was accepted: {out:?}"),
+            Answer::Ok(out) => panic!("{says}: accepted: {out:?}"),
         }
     }
     let q = crate::store::list::ListQuery {
@@ -281,5 +323,65 @@ fn a_lost_answer_is_tried_again_only_when_keys_make_it_safe() {
         matches!(decide(&db, &cancel), Err(Error::Daemon(m)) if m.contains("may or may not be recorded"))
     );
     fake.join().expect("fake daemon");
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_request_past_its_deadline_is_refused_not_carried_out() {
+    let dir = temp("late");
+    let db = dir.join("worker.redb");
+    let store = Arc::new(RedbStore::open(&db, true).expect("open"));
+    let api = serving(&db, &store);
+    let past = crate::clock::now_ms() - 1;
+    let line = serde_json::to_string(&task(Some("late"))).expect("json");
+    let text = format!(
+        "{{\"op\": \"enqueue\", \"protocol\": 1, \"tasks\": 1, \"deadline_ms\": {past}}}\n{line}\n"
+    );
+    match raw(&db, &text) {
+        Answer::Error(f) => assert!(f.message.contains("deadline passed"), "{f:?}"),
+        Answer::Ok(out) => panic!("a late request was carried out: {out:?}"),
+    }
+    let cancel = Decide::Cancel {
+        task: "t1".into(),
+        by: "alice".into(),
+        reason: None,
+    };
+    let text = format!(
+        "{{\"op\": \"decide\", \"protocol\": 1, \"deadline_ms\": {past}}}\n{}\n",
+        serde_json::to_string(&cancel).expect("json")
+    );
+    assert!(matches!(raw(&db, &text), Answer::Error(f) if f.message.contains("deadline passed")));
+    assert!(matches!(store.task("t1"), Err(Error::NoTask(_))));
+    drop(api);
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_planted_lock_link_or_an_overlong_path_is_refused_and_nothing_is_overwritten() {
+    let dir = temp("planted");
+    let db = dir.join("worker.redb");
+    let store = Arc::new(RedbStore::open(&db, true).expect("open"));
+    let precious = dir.join("precious");
+    fs::write(&precious, "IMPORTANT").expect("write");
+    std::os::unix::fs::symlink(&precious, lock_path(&db)).expect("link");
+    match serve(&db, Arc::clone(&store) as Arc<dyn Backend>) {
+        Err(why) => assert!(why.contains("worker.redb.lock"), "{why}"),
+        Ok(_) => panic!("served through a planted link"),
+    }
+    assert_eq!(fs::read_to_string(&precious).expect("read"), "IMPORTANT");
+    fs::remove_file(lock_path(&db)).expect("remove");
+    // A second name for the lock file (a hard link) is refused too.
+    fs::hard_link(&precious, lock_path(&db)).expect("hard link");
+    assert!(serve(&db, Arc::clone(&store) as Arc<dyn Backend>).is_err());
+    assert_eq!(fs::read_to_string(&precious).expect("read"), "IMPORTANT");
+    fs::remove_file(lock_path(&db)).expect("remove");
+    let deep = dir.join("d".repeat(120));
+    fs::create_dir_all(&deep).expect("dir");
+    let long = deep.join("worker.redb");
+    let long_store = Arc::new(RedbStore::open(&long, true).expect("open"));
+    match serve(&long, long_store as Arc<dyn Backend>) {
+        Err(why) => assert!(why.contains("longer than"), "{why}"),
+        Ok(_) => panic!("served a socket path no client can connect to"),
+    }
     let _ = fs::remove_dir_all(&dir);
 }

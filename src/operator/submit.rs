@@ -162,6 +162,40 @@ fn set_budget(
     Ok(())
 }
 
+/// A task made elsewhere (handed to the daemon through its local socket) held to the rules a
+/// request is: names, the goal's and the instructions' lengths, the demo tenant, the priority,
+/// times within reach.
+pub fn check_new_task(t: &NewTask) -> Result<(), String> {
+    check_request(&TaskRequest {
+        user: t.user.clone(),
+        goal: t.goal.clone(),
+        key: t.key.clone(),
+        priority: t.priority,
+        store_scope: t.store_scope.clone(),
+        concurrency_key: t.concurrency_key.clone(),
+        ..TaskRequest::default()
+    })?;
+    if let Some(i) = &t.instructions {
+        check_text("instructions", i, limits::INSTRUCTIONS_BYTES_MAX)?;
+    }
+    // A century from now is later than anything a caller means.
+    let far = crate::clock::now_ms().saturating_add(100 * 365 * 24 * 3600 * 1000);
+    let times = [
+        ("not_before", t.not_before_ms),
+        ("expires_at", t.time_limits.expires_at_ms),
+        ("deadline_at", t.time_limits.deadline_at_ms),
+    ];
+    for (name, at) in times {
+        if at.is_some_and(|at| at > far) {
+            return Err(format!("{name} is more than a century away"));
+        }
+    }
+    if t.approval_wait_ms > 100 * 365 * 24 * 3600 * 1000 {
+        return Err("approval_wait_ms is more than a century".into());
+    }
+    Ok(())
+}
+
 /// The request's own fields checked: names, the goal's length, the demo tenant, the priority.
 fn check_request(l: &TaskRequest) -> Result<(), String> {
     check_name("user", &l.user)?;

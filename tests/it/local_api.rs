@@ -1,5 +1,6 @@
 //! The daemon's local socket (`worker.redb.sock`): `worker enqueue` hands its tasks to the
-//! running daemon; a paused daemon's silence is reported and the request is not sent again; a
+//! running daemon; a paused daemon's silence is reported, the request is not sent again and the
+//! daemon refuses it when it resumes past its deadline; a
 //! killed daemon's socket does not stop an enqueue, and the next daemon replaces it; one
 //! daemon per file serves it.
 
@@ -84,18 +85,34 @@ fn an_enqueue_goes_through_the_daemon_and_a_paused_one_is_not_sent_twice() {
             && err.contains("did not answer within 300 ms"),
         "{err}"
     );
+    assert!(err.contains("when it resumes it refuses"), "{err}");
     assert!(
         err.contains("running the same enqueue again is safe"),
         "{err}"
     );
-    // Resumed, the daemon carries out the request it had: once.
+    // Resumed, the daemon comes to the request after its deadline and refuses it: the caller
+    // was told it stopped waiting, and nothing is done behind its back.
     signal(child.id(), "-CONT");
-    until("the paused request is carried out", || {
-        json_list(d, &["list", "--key", "k2", "--json"]).len() == 1
+    until("the daemon answers the request it had", || {
+        log_says(&log, "the caller left before its answer")
     });
+    assert!(json_list(d, &["list", "--key", "k2", "--json"]).is_empty());
     let again = enqueue(d, &["--key", "k2", "--in", "1h"]);
-    assert!(again.contains("already enqueued with this key"), "{again}");
+    assert!(!again.contains("already enqueued"), "{again}");
     assert_eq!(json_list(d, &["list", "--json"]).len(), 2);
+    // A timeout that is not a number of milliseconds is refused, not taken as the default.
+    for bad in ["0", "soon"] {
+        let out = command(d)
+            .args([
+                "enqueue", "--user", "cu_ana", "--goal", GOAL, "--model", "policy",
+            ])
+            .env("WORKER_DAEMON_TIMEOUT_MS", bad)
+            .output()
+            .expect("enqueue");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
+        assert!(err.contains("WORKER_DAEMON_TIMEOUT_MS"), "{err}");
+    }
 
     stop(child);
     assert!(!socket.exists(), "a stopped daemon removes its socket");
