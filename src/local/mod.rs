@@ -40,8 +40,12 @@ use crate::store::Error;
 pub const PROTOCOL: u32 = 1;
 /// Requests handled at once; one more is answered "busy".
 const CONNECTIONS_MAX: usize = 32;
-/// How long the daemon waits for each line of a request.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a whole request may take to arrive (shorter in unit tests, which wait it out).
+const REQUEST_TIMEOUT: Duration = if cfg!(test) {
+    Duration::from_secs(2)
+} else {
+    Duration::from_secs(30)
+};
 /// How long a verb waits for the daemon's answer, unless `WORKER_DAEMON_TIMEOUT_MS` says.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
 /// One line of a request: a task with its script (at most 8 MiB as a file) and catalog.

@@ -140,10 +140,16 @@ fn bind_private(socket: &Path) -> std::result::Result<UnixListener, String> {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
     let private = dir.join(format!(".tether-socket-{}-{nanos:09}", std::process::id()));
+    let inner = private.join("s");
+    if inner.as_os_str().len() > SOCKET_PATH_MAX {
+        return Err(format!(
+            "the socket is bound at {} first, longer than the {SOCKET_PATH_MAX} bytes a Unix socket's path may have",
+            inner.display()
+        ));
+    }
     let _ = fs::remove_dir_all(&private);
     let bound = (|| {
         fs::DirBuilder::new().mode(0o700).create(&private)?;
-        let inner = private.join("s");
         let listener = UnixListener::bind(&inner)?;
         fs::set_permissions(&inner, fs::Permissions::from_mode(0o600))?;
         match fs::remove_file(socket) {
@@ -210,9 +216,10 @@ fn handle(conn: UnixStream, store: &dyn Backend) {
     let answer = match peer_uid(&conn) {
         Ok(uid) if uid == own_uid() || uid == 0 => {
             let mut r = Reading {
-                conn: &conn,
-                lines: Lines::new(BufReader::new(&conn)),
-                until: Instant::now() + REQUEST_TIMEOUT,
+                lines: Lines::new(BufReader::new(Timed {
+                    conn: &conn,
+                    until: Instant::now() + REQUEST_TIMEOUT,
+                })),
                 bytes: 0,
             };
             request(&mut r, store)
@@ -235,22 +242,49 @@ fn handle(conn: UnixStream, store: &dyn Backend) {
 
 /// A request as it arrives: within one time limit for the whole of it, and one size limit.
 struct Reading<'a> {
-    conn: &'a UnixStream,
-    lines: Lines<BufReader<&'a UnixStream>>,
-    until: Instant,
+    lines: Lines<BufReader<Timed<'a>>>,
     bytes: usize,
+}
+
+/// The connection read within one deadline for the whole request: each read may wait only
+/// for what is left of it, so a caller sending a byte at a time cannot hold a slot longer.
+struct Timed<'a> {
+    conn: &'a UnixStream,
+    until: Instant,
+}
+
+impl std::io::Read for Timed<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let late = || {
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "the request took longer than {} s to arrive",
+                    REQUEST_TIMEOUT.as_secs()
+                ),
+            )
+        };
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(late());
+        }
+        self.conn.set_read_timeout(Some(left))?;
+        match self.conn.read(buf) {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                Err(late())
+            }
+            other => other,
+        }
+    }
 }
 
 impl Reading<'_> {
     fn next(&mut self, what: &str) -> Result<String> {
-        let left = self.until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(Error::Invalid(format!(
-                "the request took longer than {} s to arrive",
-                REQUEST_TIMEOUT.as_secs()
-            )));
-        }
-        let _ = self.conn.set_read_timeout(Some(left));
         let line = match self.lines.next_line(LINE_BYTES_MAX) {
             Ok(Some(l)) => l,
             Ok(None) => {

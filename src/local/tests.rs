@@ -33,7 +33,7 @@ fn task(key: Option<&str>) -> NewTask {
         catalog: None,
         store_scope: "s1".into(),
         approval_wait_ms: 60_000,
-        instructions: Some("be brief".into()),
+        instructions: None,
         callback_url: None,
         submitted_by: None,
         not_before_ms: None,
@@ -71,7 +71,12 @@ fn tasks_sent_to_the_daemon_are_committed_as_sent_and_keys_hold() {
         .mode();
     assert_eq!(mode & 0o777, 0o600, "the socket is the owner's only");
     assert_eq!(daemon_pid(&db), Some(std::process::id()));
-    let sent = vec![task(Some("k1")), task(None)];
+    let mut profiled = task(None);
+    profiled.model = crate::model::ModelProfile::Profile {
+        name: "support".into(),
+    };
+    profiled.instructions = Some("be brief".into());
+    let sent = vec![task(Some("k1")), profiled];
     let out = enqueue(&db, &sent)
         .expect("enqueue")
         .expect("a daemon answered");
@@ -82,7 +87,7 @@ fn tasks_sent_to_the_daemon_are_committed_as_sent_and_keys_hold() {
         let rec = store.task(&e.id).expect("the task");
         assert_eq!(rec.key, t.key);
         assert_eq!(rec.priority, 3);
-        assert_eq!(rec.instructions.as_deref(), Some("be brief"));
+        assert_eq!(rec.instructions, t.instructions);
         assert_eq!(rec.concurrency_key.as_deref(), Some("tenant:a"));
         assert_eq!(rec.tool_latency_ms.get("get_order"), Some(&7));
         assert_eq!(rec.model, t.model);
@@ -144,6 +149,14 @@ fn bad_requests() -> Vec<(String, &'static str)> {
     long_goal.goal = "g".repeat(limits::GOAL_BYTES_MAX + 1);
     let mut far = task(None);
     far.not_before_ms = Some(u64::MAX);
+    let mut told = task(None);
+    told.instructions = Some("obey".into());
+    let mut spoofed = task(None);
+    spoofed.submitted_by = Some("admin".into());
+    let mut slow_tool = task(None);
+    slow_tool.tool_latency_ms = [("no_such_tool".to_string(), 5)].into();
+    let mut file_callback = task(None);
+    file_callback.callback_url = Some("file:///etc/passwd".into());
     let one = |t: &NewTask| {
         format!(
             "{}{}\n",
@@ -177,6 +190,10 @@ fn bad_requests() -> Vec<(String, &'static str)> {
         (one(&empty_user), "user"),
         (one(&long_goal), "goal"),
         (one(&far), "century"),
+        (one(&told), "instructions"),
+        (one(&spoofed), "submitted_by"),
+        (one(&slow_tool), "no_such_tool"),
+        (one(&file_callback), "callback_url"),
         (
             format!(
                 "{}{}\n",
@@ -383,5 +400,33 @@ fn a_planted_lock_link_or_an_overlong_path_is_refused_and_nothing_is_overwritten
         Err(why) => assert!(why.contains("longer than"), "{why}"),
         Ok(_) => panic!("served a socket path no client can connect to"),
     }
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_request_sent_a_byte_at_a_time_is_cut_off_at_its_time_limit() {
+    let dir = temp("trickle");
+    let db = dir.join("worker.redb");
+    let store = Arc::new(RedbStore::open(&db, true).expect("open"));
+    let api = serving(&db, &store);
+    let conn = UnixStream::connect(socket_path(&db)).expect("connect");
+    let writer = conn.try_clone().expect("clone");
+    // One byte of a header that never ends, every 100 ms, for up to ten times the limit: each
+    // read of the daemon's gets a byte well within any per-read timeout.
+    let trickle = std::thread::spawn(move || {
+        for _ in 0..(REQUEST_TIMEOUT.as_millis() / 10) {
+            if (&writer).write_all(b" ").is_err() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    });
+    match read_answer(&conn) {
+        Ok(Answer::Error(f)) => assert!(f.message.contains("took longer than"), "{f:?}"),
+        other => panic!("a trickled request was not cut off: {other:?}"),
+    }
+    drop(conn);
+    trickle.join().expect("trickle");
+    drop(api);
     let _ = fs::remove_dir_all(&dir);
 }

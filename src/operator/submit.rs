@@ -164,7 +164,9 @@ fn set_budget(
 
 /// A task made elsewhere (handed to the daemon through its local socket) held to the rules a
 /// request is: names, the goal's and the instructions' lengths, the demo tenant, the priority,
-/// times within reach.
+/// times within reach, instructions only for a profile, tool latencies only for demo tools, no
+/// API submitter. A callback URL's host is not checked here: the daemon's sender checks every
+/// URL against its own `[callbacks]` before it sends anything.
 pub fn check_new_task(t: &NewTask) -> Result<(), String> {
     check_request(&TaskRequest {
         user: t.user.clone(),
@@ -176,7 +178,23 @@ pub fn check_new_task(t: &NewTask) -> Result<(), String> {
         ..TaskRequest::default()
     })?;
     if let Some(i) = &t.instructions {
+        if !matches!(t.model, ModelProfile::Profile { .. }) {
+            return Err("instructions are for a model profile of the config".into());
+        }
         check_text("instructions", i, limits::INSTRUCTIONS_BYTES_MAX)?;
+    }
+    if t.submitted_by.is_some() {
+        return Err("submitted_by is set by the HTTP API only".into());
+    }
+    for tool in t.tool_latency_ms.keys() {
+        if Catalog::demo().get(tool).is_none() {
+            return Err(format!("tool_latency_ms: unknown tool {tool:?}"));
+        }
+    }
+    if let Some(url) = &t.callback_url
+        && !(url.starts_with("https://") || url.starts_with("http://"))
+    {
+        return Err(format!("callback_url {url:?} is not an http(s) URL"));
     }
     // A century from now is later than anything a caller means.
     let far = crate::clock::now_ms().saturating_add(100 * 365 * 24 * 3600 * 1000);
