@@ -149,13 +149,18 @@ conformance! {
              (limit {REQUESTS} and {TOKENS}); {refused} answered 429"
         );
         // 18 calls at no more than 3 a second took seconds; each task's active time is its
-        // one model call, not the time it waited for capacity.
+        // one model call, not the time it waited for capacity. The last tasks waited most of
+        // the run, so had the waits been counted, some task would show most of it; compared
+        // with the run itself, not with a fixed time, as a loaded machine slows a call too.
         assert!(took >= Duration::from_millis((TASKS / (REQUESTS + 1)) as u64 * WINDOW_MS / 2));
         for t in tasks {
             let id = t["id"].as_str().expect("id");
             let shown = json(d, &["show", id, "--json"]);
             let active = shown["elapsed_s"].as_f64().expect("elapsed_s");
-            assert!(active < WINDOW_MS as f64 / 1000.0, "{id} counted {active} s of active time: {shown}");
+            assert!(
+                active < took.as_secs_f64() / 2.0,
+                "{id} counted {active} s of active time in a run of {took:?}: {shown}"
+            );
             assert_eq!(shown["steps"], 1, "{id} took the step it waited for once: {shown}");
         }
         eprintln!("limited: busiest window {most} requests, {tokens} tokens; {refused} answered 429; {} arrivals", reqs.len());
