@@ -416,17 +416,22 @@ fn a_request_sent_a_byte_at_a_time_is_cut_off_at_its_time_limit() {
     let trickle = std::thread::spawn(move || {
         for _ in 0..(REQUEST_TIMEOUT.as_millis() / 10) {
             if (&writer).write_all(b" ").is_err() {
-                return;
+                return true;
             }
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
+        false
     });
     match read_answer(&conn) {
         Ok(Answer::Error(f)) => assert!(f.message.contains("took longer than"), "{f:?}"),
         other => panic!("a trickled request was not cut off: {other:?}"),
     }
     drop(conn);
-    trickle.join().expect("trickle");
+    // Cut off while it was still sending, not when it stopped.
+    assert!(
+        trickle.join().expect("trickle"),
+        "the daemon waited for the trickle to end"
+    );
     drop(api);
     let _ = fs::remove_dir_all(&dir);
 }
