@@ -20,22 +20,27 @@ fn decided_json(verb: &str, task: &str, call: &ToolCall, key: Option<String>) ->
     })
 }
 
-/// A decision handed to the daemon that serves the file, if one runs (`None`: take it here).
-fn through_daemon<T: serde::de::DeserializeOwned>(
+/// Takes a decision: through the daemon that serves the file if one runs, else here, by the
+/// same function the daemon runs.
+fn take<T: serde::de::DeserializeOwned>(
     cli: &Cli,
+    db: &dyn Backend,
     d: &crate::local::Decide,
-) -> Result<Option<T>, CliError> {
-    if store::pg::is_url(&cli.db) {
-        return Ok(None);
-    }
-    match crate::local::decide(Path::new(&cli.db), d)? {
-        None => Ok(None),
-        Some(v) => serde_json::from_value(v).map(Some).map_err(|e| {
-            CliError::op(format!(
-                "the daemon's answer to the decision is not one this release reads: {e}"
-            ))
-        }),
-    }
+) -> Result<T, CliError> {
+    let through_daemon = if store::pg::is_url(&cli.db) {
+        None
+    } else {
+        crate::local::decide(Path::new(&cli.db), d)?
+    };
+    let out = match through_daemon {
+        Some(out) => out,
+        None => crate::local::decide_here(d, db)?,
+    };
+    serde_json::from_value(out).map_err(|e| {
+        CliError::op(format!(
+            "the answer to the decision is not one this release reads: {e}"
+        ))
+    })
 }
 
 pub(super) fn cmd_approve(cli: &Cli, a: &ApproveArgs) -> CliResult {
@@ -63,10 +68,7 @@ pub(super) fn cmd_approve(cli: &Cli, a: &ApproveArgs) -> CliResult {
         by: d.by.clone(),
         reason: d.reason.clone(),
     };
-    let call = match through_daemon(cli, &asked)? {
-        Some(call) => call,
-        None => crate::operator::approve(&*db, &task, &reviewed, &extend, &d)?,
-    };
+    let call: ToolCall = take(cli, &*db, &asked)?;
     if a.decide.json {
         return print_json(&decided_json("approve", &task, &call, reviewed.key));
     }
@@ -90,10 +92,7 @@ pub(super) fn cmd_reject(cli: &Cli, a: &RejectArgs) -> CliResult {
         by: d.by.clone(),
         reason: d.reason.clone(),
     };
-    let call = match through_daemon(cli, &asked)? {
-        Some(call) => call,
-        None => crate::operator::reject(&*db, &task, &reviewed, &d)?,
-    };
+    let call: ToolCall = take(cli, &*db, &asked)?;
     if a.decide.json {
         return print_json(&decided_json("reject", &task, &call, a.call.key.clone()));
     }
@@ -187,10 +186,7 @@ pub(super) fn cmd_reconcile(cli: &Cli, a: &ReconcileArgs) -> CliResult {
         by: d.by.clone(),
         reason: d.reason.clone(),
     };
-    let call = match through_daemon(cli, &asked)? {
-        Some(call) => call,
-        None => crate::operator::reconcile(&*store, &task, &settlement, &reviewed, &extend, &d)?,
-    };
+    let call: ToolCall = take(cli, &*store, &asked)?;
     if a.json {
         let verb = if a.applied {
             "reconcile_applied"
@@ -224,10 +220,7 @@ pub(super) fn cmd_cancel(cli: &Cli, a: &DecideArgs) -> CliResult {
         by: d.by.clone(),
         reason: d.reason.clone(),
     };
-    let was = match through_daemon(cli, &asked)? {
-        Some(was) => was,
-        None => crate::operator::cancel(&*db, &task, None, &d)?,
-    };
+    let was: QueueStatus = take(cli, &*db, &asked)?;
     if a.json {
         return print_json(&json!({
             "task": task,

@@ -28,7 +28,7 @@ mod server;
 mod tests;
 
 pub use client::{decide, enqueue};
-pub use server::{LocalApi, Served, serve};
+pub use server::{LocalApi, Served, decide_here, serve};
 
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};

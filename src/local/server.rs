@@ -370,8 +370,9 @@ fn enqueue_request(r: &mut Reading, header: &Header, store: &dyn Backend) -> Res
     Ok(out)
 }
 
-/// Carries out a decision in this process, through the operators' own functions.
-fn decide_here(d: &Decide, store: &dyn Backend) -> Result<serde_json::Value> {
+/// Carries out a decision in this process, through the operators' own functions: what the
+/// daemon runs for a caller of the socket, and what a verb runs when no daemon does.
+pub fn decide_here(d: &Decide, store: &dyn Backend) -> Result<serde_json::Value> {
     use crate::operator::{Extension, Reviewed, Settlement};
     let decision = |by: &str, reason: &Option<String>| {
         crate::operator::decision(by, reason.as_deref()).map_err(Error::Invalid)
