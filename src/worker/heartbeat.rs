@@ -2,9 +2,9 @@
 //! daemon's claims, and other daemons take over the claims of one whose heartbeat ran out. It
 //! is not the dispatcher's to write, since the dispatcher may wait on the database for seconds.
 
+use crossbeam_channel::{RecvTimeoutError, Sender, bounded};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::now_ms;
 use crate::store::{Backend, Error, Result};
@@ -18,7 +18,9 @@ pub const HEARTBEAT_TTL_MS_MIN: u64 = 3_000;
 /// a write the driver asks the database how long the heartbeat has left:
 /// `Backend::claim_left`.)
 pub struct Heartbeat {
-    stop: Arc<AtomicBool>,
+    /// Dropped to stop the thread: its wait between beats ends at once, so a daemon's
+    /// shutdown does not wait out a sleep.
+    stop: Option<Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -34,24 +36,23 @@ impl Heartbeat {
             }
         };
         beat()?;
-        let stop = Arc::new(AtomicBool::new(false));
+        let (stop, stopped) = bounded::<()>(0);
         let thread = if store.local_owners() {
             // A file judges owners by their process: no beats needed.
             None
         } else {
-            let stop = Arc::clone(&stop);
             let every = Duration::from_millis(ttl_ms / 3);
             Some(
                 std::thread::Builder::new()
                     .name("heartbeat".into())
                     .spawn(move || {
-                        let mut next = std::time::Instant::now() + every;
-                        while !stop.load(Ordering::SeqCst) {
-                            let left = next.saturating_duration_since(std::time::Instant::now());
-                            std::thread::sleep(left.min(Duration::from_millis(100)));
-                            if std::time::Instant::now() < next {
-                                continue;
-                            }
+                        // Nothing is ever sent: the wait ends with a beat due or with the
+                        // sender dropped (`Disconnected`). Beats keep their schedule (one
+                        // every third of the TTL from the start), however long each took.
+                        let mut next = Instant::now() + every;
+                        while let Err(RecvTimeoutError::Timeout) =
+                            stopped.recv_timeout(next.saturating_duration_since(Instant::now()))
+                        {
                             next += every;
                             if let Err(e) = beat() {
                                 tracing::warn!(error = %e, "heartbeat failed");
@@ -63,13 +64,16 @@ impl Heartbeat {
                     })?,
             )
         };
-        Ok(Heartbeat { stop, thread })
+        Ok(Heartbeat {
+            stop: Some(stop),
+            thread,
+        })
     }
 }
 
 impl Drop for Heartbeat {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
+        drop(self.stop.take());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
