@@ -648,3 +648,130 @@ fn a_claim_that_gives_way_on_a_slot_row_takes_nothing_and_keeps_going() {
         "the limit's room (3, 1 taken) is taken once the row is free"
     );
 }
+
+/// The pages one claim's plan touches, from `EXPLAIN (ANALYZE, BUFFERS)` of `sql` run with
+/// each set of `runs` in one transaction (rolled back), measured on the last run (the first
+/// ones warm the session: its catalog, the function's compiled plan); and how many rows its
+/// top node returned.
+fn claim_pages(
+    pg: &PgCluster,
+    sql: &str,
+    runs: &[&[&(dyn postgres::types::ToSql + Sync)]],
+) -> (u64, u64, serde_json::Value) {
+    let mut c = postgres::Client::connect(&pg.url(), postgres::NoTls).expect("connect");
+    let mut tx = c.transaction().expect("begin");
+    let explain = format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}");
+    let mut last = None;
+    for params in runs {
+        last = Some(tx.query_one(&explain, params).expect("explain the claim"));
+    }
+    tx.rollback().expect("rollback");
+    let plan: postgres::types::Json<serde_json::Value> = last.expect("a run").get(0);
+    let top = &plan.0[0]["Plan"];
+    let pages = top["Shared Hit Blocks"].as_u64().unwrap_or(0)
+        + top["Shared Read Blocks"].as_u64().unwrap_or(0);
+    (pages, top["Actual Rows"].as_u64().unwrap_or(0), plan.0)
+}
+
+/// A claim reads the head of the ready queue, not all of it, on a table the planner has no
+/// statistics for yet (a new schema, a queue that grew since the last `ANALYZE`). With 3,000
+/// tasks enqueued and 1,000 of them claimed (their entries in the ready index are dead until
+/// a vacuum), a claim, and a final commit that claims the thread's next task, touch a few
+/// dozen pages each (the final commit 52 here, its claim 10 of them). A plan that read every
+/// queued row and sorted them (a bitmap scan, which the planner chose for the final commit's
+/// claim) read 565 on every such commit: 64 threads' claims slowed down as the backlog grew.
+#[test]
+fn a_claim_reads_the_head_of_the_queue_not_all_of_it() {
+    use tether::store::Queue;
+    // A cluster of its own: another test's open transaction on a shared one would keep the
+    // claimed rows' old versions visible to someone, and every scan would visit them.
+    let Some(cluster) = PgCluster::start("claim_plan") else {
+        return;
+    };
+    let pg = &cluster;
+    let s = common::pg::schema("claim_plan");
+    let url = format!("{}?schema={s}", pg.url());
+    let store =
+        tether::store::pg::PgStore::open(&url, true, 4, Duration::from_secs(5)).expect("open");
+    let now = tether::clock::now_ms();
+    let tasks: Vec<_> = (0..3000)
+        .map(|_| crate::exactly_once::new_task("cu_ana", "work", None))
+        .collect();
+    store.enqueue(&tasks, now).expect("enqueue");
+    let lease = tether::store::Lease {
+        owner: "a".into(),
+        host: "test-host".into(),
+        pid: 1,
+        start_ticks: 0,
+        expires_at_ms: now + 600_000,
+        token: 0,
+    };
+    let mut claimed = Vec::new();
+    for _ in 0..10 {
+        claimed.extend(store.claim(&lease, 100, now).expect("claim"));
+    }
+    assert_eq!(claimed.len(), 1000);
+    let lease_json = postgres::types::Json(serde_json::json!({"owner": "b"}));
+    let claim: &[&(dyn postgres::types::ToSql + Sync)] =
+        &[&1i64, &lease_json, &"b", &60_000i64, &0i64, &7i64];
+    let (pages, rows, plan) = claim_pages(pg, &store.claim_statement(), &[claim, claim]);
+    assert_eq!(rows, 1, "the claim took one task: {plan}");
+    assert!(pages < 100, "a claim read {pages} pages: {plan:#}");
+
+    // Final commits of claimed tasks, each claiming the next task in the same statement.
+    let none_text: Option<String> = None;
+    let none_int: Option<i32> = None;
+    let none_big: Option<i64> = None;
+    let none_json: Option<postgres::types::Json<serde_json::Value>> = None;
+    let spans = postgres::types::Json(serde_json::json!([]));
+    let state = postgres::types::Json(serde_json::json!({}));
+    let tokens: Vec<i64> = claimed
+        .iter()
+        .map(|t| t.lease.as_ref().map_or(0, |l| l.token) as i64)
+        .collect();
+    let markers = [8i64, 9];
+    let params = |i: usize| -> Vec<&(dyn postgres::types::ToSql + Sync)> {
+        vec![
+            &claimed[i].id,
+            &tokens[i],
+            &markers[i],
+            &0i64,
+            &none_text,
+            &none_int,
+            &none_text,
+            &none_json,
+            &none_text,
+            &none_big,
+            &none_json,
+            &none_big,
+            &none_int,
+            &none_json,
+            &spans,
+            &state,
+            &0i32,
+            &false,
+            &0i64,
+            &"finished",
+            &false,
+            &false,
+            &none_text,
+            &none_text,
+            &none_text,
+            &lease_json,
+            &"b",
+            &60_000i64,
+        ]
+    };
+    let (first, second) = (params(0), params(1));
+    let (pages, rows, plan) = claim_pages(
+        pg,
+        &store.final_claim_statement(),
+        &[first.as_slice(), second.as_slice()],
+    );
+    assert_eq!(rows, 1, "the final commit was accepted: {plan}");
+    let claimed_next = &plan[0]["Plan"];
+    assert!(
+        pages < 100,
+        "a final commit and the claim in it read {pages} pages: {claimed_next:#}"
+    );
+}

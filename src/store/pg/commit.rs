@@ -72,14 +72,13 @@ pub(super) fn commit_statements(s: &str, t: &str) -> [String; 10] {
 }
 
 /// The end of a final commit that claims the thread's next task in the same statement (one
-/// round trip, one flush): a queued task is taken only if the final commit was accepted, under
+/// round trip, one flush): a queued task without a concurrency key (the head of the queue, by
+/// `ready_head`: none when the update matched no row) is taken only if the final commit was accepted, under
 /// the lease `$26`/`$27` for `$28` ms plus the task's remaining active time from now, marked
 /// with the commit's marker `$3`.
 fn final_and_claim() -> String {
     format!(
-        "nx AS (SELECT id FROM {{s}}.tasks WHERE status = 'queued' AND EXISTS (SELECT 1 FROM u) \
-         AND concurrency_key IS NULL AND (not_before_ms IS NULL OR not_before_ms <= $4::bigint) \
-         ORDER BY priority DESC, ready_seq LIMIT 1 FOR UPDATE SKIP LOCKED), \
+        "nx AS (SELECT r.id FROM {{s}}.ready_head($4::bigint, (SELECT count(*) FROM u), true) AS r(id)), \
          cl AS (UPDATE {{s}}.tasks t SET status = 'running', token = t.token + 1, lease = $26::jsonb, \
          lease_owner = $27::text, \
          lease_expires_ms = $4::bigint + $28::bigint + GREATEST(t.deadline_ms - t.elapsed_ms, 0), \

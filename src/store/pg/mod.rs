@@ -294,6 +294,25 @@ impl PgStore {
         self.read(|c| c.client.batch_execute(&sql))
     }
 
+    /// The statement a claim without concurrency limits runs, with its parameters `$1`..`$6`
+    /// (how many, the lease as JSON, its owner, its length in ms, the caller's clock offset,
+    /// the claim's marker): for tests that look at its plan.
+    #[doc(hidden)]
+    pub fn claim_statement(&self) -> String {
+        self.sql(&format!(
+            "{}{}",
+            queue::claim_sql(false),
+            queue::returning("t.")
+        ))
+    }
+
+    /// The statement of a final commit that claims the thread's next task (parameters as in
+    /// `commit`'s `CommitParams`): for tests that look at its plan.
+    #[doc(hidden)]
+    pub fn final_claim_statement(&self) -> String {
+        self.commit_sql[4].clone()
+    }
+
     pub fn schema(&self) -> &str {
         &self.schema
     }

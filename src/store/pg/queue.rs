@@ -20,19 +20,12 @@ use std::sync::atomic::AtomicBool;
 /// length) plus each task's remaining active time from now by the server's clock (`$5`: the
 /// caller's clock offset); `$6` marks the claim. A task is due when its start time has come;
 /// `keyless`: only tasks without a concurrency key (a claim folded into a final commit, which
-/// takes no slot; keyed tasks are claimed by `Queue::claim`).
+/// takes no slot; keyed tasks are claimed by `Queue::claim`). The queue's head comes from
+/// `ready_head` (migration 13), whose plan reads it in the ready index's order.
 pub(super) fn claim_sql(keyless: bool) -> String {
     let now = super::now_sql(5);
-    let keys = if keyless {
-        "AND concurrency_key IS NULL "
-    } else {
-        ""
-    };
     format!(
-        "WITH c AS (SELECT id FROM {{s}}.tasks WHERE status = 'queued' {keys}\
-         AND (not_before_ms IS NULL OR not_before_ms <= {now}) \
-         ORDER BY priority DESC, ready_seq LIMIT $1::bigint FOR UPDATE SKIP LOCKED) \
-         {}",
+        "WITH c AS (SELECT r.id FROM {{s}}.ready_head({now}, $1::bigint, {keyless}) AS r(id)) {}",
         claim_update("c")
     )
 }

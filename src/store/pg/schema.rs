@@ -212,6 +212,25 @@ CREATE TABLE {s}.schedules (name text PRIMARY KEY, body text NOT NULL);
     r#"
 ALTER TABLE {s}.slots ADD COLUMN granted integer NOT NULL DEFAULT 0;
 "#,
+    // The head of the ready queue, for the claims: at most `p_n` queued tasks in the ready
+    // index's order (highest priority first, then first ready), due at `p_now`, keyless
+    // only if `p_keyless`, skipping rows another claim holds. A function so that its plan is
+    // pinned (its settings hold only while it runs): on a table the planner has no
+    // statistics for (a new schema, a queue that grew since the last `ANALYZE`) it chose a
+    // bitmap scan and a sort of every queued row for the claim in a final commit, reading
+    // each dead index entry a claim left (until a vacuum) on every claim.
+    r#"
+CREATE FUNCTION {s}.ready_head(p_now bigint, p_n bigint, p_keyless boolean) RETURNS SETOF text
+    LANGUAGE plpgsql VOLATILE ROWS 1
+    SET enable_bitmapscan = off SET enable_sort = off SET enable_seqscan = off
+AS $$
+BEGIN
+    RETURN QUERY SELECT t.id FROM {s}.tasks t
+        WHERE t.status = 'queued' AND (NOT p_keyless OR t.concurrency_key IS NULL)
+        AND (t.not_before_ms IS NULL OR t.not_before_ms <= p_now)
+        ORDER BY t.priority DESC, t.ready_seq LIMIT p_n FOR UPDATE SKIP LOCKED;
+END $$;
+"#,
 ];
 
 /// Registers the session as one that listens on the settled channel (migration 8's
