@@ -53,10 +53,12 @@ impl Heartbeat {
                         while let Err(RecvTimeoutError::Timeout) =
                             stopped.recv_timeout(next.saturating_duration_since(Instant::now()))
                         {
-                            next += every;
                             if let Err(e) = beat() {
                                 tracing::warn!(error = %e, "heartbeat failed");
                             }
+                            // After beats that took longer than the interval, one more is
+                            // due at once, not every one the schedule missed.
+                            next = (next + every).max(Instant::now());
                         }
                     })
                     .map_err(|e| {

@@ -21,7 +21,10 @@ use std::sync::atomic::AtomicBool;
 /// caller's clock offset); `$6` marks the claim. A task is due when its start time has come;
 /// `keyless`: only tasks without a concurrency key (a claim folded into a final commit, which
 /// takes no slot; keyed tasks are claimed by `Queue::claim`). The queue's head comes from
-/// `ready_head` (migration 13), whose plan reads it in the ready index's order.
+/// `ready_head` (migration 13), whose plan reads it in the ready index's order. The function's
+/// query sees tasks committed after this statement began, which the `UPDATE` does not: such
+/// a task is locked and not claimed (the claim comes back short; the lock ends with the
+/// statement, and the task's enqueue `NOTIFY` wakes a daemon to claim it).
 pub(super) fn claim_sql(keyless: bool) -> String {
     let now = super::now_sql(5);
     format!(
