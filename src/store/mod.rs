@@ -29,7 +29,7 @@ pub use callbacks::Callback;
 pub use outbox::OutboxEntry;
 pub use records::*;
 pub use redb::{Opener, RedbStore, Reopening, WriteStats, schema};
-pub(crate) use redb::{check_not_empty, create_private, open_redb};
+pub(crate) use redb::{check_not_empty, create_redb, open_redb};
 
 /// Every part of the storage interface, to bring their methods into scope:
 /// `use crate::store::prelude::*`.

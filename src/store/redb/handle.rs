@@ -145,8 +145,57 @@ pub(crate) fn open_redb(path: &Path, cache_bytes: usize) -> Result<Database> {
     }
 }
 
+/// Makes `path` a new redb database, readable and writable by its owner only, if nothing is
+/// there yet: whole or not at all. redb initializes a new file in place and writes its magic
+/// number last, so a process killed in between (a daemon killed as it first starts) leaves a
+/// file that every later open refuses ("Not a redb database"). The file is made under a
+/// temporary name beside `path`, initialized and flushed there, then linked to `path`; if
+/// another process linked its own first, that one is used. A crash leaves only the temporary
+/// file (`.NAME.new-PID-NANOS`), which nothing reads.
+pub(crate) fn create_redb(path: &Path) -> Result<()> {
+    create_redb_with(path, |tmp| open_redb(tmp, 1 << 20).map(drop))
+}
+
+/// [`create_redb`] with the step that initializes the temporary file given (tests make it
+/// fail half-way, as a kill would).
+fn create_redb_with(path: &Path, init: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let tmp = dir.join(format!(".{name}.new-{}-{nanos}", std::process::id()));
+    create_private(&tmp)?;
+    let made = init(&tmp).and_then(|()| match std::fs::hard_link(&tmp, path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        // A file system without hard links: a rename, which would replace a file another
+        // process made meanwhile, so only while there is none.
+        Err(_) if !path.exists() => std::fs::rename(&tmp, path).map_err(|e| Error::Io {
+            path: path.to_path_buf(),
+            source: e,
+        }),
+        Err(e) => Err(Error::Io {
+            path: path.to_path_buf(),
+            source: e,
+        }),
+    });
+    let _ = std::fs::remove_file(&tmp);
+    made?;
+    // The new name, durable as the file's contents are.
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
 /// Creates an empty file readable and writable by its owner only (nothing if it exists).
-pub(crate) fn create_private(path: &Path) -> Result<()> {
+fn create_private(path: &Path) -> Result<()> {
     let mut opts = std::fs::OpenOptions::new();
     opts.write(true).create_new(true);
     #[cfg(unix)]
@@ -161,5 +210,47 @@ pub(crate) fn create_private(path: &Path) -> Result<()> {
             path: path.to_path_buf(),
             source: e,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A creation cut off half-way (as a kill during redb's initialization would) leaves
+    /// nothing at the database's path, so the next start creates it; redb initializing the
+    /// file in place left one that every later open refused.
+    #[test]
+    fn a_creation_cut_off_half_way_leaves_nothing_at_the_path() {
+        let dir = std::env::temp_dir().join(format!(
+            "tether-create-redb-{}-{}",
+            std::process::id(),
+            crate::store::random_u64()
+        ));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("worker.redb");
+        let cut = create_redb_with(&path, |tmp| {
+            // What redb has written when it is killed before its magic number: a file of
+            // the database's length, its header not yet marked.
+            std::fs::write(tmp, vec![0u8; 64 << 10]).expect("write");
+            Err(Error::Conflict("killed".into()))
+        });
+        assert!(cut.is_err());
+        assert!(
+            !path.exists(),
+            "nothing at the path after a cut-off creation"
+        );
+        create_redb(&path).expect("the next start creates the database");
+        let db = open_redb(&path, 1 << 20).expect("a whole redb database");
+        drop(db);
+        // A second creation (another process that lost the race) keeps the first file.
+        create_redb(&path).expect("created again: nothing changes");
+        open_redb(&path, 1 << 20).expect("still a whole database");
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .expect("dir")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(left, vec![std::ffi::OsString::from("worker.redb")]);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -28,7 +28,7 @@ pub mod schema;
 mod writes;
 
 pub use handle::{Opener, Reopening};
-pub(crate) use handle::{create_private, open_redb};
+pub(crate) use handle::{create_redb, open_redb};
 pub(crate) use open::check_not_empty;
 pub use writes::WriteStats;
 

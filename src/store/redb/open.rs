@@ -8,7 +8,7 @@ use crate::store::random_u64;
 
 use super::handle::{Handle, Reopening, open_error, open_redb};
 use super::schema::*;
-use super::{Error, Opener, RedbStore, Result, create_private};
+use super::{Error, Opener, RedbStore, Result, create_redb};
 
 impl RedbStore {
     /// Opens (and with `create`, creates with mode 0600) the database at `path`.
@@ -17,7 +17,7 @@ impl RedbStore {
             if !create {
                 return Err(Error::Missing(path.to_path_buf()));
             }
-            create_private(path)?;
+            create_redb(path)?;
         } else if path.is_dir() {
             return Err(Error::Io {
                 path: path.to_path_buf(),

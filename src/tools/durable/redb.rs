@@ -66,8 +66,9 @@ impl RedbStore {
     pub fn open(path: &Path) -> Result<RedbStore> {
         if path.exists() {
             crate::store::check_not_empty(path)?;
+        } else {
+            crate::store::create_redb(path)?;
         }
-        crate::store::create_private(path)?;
         let p = path.to_path_buf();
         RedbStore::open_with(
             path,
