@@ -9,7 +9,8 @@
 //! its first byte within `first_byte_timeout`. httparse (the parser hyper uses) reads the request head, which may be at most
 //! `head_bytes_max` (431 beyond) with at most 64 headers; a body needs a `Content-Length` of
 //! at most `body_bytes_max` (413 beyond, before a byte of it is read; chunked bodies get 411,
-//! two `Content-Length` headers 400);
+//! two `Content-Length` headers 400; after such an answer what the client still sends is read
+//! and dropped for up to 2 s, so a reset does not lose the answer);
 //! every request must arrive whole within `request_timeout` of its first byte (408 after), so
 //! a client sending a few bytes at a time holds one connection for a bounded time and never a
 //! handler that others wait for. An idle keep-alive connection is closed after
@@ -330,9 +331,24 @@ fn connection(
             Err(ReadError::Closed) => return,
             Err(ReadError::Status(status, why)) => {
                 let _ = write_reply(&mut s, Reply::problem(status, why), false);
+                linger(&mut s);
                 return;
             }
         }
+    }
+}
+
+/// Closes a connection whose request was refused unread: the answer is sent, then what the
+/// client still sends (the rest of a body too large) is read and dropped for up to two
+/// seconds. Closing a socket with unread bytes makes the kernel reset the connection, and a
+/// reset can reach the client before it reads the answer: it saw "connection reset" instead of
+/// the 413 (a lingering close, as web servers do).
+fn linger(s: &mut TcpStream) {
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    let until = Instant::now() + Duration::from_secs(2);
+    let mut sink = Vec::with_capacity(8192);
+    while read_some(s, &mut sink, until).is_ok_and(|n| n > 0) {
+        sink.clear();
     }
 }
 

@@ -395,6 +395,43 @@ fn bad_requests_are_problem_details_that_say_what_was_wrong() {
     assert!(json_list(d, &["list", "--json"]).is_empty());
 }
 
+/// A client that sends a body over the limit whole before it reads the answer gets the 413,
+/// not "connection reset": the server reads and drops the rest of the body after answering
+/// (a socket closed with unread bytes resets the connection, and the reset can overtake the
+/// answer).
+#[test]
+fn a_body_too_large_sent_whole_still_gets_its_answer() {
+    use std::io::{Read, Write};
+    let dir = TempDir::new("api_too_large");
+    let server = served(dir.path());
+    let addr = server.base.trim_start_matches("http://").to_string();
+    for round in 0..3 {
+        let mut s = std::net::TcpStream::connect(&addr).expect("connect");
+        let len = 16usize << 20;
+        let head = format!(
+            "POST /api/v1/tasks HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {OPS}\r\n\
+             Content-Type: application/json\r\nContent-Length: {len}\r\n\r\n"
+        );
+        s.write_all(head.as_bytes()).expect("the head");
+        let chunk = vec![b' '; 64 << 10];
+        let mut sent = 0;
+        while sent < len {
+            match s.write(&chunk) {
+                Ok(n) => sent += n,
+                Err(e) => panic!("round {round}: the body was cut off after {sent} bytes: {e}"),
+            }
+        }
+        let mut answer = Vec::new();
+        let read = s.read_to_end(&mut answer);
+        let text = String::from_utf8_lossy(&answer);
+        assert!(
+            read.is_ok() && text.starts_with("HTTP/1.1 413"),
+            "round {round}: {read:?} {text}"
+        );
+        assert!(text.contains("application/problem+json"), "{text}");
+    }
+}
+
 /// `GET /tasks/{id}?wait=` returns as soon as the task finishes (here: when a daemon started
 /// after the request ran it), and after the wait with the task as it is when it does not.
 #[test]

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -28,8 +28,8 @@ struct Service {
     lookup_down: Arc<AtomicBool>,
     /// `POST /tickets` answers 500 after making the ticket, and the lookup says it did not.
     broken: Arc<AtomicBool>,
-    /// `POST /tickets` takes 2 s and makes the ticket at the end (the lookup says "not applied"
-    /// until then, honestly).
+    /// `POST /tickets` makes the ticket only after the lookup has answered "not applied" once
+    /// (honestly: it is still working), long after the write's 1 s timeout.
     slow: Arc<AtomicBool>,
 }
 
@@ -42,6 +42,8 @@ fn service() -> Service {
     let lookup_down = Arc::new(AtomicBool::new(false));
     let broken = Arc::new(AtomicBool::new(false));
     let slow = Arc::new(AtomicBool::new(false));
+    // How many lookups answered "not applied".
+    let not_applied: Arc<AtomicUsize> = Arc::default();
     let (log2, stall2, down2, broken2, slow2) = (
         Arc::clone(&log),
         Arc::clone(&stall),
@@ -51,6 +53,7 @@ fn service() -> Service {
     );
     std::thread::spawn(move || {
         for mut req in server.incoming_requests() {
+            let not_applied = Arc::clone(&not_applied);
             let (log, tickets, stall, down, broken, slow) = (
                 Arc::clone(&log2),
                 Arc::clone(&tickets),
@@ -80,7 +83,12 @@ fn service() -> Service {
                     "/customers" => (200, json!({"id": "C-7", "name": "Ana"})),
                     "/tickets" => {
                         if slow.load(Ordering::SeqCst) {
-                            std::thread::sleep(Duration::from_secs(2));
+                            let asked = Instant::now();
+                            while not_applied.load(Ordering::SeqCst) == 0
+                                && asked.elapsed() < Duration::from_secs(60)
+                            {
+                                std::thread::sleep(Duration::from_millis(10));
+                            }
                         }
                         let id = {
                             let mut t = tickets.lock().expect("lock");
@@ -105,7 +113,10 @@ fn service() -> Service {
                     }
                     "/tickets/lookup" => match tickets.lock().expect("lock").get(&key) {
                         Some(id) => (200, json!({"applied": true, "result": {"ticket_id": id}})),
-                        None => (200, json!({"applied": false})),
+                        None => {
+                            not_applied.fetch_add(1, Ordering::SeqCst);
+                            (200, json!({"applied": false}))
+                        }
                     },
                     _ => (404, json!({})),
                 };
