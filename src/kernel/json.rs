@@ -33,6 +33,16 @@ impl Sink for Count {
     }
 }
 
+/// Feeds the text to a hash instead of storing it.
+pub struct Hashing<H>(pub H);
+
+impl<H: sha2::Digest> Sink for Hashing<H> {
+    #[inline]
+    fn put(&mut self, s: &str) {
+        self.0.update(s.as_bytes());
+    }
+}
+
 /// `json.dumps(v, sort_keys=True)`.
 pub fn dumps(v: &Value) -> String {
     let mut out = String::with_capacity(64);

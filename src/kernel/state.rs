@@ -10,10 +10,10 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use std::fmt;
+use std::fmt::{self, Write as _};
 
-use super::json;
 pub use super::json::hex_prefix;
+use super::json::{self, Sink};
 
 /// Limits of one task. Names carry their unit; the defaults are the design reference's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -265,15 +265,20 @@ impl ToolCall {
 
     /// The call key under a namespace (a database id): `namespace:task_id:plan_step`.
     pub fn key_in(&self, namespace: &str, task_id: &str, step: u32) -> String {
-        let ns = if namespace.is_empty() {
-            String::new()
-        } else {
-            format!("{namespace}:")
-        };
-        match &self.plan_step {
-            Some(p) if !p.is_empty() => format!("{ns}{task_id}:{p}"),
-            _ => format!("{ns}{task_id}:adhoc{step}"),
+        let mut key = String::with_capacity(namespace.len() + task_id.len() + 24);
+        if !namespace.is_empty() {
+            key.push_str(namespace);
+            key.push(':');
         }
+        key.push_str(task_id);
+        key.push(':');
+        match &self.plan_step {
+            Some(p) if !p.is_empty() => key.push_str(p),
+            _ => {
+                let _ = write!(key, "adhoc{step}");
+            }
+        }
+        key
     }
 
     /// The design reference's fingerprint of (tool, args): first 10 hex digits of the SHA-256 of
@@ -294,13 +299,14 @@ pub fn call_hash(name: &str, args: &Map<String, Value>) -> String {
 }
 
 fn call_sha256(name: &str, args: &Map<String, Value>) -> impl AsRef<[u8]> {
-    let mut text = String::with_capacity(64);
-    text.push('[');
-    json::write_str(&mut text, name);
-    text.push_str(", ");
-    json::write_map(&mut text, args);
-    text.push(']');
-    Sha256::digest(text.as_bytes())
+    // Written straight into the hash: the text is never built.
+    let mut h = json::Hashing(Sha256::new());
+    h.put("[");
+    json::write_str(&mut h, name);
+    h.put(", ");
+    json::write_map(&mut h, args);
+    h.put("]");
+    h.0.finalize()
 }
 
 /// The model's last reply in its provider's protocol (see [`super::io::Turn`]) and what came of

@@ -327,14 +327,24 @@ impl Session<'_> {
         let (Some(spec), Some(obj)) = (self.catalog.get(&call.name), result.as_object()) else {
             return;
         };
-        let prefix = if spec.fact_prefix_arg.is_empty() {
-            call.name.clone()
+        let prefix: std::borrow::Cow<'_, str> = if spec.fact_prefix_arg.is_empty() {
+            call.name.as_str().into()
         } else {
-            python_str(call.args.get(&spec.fact_prefix_arg))
+            python_str(call.args.get(&spec.fact_prefix_arg)).into()
         };
+        let mut name = String::new();
         for (k, v) in obj {
-            if spec.fact_fields.iter().any(|f| f == k) {
-                self.state.facts.insert(format!("{prefix}.{k}"), v.clone());
+            if !spec.fact_fields.iter().any(|f| f == k) {
+                continue;
+            }
+            name.clear();
+            name.push_str(&prefix);
+            name.push('.');
+            name.push_str(k);
+            // A fact learned again with the same value changes nothing (and its text, kept
+            // between steps, stays written).
+            if self.state.facts.get(&name) != Some(v) {
+                self.state.facts.insert(name.clone(), v.clone());
                 self.written.facts_ok = false;
             }
         }
