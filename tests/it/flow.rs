@@ -353,6 +353,32 @@ conformance! {
     }
 }
 
+conformance! {
+    /// A delayed task cancelled before its start time is no longer work to come: a drain
+    /// right after ends at once (it waited for the start time, an hour here, while the
+    /// cancelled task's entry stayed in the file's delayed index).
+    fn a_cancelled_delayed_task_does_not_hold_a_drain(d) {
+        let later = enqueue(d, &["--in", "1h"]).trim().to_string();
+        ok(d, &["cancel", &later, "--by", "alice"]);
+        let mut drain = command(d)
+            .args(["run", "--drain"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the drain");
+        let t = Instant::now();
+        while drain.try_wait().expect("the drain").is_none() {
+            if t.elapsed() > Duration::from_secs(60) {
+                let _ = drain.kill();
+                let _ = drain.wait();
+                panic!("the drain waited for a cancelled task's start time");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(json(d, &["show", &later, "--json"])["stop"], "cancelled");
+    }
+}
+
 /// How many of `claimed` have each concurrency key ("-" for none).
 fn per_key(claimed: &[tether::store::TaskRecord]) -> BTreeMap<String, usize> {
     let mut n = BTreeMap::new();

@@ -73,6 +73,12 @@ impl DecisionTx for RedbTx<'_> {
         if rec.status == QueueStatus::Queued && was != QueueStatus::Queued {
             super::flow::Flow::queue(self.w, id, rec.priority, rec.not_before_ms, now)?;
         }
+        if was == QueueStatus::Queued
+            && rec.status != QueueStatus::Queued
+            && let Some(at) = rec.not_before_ms
+        {
+            super::flow::Flow::unqueue_delayed(self.w, id, at)?;
+        }
         super::list::Indexes::open(self.w)?.moved(id, was, rec.status)?;
         tasks::save(self.w, rec)
     }

@@ -90,6 +90,22 @@ impl<'w> Flow<'w> {
         Ok(())
     }
 
+    /// Task `id`, delayed until `at_ms`, leaves the queue before it came due (cancelled): its
+    /// entry in the delayed index goes too, or the index would count it as work to come (a
+    /// `worker run --drain` would wait for its start time) until that time.
+    pub fn unqueue_delayed(w: &WriteTransaction, id: &str, at_ms: u64) -> Result<()> {
+        let mut delayed = w.open_table(DELAYED)?;
+        let found = delayed
+            .range((at_ms, 0)..=(at_ms, u64::MAX))?
+            .filter_map(|e| e.ok())
+            .find(|(_, v)| v.value() == id)
+            .map(|(k, _)| k.value());
+        if let Some(k) = found {
+            delayed.remove(k)?;
+        }
+        Ok(())
+    }
+
     /// Task `id` stops running (finished, waiting, held, put back, quarantined): out of the
     /// running index, and its slot given back.
     pub fn left_running(w: &WriteTransaction, id: &str) -> Result<()> {
