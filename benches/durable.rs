@@ -4,8 +4,9 @@
 //!   record and three spans) in MultiWriter mode;
 //! - durable steps/s and tasks/s with one worker thread (one task at a time), for a read-only
 //!   workload (1 commit per step) and the design reference's Policy (refund and email: intents and
-//!   store writes too);
-//! - the same with 64 tasks in flight (64 threads; the committer groups their steps);
+//!   store writes too), on a file shared for writing (the default) and on one the daemon is the
+//!   only writer of (`worker run --sole-writer`), in alternating rounds;
+//! - the same with 64 tasks in flight (64 threads; the committer groups their steps), both ways;
 //! - enqueue to start with an idle daemon (its distribution);
 //! - enqueue throughput: one `worker enqueue` process per task, opening the file itself and
 //!   through a running daemon's local socket, and one batch file;
@@ -21,7 +22,7 @@ use std::time::Instant;
 use tether::store::prelude::*;
 
 use tether::model::ModelProfile;
-use tether::store::{QueueStatus, RedbStore};
+use tether::store::{QueueStatus, RedbStore, Sharing};
 use tether::tools::durable::DurableStore;
 use tether::worker::{self, Config};
 
@@ -100,7 +101,17 @@ fn raw_fsync_rate(n: usize) -> f64 {
 /// Enqueues `n` tasks of `model` (each with its own store tenant), runs them with `workers`
 /// threads until drained, and returns (steps/s, tasks/s, transactions, commits).
 fn durable(name: &str, model: &ModelProfile, n: usize, workers: usize) -> (f64, f64, u64, u64) {
-    durable_metered(name, model, n, workers, |_| {})
+    durable_metered(name, model, n, workers, Sharing::Shared, |_| {})
+}
+
+/// [`durable`] on a file the daemon is the only writer of (`worker run --sole-writer`).
+fn durable_sole(
+    name: &str,
+    model: &ModelProfile,
+    n: usize,
+    workers: usize,
+) -> (f64, f64, u64, u64) {
+    durable_metered(name, model, n, workers, Sharing::Sole, |_| {})
 }
 
 /// Enqueue-to-start latency with an idle daemon on the file: each of `n` tasks is enqueued
@@ -153,10 +164,11 @@ fn durable_metered(
     model: &ModelProfile,
     n: usize,
     workers: usize,
+    sharing: Sharing,
     meter: impl FnOnce(&RedbStore),
 ) -> (f64, f64, u64, u64) {
     let dir = temp_dir(name);
-    let store = Arc::new(RedbStore::open(&dir.join("w.redb"), true).expect("db"));
+    let store = Arc::new(RedbStore::open_as(&dir.join("w.redb"), true, sharing).expect("db"));
     meter(&store);
     let tools = Arc::new(DurableStore::open(&dir.join("w.store.redb")).expect("store"));
     let tasks = tasks(model, n);
@@ -186,7 +198,8 @@ fn durable_metered(
 }
 
 /// `worker enqueue` one process per task: `single` of them straight to the file (no daemon
-/// runs), then `single` through the local socket of a daemon on the same file (its tasks start
+/// runs), then `single` through the local socket of a daemon on the same file (the file's only
+/// writer, `--sole-writer`) (its tasks start
 /// in an hour, so the daemon only commits them, as the direct enqueue does); and one batch
 /// file of `batch` tasks. Returns (direct, through the daemon, batch) tasks/s.
 fn enqueue_rates(single: usize, batch: usize) -> (f64, f64, f64) {
@@ -228,7 +241,7 @@ fn enqueue_rates(single: usize, batch: usize) -> (f64, f64, f64) {
     ]);
     let direct = singles("direct");
     let mut daemon = std::process::Command::new(bin)
-        .args(["run", "--workers", "1"])
+        .args(["run", "--workers", "1", "--sole-writer"])
         .current_dir(&dir)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -294,18 +307,24 @@ fn main() {
         Vec::new(),
         Vec::new(),
     );
+    let (mut sole1s, mut sole_t1s, mut sole_disk) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..5 {
         let fsync = raw_fsync_rate(600);
         let raw = raw_commit_rate(300);
         let (r1, rt1, _, _) = durable(&format!("reads-1-{round}"), &reads, 60, 1);
+        let (s1, st1, _, _) = durable_sole(&format!("sole-1-{round}"), &reads, 60, 1);
         ratios.push(r1 / raw);
         disk_ratios.push(r1 / fsync);
+        sole_disk.push(s1 / fsync);
         fsyncs.push(fsync);
         raws.push(raw);
         r1s.push(r1);
         rt1s.push(rt1);
+        sole1s.push(s1);
+        sole_t1s.push(st1);
     }
     let (fsync, raw, r1, rt1) = (median(fsyncs), median(raws), median(r1s), median(rt1s));
+    let (s1, st1) = (median(sole1s), median(sole_t1s));
     let listed = |v: &[f64]| {
         v.iter()
             .map(|r| format!("{r:.2}"))
@@ -348,6 +367,12 @@ fn main() {
         median(disk_ratios.clone()),
         listed(&disk_ratios)
     );
+    println!(
+        "1 thread,  read-only, sole writer: {s1:.0} steps/s, {st1:.0} tasks/s  ({:.2}x the shared file's; {:.2}x the disk, rounds: {}; target 0.5x)",
+        s1 / r1,
+        median(sole_disk.clone()),
+        listed(&sole_disk)
+    );
     let (p1, pt1, _, _) = durable("policy-1", &policy, 100, 1);
     println!(
         "1 thread,  Policy tasks    : {p1:.0} steps/s, {pt1:.0} tasks/s  ({:.2}x the raw commit rate)",
@@ -360,6 +385,13 @@ fn main() {
         r64 / fsync,
         commits as f64 / tx.max(1) as f64
     );
+    let (s64, st64, tx, commits) = durable_sole("sole-64", &reads, 640, 64);
+    println!(
+        "64 in flight, read-only, sole writer: {s64:.0} steps/s, {st64:.0} tasks/s  ({:.2}x the shared file's; {:.2}x the disk's fsync rate, target 2x; {:.1} commits per transaction)",
+        s64 / r64,
+        s64 / fsync,
+        commits as f64 / tx.max(1) as f64
+    );
     let (p64, pt64, tx, commits) = durable("policy-64", &policy, 640, 64);
     println!(
         "64 in flight, Policy       : {p64:.0} steps/s, {pt64:.0} tasks/s  ({:.1}x one thread; {:.1} commits per transaction)",
@@ -368,7 +400,7 @@ fn main() {
     );
     let bytes = |name: &str, model: &ModelProfile, n: usize| {
         let mut meter = None;
-        durable_metered(name, model, n, 1, |store| {
+        durable_metered(name, model, n, 1, Sharing::Shared, |store| {
             let m = store.meter_writes();
             m.measure_legacy.store(true, Ordering::Relaxed);
             meter = Some(m);

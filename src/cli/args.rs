@@ -45,7 +45,7 @@ pub enum LogFormat {
 pub enum Command {
     /// Run the daemon: claim tasks and run them on a pool of threads.
     #[command(
-        after_help = "Example:\n  RUST_LOG=info worker run --workers 8        # until SIGINT/SIGTERM\n  worker run --drain                          # until the queue is empty\n\nOn a file, the daemon serves a local API on a Unix socket beside it (worker.redb.sock,\nmode 0600): while it runs, `worker enqueue` and the decisions (approve, reject, reconcile,\ncancel) go through it. One daemon per file serves the socket (it holds worker.redb.lock,\nwhich names its pid); another daemon on the same file runs tasks but leaves the socket to it."
+        after_help = "Example:\n  RUST_LOG=info worker run --workers 8        # until SIGINT/SIGTERM\n  worker run --drain                          # until the queue is empty\n  worker run --sole-writer                    # the file's only writer: quicker commits\n\nOn a file, the daemon serves a local API on a Unix socket beside it (worker.redb.sock,\nmode 0600): while it runs, `worker enqueue`, the decisions (approve, reject, reconcile,\ncancel) and `worker memory add|forget` go through it. One daemon per file serves the socket\n(it holds worker.redb.lock, which names its pid); another daemon on the same file runs tasks\nbut leaves the socket to it, unless one of them was started with --sole-writer: then the\nsecond is refused."
     )]
     Run(RunArgs),
     /// Add a task (or a batch from a JSONL file) to the queue; prints the task id.
@@ -315,6 +315,13 @@ pub struct RunArgs {
     /// `worker reconcile`).
     #[arg(long)]
     pub no_auto_settle: bool,
+    /// On a file: be its only writer while this daemon runs (redb's single-writer mode, whose
+    /// commits are quicker than shared writing). A second daemon on the file is refused, and so
+    /// is any process that would open it for writing: `worker enqueue`, the decisions and
+    /// `worker memory` go through this daemon's socket; `purge`, `schedule`, `console` and
+    /// `reconcile --auto` are refused until it stops. Readers (list, show, wait, ...) read on.
+    #[arg(long)]
+    pub sole_writer: bool,
     /// Serve /metrics (Prometheus text format) and /healthz on this address, e.g.
     /// 127.0.0.1:9464.
     #[arg(long, value_name = "ADDR")]

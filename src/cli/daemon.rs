@@ -25,9 +25,7 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
             crate::mcp::Mcp::new(trusted.mcp.clone()).map_err(CliError::usage)?,
         ))
     };
-    // A pool connection for each worker thread, the committer, the dispatcher, the settler
-    // and the heartbeat (which must never wait behind the others).
-    let store = open_created(cli, a.workers as usize + 4)?;
+    let (store, sole) = open_daemon_store(cli, a)?;
     // The demo shop is opened only if a task calls one of its tools.
     let demo = Arc::new(DemoShop::at(
         &store_target(cli, &a.shop),
@@ -58,7 +56,7 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
         tracing::info!(addr = %bound, "serving /metrics and /healthz");
     }
     tracing::info!(db = %store.describe(), workers = cfg.workers, drain = cfg.drain, "worker started");
-    let local = serve_local(cli, &store);
+    let local = serve_api(cli, &store, sole)?;
     let reporting = drain_progress(&store, cfg.drain);
     let stats = worker::run(store, &cfg, shutdown);
     reporting.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -70,6 +68,84 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
         "worker stopped"
     );
     Ok(())
+}
+
+/// The daemon's database, and with `--sole-writer` the daemon's lock of the file, taken first
+/// so that a second daemon is refused by name before it touches the database.
+fn open_daemon_store(cli: &Cli, a: &RunArgs) -> Result<(Db, Option<std::fs::File>), CliError> {
+    match (a.sole_writer, store::pg::is_url(&cli.db)) {
+        (true, false) => {
+            let lock = claim_sole(&cli.db)?;
+            Ok((open_sole(&cli.db)?, Some(lock)))
+        }
+        (true, true) => Err(CliError::usage(
+            "--sole-writer is for a database file: daemons on PostgreSQL share its database",
+        )),
+        // A pool connection for each worker thread, the committer, the dispatcher, the
+        // settler and the heartbeat (which must never wait behind the others).
+        (false, _) => Ok((open_created(cli, a.workers as usize + 4)?, None)),
+    }
+}
+
+/// The local API: under the lock a sole writer took (which cannot run without it: the
+/// verbs reach the file through it), else as [`serve_local`] decides.
+fn serve_api(
+    cli: &Cli,
+    store: &Db,
+    sole: Option<std::fs::File>,
+) -> Result<Option<crate::local::LocalApi>, CliError> {
+    let Some(lock) = sole else {
+        return Ok(serve_local(cli, store));
+    };
+    let api = crate::local::serve_claimed(Path::new(&cli.db), lock, Arc::clone(store))
+        .map_err(|why| {
+            CliError::op(format!("cannot serve the local API: {why}")).hint(
+                "a daemon started with --sole-writer needs it: `worker enqueue` and the decisions reach the file through it",
+            )
+        })?;
+    tracing::info!(socket = %api.socket().display(), sole_writer = true, "serving the local API");
+    Ok(Some(api))
+}
+
+/// `--sole-writer`: the daemon's lock of the file, or a refusal naming the daemon that has it.
+fn claim_sole(db: &str) -> Result<std::fs::File, CliError> {
+    match crate::local::claim(Path::new(db)).map_err(CliError::op)? {
+        crate::local::Claim::Held(lock) => Ok(lock),
+        crate::local::Claim::Elsewhere(pid) => {
+            let who = pid.map_or_else(
+                || "another daemon".to_string(),
+                |p| format!("the daemon with pid {p}"),
+            );
+            Err(CliError::op(format!(
+                "{who} already runs on {db}; a daemon started with --sole-writer must be its only one"
+            ))
+            .hint("stop that daemon first (SIGTERM lets it finish its steps), or run this one on another file"))
+        }
+    }
+}
+
+/// `--sole-writer`: the file opened (created if need be) as its only writer. Verbs that share
+/// the file for writing hold it for a moment each: the open waits for them, up to 10 s;
+/// anything that holds it longer (a daemon started without --sole-writer, a `worker console`)
+/// is named in the refusal.
+fn open_sole(db: &str) -> Result<Db, CliError> {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match RedbStore::open_as(Path::new(db), true, store::Sharing::Sole) {
+            Ok(s) => return Ok(Arc::new(s)),
+            Err(store::Error::InUse(_)) if std::time::Instant::now() < until => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(store::Error::InUse(path)) => {
+                return Err(CliError::op(format!(
+                    "{} stayed open for writing in another process for 10 s, so this daemon cannot be its only writer",
+                    path.display()
+                ))
+                .hint("a daemon started without --sole-writer, or a `worker console`, shares the file for writing: stop it, or start this daemon without --sole-writer"));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// On a redb file: the local socket that `worker enqueue` hands its tasks to while this daemon

@@ -21,26 +21,13 @@ fn decided_json(verb: &str, task: &str, call: &ToolCall, key: Option<String>) ->
 }
 
 /// Takes a decision: through the daemon that serves the file if one runs, else here, by the
-/// same function the daemon runs.
+/// same function the daemon runs (`db` is the handle the verb read the task with).
 fn take<T: serde::de::DeserializeOwned>(
     cli: &Cli,
     db: &dyn Backend,
     d: &crate::local::Decide,
 ) -> Result<T, CliError> {
-    let through_daemon = if store::pg::is_url(&cli.db) {
-        None
-    } else {
-        crate::local::decide(Path::new(&cli.db), d)?
-    };
-    let out = match through_daemon {
-        Some(out) => out,
-        None => crate::local::decide_here(d, db)?,
-    };
-    serde_json::from_value(out).map_err(|e| {
-        CliError::op(format!(
-            "the answer to the decision is not one this release reads: {e}"
-        ))
-    })
+    operator_write(cli, d, Access::Write, Some(db))
 }
 
 pub(super) fn cmd_approve(cli: &Cli, a: &ApproveArgs) -> CliResult {
@@ -56,7 +43,7 @@ pub(super) fn cmd_approve(cli: &Cli, a: &ApproveArgs) -> CliResult {
         )));
     }
     let extend = extension(&a.extend)?;
-    let db = open_existing(cli)?;
+    let db = open_reader(cli)?;
     let task = db.resolve(&a.decide.task)?;
     // The approval is written once, here, with its audit event; the re-sent call carries it
     // to the tool service.
@@ -82,7 +69,7 @@ pub(super) fn cmd_approve(cli: &Cli, a: &ApproveArgs) -> CliResult {
 
 pub(super) fn cmd_reject(cli: &Cli, a: &RejectArgs) -> CliResult {
     let d = decision(&a.decide.by, &a.decide.reason)?;
-    let db = open_existing(cli)?;
+    let db = open_reader(cli)?;
     let task = db.resolve(&a.decide.task)?;
     let reviewed = a.call.reviewed();
     let asked = crate::local::Decide::Reject {
@@ -137,10 +124,11 @@ fn list_held(db: &dyn Backend, json: bool) -> CliResult {
 }
 
 pub(super) fn cmd_reconcile(cli: &Cli, a: &ReconcileArgs) -> CliResult {
-    let store = if a.task.is_none() && !a.auto {
-        open_reader(cli)?
-    } else {
+    // The decision itself opens the file for writing only if no daemon takes it.
+    let store = if a.auto {
         open_existing(cli)?
+    } else {
+        open_reader(cli)?
     };
     if a.auto {
         return auto(cli, store.as_ref(), a);
@@ -213,7 +201,7 @@ pub(super) fn cmd_reconcile(cli: &Cli, a: &ReconcileArgs) -> CliResult {
 
 pub(super) fn cmd_cancel(cli: &Cli, a: &DecideArgs) -> CliResult {
     let d = decision(&a.by, &a.reason)?;
-    let db = open_existing(cli)?;
+    let db = open_reader(cli)?;
     let task = db.resolve(&a.task)?;
     let asked = crate::local::Decide::Cancel {
         task: task.clone(),

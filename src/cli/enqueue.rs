@@ -173,17 +173,18 @@ pub(super) fn cmd_enqueue(cli: &Cli, a: &EnqueueArgs) -> CliResult {
         None => vec![one_task(a, cfg.as_ref())?],
     };
     // While a daemon runs on the file, it commits the tasks in the database it has open.
-    let through_daemon = if store::pg::is_url(&cli.db) {
-        None
-    } else {
-        crate::local::enqueue(Path::new(&cli.db), &tasks)?
+    let here = || -> store::Result<_> {
+        let store = store::open_backend(&cli.db, Access::Create, 1)?;
+        Ok((store.enqueue(&tasks, now_ms())?, Some(store)))
     };
-    let (out, store) = match through_daemon {
-        Some(out) => (out, None),
-        None => {
-            let store = open_created(cli, 1)?;
-            (store.enqueue(&tasks, now_ms())?, Some(store))
-        }
+    let (out, store) = if store::pg::is_url(&cli.db) {
+        here()?
+    } else {
+        let daemon = || {
+            crate::local::enqueue(Path::new(&cli.db), &tasks)
+                .map(|done| done.map(|out| (out, None)))
+        };
+        through_daemon(daemon, here)?
     };
     if a.wait {
         let store = match store {

@@ -154,6 +154,19 @@ impl From<store::Error> for CliError {
             store::Error::NewerVersion { .. } => {
                 Some("use the Tether release that wrote this file, or a newer one".to_string())
             }
+            store::Error::InUse(path) => {
+                let (daemon, socket) = (
+                    crate::local::daemon_pid(path).map_or_else(
+                        || "a daemon".to_string(),
+                        |p| format!("the daemon with pid {p}"),
+                    ),
+                    crate::local::socket_path(path),
+                );
+                Some(format!(
+                    "{daemon} is the file's only writer while it runs (it was started with --sole-writer): `worker enqueue` and the decisions reach the file through its socket ({}), and so do `worker memory add` and `forget`; other writing verbs (purge, schedule, console, reconcile --auto) can run once it stops",
+                    socket.display()
+                ))
+            }
             store::Error::Corrupt(_) => Some(
                 "restore the file from a backup; this build will not guess at its contents"
                     .to_string(),
@@ -243,6 +256,55 @@ fn open_reader(cli: &Cli) -> Result<Db, CliError> {
 /// For enqueue and the daemon: the file is created, the migrations applied.
 fn open_created(cli: &Cli, connections: usize) -> Result<Db, CliError> {
     Ok(store::open_backend(&cli.db, Access::Create, connections)?)
+}
+
+/// A writing verb on a redb file: handed to the daemon that serves the file's socket when one
+/// answers (`daemon` gives `None` when none does), else carried out on the file itself
+/// (`file`). A daemon that is the file's only writer (`--sole-writer`) keeps the verb off the
+/// file: one that started after `daemon` found no socket, or that was too busy to take the
+/// request, is asked again through its socket, for up to 10 s.
+fn through_daemon<T>(
+    daemon: impl Fn() -> store::Result<Option<T>>,
+    file: impl Fn() -> store::Result<T>,
+) -> store::Result<T> {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if let Some(out) = daemon()? {
+            return Ok(out);
+        }
+        match file() {
+            Err(store::Error::InUse(_)) if std::time::Instant::now() < until => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            done => return done,
+        }
+    }
+}
+
+/// An operator's write (a decision, a memory note): through the daemon that serves the file
+/// if one runs, else here, by the same function the daemon runs: on PostgreSQL with `opened`
+/// (the handle the verb read with) when given, on a file opened for writing (with `access`)
+/// only then.
+fn operator_write<T: serde::de::DeserializeOwned>(
+    cli: &Cli,
+    asked: &crate::local::Decide,
+    access: Access,
+    opened: Option<&dyn Backend>,
+) -> Result<T, CliError> {
+    let here = || match opened {
+        Some(db) if store::pg::is_url(&cli.db) => crate::local::decide_here(asked, db),
+        _ => {
+            let db = store::open_backend(&cli.db, access, 2)?;
+            crate::local::decide_here(asked, db.as_ref())
+        }
+    };
+    let out = if store::pg::is_url(&cli.db) {
+        here()?
+    } else {
+        through_daemon(|| crate::local::decide(Path::new(&cli.db), asked), here)?
+    };
+    serde_json::from_value(out)
+        .map_err(|e| CliError::op(format!("the answer is not one this release reads: {e}")))
 }
 
 fn print_json(v: &Value) -> CliResult {

@@ -115,9 +115,16 @@ pub(super) fn cmd_memory(cli: &Cli, c: &MemoryCommand) -> CliResult {
             if user.trim().is_empty() {
                 return Err(CliError::usage("--user must not be empty"));
             }
-            let d = decision(by, &None)?;
-            let store = open_created(cli, 1)?;
-            let note = store.add_note(user, text, source, ttl_days.saturating_mul(86_400), &d)?;
+            decision(by, &None)?;
+            let asked = crate::local::Decide::Note {
+                user: user.clone(),
+                text: text.clone(),
+                source: source.clone(),
+                ttl_s: ttl_days.saturating_mul(86_400),
+                by: by.clone(),
+            };
+            let note: crate::kernel::memory::Note =
+                operator_write(cli, &asked, Access::Create, None)?;
             if *json {
                 return print_json(&serde_json::to_value(&note).unwrap_or(Value::Null));
             }
@@ -153,8 +160,13 @@ pub(super) fn cmd_memory(cli: &Cli, c: &MemoryCommand) -> CliResult {
             by,
             json,
         } => {
-            let d = decision(by, &None)?;
-            let n = open_existing(cli)?.forget(user, source.as_deref(), &d)?;
+            decision(by, &None)?;
+            let asked = crate::local::Decide::Forget {
+                user: user.clone(),
+                source: source.clone(),
+                by: by.clone(),
+            };
+            let n: usize = operator_write(cli, &asked, Access::Write, None)?;
             if *json {
                 return print_json(&json!({"user": user, "deleted": n}));
             }

@@ -28,7 +28,7 @@ mod server;
 mod tests;
 
 pub use client::{decide, enqueue};
-pub use server::{LocalApi, Served, decide_here, serve};
+pub use server::{Claim, LocalApi, Served, claim, decide_here, serve, serve_claimed};
 
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -151,6 +151,7 @@ enum Answer {
 /// An operator's decision, as `worker approve|reject|reconcile|cancel` hands it to the daemon:
 /// the task (already resolved to its id), the held call the operator reviewed, the budget
 /// granted, who and why. The daemon runs the same function of `operator` the verb would have.
+/// `worker memory add|forget` hand their note (or its deletion) to it the same way.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "verb", rename_all = "snake_case")]
 pub enum Decide {
@@ -183,6 +184,20 @@ pub enum Decide {
         task: String,
         by: String,
         reason: Option<String>,
+    },
+    /// `worker memory add`: a note for a user, from a source, for `ttl_s` seconds.
+    Note {
+        user: String,
+        text: String,
+        source: String,
+        ttl_s: u64,
+        by: String,
+    },
+    /// `worker memory forget`: a user's notes (from one source when given).
+    Forget {
+        user: String,
+        source: Option<String>,
+        by: String,
     },
 }
 

@@ -35,18 +35,29 @@ pub struct LocalApi {
 
 /// Serves the local API of the database file `db` with `store`, unless another daemon does.
 pub fn serve(db: &Path, store: Arc<dyn Backend>) -> std::result::Result<Served, String> {
-    let socket = socket_path(db);
-    if socket.as_os_str().len() > SOCKET_PATH_MAX {
-        return Err(format!(
-            "{} is longer than the {SOCKET_PATH_MAX} bytes a Unix socket's path may have",
-            socket.display()
-        ));
+    match claim(db)? {
+        Claim::Held(lock) => serve_claimed(db, lock, store).map(Served::Serving),
+        Claim::Elsewhere(pid) => Ok(Served::Elsewhere(pid)),
     }
+}
+
+/// The lock on `worker.redb.lock`, which one daemon per file holds.
+pub enum Claim {
+    /// This process holds it, its pid written in the file.
+    Held(File),
+    /// Another daemon holds it (its pid, if it wrote one).
+    Elsewhere(Option<u32>),
+}
+
+/// Takes the daemon's lock of the file `db`, unless another daemon holds it. A daemon that is
+/// the file's only writer takes it before it opens the file, so a second daemon is refused
+/// by name before it touches the database.
+pub fn claim(db: &Path) -> std::result::Result<Claim, String> {
     let lock_file = lock_path(db);
     let lock = open_lock(&lock_file)?;
     match lock.try_lock() {
         Ok(()) => {}
-        Err(fs::TryLockError::WouldBlock) => return Ok(Served::Elsewhere(daemon_pid(db))),
+        Err(fs::TryLockError::WouldBlock) => return Ok(Claim::Elsewhere(daemon_pid(db))),
         Err(fs::TryLockError::Error(e)) => {
             return Err(format!("cannot lock {}: {e}", lock_file.display()));
         }
@@ -57,6 +68,22 @@ pub fn serve(db: &Path, store: Arc<dyn Backend>) -> std::result::Result<Served, 
         (&lock).write_all(pid.as_bytes())
     })()
     .map_err(|e| format!("cannot write {}: {e}", lock_file.display()))?;
+    Ok(Claim::Held(lock))
+}
+
+/// Serves the local API of `db` under the lock [`claim`] took.
+pub fn serve_claimed(
+    db: &Path,
+    lock: File,
+    store: Arc<dyn Backend>,
+) -> std::result::Result<LocalApi, String> {
+    let socket = socket_path(db);
+    if socket.as_os_str().len() > SOCKET_PATH_MAX {
+        return Err(format!(
+            "{} is longer than the {SOCKET_PATH_MAX} bytes a Unix socket's path may have",
+            socket.display()
+        ));
+    }
     let listener = bind_private(&socket)?;
     let stop = Arc::new(AtomicBool::new(false));
     let live = Arc::new(AtomicUsize::new(0));
@@ -67,13 +94,13 @@ pub fn serve(db: &Path, store: Arc<dyn Backend>) -> std::result::Result<Served, 
             .spawn(move || accept_loop(listener, store, stop, live))
             .map_err(|e| format!("cannot start the local API's thread: {e}"))?
     };
-    Ok(Served::Serving(LocalApi {
+    Ok(LocalApi {
         socket,
         stop,
         live,
         accept: Some(accept),
         _lock: lock,
-    }))
+    })
 }
 
 /// Opens the lock file without following a symbolic link, and only if it is a regular file of
@@ -428,6 +455,20 @@ pub fn decide_here(d: &Decide, store: &dyn Backend) -> Result<serde_json::Value>
         Decide::Cancel { task, by, reason } => {
             let was = crate::operator::cancel(store, task, None, &decision(by, reason)?)?;
             return Ok(serde_json::json!(was));
+        }
+        Decide::Note {
+            user,
+            text,
+            source,
+            ttl_s,
+            by,
+        } => {
+            let note = store.add_note(user, text, source, *ttl_s, &decision(by, &None)?)?;
+            return Ok(serde_json::json!(note));
+        }
+        Decide::Forget { user, source, by } => {
+            let n = store.forget(user, source.as_deref(), &decision(by, &None)?)?;
+            return Ok(serde_json::json!(n));
         }
     };
     Ok(serde_json::json!(call))

@@ -66,6 +66,11 @@ pub enum Error {
     /// that does not exist) or by our check of its certificate. Trying again would not help.
     #[error("{0}")]
     Refused(String),
+    /// Another process has the file open for writing in a mode that excludes this open: a
+    /// daemon started with `--sole-writer` (the file's only writer while it runs), or, for
+    /// such a daemon, processes that share the file for writing.
+    #[error("{} is open for writing in another process, in a mode that excludes this one", .0.display())]
+    InUse(PathBuf),
     /// The daemon that owns the file answered a request it was passed with this error.
     #[error("{0}")]
     Daemon(String),

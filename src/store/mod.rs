@@ -28,7 +28,7 @@ pub use backend::{
 pub use callbacks::Callback;
 pub use outbox::OutboxEntry;
 pub use records::*;
-pub use redb::{Opener, RedbStore, Reopening, WriteStats, schema};
+pub use redb::{Opener, RedbStore, Reopening, Sharing, WriteStats, schema};
 pub(crate) use redb::{check_not_empty, create_redb, open_redb};
 
 /// Every part of the storage interface, to bring their methods into scope:

@@ -7,7 +7,8 @@
 //! the suspended tasks; after a last drain every task is finished and every effect of a task
 //! that ended done appears exactly once.
 //!
-//! It runs on both backends (`::redb`, `::postgres`).
+//! It runs on both backends (`::redb`, `::postgres`), and once more on a file with daemons
+//! started with `--sole-writer` (each the file's only writer while it runs).
 //!
 //! The seed is printed; `TETHER_SEED=<seed> cargo test --test crash_recovery` replays the same
 //! task mix and kill schedule (the machine's timing still varies).
@@ -23,6 +24,21 @@ const ENQUEUERS: usize = 3;
 
 conformance! {
 fn daemon_killed_at_random_moments_loses_and_repeats_nothing(dir) {
+    crash(dir, &[]);
+}
+}
+
+/// The same with a daemon that is the file's only writer (`--sole-writer`): the enqueuers go
+/// through its socket while it runs, and open the file themselves between a kill and the next
+/// start (or wait for that daemon's socket when it took the file first).
+#[test]
+fn a_sole_writer_daemon_killed_at_random_moments_loses_and_repeats_nothing() {
+    let dir = TempDir::on("crash_sole", Backend::Redb).expect("a directory");
+    crash(dir.path(), &["--sole-writer"]);
+}
+
+/// Kills daemons started with `run_extra` at random moments while enqueuers run beside them.
+fn crash(dir: &std::path::Path, run_extra: &[&str]) {
     let seed = seed("crash recovery");
     let mut rng = Rng(seed);
     let d = dir.to_path_buf();
@@ -73,6 +89,7 @@ fn daemon_killed_at_random_moments_loses_and_repeats_nothing(dir) {
         kill_after(
             command(&d)
                 .args(["run", "--workers", "4", "--time-scale", "0.004"])
+                .args(run_extra)
                 // On PostgreSQL a killed daemon's claims are taken over when its heartbeat
                 // runs out (a file judges the dead process at once).
                 .args(["--heartbeat-ttl-ms", "3000", "--recover-every-ms", "200"]),
@@ -82,12 +99,17 @@ fn daemon_killed_at_random_moments_loses_and_repeats_nothing(dir) {
     for e in enqueuers {
         e.join().expect("enqueuer thread");
     }
-    ok(
-        &d,
-        &["run", "--drain", "--workers", "4", "--recover-every-ms", "200"],
-    );
+    let mut drain = vec![
+        "run",
+        "--drain",
+        "--workers",
+        "4",
+        "--recover-every-ms",
+        "200",
+    ];
+    drain.extend_from_slice(run_extra);
+    ok(&d, &drain);
 
     check_after_crashes(&d, TASKS, seed);
     settle_with_oracle(&d, seed);
-}
 }

@@ -2,7 +2,9 @@
 //! running daemon; a paused daemon's silence is reported, the request is not sent again and the
 //! daemon refuses it when it resumes past its deadline; a
 //! killed daemon's socket does not stop an enqueue, and the next daemon replaces it; one
-//! daemon per file serves it.
+//! daemon per file serves it. A daemon started with `--sole-writer` is the file's only writer:
+//! a second daemon is refused by name, the enqueues and decisions go through its socket, other
+//! writers are refused with a message that names it, readers read on.
 
 use crate::common::*;
 
@@ -12,9 +14,15 @@ use std::time::{Duration, Instant};
 
 /// `worker run` in `dir`, logging at debug level to `dir/NAME.log`.
 fn daemon(dir: &Path, name: &str) -> (Child, PathBuf) {
+    daemon_with(dir, name, &[])
+}
+
+/// [`daemon`] with more arguments.
+fn daemon_with(dir: &Path, name: &str, extra: &[&str]) -> (Child, PathBuf) {
     let log = dir.join(format!("{name}.log"));
     let child = command(dir)
         .args(["run", "--workers", "1"])
+        .args(extra)
         .env("RUST_LOG", "tether=debug")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).expect("log file"))
@@ -219,4 +227,77 @@ fn decisions_go_through_the_daemon_with_their_refusals_and_audit() {
     assert!(said.contains("\"was\": \"queued\""), "{said}");
     assert_eq!(json(d, &["show", &t2, "--json"])["status"], "finished");
     stop(child);
+}
+
+#[test]
+fn a_sole_writer_daemon_refuses_a_second_one_and_takes_the_verbs_writes() {
+    let dir = TempDir::new("local_sole");
+    let d = dir.path();
+    ok(d, &["store", "orders"]);
+    let (a, log) = daemon_with(d, "a", &["--sole-writer"]);
+    serving(&log);
+    let pid = format!("pid {}", a.id());
+    // A second daemon is refused by name, whether it would share the file or own it.
+    for extra in [&["--sole-writer"][..], &[][..]] {
+        let out = command(d)
+            .args(["run", "--drain"])
+            .args(extra)
+            .output()
+            .expect("a second daemon");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{extra:?}: {err}");
+        assert!(
+            err.contains(&pid),
+            "{extra:?} names the running daemon: {err}"
+        );
+    }
+    // The enqueues and the decisions go through it; the tasks run.
+    enqueue(d, &["--model", "policy:ord_1004:8000", "--key", "big"]);
+    enqueue(d, &["--model", "policy", "--key", "small"]);
+    until("t1 waits for its approval", || {
+        json(d, &["show", "t1", "--json"])["status"] == "suspended"
+    });
+    let digest = held_digest(d, "t1");
+    ok(d, &["approve", "t1", "--by", "alice", "--digest", &digest]);
+    until("the daemon logs the decision", || {
+        log_says(&log, "decided for a caller of the local API")
+    });
+    until("both tasks finish", || {
+        json_list(d, &["list", "--json"])
+            .iter()
+            .all(|t| t["status"] == "finished")
+    });
+    let t3 = enqueue(d, &["--in", "1h"]).trim().to_string();
+    ok(d, &["cancel", &t3, "--by", "alice"]);
+    // A memory note goes through it too.
+    ok(
+        d,
+        &[
+            "memory",
+            "add",
+            "--user",
+            "cu_ana",
+            "--source",
+            "user_message",
+            "--text",
+            "hi",
+        ],
+    );
+    assert_eq!(json_list(d, &["memory", "list", "--json"]).len(), 1);
+    // A verb that needs the file itself is refused with the reason and the daemon's name.
+    let (code, err) = fails(d, &["purge", "--finished-before", "30d"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("--sole-writer") && err.contains(&pid), "{err}");
+    assert_eq!(ledger(d).len(), 4, "two refunds and two emails, once each");
+
+    // Killed, it leaves no claim on the file: a verb opens it, and the next sole writer starts.
+    signal(a.id(), "-KILL");
+    let mut a = a;
+    a.wait().expect("killed");
+    enqueue(d, &["--key", "after", "--store-scope", "s2"]);
+    ok(d, &["run", "--drain", "--sole-writer"]);
+    let tasks = json_list(d, &["list", "--json"]);
+    assert_eq!(tasks.len(), 4);
+    assert!(tasks.iter().all(|t| t["status"] == "finished"), "{tasks:?}");
+    assert_eq!(ledger(d).len(), 6);
 }

@@ -27,7 +27,7 @@ mod schedules;
 pub mod schema;
 mod writes;
 
-pub use handle::{Opener, Reopening};
+pub use handle::{Opener, Reopening, Sharing};
 pub(crate) use handle::{create_redb, open_redb};
 pub(crate) use open::check_not_empty;
 pub use writes::WriteStats;

@@ -6,13 +6,20 @@ use std::path::Path;
 
 use crate::store::random_u64;
 
-use super::handle::{Handle, Reopening, open_error, open_redb};
+use super::handle::{Handle, Reopening, Sharing, open_error, open_redb_as};
 use super::schema::*;
 use super::{Error, Opener, RedbStore, Result, create_redb};
 
 impl RedbStore {
-    /// Opens (and with `create`, creates with mode 0600) the database at `path`.
+    /// Opens (and with `create`, creates with mode 0600) the database at `path`, shared for
+    /// writing with other processes.
     pub fn open(path: &Path, create: bool) -> Result<RedbStore> {
+        RedbStore::open_as(path, create, Sharing::Shared)
+    }
+
+    /// [`RedbStore::open`] in the given sharing mode: [`Sharing::Sole`] for a daemon that is
+    /// the file's only writer while it runs.
+    pub fn open_as(path: &Path, create: bool, sharing: Sharing) -> Result<RedbStore> {
         if !path.exists() {
             if !create {
                 return Err(Error::Missing(path.to_path_buf()));
@@ -27,14 +34,20 @@ impl RedbStore {
             check_not_empty(path)?;
         }
         let p = path.to_path_buf();
-        RedbStore::open_with(path, std::sync::Arc::new(move || open_redb(&p, 32 << 20)))
+        let open = std::sync::Arc::new(move || open_redb_as(&p, 32 << 20, sharing));
+        RedbStore::open_with_as(path, open, sharing)
     }
 
     /// Opens the database with `open`, which makes a fresh handle each time it is called
     /// (again after an I/O error); tests pass one over a storage backend that fails on demand.
     pub fn open_with(path: &Path, open: Opener) -> Result<RedbStore> {
+        RedbStore::open_with_as(path, open, Sharing::Shared)
+    }
+
+    /// [`RedbStore::open_with`], where `open` makes handles in the sharing mode given.
+    pub fn open_with_as(path: &Path, open: Opener, sharing: Sharing) -> Result<RedbStore> {
         let mut store = RedbStore {
-            db: Handle::Writer(Reopening::new(open)?),
+            db: Handle::Writer(Reopening::with(open, sharing)?),
             path: path.to_path_buf(),
             db_id: String::new(),
             meter: Default::default(),

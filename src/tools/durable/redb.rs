@@ -84,7 +84,7 @@ impl RedbStore {
             writer: Mutex::new(None),
         };
         let format = {
-            let r = s.db.get().begin_read()?;
+            let r = s.db.get()?.begin_read()?;
             match r.open_table(FORMAT) {
                 Ok(t) => t.get(FORMAT_KEY)?.map(|g| g.value()),
                 Err(redb::TableError::TableDoesNotExist(_)) => None,
@@ -104,7 +104,7 @@ impl RedbStore {
                 // A new file, or one written as JSON records: seed or rewrite it, at once. A
                 // worker database (or any file with tables of another kind) is refused, never
                 // seeded: it is judged inside the write.
-                let w = s.db.get().begin_write()?;
+                let w = s.db.get()?.begin_write()?;
                 {
                     use redb::TableHandle;
                     let foreign: Vec<String> = w
@@ -149,14 +149,14 @@ impl RedbStore {
     /// Adds orders, or changes the customer and total of existing ones: what was refunded
     /// stays (a total below it is refused), so re-adding an order never undoes refunds.
     pub fn put_orders(&self, orders: &[(String, Order)]) -> Result<()> {
-        let w = self.db.get().begin_write()?;
+        let w = self.db.get()?.begin_write()?;
         put_orders_in(&mut RedbBook(&w), orders)?;
         w.commit()?;
         Ok(())
     }
 
     pub fn orders(&self) -> Result<BTreeMap<String, Order>> {
-        let r = self.db.get().begin_read()?;
+        let r = self.db.get()?.begin_read()?;
         let t = r.open_table(ORDERS)?;
         let mut out = BTreeMap::new();
         for e in t.iter()? {
@@ -167,7 +167,7 @@ impl RedbStore {
     }
 
     pub fn ledger(&self) -> Result<Vec<LedgerEntry>> {
-        let r = self.db.get().begin_read()?;
+        let r = self.db.get()?.begin_read()?;
         let t = r.open_table(LEDGER)?;
         let mut out = Vec::new();
         for e in t.iter()? {
@@ -179,7 +179,7 @@ impl RedbStore {
 
     /// The stored result of a call key, if the write took effect: what a lookup endpoint answers.
     pub fn lookup(&self, key: &str, tool: &str) -> Result<Option<Value>> {
-        let r = self.db.get().begin_read()?;
+        let r = self.db.get()?.begin_read()?;
         let t = r.open_table(DONE)?;
         match t.get((key, tool))? {
             Some(g) => Ok(Some(decode::<Stored>("stored result", g.value())?.result)),
@@ -189,7 +189,7 @@ impl RedbStore {
 
     /// Every write request that reached the store, in order.
     pub fn arrivals(&self) -> Result<Vec<Arrival>> {
-        let r = self.db.get().begin_read()?;
+        let r = self.db.get()?.begin_read()?;
         let t = match r.open_table(ARRIVALS) {
             Ok(t) => t,
             Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
@@ -205,7 +205,7 @@ impl RedbStore {
 
     /// Decodes every record of the store; returns how many were read and the damaged ones.
     pub fn check(&self) -> Result<(u64, Vec<String>)> {
-        let r = self.db.get().begin_read()?;
+        let r = self.db.get()?.begin_read()?;
         let mut n = 0;
         let mut bad = Vec::new();
         macro_rules! scan {
@@ -236,7 +236,7 @@ impl RedbStore {
     /// Logs a write request that the HTTP front answered without reaching the store's rules
     /// (a stored response, a conflicting payload, a key in flight).
     pub fn arrive(&self, key: &str, tool: &str, digest: &str, outcome: &str) -> Result<()> {
-        let w = self.db.get().begin_write()?;
+        let w = self.db.get()?.begin_write()?;
         log_arrival(&w, key, tool, digest, outcome)?;
         w.commit()?;
         Ok(())
@@ -244,7 +244,7 @@ impl RedbStore {
 
     /// The HTTP service's stored response for an idempotency key: (payload digest, response).
     pub fn idempotent_response(&self, key: &str) -> Result<Option<(String, Value)>> {
-        let r = self.db.get().begin_read()?;
+        let r = self.db.get()?.begin_read()?;
         let t = match r.open_table(IDEMPOTENCY) {
             Ok(t) => t,
             Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
@@ -260,7 +260,7 @@ impl RedbStore {
     }
 
     pub fn remember_response(&self, key: &str, digest: &str, response: &Value) -> Result<()> {
-        let w = self.db.get().begin_write()?;
+        let w = self.db.get()?.begin_write()?;
         w.open_table(IDEMPOTENCY)?.insert(
             key,
             encode(&IdempotencyRecord {
@@ -275,7 +275,7 @@ impl RedbStore {
 
     /// The one order a read call names.
     pub fn read_order(&self, scope: &str, order_id: &str) -> Result<BTreeMap<String, Order>> {
-        let r = self.db.get().begin_read()?;
+        let r = self.db.get()?.begin_read()?;
         load_order(&r.open_table(ORDERS)?, scope, order_id)
     }
 
@@ -315,7 +315,7 @@ impl RedbStore {
 fn group_writer(db: &Reopening, rx: &Receiver<WriteReq>) {
     while let Some(batch) = crate::group::recv_batch(rx, GROUP_MAX) {
         let results: Result<Vec<(Value, bool)>> = (|| {
-            let w = db.get().begin_write()?;
+            let w = db.get()?.begin_write()?;
             let mut out = Vec::with_capacity(batch.len());
             for req in &batch {
                 out.push(write_in(&mut RedbBook(&w), &req.call)?);
