@@ -318,8 +318,9 @@ pub struct RunArgs {
     /// On a file: be its only writer while this daemon runs (redb's single-writer mode, whose
     /// commits are quicker than shared writing). A second daemon on the file is refused, and so
     /// is any process that would open it for writing: `worker enqueue`, the decisions and
-    /// `worker memory` go through this daemon's socket; `purge`, `schedule`, `console` and
-    /// `reconcile --auto` are refused until it stops. Readers (list, show, wait, ...) read on.
+    /// `worker memory add|forget` go through this daemon's socket; `purge`, `check`,
+    /// `migrate`, `console`, `reconcile --auto` and the schedule verbs that write are refused
+    /// until it stops. Readers (list, show, wait, ...) read on.
     #[arg(long)]
     pub sole_writer: bool,
     /// Serve /metrics (Prometheus text format) and /healthz on this address, e.g.

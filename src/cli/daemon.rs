@@ -83,7 +83,21 @@ fn open_daemon_store(cli: &Cli, a: &RunArgs) -> Result<(Db, Option<std::fs::File
         )),
         // A pool connection for each worker thread, the committer, the dispatcher, the
         // settler and the heartbeat (which must never wait behind the others).
-        (false, _) => Ok((open_created(cli, a.workers as usize + 4)?, None)),
+        (false, _) => match store::open_backend(&cli.db, Access::Create, a.workers as usize + 4) {
+            Ok(db) => Ok((db, None)),
+            Err(store::Error::InUse(path)) => {
+                let who = crate::local::daemon_pid(&path).map_or_else(
+                    || "a daemon".to_string(),
+                    |p| format!("the daemon with pid {p}"),
+                );
+                Err(CliError::op(format!(
+                    "{who} runs on {} as its only writer (--sole-writer), so no other daemon may run on it",
+                    path.display()
+                ))
+                .hint("stop that daemon first (SIGTERM lets it finish its steps), or run this one on another file"))
+            }
+            Err(e) => Err(e.into()),
+        },
     }
 }
 

@@ -163,7 +163,7 @@ impl From<store::Error> for CliError {
                     crate::local::socket_path(path),
                 );
                 Some(format!(
-                    "{daemon} is the file's only writer while it runs (it was started with --sole-writer): `worker enqueue` and the decisions reach the file through its socket ({}), and so do `worker memory add` and `forget`; other writing verbs (purge, schedule, console, reconcile --auto) can run once it stops",
+                    "{daemon} is the file's only writer while it runs (it was started with --sole-writer): `worker enqueue` and the decisions reach the file through its socket ({}), and so do `worker memory add` and `forget`; other writing verbs (purge, check, migrate, console, reconcile --auto, schedule add|pause|resume|remove|tick) can run once it stops",
                     socket.display()
                 ))
             }
@@ -275,6 +275,15 @@ fn through_daemon<T>(
         match file() {
             Err(store::Error::InUse(_)) if std::time::Instant::now() < until => {
                 std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(store::Error::InUse(path)) => {
+                let pid = crate::local::daemon_pid(&path)
+                    .map_or_else(String::new, |p| format!(" (pid {p})"));
+                return Err(store::Error::Daemon(format!(
+                    "the daemon that is {}'s only writer{pid} did not take the request within 10 s: it is busy with other requests, or cannot be reached at {}; nothing was done",
+                    path.display(),
+                    crate::local::socket_path(&path).display()
+                )));
             }
             done => return done,
         }

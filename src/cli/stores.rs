@@ -181,7 +181,7 @@ pub(super) fn cmd_check(cli: &Cli, a: &ShopJsonArgs) -> CliResult {
     let mut records = BTreeMap::new();
     // redb's own integrity check first: it needs the file to itself.
     let file = !store::pg::is_url(&cli.db);
-    if file && let Err(e) = redb_integrity(Path::new(&cli.db)) {
+    if file && let Err(e) = redb_integrity(Path::new(&cli.db))? {
         damaged.push(e);
     }
     match store::open_backend(&cli.db, Access::Write, 2) {
@@ -192,8 +192,11 @@ pub(super) fn cmd_check(cli: &Cli, a: &ShopJsonArgs) -> CliResult {
                 records.insert(k.to_string(), v);
             }
         }
-        // Not there, or not a worker database at all: nothing to check.
-        Err(e @ (store::Error::Missing(_) | store::Error::Io { .. })) => return Err(e.into()),
+        // Not there, or not a worker database at all: nothing to check. A file its daemon
+        // writes alone is not damaged: it is in use.
+        Err(e @ (store::Error::Missing(_) | store::Error::Io { .. } | store::Error::InUse(_))) => {
+            return Err(e.into());
+        }
         Err(e) => damaged.push(e.to_string()),
     }
     let sp = store_target(cli, &a.shop);
@@ -233,30 +236,33 @@ pub(super) fn cmd_check(cli: &Cli, a: &ShopJsonArgs) -> CliResult {
 }
 
 /// redb's check of its pages and trees, on a handle of our own.
-fn redb_integrity(path: &Path) -> Result<(), String> {
+fn redb_integrity(path: &Path) -> Result<Result<(), String>, CliError> {
     if !path.exists() {
-        return Ok(());
+        return Ok(Ok(()));
     }
     let p = path.to_path_buf();
-    let r = std::panic::catch_unwind(move || -> Result<bool, String> {
+    let r = std::panic::catch_unwind(move || -> Result<bool, redb::Error> {
         let mut db = redb::Builder::new()
             .set_concurrency_mode(redb::ConcurrencyMode::MultiWriter)
-            .open(&p)
-            .map_err(|e| e.to_string())?;
-        db.check_integrity().map_err(|e| e.to_string())
+            .open(&p)?;
+        Ok(db.check_integrity()?)
     });
-    match r {
+    Ok(match r {
         Ok(Ok(true)) => Ok(()),
         Ok(Ok(false)) => Err(format!(
             "{}: the storage engine found damage in its pages and repaired what it could",
             path.display()
         )),
+        // A daemon that is the file's only writer: in use, not damaged.
+        Ok(Err(redb::Error::DatabaseAlreadyOpen)) => {
+            return Err(store::Error::InUse(path.to_path_buf()).into());
+        }
         Ok(Err(e)) => Err(format!("{}: {e}", path.display())),
         Err(_) => Err(format!(
             "{}: the storage engine stopped on an inconsistency in its pages",
             path.display()
         )),
-    }
+    })
 }
 
 pub(super) fn cmd_purge(cli: &Cli, a: &PurgeArgs) -> CliResult {

@@ -65,15 +65,26 @@ pub fn decide(db: &Path, d: &Decide) -> Result<Option<serde_json::Value>> {
         serde_json::to_writer(&mut *w, d)?;
         w.write_all(b"\n")
     };
-    let asked = Asked {
-        op: "decide",
-        tasks: 0,
-        what: "the decision",
-        unknown: "the decision may or may not be recorded",
-        seen_with: "`worker show` and `worker events` show it",
-        again: "taking it again is safe: a decision already taken is refused",
-        // Taken twice, a decision would report the refusal of what was done.
-        retry_lost: false,
+    let asked = match d {
+        Decide::Note { .. } | Decide::Forget { .. } => Asked {
+            op: "decide",
+            tasks: 0,
+            what: "the memory note",
+            unknown: "the note may or may not be added (or forgotten)",
+            seen_with: "`worker memory list` shows the notes",
+            again: "adding it again without looking would store it twice",
+            retry_lost: false,
+        },
+        _ => Asked {
+            op: "decide",
+            tasks: 0,
+            what: "the decision",
+            unknown: "the decision may or may not be recorded",
+            seen_with: "`worker show` and `worker events` show it",
+            again: "taking it again is safe: a decision already taken is refused",
+            // Taken twice, a decision would report the refusal of what was done.
+            retry_lost: false,
+        },
     };
     exchange(db, &asked, &body)
 }

@@ -288,6 +288,47 @@ fn a_sole_writer_daemon_refuses_a_second_one_and_takes_the_verbs_writes() {
     let (code, err) = fails(d, &["purge", "--finished-before", "30d"]);
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("--sole-writer") && err.contains(&pid), "{err}");
+    // `check` too: the file is in use, not damaged.
+    let out = worker(d, &["check"]);
+    let (said, err) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(1), "{said}{err}");
+    assert!(
+        !said.contains("damaged") && !err.contains("backup"),
+        "{said}{err}"
+    );
+    assert!(err.contains(&pid), "{err}");
+    // A daemon busy with as many requests as it takes at once: the verb asks again, then says
+    // so (nothing done), and goes through once the daemon has room.
+    let socket = d.join("worker.redb.sock");
+    let held: Vec<_> = (0..32)
+        .map(|_| std::os::unix::net::UnixStream::connect(&socket).expect("connect"))
+        .collect();
+    until("the daemon holds the 32 requests", || {
+        let probe = std::os::unix::net::UnixStream::connect(&socket).expect("connect");
+        let mut line = String::new();
+        use std::io::BufRead;
+        let _ = std::io::BufReader::new(probe).read_line(&mut line);
+        line.contains("busy")
+    });
+    let (code, err) = fails(
+        d,
+        &[
+            "enqueue", "--user", "cu_ana", "--goal", GOAL, "--model", "policy",
+        ],
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("busy") && err.contains("nothing was done"),
+        "{err}"
+    );
+    drop(held);
+    let room = enqueue(d, &["--key", "room", "--in", "1h"])
+        .trim()
+        .to_string();
+    ok(d, &["cancel", &room, "--by", "alice"]);
     assert_eq!(ledger(d).len(), 4, "two refunds and two emails, once each");
 
     // Killed, it leaves no claim on the file: a verb opens it, and the next sole writer starts.
@@ -297,7 +338,11 @@ fn a_sole_writer_daemon_refuses_a_second_one_and_takes_the_verbs_writes() {
     enqueue(d, &["--key", "after", "--store-scope", "s2"]);
     ok(d, &["run", "--drain", "--sole-writer"]);
     let tasks = json_list(d, &["list", "--json"]);
-    assert_eq!(tasks.len(), 4);
+    assert_eq!(
+        tasks.len(),
+        5,
+        "the busy daemon's refused enqueue made no task"
+    );
     assert!(tasks.iter().all(|t| t["status"] == "finished"), "{tasks:?}");
     assert_eq!(ledger(d).len(), 6);
 }

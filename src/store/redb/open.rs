@@ -62,11 +62,23 @@ impl RedbStore {
     /// Opens an existing database for reading: read-only when redb allows it, else (a file
     /// that needs recovery after a crash, or one that reads oddly) as a writer, which recovers
     /// it or reports the damage with the writer's full checks.
+    /// A daemon that is the file's only writer refuses that writer's open while it recovers
+    /// the file after a crash (redb refuses readers meanwhile): the read is tried again until
+    /// it is done, for up to a minute.
     pub fn open_for_reading(path: &Path) -> Result<RedbStore> {
-        match RedbStore::open_read_only(path) {
-            Ok(s) => Ok(s),
-            Err(e @ (Error::Missing(_) | Error::NewerVersion { .. })) => Err(e),
-            Err(_) => RedbStore::open(path, false),
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let tried = match RedbStore::open_read_only(path) {
+                Ok(s) => return Ok(s),
+                Err(e @ (Error::Missing(_) | Error::NewerVersion { .. })) => return Err(e),
+                Err(_) => RedbStore::open(path, false),
+            };
+            match tried {
+                Err(Error::InUse(_)) if std::time::Instant::now() < until => {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                done => return done,
+            }
         }
     }
 
