@@ -435,3 +435,48 @@ fn a_request_sent_a_byte_at_a_time_is_cut_off_at_its_time_limit() {
     drop(api);
     let _ = fs::remove_dir_all(&dir);
 }
+
+/// A "daemon" of an earlier release: it answers each of `n` requests as a daemon that knows
+/// decisions but not memory notes answers a note ("unknown variant").
+fn knows_no_notes(db: &Path, n: usize) -> std::thread::JoinHandle<()> {
+    let listener = UnixListener::bind(socket_path(db)).expect("bind");
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for _ in 0..n {
+            let (mut conn, _) = listener.accept().expect("accept");
+            let mut line = String::new();
+            let _ = std::io::BufReader::new(&conn).read_line(&mut line);
+            let answer = r#"{"error":{"kind":"invalid","message":"the decision: unknown variant `note`, expected one of `approve`, `reject`, `reconcile`, `cancel`"}}"#;
+            let _ = writeln!(conn, "{answer}");
+        }
+    })
+}
+
+#[test]
+fn a_note_refused_by_an_earlier_daemon_is_written_by_the_verb_and_a_decision_is_not() {
+    let dir = temp("old-daemon");
+    let db = dir.join("worker.redb");
+    let server = knows_no_notes(&db, 2);
+    let note = Decide::Note {
+        user: "cu_ana".into(),
+        text: "Prefers refunds to the card.".into(),
+        source: "user_message".into(),
+        ttl_s: 60,
+        by: "alice".into(),
+    };
+    assert!(
+        matches!(decide(&db, &note), Ok(None)),
+        "the note falls back to the file"
+    );
+    let cancel = Decide::Cancel {
+        task: "t1".into(),
+        by: "alice".into(),
+        reason: None,
+    };
+    assert!(
+        matches!(decide(&db, &cancel), Err(Error::Invalid(m)) if m.contains("unknown variant")),
+        "any other refusal stands"
+    );
+    server.join().expect("the old daemon");
+    let _ = fs::remove_dir_all(&dir);
+}
