@@ -45,7 +45,7 @@ pub enum LogFormat {
 pub enum Command {
     /// Run the daemon: claim tasks and run them on a pool of threads.
     #[command(
-        after_help = "Example:\n  RUST_LOG=info worker run --workers 8        # until SIGINT/SIGTERM\n  worker run --drain                          # until the queue is empty\n  worker run --sole-writer                    # the file's only writer: quicker commits\n\nOn a file, the daemon serves a local API on a Unix socket beside it (worker.redb.sock,\nmode 0600): while it runs, `worker enqueue`, the decisions (approve, reject, reconcile,\ncancel) and `worker memory add|forget` go through it. One daemon per file serves the socket\n(it holds worker.redb.lock, which names its pid); another daemon on the same file runs tasks\nbut leaves the socket to it, unless one of them was started with --sole-writer: then the\nsecond is refused."
+        after_help = "Example:\n  RUST_LOG=info worker run --workers 8        # until SIGINT/SIGTERM\n  worker run --drain                          # until the queue is empty\n  worker run --sole-writer                    # the file's only writer: quicker commits\n\nOn a file, the daemon serves a local API on a Unix socket beside it (worker.redb.sock,\nmode 0600): while it runs, `worker enqueue`, the decisions (approve, reject, reconcile,\ncancel), `memory add|forget`, `purge` and the schedules' changes go through it. One daemon per file serves the socket\n(it holds worker.redb.lock, which names its pid); another daemon on the same file runs tasks\nbut leaves the socket to it, unless one of them was started with --sole-writer: then the\nsecond is refused."
     )]
     Run(RunArgs),
     /// Add a task (or a batch from a JSONL file) to the queue; prints the task id.
@@ -317,10 +317,10 @@ pub struct RunArgs {
     pub no_auto_settle: bool,
     /// On a file: be its only writer while this daemon runs (redb's single-writer mode, whose
     /// commits are quicker than shared writing). A second daemon on the file is refused, and so
-    /// is any process that would open it for writing: `worker enqueue`, the decisions and
-    /// `worker memory add|forget` go through this daemon's socket; `purge`, `check`,
-    /// `migrate`, `console`, `reconcile --auto` and the schedule verbs that write are refused
-    /// until it stops. Readers (list, show, wait, ...) read on.
+    /// is any process that would open it for writing: `worker enqueue`, the decisions,
+    /// `memory add|forget`, `purge` and `schedule add|pause|resume|remove` go through this
+    /// daemon's socket; `check`, `migrate`, `console`, `reconcile --auto` and `schedule tick`
+    /// are refused until it stops. Readers (list, show, wait, ...) read on.
     #[arg(long)]
     pub sole_writer: bool,
     /// Serve /metrics (Prometheus text format) and /healthz on this address, e.g.

@@ -163,7 +163,7 @@ impl From<store::Error> for CliError {
                     crate::local::socket_path(path),
                 );
                 Some(format!(
-                    "{daemon} is the file's only writer while it runs (it was started with --sole-writer): `worker enqueue` and the decisions reach the file through its socket ({}), and so do `worker memory add` and `forget`; other writing verbs (purge, check, migrate, console, reconcile --auto, schedule add|pause|resume|remove|tick) can run once it stops",
+                    "{daemon} is the file's only writer while it runs (it was started with --sole-writer): `worker enqueue` and the decisions reach the file through its socket ({}), and so do `worker memory add|forget`, `purge` and `schedule add|pause|resume|remove`; `check`, `migrate`, `console`, `reconcile --auto` and `schedule tick` need the file itself and can run once it stops (it settles held writes and fires the schedules itself)",
                     socket.display()
                 ))
             }

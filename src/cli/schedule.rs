@@ -143,7 +143,10 @@ fn add(cli: &Cli, a: &AddArgs) -> CliResult {
         fired: 0,
     };
     let next = sched::next_tick(&s, now).map_err(CliError::usage)?;
-    open_created(cli, 1)?.add_schedule(&s)?;
+    let asked = crate::local::Decide::ScheduleAdd {
+        schedule: s.clone(),
+    };
+    let _: bool = operator_write(cli, &asked, Access::Create, None)?;
     outln!(
         "schedule {} added; next tick {}",
         s.name,
@@ -235,13 +238,11 @@ fn tick(cli: &Cli, at: &Option<String>) -> CliResult {
 }
 
 fn set_paused(cli: &Cli, name: &str, paused: bool) -> CliResult {
-    let now = now_ms();
-    let found = open_existing(cli)?.update_schedule(name, &mut |s| {
-        if s.paused && !paused {
-            s.last_tick_ms = s.last_tick_ms.max(now);
-        }
-        s.paused = paused;
-    })?;
+    let asked = crate::local::Decide::SchedulePaused {
+        name: name.to_string(),
+        paused,
+    };
+    let found: bool = operator_write(cli, &asked, Access::Write, None)?;
     if !found {
         return Err(CliError::usage(format!(
             "there is no schedule {name:?} (see worker schedule list)"
@@ -261,7 +262,9 @@ pub(super) fn cmd_schedule(cli: &Cli, c: &ScheduleCommand) -> CliResult {
         ScheduleCommand::Pause { name } => set_paused(cli, name, true),
         ScheduleCommand::Resume { name } => set_paused(cli, name, false),
         ScheduleCommand::Remove { name } => {
-            if !open_existing(cli)?.remove_schedule(name)? {
+            let asked = crate::local::Decide::ScheduleRemove { name: name.clone() };
+            let found: bool = operator_write(cli, &asked, Access::Write, None)?;
+            if !found {
                 return Err(CliError::usage(format!(
                     "there is no schedule {name:?} (see worker schedule list)"
                 )));

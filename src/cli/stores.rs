@@ -266,10 +266,14 @@ fn redb_integrity(path: &Path) -> Result<Result<(), String>, CliError> {
 }
 
 pub(super) fn cmd_purge(cli: &Cli, a: &PurgeArgs) -> CliResult {
-    let store = open_existing(cli)?;
     let d = decision(&a.by, &a.reason)?;
-    let before = d.now_ms.saturating_sub(a.finished_before);
-    let ids = store.purge(before, a.batch as usize, &d)?;
+    let asked = crate::local::Decide::Purge {
+        before_ms: d.now_ms.saturating_sub(a.finished_before),
+        batch: a.batch as usize,
+        by: d.by,
+        reason: d.reason,
+    };
+    let ids: Vec<String> = operator_write(cli, &asked, Access::Write, None)?;
     if a.json {
         print_json(&json!({"purged": ids.len(), "ids": ids}))?;
     } else {

@@ -75,6 +75,26 @@ pub fn decide(db: &Path, d: &Decide) -> Result<Option<serde_json::Value>> {
             again: "adding it again without looking would store it twice",
             retry_lost: false,
         },
+        Decide::Purge { .. } => Asked {
+            op: "decide",
+            tasks: 0,
+            what: "the purge",
+            unknown: "some finished tasks may have been purged",
+            seen_with: "`worker list` and `worker events` show what is left",
+            again: "running it again is safe: it purges what is left",
+            retry_lost: false,
+        },
+        Decide::ScheduleAdd { .. }
+        | Decide::SchedulePaused { .. }
+        | Decide::ScheduleRemove { .. } => Asked {
+            op: "decide",
+            tasks: 0,
+            what: "the schedule's change",
+            unknown: "the schedule may or may not be changed",
+            seen_with: "`worker schedule list` shows it",
+            again: "running it again is safe: an added schedule is refused the second time",
+            retry_lost: false,
+        },
         _ => Asked {
             op: "decide",
             tasks: 0,
@@ -87,12 +107,9 @@ pub fn decide(db: &Path, d: &Decide) -> Result<Option<serde_json::Value>> {
         },
     };
     match exchange(db, &asked, &body) {
-        // A daemon of an earlier release, which takes decisions but not notes: it read the
-        // request, did nothing, and the verb writes the note itself.
-        Err(Error::Invalid(m))
-            if matches!(d, Decide::Note { .. } | Decide::Forget { .. })
-                && m.contains("unknown variant") =>
-        {
+        // A daemon of an earlier release, which takes decisions but not notes or maintenance:
+        // it read the request, did nothing, and the verb writes the file itself.
+        Err(Error::Invalid(m)) if !d.on_a_task() && m.contains("unknown variant") => {
             tracing::debug!(answer = %m, "the daemon takes no notes; writing the file");
             Ok(None)
         }

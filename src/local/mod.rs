@@ -151,7 +151,8 @@ enum Answer {
 /// An operator's decision, as `worker approve|reject|reconcile|cancel` hands it to the daemon:
 /// the task (already resolved to its id), the held call the operator reviewed, the budget
 /// granted, who and why. The daemon runs the same function of `operator` the verb would have.
-/// `worker memory add|forget` hand their note (or its deletion) to it the same way.
+/// `worker memory add|forget`, `purge` and the schedule verbs that write hand their request
+/// to it the same way.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "verb", rename_all = "snake_case")]
 pub enum Decide {
@@ -199,6 +200,35 @@ pub enum Decide {
         source: Option<String>,
         by: String,
     },
+    /// `worker purge`: finished tasks last updated before `before_ms`, `batch` a transaction.
+    Purge {
+        before_ms: u64,
+        batch: usize,
+        by: String,
+        reason: Option<String>,
+    },
+    /// `worker schedule add`: the schedule as the verb made it (checked again by the daemon).
+    ScheduleAdd {
+        schedule: crate::store::schedule::Schedule,
+    },
+    /// `worker schedule pause|resume`.
+    SchedulePaused { name: String, paused: bool },
+    /// `worker schedule remove`.
+    ScheduleRemove { name: String },
+}
+
+impl Decide {
+    /// A decision on a task (approve, reject, reconcile, cancel), which every release of the
+    /// local API takes; the other requests came later.
+    pub fn on_a_task(&self) -> bool {
+        matches!(
+            self,
+            Decide::Approve { .. }
+                | Decide::Reject { .. }
+                | Decide::Reconcile { .. }
+                | Decide::Cancel { .. }
+        )
+    }
 }
 
 fn failure(e: &Error) -> Failure {

@@ -470,6 +470,49 @@ pub fn decide_here(d: &Decide, store: &dyn Backend) -> Result<serde_json::Value>
             let n = store.forget(user, source.as_deref(), &decision(by, &None)?)?;
             return Ok(serde_json::json!(n));
         }
+        other => return maintain(other, store),
     };
     Ok(serde_json::json!(call))
+}
+
+/// The maintenance requests (purge, schedules), here as in the verbs.
+fn maintain(d: &Decide, store: &dyn Backend) -> Result<serde_json::Value> {
+    use crate::operator::schedule as sched;
+    let out = match d {
+        Decide::Purge {
+            before_ms,
+            batch,
+            by,
+            reason,
+        } => {
+            let d = crate::operator::decision(by, reason.as_deref()).map_err(Error::Invalid)?;
+            serde_json::json!(store.purge(*before_ms, (*batch).clamp(1, 10_000), &d)?)
+        }
+        Decide::ScheduleAdd { schedule: s } => {
+            crate::limits::check_name(&s.name, "the schedule's name")
+                .map_err(|e| Error::Invalid(e.0))?;
+            sched::parse(&s.cron).map_err(Error::Invalid)?;
+            sched::zone(&s.tz).map_err(Error::Invalid)?;
+            store.add_schedule(s)?;
+            serde_json::json!(true)
+        }
+        Decide::SchedulePaused { name, paused } => {
+            let now = crate::clock::now_ms();
+            let found = store.update_schedule(name, &mut |s| {
+                // Resumed: the ticks missed while paused are not fired.
+                if s.paused && !*paused {
+                    s.last_tick_ms = s.last_tick_ms.max(now);
+                }
+                s.paused = *paused;
+            })?;
+            serde_json::json!(found)
+        }
+        Decide::ScheduleRemove { name } => serde_json::json!(store.remove_schedule(name)?),
+        other => {
+            return Err(Error::Invalid(format!(
+                "not a maintenance request: {other:?}"
+            )));
+        }
+    };
+    Ok(out)
 }

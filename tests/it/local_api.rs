@@ -284,8 +284,34 @@ fn a_sole_writer_daemon_refuses_a_second_one_and_takes_the_verbs_writes() {
         ],
     );
     assert_eq!(json_list(d, &["memory", "list", "--json"]).len(), 1);
+    // So do a purge and the schedules' changes.
+    let said = ok(d, &["purge", "--finished-before", "30d"]);
+    assert!(said.contains("purged 0"), "{said}");
+    let said = ok(
+        d,
+        &[
+            "schedule",
+            "add",
+            "nightly",
+            "--cron",
+            "0 2 * * *",
+            "--",
+            "--user",
+            "cu_ana",
+            "--goal",
+            GOAL,
+            "--model",
+            "policy",
+        ],
+    );
+    assert!(said.contains("schedule nightly added"), "{said}");
+    ok(d, &["schedule", "pause", "nightly"]);
+    let listed = json_list(d, &["schedule", "list", "--json"]);
+    assert_eq!(listed[0]["status"], "paused", "{listed:?}");
+    ok(d, &["schedule", "remove", "nightly"]);
+    assert!(json_list(d, &["schedule", "list", "--json"]).is_empty());
     // A verb that needs the file itself is refused with the reason and the daemon's name.
-    let (code, err) = fails(d, &["purge", "--finished-before", "30d"]);
+    let (code, err) = fails(d, &["schedule", "tick"]);
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("--sole-writer") && err.contains(&pid), "{err}");
     // `check` too: the file is in use, not damaged.
