@@ -323,6 +323,18 @@ pub struct RunArgs {
     /// are refused until it stops. Readers (list, show, wait, ...) read on.
     #[arg(long)]
     pub sole_writer: bool,
+    /// Serve the web console and the HTTP API from this daemon (what `worker console` serves),
+    /// on this address, e.g. 127.0.0.1:8080; a non-loopback one needs --console-token-file.
+    /// Without a token file, decisions are recorded as $USER. The way to a console beside a
+    /// --sole-writer daemon, whose file admits no `worker console` process.
+    #[arg(long, value_name = "ADDR")]
+    pub console: Option<String>,
+    /// With --console: who may sign in and call the API, as `worker console --token-file`.
+    #[arg(long, value_name = "FILE", requires = "console")]
+    pub console_token_file: Option<PathBuf>,
+    /// With --console-token-file: serve /metrics and /healthz without a token.
+    #[arg(long, requires = "console_token_file")]
+    pub console_public_metrics: bool,
     /// Serve /metrics (Prometheus text format) and /healthz on this address, e.g.
     /// 127.0.0.1:9464.
     #[arg(long, value_name = "ADDR")]

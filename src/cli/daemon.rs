@@ -25,6 +25,15 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
             crate::mcp::Mcp::new(trusted.mcp.clone()).map_err(CliError::usage)?,
         ))
     };
+    let console = match &a.console {
+        Some(listen) => Some(console_access(
+            listen,
+            a.console_token_file.as_deref(),
+            &std::env::var("USER").unwrap_or_else(|_| "operator".into()),
+            "--console-token-file",
+        )?),
+        None => None,
+    };
     let (store, sole) = open_daemon_store(cli, a)?;
     // The demo shop is opened only if a task calls one of its tools.
     let demo = Arc::new(DemoShop::at(
@@ -54,6 +63,9 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
         let bound = crate::metrics::serve(addr, Arc::clone(&store), Arc::clone(&shutdown))
             .map_err(CliError::op)?;
         tracing::info!(addr = %bound, "serving /metrics and /healthz");
+    }
+    if let Some(access) = console {
+        console_in_daemon(cli, a, access, &store, &shutdown)?;
     }
     tracing::info!(db = %store.describe(), workers = cfg.workers, drain = cfg.drain, "worker started");
     let local = serve_api(cli, &store, sole)?;
@@ -414,30 +426,98 @@ pub(super) fn cmd_demo_store(cli: &Cli, a: &DemoStoreArgs) -> CliResult {
     .map_err(CliError::op)
 }
 
-pub(super) fn cmd_console(cli: &Cli, a: &ConsoleArgs) -> CliResult {
-    use crate::console::{Access, Console, check_listen, read_tokens};
-    check_listen(&a.listen, a.token_file.is_some())
-        .map_err(|e| CliError::usage(e).hint("pass --token-file FILE, or listen on 127.0.0.1"))?;
-    let access = match &a.token_file {
+/// Who may use a console listening on `listen`: the holders of the tokens in `token_file`,
+/// or without one (loopback only) the operator `by`. `flag` names the token file's flag in
+/// the messages.
+fn console_access(
+    listen: &str,
+    token_file: Option<&Path>,
+    by: &str,
+    flag: &str,
+) -> Result<crate::console::Access, CliError> {
+    use crate::console::{Access, check_listen, read_tokens};
+    check_listen(listen, token_file.is_some()).map_err(|e| {
+        CliError::usage(e).hint(format!("pass {flag} FILE, or listen on 127.0.0.1"))
+    })?;
+    Ok(match token_file {
         Some(path) => {
             // A token file that is not there is a wrong argument, named as such.
             let text = crate::limits::read_file(path, 1 << 20)
-                .map_err(|e| CliError::usage(format!("--token-file {}: {e}", path.display())))?;
+                .map_err(|e| CliError::usage(format!("{flag} {}: {e}", path.display())))?;
             Access::Tokens(
                 read_tokens(&text)
                     .map_err(|e| CliError::usage(format!("{}: {e}", path.display())))?,
             )
         }
         None => {
-            decision(&a.by, &None)?;
+            decision(by, &None)?;
             Access::Loopback {
-                operator: a.by.clone(),
+                operator: by.to_string(),
             }
         }
+    })
+}
+
+/// `worker run --console ADDR`: the console and the HTTP API served from the daemon, on its
+/// own database handle (a `--sole-writer` daemon's file admits no `worker console` beside
+/// it), until the daemon stops. A console that cannot listen stops the daemon's start.
+fn console_in_daemon(
+    cli: &Cli,
+    a: &RunArgs,
+    access: crate::console::Access,
+    store: &Db,
+    stop: &Arc<AtomicBool>,
+) -> CliResult {
+    let Some(listen) = a.console.clone() else {
+        return Ok(());
     };
+    let config = super::enqueue::load_config(cli)?.unwrap_or_default();
+    let console = crate::console::Console::new(
+        Arc::clone(store),
+        store_target(cli, &a.shop),
+        config,
+        access,
+        a.console_public_metrics,
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stop = Arc::clone(stop);
+    std::thread::Builder::new()
+        .name("console".into())
+        .spawn(move || {
+            let bound = tx.clone();
+            let served = console.serve(&listen, stop, move |addr| {
+                tracing::info!(addr = %addr, "console listening");
+                eprintln!("console: http://{addr}/");
+                let _ = bound.send(Ok(()));
+            });
+            if let Err(e) = served {
+                tracing::error!(error = %e, "the console stopped");
+                let _ = tx.send(Err(e));
+            }
+        })
+        .map_err(|e| CliError::op(format!("cannot start the console's thread: {e}")))?;
+    match rx.recv_timeout(std::time::Duration::from_secs(30)) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(CliError::op(format!("--console: {e}"))),
+        Err(_) => Err(CliError::op(
+            "--console: the console did not start listening",
+        )),
+    }
+}
+
+pub(super) fn cmd_console(cli: &Cli, a: &ConsoleArgs) -> CliResult {
+    use crate::console::Console;
+    let access = console_access(&a.listen, a.token_file.as_deref(), &a.by, "--token-file")?;
     // Services may create tasks before any daemon ran: the database is created when there is
     // none, as `run` and `enqueue` do.
-    let db = open_created(cli, 4)?;
+    let db = match store::open_backend(&cli.db, Access::Create, 4) {
+        Err(e @ store::Error::InUse(_)) => {
+            return Err(CliError::from(e).hint(
+                "a daemon started with --sole-writer is the file's only writer: serve the console from it (worker run --sole-writer --console 127.0.0.1:8080)",
+            ));
+        }
+        opened => opened?,
+    };
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, Arc::clone(&stop))

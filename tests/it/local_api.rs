@@ -372,3 +372,68 @@ fn a_sole_writer_daemon_refuses_a_second_one_and_takes_the_verbs_writes() {
     assert!(tasks.iter().all(|t| t["status"] == "finished"), "{tasks:?}");
     assert_eq!(ledger(d).len(), 6);
 }
+
+#[test]
+fn a_sole_writer_daemon_serves_the_console_and_the_api_itself() {
+    let dir = TempDir::new("local_sole_console");
+    let d = dir.path();
+    ok(d, &["store", "orders"]);
+    let token = "0123456789abcdef-ops";
+    std::fs::write(d.join("tokens.txt"), format!("ops {token} operator\n")).expect("tokens");
+    // Checked before the daemon opens anything: a public address needs a token file, and the
+    // token file needs the console.
+    let (code, err) = fails(d, &["run", "--drain", "--console", "0.0.0.0:8080"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--console-token-file"), "{err}");
+    let (code, err) = fails(d, &["run", "--drain", "--console-token-file", "tokens.txt"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(!d.join("worker.redb").exists(), "nothing was opened");
+    let (a, log) = daemon_with(
+        d,
+        "a",
+        &[
+            "--sole-writer",
+            "--console",
+            "127.0.0.1:0",
+            "--console-token-file",
+            "tokens.txt",
+        ],
+    );
+    serving(&log);
+    let mut base = String::new();
+    until("the daemon's console listens", || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        match text.lines().find_map(|l| l.strip_prefix("console: ")) {
+            Some(url) => {
+                base = url.trim_end_matches('/').to_string();
+                true
+            }
+            None => false,
+        }
+    });
+    // A task created through the daemon's API runs to its end.
+    let body = serde_json::json!({"user": "cu_ana", "goal": GOAL, "model": "policy"});
+    let req = ureq::http::Request::builder()
+        .method("POST")
+        .uri(format!("{base}/api/v1/tasks"))
+        .header("Authorization", format!("Bearer {token}"))
+        .header("Content-Type", "application/json")
+        .body(body.to_string())
+        .expect("a request");
+    let mut resp = serve::agent().run(req).expect("an answer");
+    let text = resp.body_mut().read_to_string().unwrap_or_default();
+    assert_eq!(resp.status().as_u16(), 201, "{text}");
+    let id = serde_json::from_str::<serde_json::Value>(&text).expect("JSON")["id"]
+        .as_str()
+        .expect("an id")
+        .to_string();
+    until("the task finishes", || {
+        json(d, &["show", &id, "--json"])["status"] == "finished"
+    });
+    assert_eq!(json(d, &["show", &id, "--json"])["stop"], "done");
+    // A console process beside it is refused, and told where the console is.
+    let (code, err) = fails(d, &["console", "--listen", "127.0.0.1:0"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("--console"), "{err}");
+    stop(a);
+}
