@@ -45,7 +45,7 @@ pub enum LogFormat {
 pub enum Command {
     /// Run the daemon: claim tasks and run them on a pool of threads.
     #[command(
-        after_help = "Example:\n  RUST_LOG=info worker run --workers 8        # until SIGINT/SIGTERM\n  worker run --drain                          # until the queue is empty\n  worker run --sole-writer                    # the file's only writer: quicker commits\n\nOn a file, the daemon serves a local API on a Unix socket beside it (worker.redb.sock,\nmode 0600): while it runs, `worker enqueue`, the decisions (approve, reject, reconcile,\ncancel), `memory add|forget`, `purge` and the schedules' changes go through it. One daemon per file serves the socket\n(it holds worker.redb.lock, which names its pid); another daemon on the same file runs tasks\nbut leaves the socket to it, unless one of them was started with --sole-writer: then the\nsecond is refused."
+        after_help = "Example:\n  RUST_LOG=info worker run --workers 8        # until SIGINT/SIGTERM\n  worker run --drain                          # until the queue is empty\n  worker run --console 127.0.0.1:8080         # with the web console and the HTTP API\n  worker run --shared                         # beside other daemons on the same file\n\nOn a file, the daemon is its only writer (unless --shared) and serves a local API on a Unix\nsocket beside it (worker.redb.sock, mode 0600): while it runs, `worker enqueue`, the\ndecisions (approve, reject, reconcile, cancel), `memory add|forget`, `purge` and the\nschedules' changes go through it. It holds worker.redb.lock, which names its pid; a second\ndaemon on the file is refused. Daemons started with --shared share the file, and the one\nholding the lock serves the socket."
     )]
     Run(RunArgs),
     /// Add a task (or a batch from a JSONL file) to the queue; prints the task id.
@@ -83,7 +83,7 @@ pub enum Command {
     /// audit events as the CLI. `worker serve` is the same server.
     #[command(
         visible_alias = "serve",
-        after_help = "Example:\n  worker console                                   # http://127.0.0.1:8080\n  worker console --listen 0.0.0.0:8080 --token-file tokens.txt\n\nA token file has one `NAME TOKEN [ROLE]` line per caller (tokens of at least 16\ncharacters; ROLE is operator, the default, or submit: an API caller that creates\ntasks and reads its own). An operator's name is recorded in the audit log of each\ndecision, and /metrics and /healthz need a token too unless --public-metrics.\n\nThe API: /api/v1 (its OpenAPI document at /api/v1/openapi.json), with\nAuthorization: Bearer TOKEN. Without a token file, the console\nlistens on loopback only, answers only requests addressed to a loopback name (so a web\npage cannot reach it through DNS rebinding), and records --by. Forms sent from another\nsite (Origin, Sec-Fetch-Site) are refused."
+        after_help = "Example:\n  worker console                                   # http://127.0.0.1:8080\n  worker console --listen 0.0.0.0:8080 --token-file tokens.txt\n\nA token file has one `NAME TOKEN [ROLE]` line per caller (tokens of at least 16\ncharacters; ROLE is operator, the default, or submit: an API caller that creates\ntasks and reads its own). An operator's name is recorded in the audit log of each\ndecision, and /metrics and /healthz need a token too unless --public-metrics.\n\nThe API: /api/v1 (its OpenAPI document at /api/v1/openapi.json), with\nAuthorization: Bearer TOKEN. Without a token file, the console\nlistens on loopback only, answers only requests addressed to a loopback name (so a web\npage cannot reach it through DNS rebinding), and records --by. Forms sent from another\nsite (Origin, Sec-Fetch-Site) are refused.\n\nA daemon on a file is its only writer: serve the console from it (worker run --console\nADDR --console-token-file FILE), or start the daemon with --shared to run this beside it."
     )]
     Console(ConsoleArgs),
     /// Every tool a task may call (the demo shop's, the catalog's, the MCP servers'), as the
@@ -315,14 +315,20 @@ pub struct RunArgs {
     /// `worker reconcile`).
     #[arg(long)]
     pub no_auto_settle: bool,
-    /// On a file: be its only writer while this daemon runs (redb's single-writer mode, whose
-    /// commits are quicker than shared writing). A second daemon on the file is refused, and so
-    /// is any process that would open it for writing: `worker enqueue`, the decisions,
-    /// `memory add|forget`, `purge` and `schedule add|pause|resume|remove` go through this
-    /// daemon's socket; `check`, `migrate`, `console`, `reconcile --auto` and `schedule tick`
-    /// are refused until it stops. Readers (list, show, wait, ...) read on.
+    /// On a file (the default there): be its only writer while this daemon runs (redb's
+    /// single-writer mode, whose commits are quicker than shared writing). A second daemon on
+    /// the file is refused, and so is any process that would open it for writing: `worker
+    /// enqueue`, the decisions, `memory add|forget`, `purge` and `schedule
+    /// add|pause|resume|remove` go through this daemon's socket; `check`, `migrate`,
+    /// `console`, `reconcile --auto` and `schedule tick` are refused until it stops (serve the
+    /// console from the daemon with --console). Readers (list, show, wait, ...) read on.
     #[arg(long)]
     pub sole_writer: bool,
+    /// On a file: share it for writing with other daemons and `worker console` processes
+    /// (redb's multi-writer mode: every commit costs more), instead of being its only writer.
+    /// Daemons on PostgreSQL always share their database.
+    #[arg(long, conflicts_with = "sole_writer")]
+    pub shared: bool,
     /// Serve the web console and the HTTP API from this daemon (what `worker console` serves),
     /// on this address, e.g. 127.0.0.1:8080; a non-loopback one needs --console-token-file.
     /// Without a token file, decisions are recorded as $USER. The way to a console beside a

@@ -82,34 +82,35 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
     Ok(())
 }
 
-/// The daemon's database, and with `--sole-writer` the daemon's lock of the file, taken first
+/// The daemon's database, and on a file (unless `--shared`) the daemon's lock of it, taken first
 /// so that a second daemon is refused by name before it touches the database.
 fn open_daemon_store(cli: &Cli, a: &RunArgs) -> Result<(Db, Option<std::fs::File>), CliError> {
-    match (a.sole_writer, store::pg::is_url(&cli.db)) {
-        (true, false) => {
-            let lock = claim_sole(&cli.db)?;
-            Ok((open_sole(&cli.db)?, Some(lock)))
-        }
-        (true, true) => Err(CliError::usage(
+    let pg = store::pg::is_url(&cli.db);
+    if pg && a.sole_writer {
+        return Err(CliError::usage(
             "--sole-writer is for a database file: daemons on PostgreSQL share its database",
-        )),
-        // A pool connection for each worker thread, the committer, the dispatcher, the
-        // settler and the heartbeat (which must never wait behind the others).
-        (false, _) => match store::open_backend(&cli.db, Access::Create, a.workers as usize + 4) {
-            Ok(db) => Ok((db, None)),
-            Err(store::Error::InUse(path)) => {
-                let who = crate::local::daemon_pid(&path).map_or_else(
-                    || "a daemon".to_string(),
-                    |p| format!("the daemon with pid {p}"),
-                );
-                Err(CliError::op(format!(
-                    "{who} runs on {} as its only writer (--sole-writer), so no other daemon may run on it",
-                    path.display()
-                ))
-                .hint("stop that daemon first (SIGTERM lets it finish its steps), or run this one on another file"))
-            }
-            Err(e) => Err(e.into()),
-        },
+        ));
+    }
+    if !pg && !a.shared {
+        let lock = claim_sole(&cli.db)?;
+        return Ok((open_sole(&cli.db)?, Some(lock)));
+    }
+    // A pool connection for each worker thread, the committer, the dispatcher, the settler and
+    // the heartbeat (which must never wait behind the others).
+    match store::open_backend(&cli.db, Access::Create, a.workers as usize + 4) {
+        Ok(db) => Ok((db, None)),
+        Err(store::Error::InUse(path)) => {
+            let who = crate::local::daemon_pid(&path).map_or_else(
+                || "a daemon".to_string(),
+                |p| format!("the daemon with pid {p}"),
+            );
+            Err(CliError::op(format!(
+                "{who} runs on {} as its only writer (it was not started with --shared), so no other daemon may run on it",
+                path.display()
+            ))
+            .hint("stop that daemon first (SIGTERM lets it finish its steps), or start every daemon on the file with --shared"))
+        }
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -126,14 +127,14 @@ fn serve_api(
     let api = crate::local::serve_claimed(Path::new(&cli.db), lock, Arc::clone(store))
         .map_err(|why| {
             CliError::op(format!("cannot serve the local API: {why}")).hint(
-                "a daemon started with --sole-writer needs it: `worker enqueue` and the decisions reach the file through it",
+                "a daemon that is its file's only writer needs it: `worker enqueue` and the decisions reach the file through it (or start the daemon with --shared)",
             )
         })?;
     tracing::info!(socket = %api.socket().display(), sole_writer = true, "serving the local API");
     Ok(Some(api))
 }
 
-/// `--sole-writer`: the daemon's lock of the file, or a refusal naming the daemon that has it.
+/// The sole writer's lock of the file, or a refusal naming the daemon that has it.
 fn claim_sole(db: &str) -> Result<std::fs::File, CliError> {
     match crate::local::claim(Path::new(db)).map_err(CliError::op)? {
         crate::local::Claim::Held(lock) => Ok(lock),
@@ -143,16 +144,16 @@ fn claim_sole(db: &str) -> Result<std::fs::File, CliError> {
                 |p| format!("the daemon with pid {p}"),
             );
             Err(CliError::op(format!(
-                "{who} already runs on {db}; a daemon started with --sole-writer must be its only one"
+                "{who} already runs on {db}; a daemon is its file's only one unless every daemon on it is started with --shared"
             ))
             .hint("stop that daemon first (SIGTERM lets it finish its steps), or run this one on another file"))
         }
     }
 }
 
-/// `--sole-writer`: the file opened (created if need be) as its only writer. Verbs that share
+/// The file opened (created if need be) as its only writer. Verbs that share
 /// the file for writing hold it for a moment each: the open waits for them, up to 10 s;
-/// anything that holds it longer (a daemon started without --sole-writer, a `worker console`)
+/// anything that holds it longer (a daemon started with --shared, a `worker console`)
 /// is named in the refusal.
 fn open_sole(db: &str) -> Result<Db, CliError> {
     let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -167,7 +168,7 @@ fn open_sole(db: &str) -> Result<Db, CliError> {
                     "{} stayed open for writing in another process for 10 s, so this daemon cannot be its only writer",
                     path.display()
                 ))
-                .hint("a daemon started without --sole-writer, or a `worker console`, shares the file for writing: stop it, or start this daemon without --sole-writer"));
+                .hint("a daemon started with --shared, or a `worker console`, shares the file for writing: stop it, or start this daemon with --shared too"));
             }
             Err(e) => return Err(e.into()),
         }
@@ -459,7 +460,7 @@ fn console_access(
 }
 
 /// `worker run --console ADDR`: the console and the HTTP API served from the daemon, on its
-/// own database handle (a `--sole-writer` daemon's file admits no `worker console` beside
+/// own database handle (a sole writer's file admits no `worker console` beside
 /// it), until the daemon stops. A console that cannot listen stops the daemon's start.
 fn console_in_daemon(
     cli: &Cli,
@@ -513,7 +514,7 @@ pub(super) fn cmd_console(cli: &Cli, a: &ConsoleArgs) -> CliResult {
     let db = match store::open_backend(&cli.db, Access::Create, 4) {
         Err(e @ store::Error::InUse(_)) => {
             return Err(CliError::from(e).hint(
-                "a daemon started with --sole-writer is the file's only writer: serve the console from it (worker run --sole-writer --console 127.0.0.1:8080)",
+                "the daemon is the file's only writer: serve the console from it (worker run --console 127.0.0.1:8080), or start the daemon with --shared",
             ));
         }
         opened => opened?,

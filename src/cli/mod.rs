@@ -163,7 +163,7 @@ impl From<store::Error> for CliError {
                     crate::local::socket_path(path),
                 );
                 Some(format!(
-                    "{daemon} is the file's only writer while it runs (it was started with --sole-writer): `worker enqueue` and the decisions reach the file through its socket ({}), and so do `worker memory add|forget`, `purge` and `schedule add|pause|resume|remove`; `check`, `migrate`, `console`, `reconcile --auto` and `schedule tick` need the file itself and can run once it stops (it settles held writes and fires the schedules itself)",
+                    "{daemon} is the file's only writer while it runs (daemons are, unless started with --shared): `worker enqueue` and the decisions reach the file through its socket ({}), and so do `worker memory add|forget`, `purge` and `schedule add|pause|resume|remove`; `check`, `migrate`, `console`, `reconcile --auto` and `schedule tick` need the file itself and can run once it stops (it settles held writes and fires the schedules itself)",
                     socket.display()
                 ))
             }
@@ -260,7 +260,7 @@ fn open_created(cli: &Cli, connections: usize) -> Result<Db, CliError> {
 
 /// A writing verb on a redb file: handed to the daemon that serves the file's socket when one
 /// answers (`daemon` gives `None` when none does), else carried out on the file itself
-/// (`file`). A daemon that is the file's only writer (`--sole-writer`) keeps the verb off the
+/// (`file`). A daemon that is the file's only writer (without `--shared`) keeps the verb off the
 /// file: one that started after `daemon` found no socket, or that was too busy to take the
 /// request, is asked again through its socket, for up to 10 s.
 fn through_daemon<T>(

@@ -67,7 +67,7 @@ pub enum Error {
     #[error("{0}")]
     Refused(String),
     /// Another process has the file open for writing in a mode that excludes this open: a
-    /// daemon started with `--sole-writer` (the file's only writer while it runs), or, for
+    /// daemon not started with `--shared` (the file's only writer while it runs), or, for
     /// such a daemon, processes that share the file for writing.
     #[error("{} is open for writing in another process, in a mode that excludes this one", .0.display())]
     InUse(PathBuf),

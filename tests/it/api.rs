@@ -108,12 +108,12 @@ conformance! {
         };
         enqueue(d, &["--key", "done-1"]);
         enqueue(d, &["--model", "policy:ord_1004:8000", "--key", "held-1"]);
-        ok(d, &["run", "--drain"]);
+        ok(d, &["run", "--shared", "--drain"]);
         let server = served(d);
         // A daemon runs what Schemathesis creates, so a long poll on a new task answers when
         // it settles, not after the whole wait.
         let mut daemon = command(d)
-            .args(["run", "--workers", "2", "--time-scale", "0"])
+            .args(["run", "--workers", "2", "--time-scale", "0", "--shared"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -282,7 +282,7 @@ fn roles_bound_what_a_token_may_do() {
     );
     assert_eq!(s, 201, "an operator may raise them: {p}");
 
-    ok(d, &["run", "--drain"]);
+    ok(d, &["run", "--shared", "--drain"]);
     let (_, _, held) = call("GET", &format!("{api}/tasks/{id}"), Some(JOB), &[], None);
     assert_eq!(held["status"], "suspended", "{held}");
     assert_eq!(held["waiting_for"], "approval", "{held}");
@@ -302,7 +302,7 @@ fn roles_bound_what_a_token_may_do() {
     assert_eq!(events[0]["verb"], "approve", "{events}");
     assert_eq!(events[0]["by"], "ops", "{events}");
     assert_eq!(events[0]["reason"], "damage confirmed", "{events}");
-    ok(d, &["run", "--drain"]);
+    ok(d, &["run", "--shared", "--drain"]);
     let (_, _, done) = call("GET", &format!("{api}/tasks/{id}"), Some(JOB), &[], None);
     assert_eq!(
         (done["stop"].as_str(), done["outcome"].as_str()),
@@ -461,7 +461,7 @@ fn a_long_poll_returns_when_the_task_finishes() {
     let url = format!("{api}/tasks/{id}?wait=60s");
     let poll = std::thread::spawn(move || call("GET", &url, Some(OPS), &[], None));
     std::thread::sleep(std::time::Duration::from_millis(500));
-    ok(d, &["run", "--drain", "--time-scale", "0.1"]);
+    ok(d, &["run", "--shared", "--drain", "--time-scale", "0.1"]);
     let (s, _, done) = poll.join().expect("the poll answers");
     assert_eq!(s, 200, "{done}");
     assert_eq!(
@@ -507,7 +507,7 @@ fn the_readmes_generated_client_script_runs_as_written() {
     let d = dir.path();
     let server = served(d);
     let mut daemon = command(d)
-        .args(["run", "--workers", "2", "--time-scale", "0.1"])
+        .args(["run", "--workers", "2", "--time-scale", "0.1", "--shared"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

@@ -103,7 +103,7 @@ fn a_browser_drives_the_console() {
     suspended(d, "approve-me", "cu_ana"); // t2: suspended
     held(d, "held-3"); // t3: held
     suspended(d, "stale-4", "cu_ana"); // t4: suspended, decided elsewhere while its page is open
-    ok(d, &["run", "--drain"]);
+    ok(d, &["run", "--drain", "--shared"]);
     let c = console(d, &["--by", "alice"]);
     let Some(b) = webdriver::Browser::start() else {
         return;
@@ -143,7 +143,7 @@ fn a_browser_drives_the_console() {
         b.text("#flash")
     );
     assert_eq!(b.text("#task-status"), "queued");
-    ok(d, &["run", "--drain"]);
+    ok(d, &["run", "--drain", "--shared"]);
     b.open(&format!("{}/tasks/t2", c.base));
     assert_eq!(b.text("#task-stop"), "done");
     assert_eq!(refunds_of(d, "ord_1004"), 1);
@@ -182,7 +182,7 @@ fn a_browser_drives_the_console() {
         result["refunded_cents"].is_number(),
         "the store's result, not a bare ok: {t3}"
     );
-    ok(d, &["run", "--drain"]);
+    ok(d, &["run", "--drain", "--shared"]);
     b.open(&format!("{}/tasks/t3", c.base));
     // Settled as applied, the task goes on from the refund (its active time is spent).
     assert_eq!(b.text("#task-status"), "finished");
@@ -260,7 +260,7 @@ conformance! {
         for i in 1..=2 { suspended(d, &format!("r{i}"), "cu_ana"); } // t3, t4: reject
         held(d, "h1"); held(d, "h2"); // t5, t6: reconcile applied
         held(d, "n1"); held(d, "n2"); // t7, t8: reconcile not applied
-        ok(d, &["run", "--drain"]);
+        ok(d, &["run", "--drain", "--shared"]);
         ok(d, &["enqueue", "--model", "policy", "--user", "cu_ana", "--goal", GOAL, "--key", "c1"]); // t9
         ok(d, &["enqueue", "--model", "policy", "--user", "cu_ana", "--goal", GOAL, "--key", "c2"]); // t10
         let c = console(d, &["--by", "alice"]);
@@ -299,13 +299,13 @@ conformance! {
             assert_eq!(ea["by"], "alice");
         }
         // The re-sent and approved calls went out once each; nothing else was sent.
-        ok(d, &["run", "--drain"]);
+        ok(d, &["run", "--drain", "--shared"]);
         assert_sent_at_most_once(d, &[], 0);
     }
 
     fn stale_and_forged_forms_are_refused(d) {
         suspended(d, "s1", "cu_ana");
-        ok(d, &["run", "--drain"]);
+        ok(d, &["run", "--drain", "--shared"]);
         ok(d, &["enqueue", "--model", "policy", "--user", "cu_ana", "--goal", GOAL, "--key", "q1"]); // t2
         let c = console(d, &["--by", "alice"]);
         let html = get(&format!("{}/tasks/t1", c.base), None).1;
@@ -324,7 +324,7 @@ conformance! {
         assert_eq!(json(d, &["events", "t1", "--json"]), serde_json::json!([]));
         // A cancel form of a task that changed since it was rendered is refused.
         let page = get(&format!("{}/tasks/t2", c.base), None).1;
-        ok(d, &["run", "--drain"]);
+        ok(d, &["run", "--drain", "--shared"]);
         let (status, body) = post(&format!("{}/tasks/t2/cancel", c.base),
             &[("csrf", &field(&page, "csrf")), ("seen", &field(&page, "seen")), ("reason", "x")], None);
         assert_eq!(status, 409, "{body}");
@@ -334,7 +334,7 @@ conformance! {
 
     fn tokens_name_the_operator(d) {
         suspended(d, "s1", "cu_ana");
-        ok(d, &["run", "--drain"]);
+        ok(d, &["run", "--drain", "--shared"]);
         let (code, err) = fails(d, &["console", "--listen", "0.0.0.0:0"]);
         assert_eq!(code, 2);
         assert!(err.contains("needs --token-file"), "{err}");
@@ -416,7 +416,7 @@ fn hole_2_a_rebound_page_can_neither_read_nor_approve() {
     let dir = TempDir::new("console-rebinding");
     let d = dir.path();
     suspended(d, "s1", "cu_ana");
-    ok(d, &["run", "--drain"]);
+    ok(d, &["run", "--drain", "--shared"]);
     let c = console(d, &["--by", "alice"]);
     let addr = addr_of(&c);
     let port = addr.rsplit(':').next().expect("port").to_string();
@@ -505,7 +505,7 @@ fn hole_8_idle_connections_do_not_lock_the_operators_out() {
     let dir = TempDir::new("console-idle");
     let d = dir.path();
     suspended(d, "s1", "cu_ana");
-    ok(d, &["run", "--drain"]);
+    ok(d, &["run", "--drain", "--shared"]);
     std::fs::write(d.join("tokens.txt"), "dana 5f1b7c0a9e3d4c2b8a6f\n").expect("token file");
     let c = console(d, &["--token-file", "tokens.txt"]);
     let addr = addr_of(&c);
@@ -549,7 +549,7 @@ fn hole_13_the_token_console_guards_metrics_messages_and_lengths() {
     let dir = TempDir::new("console-smaller");
     let d = dir.path();
     suspended(d, "s1", "cu_ana");
-    ok(d, &["run", "--drain"]);
+    ok(d, &["run", "--drain", "--shared"]);
     std::fs::write(d.join("tokens.txt"), "dana 5f1b7c0a9e3d4c2b8a6f\n").expect("token file");
     let token = Some("5f1b7c0a9e3d4c2b8a6f");
     let c = console(d, &["--token-file", "tokens.txt"]);

@@ -7,8 +7,9 @@
 //! the suspended tasks; after a last drain every task is finished and every effect of a task
 //! that ended done appears exactly once.
 //!
-//! It runs on both backends (`::redb`, `::postgres`), and once more on a file with daemons
-//! started with `--sole-writer` (each the file's only writer while it runs).
+//! It runs on both backends (`::redb`, `::postgres`) with daemons that share the file for
+//! writing (`--shared`), and once more on a file with daemons as they start by default, each
+//! the file's only writer while it runs.
 //!
 //! The seed is printed; `TETHER_SEED=<seed> cargo test --test crash_recovery` replays the same
 //! task mix and kill schedule (the machine's timing still varies).
@@ -24,17 +25,17 @@ const ENQUEUERS: usize = 3;
 
 conformance! {
 fn daemon_killed_at_random_moments_loses_and_repeats_nothing(dir) {
-    crash(dir, &[]);
+    crash(dir, &["--shared"]);
 }
 }
 
-/// The same with a daemon that is the file's only writer (`--sole-writer`): the enqueuers go
+/// The same with a daemon that is the file's only writer (the default): the enqueuers go
 /// through its socket while it runs, and open the file themselves between a kill and the next
 /// start (or wait for that daemon's socket when it took the file first).
 #[test]
 fn a_sole_writer_daemon_killed_at_random_moments_loses_and_repeats_nothing() {
     let dir = TempDir::on("crash_sole", Backend::Redb).expect("a directory");
-    crash(dir.path(), &["--sole-writer"]);
+    crash(dir.path(), &[]);
 }
 
 /// Kills daemons started with `run_extra` at random moments while enqueuers run beside them.

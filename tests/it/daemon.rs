@@ -81,7 +81,7 @@ conformance! {
         enqueue_many(d, 40, "policy");
         let start = || {
             command(d)
-                .args(["run", "--workers", "4", "--drain", "--time-scale", "0.002"])
+                .args(["run", "--workers", "4", "--drain", "--time-scale", "0.002", "--shared"])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
@@ -154,6 +154,7 @@ conformance! {
                 "1000",
                 "--time-scale",
                 "1",
+                "--shared",
             ])
             .env_remove("WORKER_STORE")
             .env("RUST_LOG", "info")
@@ -174,7 +175,7 @@ conformance! {
         let paused_at = json(d, &["show", "t1", "--json"]);
         // Past the lease: 1 s + 4 s of active time, with room for a loaded machine.
         std::thread::sleep(Duration::from_millis(6500));
-        ok(d, &["run", "--drain", "--workers", "1"]);
+        ok(d, &["run", "--drain", "--workers", "1", "--shared"]);
         let after_b = json(d, &["show", "t1", "--json"]);
         assert_eq!(after_b["runs"], 2, "daemon b took the task over: {after_b}");
         assert!(after_b["steps"].as_u64() >= paused_at["steps"].as_u64());

@@ -141,7 +141,14 @@ fn enqueue_tenant(d: &Path, tenant: &str, n: usize) {
 
 fn daemon(d: &Path) -> Child {
     with_config(d)
-        .args(["run", "--workers", "3", "--heartbeat-ttl-ms", "3000"])
+        .args([
+            "run",
+            "--workers",
+            "3",
+            "--heartbeat-ttl-ms",
+            "3000",
+            "--shared",
+        ])
         .args(["--recover-every-ms", "200"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -140,7 +140,7 @@ fn a_killed_daemons_socket_is_passed_over_and_replaced_and_one_daemon_serves_it(
     let id = enqueue(d, &["--key", "after-kill", "--in", "1h"]);
     assert!(id.trim().starts_with('t'), "{id}");
 
-    let (b, log_b) = daemon(d, "b");
+    let (b, log_b) = daemon_with(d, "b", &["--shared"]);
     serving(&log_b);
     assert_eq!(
         std::fs::read_to_string(d.join("worker.redb.lock"))
@@ -149,7 +149,7 @@ fn a_killed_daemons_socket_is_passed_over_and_replaced_and_one_daemon_serves_it(
         b.id().to_string()
     );
     // A second daemon on the file runs tasks but leaves the socket to the first.
-    let (c, log_c) = daemon(d, "c");
+    let (c, log_c) = daemon_with(d, "c", &["--shared"]);
     until("the second daemon sees the first", || {
         log_says(&log_c, "another daemon on this file serves the local API")
     });
@@ -238,7 +238,7 @@ fn a_sole_writer_daemon_refuses_a_second_one_and_takes_the_verbs_writes() {
     serving(&log);
     let pid = format!("pid {}", a.id());
     // A second daemon is refused by name, whether it would share the file or own it.
-    for extra in [&["--sole-writer"][..], &[][..]] {
+    for extra in [&[][..], &["--shared"][..]] {
         let out = command(d)
             .args(["run", "--drain"])
             .args(extra)
@@ -313,7 +313,7 @@ fn a_sole_writer_daemon_refuses_a_second_one_and_takes_the_verbs_writes() {
     // A verb that needs the file itself is refused with the reason and the daemon's name.
     let (code, err) = fails(d, &["schedule", "tick"]);
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains("--sole-writer") && err.contains(&pid), "{err}");
+    assert!(err.contains("only writer") && err.contains(&pid), "{err}");
     // `check` too: the file is in use, not damaged.
     let out = worker(d, &["check"]);
     let (said, err) = (

@@ -71,7 +71,14 @@ fn run_three(d: &Path) -> Duration {
         .map(|i| {
             let log = std::fs::File::create(d.join(format!("daemon-{i}.log"))).expect("log");
             command(d)
-                .args(["--config", "worker.toml", "run", "--workers", "3"])
+                .args([
+                    "--config",
+                    "worker.toml",
+                    "run",
+                    "--workers",
+                    "3",
+                    "--shared",
+                ])
                 .stdout(Stdio::null())
                 .stderr(log)
                 .spawn()

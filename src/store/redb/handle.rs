@@ -1,6 +1,6 @@
 //! Handles on a redb file: opening it for writing, shared with other writing processes
 //! (redb's MultiWriter mode) or as its only writer (SingleWriter, a daemon started with
-//! `--sole-writer`), without ever panicking on a damaged file; a read-only handle for readers;
+//! a daemon, unless started with `--shared`), without ever panicking on a damaged file; a read-only handle for readers;
 //! and a writer's handle that is opened again after an I/O error.
 
 use redb::{Database, ReadTransaction, ReadableDatabase, WriteTransaction};
@@ -71,11 +71,11 @@ pub type Opener = std::sync::Arc<dyn Fn() -> Result<Database> + Send + Sync>;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Sharing {
     /// Any number of processes write it, one write transaction at a time (redb's MultiWriter:
-    /// every commit in two phases, with the allocator's state). Daemons without
-    /// `--sole-writer`, `worker enqueue` and the operators' verbs.
+    /// every commit in two phases, with the allocator's state). Daemons started with
+    /// `--shared`, `worker enqueue` and the operators' verbs.
     Shared,
     /// This process is its only writer; other processes may read it (redb's SingleWriter). A
-    /// daemon started with `--sole-writer`: its commits skip what sharing costs.
+    /// daemon (unless started with `--shared`): its commits skip what sharing costs.
     Sole,
 }
 
