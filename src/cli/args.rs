@@ -332,7 +332,7 @@ pub struct RunArgs {
     /// Serve the web console and the HTTP API from this daemon (what `worker console` serves),
     /// on this address, e.g. 127.0.0.1:8080; a non-loopback one needs --console-token-file.
     /// Without a token file, decisions are recorded as $USER. The way to a console beside a
-    /// --sole-writer daemon, whose file admits no `worker console` process.
+    /// daemon that is its file's only writer, which admits no `worker console` process.
     #[arg(long, value_name = "ADDR")]
     pub console: Option<String>,
     /// With --console: who may sign in and call the API, as `worker console --token-file`.

@@ -25,15 +25,7 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
             crate::mcp::Mcp::new(trusted.mcp.clone()).map_err(CliError::usage)?,
         ))
     };
-    let console = match &a.console {
-        Some(listen) => Some(console_access(
-            listen,
-            a.console_token_file.as_deref(),
-            &std::env::var("USER").unwrap_or_else(|_| "operator".into()),
-            "--console-token-file",
-        )?),
-        None => None,
-    };
+    let console = console_args(a)?;
     let (store, sole) = open_daemon_store(cli, a)?;
     // The demo shop is opened only if a task calls one of its tools.
     let demo = Arc::new(DemoShop::at(
@@ -80,6 +72,25 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
         "worker stopped"
     );
     Ok(())
+}
+
+/// `--console` and its flags, checked before the database is opened: who may use it.
+fn console_args(a: &RunArgs) -> Result<Option<crate::console::Access>, CliError> {
+    if a.drain && a.console.is_some() {
+        return Err(CliError::usage(
+            "--console serves operators while the daemon runs; with --drain the daemon (and its console) would stop as soon as the queue is empty",
+        )
+        .hint("serve the console from a daemon that keeps running (without --drain)"));
+    }
+    Ok(match &a.console {
+        Some(listen) => Some(console_access(
+            listen,
+            a.console_token_file.as_deref(),
+            &std::env::var("USER").unwrap_or_else(|_| "operator".into()),
+            "--console-token-file",
+        )?),
+        None => None,
+    })
 }
 
 /// The daemon's database, and on a file (unless `--shared`) the daemon's lock of it, taken first
@@ -146,7 +157,7 @@ fn claim_sole(db: &str) -> Result<std::fs::File, CliError> {
             Err(CliError::op(format!(
                 "{who} already runs on {db}; a daemon is its file's only one unless every daemon on it is started with --shared"
             ))
-            .hint("stop that daemon first (SIGTERM lets it finish its steps), or run this one on another file"))
+            .hint("stop that daemon first (SIGTERM lets it finish its steps), run this one on another file, or start every daemon on the file with --shared"))
         }
     }
 }
@@ -437,8 +448,15 @@ fn console_access(
     flag: &str,
 ) -> Result<crate::console::Access, CliError> {
     use crate::console::{Access, check_listen, read_tokens};
+    use std::net::ToSocketAddrs;
+    if let Err(e) = listen.to_socket_addrs() {
+        return Err(CliError::usage(format!(
+            "{listen} is not an address to listen on ({e}); give HOST:PORT, e.g. 127.0.0.1:8080"
+        )));
+    }
     check_listen(listen, token_file.is_some()).map_err(|e| {
-        CliError::usage(e).hint(format!("pass {flag} FILE, or listen on 127.0.0.1"))
+        CliError::usage(e.replace("--token-file", flag))
+            .hint(format!("pass {flag} FILE, or listen on 127.0.0.1"))
     })?;
     Ok(match token_file {
         Some(path) => {

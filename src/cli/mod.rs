@@ -163,7 +163,7 @@ impl From<store::Error> for CliError {
                     crate::local::socket_path(path),
                 );
                 Some(format!(
-                    "{daemon} is the file's only writer while it runs (daemons are, unless started with --shared): `worker enqueue` and the decisions reach the file through its socket ({}), and so do `worker memory add|forget`, `purge` and `schedule add|pause|resume|remove`; `check`, `migrate`, `console`, `reconcile --auto` and `schedule tick` need the file itself and can run once it stops (it settles held writes and fires the schedules itself)",
+                    "{daemon} is the file's only writer while it runs (daemons are, unless started with --shared): `worker enqueue` and the decisions reach the file through its socket ({}), and so do `worker memory add|forget`, `purge` and `schedule add|pause|resume|remove`; `check`, `migrate`, `console`, `reconcile --auto` and `schedule tick` need the file itself and can run once it stops (the daemon fires the schedules itself, and settles held writes by their lookups unless started with --no-auto-settle)",
                     socket.display()
                 ))
             }
@@ -273,6 +273,12 @@ fn through_daemon<T>(
             return Ok(out);
         }
         match file() {
+            Err(store::Error::InUse(path)) if let Some(uid) = other_users_socket(&path) => {
+                return Err(store::Error::Daemon(format!(
+                    "{} is written by a daemon of another user (uid {uid}), which takes requests from its own user only: run this as that user",
+                    path.display()
+                )));
+            }
             Err(store::Error::InUse(_)) if std::time::Instant::now() < until => {
                 std::thread::sleep(std::time::Duration::from_millis(50));
             }
@@ -314,6 +320,14 @@ fn operator_write<T: serde::de::DeserializeOwned>(
     };
     serde_json::from_value(out)
         .map_err(|e| CliError::op(format!("the answer is not one this release reads: {e}")))
+}
+
+/// The uid that owns the daemon's socket beside `db`, when it is not this process's user.
+fn other_users_socket(db: &Path) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let uid = std::fs::metadata(crate::local::socket_path(db)).ok()?.uid();
+    // SAFETY: geteuid takes nothing and cannot fail.
+    (uid != unsafe { libc::geteuid() }).then_some(uid)
 }
 
 fn print_json(v: &Value) -> CliResult {

@@ -477,7 +477,6 @@ pub fn decide_here(d: &Decide, store: &dyn Backend) -> Result<serde_json::Value>
 
 /// The maintenance requests (purge, schedules), here as in the verbs.
 fn maintain(d: &Decide, store: &dyn Backend) -> Result<serde_json::Value> {
-    use crate::operator::schedule as sched;
     let out = match d {
         Decide::Purge {
             before_ms,
@@ -488,12 +487,9 @@ fn maintain(d: &Decide, store: &dyn Backend) -> Result<serde_json::Value> {
             let d = crate::operator::decision(by, reason.as_deref()).map_err(Error::Invalid)?;
             serde_json::json!(store.purge(*before_ms, (*batch).clamp(1, 10_000), &d)?)
         }
-        Decide::ScheduleAdd { schedule: s } => {
-            crate::limits::check_name(&s.name, "the schedule's name")
-                .map_err(|e| Error::Invalid(e.0))?;
-            sched::parse(&s.cron).map_err(Error::Invalid)?;
-            sched::zone(&s.tz).map_err(Error::Invalid)?;
-            store.add_schedule(s)?;
+        Decide::ScheduleAdd { schedule } => {
+            let s = checked_schedule(schedule)?;
+            store.add_schedule(&s)?;
             serde_json::json!(true)
         }
         Decide::SchedulePaused { name, paused } => {
@@ -515,4 +511,25 @@ fn maintain(d: &Decide, store: &dyn Backend) -> Result<serde_json::Value> {
         }
     };
     Ok(out)
+}
+
+/// A schedule a caller sent, checked as `worker schedule add` checks it (its name, cron
+/// expression, time zone and task), and new: made now, not paused, nothing fired yet.
+fn checked_schedule(
+    s: &crate::store::schedule::Schedule,
+) -> Result<crate::store::schedule::Schedule> {
+    use crate::operator::schedule as sched;
+    crate::limits::check_name(&s.name, "the schedule's name").map_err(|e| Error::Invalid(e.0))?;
+    sched::parse(&s.cron).map_err(Error::Invalid)?;
+    sched::zone(&s.tz).map_err(Error::Invalid)?;
+    serde_json::from_value::<crate::operator::submit::TaskRequest>(s.task.clone())
+        .map_err(|e| Error::Invalid(format!("the schedule's task: {e}")))?;
+    let now = crate::clock::now_ms();
+    Ok(crate::store::schedule::Schedule {
+        paused: false,
+        last_tick_ms: now,
+        created_at_ms: now,
+        fired: 0,
+        ..s.clone()
+    })
 }

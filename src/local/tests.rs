@@ -480,3 +480,41 @@ fn a_note_refused_by_an_earlier_daemon_is_written_by_the_verb_and_a_decision_is_
     server.join().expect("the old daemon");
     let _ = fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_schedule_sent_to_the_daemon_is_checked_and_made_new() {
+    let dir = temp("schedule");
+    let db = dir.join("worker.redb");
+    let store = Arc::new(RedbStore::open(&db, true).expect("open"));
+    let _api = serving(&db, &store);
+    let schedule = |task: serde_json::Value| crate::store::schedule::Schedule {
+        name: "nightly".into(),
+        cron: "0 2 * * *".into(),
+        tz: "UTC".into(),
+        catch_up: crate::store::schedule::CatchUp::Latest,
+        paused: true,
+        task,
+        last_tick_ms: 0,
+        created_at_ms: 0,
+        fired: 7,
+    };
+    let bad = Decide::ScheduleAdd {
+        schedule: schedule(serde_json::json!({"nonsense": 1})),
+    };
+    assert!(
+        matches!(decide(&db, &bad), Err(Error::Invalid(m)) if m.contains("the schedule's task")),
+        "a task no enqueue would take is refused"
+    );
+    assert!(store.schedules().expect("schedules").is_empty());
+    let good = Decide::ScheduleAdd {
+        schedule: schedule(serde_json::json!({"user": "cu_ana", "goal": "g", "model": "policy"})),
+    };
+    decide(&db, &good)
+        .expect("added")
+        .expect("through the daemon");
+    let s = &store.schedules().expect("schedules")[0];
+    // Made now: no tick from the epoch on is due, nothing fired, not paused.
+    assert!(s.last_tick_ms > 0 && s.created_at_ms > 0, "{s:?}");
+    assert_eq!((s.fired, s.paused), (0, false));
+    let _ = fs::remove_dir_all(&dir);
+}

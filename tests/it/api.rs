@@ -497,7 +497,7 @@ fn the_served_document_is_the_committed_one() {
 /// The README's "Call it from a job or a service" client, as written: the generation command
 /// and the Python script are read from the README, the client is generated from the served
 /// document, and the script creates a task under an idempotency key, waits for it, approves
-/// its held write and prints the result, with a daemon running beside the server.
+/// its held write and prints the result, with the API served by the daemon (`run --console`).
 #[test]
 fn the_readmes_generated_client_script_runs_as_written() {
     let Some(generator) = venv_tool("openapi-python-client", "openapi_python_client") else {
@@ -505,13 +505,22 @@ fn the_readmes_generated_client_script_runs_as_written() {
     };
     let dir = TempDir::new("api_client");
     let d = dir.path();
-    let server = served(d);
-    let mut daemon = command(d)
-        .args(["run", "--workers", "2", "--time-scale", "0.1", "--shared"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the daemon");
+    // As the README runs it: the daemon serves the API itself.
+    let t = tokens(d);
+    let server = common::serve::spawn(
+        d,
+        &[
+            "run",
+            "--workers",
+            "2",
+            "--time-scale",
+            "0.1",
+            "--console",
+            "127.0.0.1:0",
+            "--console-token-file",
+            t.to_str().expect("a UTF-8 path"),
+        ],
+    );
     let readme = std::fs::read_to_string(format!("{}/README.md", env!("CARGO_MANIFEST_DIR")))
         .expect("the README");
     let generate = block_after(&readme, "<!-- client: generate -->");
@@ -541,8 +550,7 @@ fn the_readmes_generated_client_script_runs_as_written() {
         .current_dir(d)
         .output()
         .expect("run the script");
-    let _ = daemon.kill();
-    let _ = daemon.wait();
+    drop(server);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

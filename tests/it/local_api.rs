@@ -382,9 +382,17 @@ fn a_sole_writer_daemon_serves_the_console_and_the_api_itself() {
     std::fs::write(d.join("tokens.txt"), format!("ops {token} operator\n")).expect("tokens");
     // Checked before the daemon opens anything: a public address needs a token file, and the
     // token file needs the console.
-    let (code, err) = fails(d, &["run", "--drain", "--console", "0.0.0.0:8080"]);
+    let (code, err) = fails(d, &["run", "--console", "0.0.0.0:8080"]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("--console-token-file"), "{err}");
+    assert!(err.contains("needs --console-token-file"), "{err}");
+    for bad in ["127.0.0.1:99999", "nonsense"] {
+        let (code, err) = fails(d, &["run", "--console", bad]);
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains("not an address"), "{err}");
+    }
+    // A console that a drain would end at once, and a token file without a console.
+    let (code, err) = fails(d, &["run", "--drain", "--console", "127.0.0.1:0"]);
+    assert_eq!(code, 2, "{err}");
     let (code, err) = fails(d, &["run", "--drain", "--console-token-file", "tokens.txt"]);
     assert_eq!(code, 2, "{err}");
     assert!(!d.join("worker.redb").exists(), "nothing was opened");

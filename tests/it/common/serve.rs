@@ -22,9 +22,16 @@ impl Drop for Served {
 
 /// `worker serve --listen 127.0.0.1:0 EXTRA` in `d`, once it printed its address.
 pub fn serve(d: &Path, extra: &[&str]) -> Served {
+    let mut args = vec!["serve", "--listen", "127.0.0.1:0"];
+    args.extend_from_slice(extra);
+    spawn(d, &args)
+}
+
+/// `worker ARGS` in `d` (`serve`, or `run --console 127.0.0.1:0`), once it printed the
+/// console's address.
+pub fn spawn(d: &Path, args: &[&str]) -> Served {
     let mut child = super::command(d)
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .args(extra)
+        .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
