@@ -187,9 +187,14 @@ pub(super) fn cmd_enqueue(cli: &Cli, a: &EnqueueArgs) -> CliResult {
         through_daemon(daemon, here)?
     };
     if a.wait {
+        // On a file, the wait reads through a read-only handle: a writer's handle held for the
+        // whole wait would keep a daemon, which must be the file's only writer, from starting.
         let store = match store {
-            Some(s) => s,
-            None => open_reader(cli)?,
+            Some(s) if store::pg::is_url(&cli.db) => s,
+            writer => {
+                drop(writer);
+                open_reader(cli)?
+            }
         };
         let Some(e) = out.first() else {
             return Err(CliError::op("the enqueue returned no task"));

@@ -445,3 +445,44 @@ fn a_sole_writer_daemon_serves_the_console_and_the_api_itself() {
     assert!(err.contains("--console"), "{err}");
     stop(a);
 }
+
+/// `worker enqueue --wait` with no daemon running commits the task itself, then waits: its
+/// wait holds no writer's handle, so a daemon started meanwhile (the file's only writer)
+/// starts, runs the task and the wait ends with it.
+#[test]
+fn a_daemon_starts_beside_an_enqueue_that_waits() {
+    let dir = TempDir::new("local_wait_then_daemon");
+    let d = dir.path();
+    ok(d, &["store", "orders"]);
+    let mut waiting = command(d)
+        .args([
+            "enqueue", "--user", "cu_ana", "--goal", GOAL, "--model", "policy",
+        ])
+        .args(["--wait", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("enqueue --wait");
+    until("the task is enqueued", || {
+        let out = worker(d, &["list", "--json"]);
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("\"t1\"")
+    });
+    let (daemon, log) = daemon(d, "a");
+    serving(&log);
+    let t = Instant::now();
+    while waiting.try_wait().expect("the wait").is_none() {
+        if t.elapsed() > Duration::from_secs(60) {
+            let _ = waiting.kill();
+            panic!(
+                "the wait never ended; the daemon said: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = waiting.wait_with_output().expect("the wait's output");
+    assert!(out.status.success(), "{:?}", out.status);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["stop"], "done", "{v}");
+    stop(daemon);
+}
