@@ -65,7 +65,21 @@ pub fn decide(db: &Path, d: &Decide) -> Result<Option<serde_json::Value>> {
         serde_json::to_writer(&mut *w, d)?;
         w.write_all(b"\n")
     };
-    let asked = match d {
+    let asked = asked_of(d);
+    match exchange(db, &asked, &body) {
+        // A daemon of an earlier release, which takes decisions but not notes or maintenance:
+        // it read the request, did nothing, and the verb writes the file itself.
+        Err(Error::Invalid(m)) if !d.on_a_task() && m.contains("unknown variant") => {
+            tracing::debug!(answer = %m, "the daemon takes no notes; writing the file");
+            Ok(None)
+        }
+        other => other,
+    }
+}
+
+/// What a decision sent to the daemon is called in what the operator is told if it fails.
+fn asked_of(d: &Decide) -> Asked<'static> {
+    match d {
         Decide::Note { .. } | Decide::Forget { .. } => Asked {
             op: "decide",
             tasks: 0,
@@ -105,15 +119,6 @@ pub fn decide(db: &Path, d: &Decide) -> Result<Option<serde_json::Value>> {
             // Taken twice, a decision would report the refusal of what was done.
             retry_lost: false,
         },
-    };
-    match exchange(db, &asked, &body) {
-        // A daemon of an earlier release, which takes decisions but not notes or maintenance:
-        // it read the request, did nothing, and the verb writes the file itself.
-        Err(Error::Invalid(m)) if !d.on_a_task() && m.contains("unknown variant") => {
-            tracing::debug!(answer = %m, "the daemon takes no notes; writing the file");
-            Ok(None)
-        }
-        other => other,
     }
 }
 
@@ -230,19 +235,24 @@ fn exchange_once(
     let sent = send(&conn, &header, body);
     // An answer may have come even when sending failed (a refusal of the header).
     let answer = read_answer(&conn);
-    let daemon = match daemon_pid(db) {
+    // Named (its pid read from the lock file) only when something went wrong.
+    let daemon = || match daemon_pid(db) {
         Some(pid) => format!("the daemon serving {} (pid {pid})", db.display()),
         None => format!("the daemon serving {}", db.display()),
     };
     let lost = |what: String| {
         Error::Daemon(format!(
-            "{daemon} {what}: {}; {} ({})",
-            asked.unknown, asked.seen_with, asked.again
+            "{} {what}: {}; {} ({})",
+            daemon(),
+            asked.unknown,
+            asked.seen_with,
+            asked.again
         ))
     };
     let silent = || {
         Error::Daemon(format!(
-            "{daemon} did not answer within {} ms (is it paused?): when it resumes it refuses {}, as the deadline passed, unless it had already begun to carry it out; {} ({})",
+            "{} did not answer within {} ms (is it paused?): when it resumes it refuses {}, as the deadline passed, unless it had already begun to carry it out; {} ({})",
+            daemon(),
             timeout.as_millis(),
             asked.what,
             asked.seen_with,
