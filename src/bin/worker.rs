@@ -5,11 +5,125 @@
 use clap::Parser;
 use tether::cli::{Cli, Command, LogFormat, run};
 
-/// mimalloc rather than the system allocator: a step makes dozens of small, short-lived
-/// allocations (JSON values, strings, spans), and with glibc's malloc they were a quarter of
-/// the kernel's time (`cargo bench --bench kernel`, which runs on the same allocator).
+/// mimalloc for the verbs that run tasks or serve (a step makes dozens of small, short-lived
+/// allocations, and with glibc's malloc they were a quarter of the kernel's time: `cargo
+/// bench --bench kernel`, which runs on mimalloc too); the system allocator for the one-shot
+/// verbs, where mimalloc's own start and exit (reserving and mapping its arena, purging it at
+/// exit) were a fifth of a `worker enqueue` (see [`allocator`]).
 #[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOC: allocator::ByVerb = allocator::ByVerb;
+
+// Elsewhere than Linux there is no pre-init hook here: every verb runs on mimalloc, and the
+// verb lists serve only the tests.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+mod allocator {
+    //! The allocator chosen once for the whole process, from its arguments, before its first
+    //! allocation: nothing allocated by one is ever freed by the other.
+
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+    /// The verbs that run for long and allocate at every step: they get mimalloc.
+    pub const LONG_RUNNING: [&str; 5] = ["run", "console", "serve", "demo", "demo-store"];
+    /// The verbs that do one thing and exit: they get the system allocator.
+    pub const ONE_SHOT: [&str; 20] = [
+        "enqueue",
+        "wait",
+        "list",
+        "show",
+        "trace",
+        "postmortem",
+        "tools",
+        "schedule",
+        "store",
+        "approve",
+        "reject",
+        "reconcile",
+        "cancel",
+        "replay",
+        "events",
+        "memory",
+        "check",
+        "purge",
+        "migrate",
+        "help",
+    ];
+
+    static MIMALLOC: AtomicBool = AtomicBool::new(!cfg!(target_os = "linux"));
+
+    /// Whether the first argument that names a verb names a long-running one (an option's
+    /// value that happens to be a verb's name costs speed, never correctness).
+    pub fn long_running<'a>(args: impl IntoIterator<Item = &'a [u8]>) -> bool {
+        let verb = |a: &[u8], list: &[&str]| list.iter().any(|v| v.as_bytes() == a);
+        args.into_iter()
+            .find(|a| verb(a, &LONG_RUNNING) || verb(a, &ONE_SHOT))
+            .is_some_and(|a| verb(a, &LONG_RUNNING))
+    }
+
+    /// Run by the C runtime before any constructor and before `main` (so before Rust's first
+    /// allocation), with the process's arguments. It must not allocate.
+    #[cfg(target_os = "linux")]
+    extern "C" fn choose(
+        argc: libc::c_int,
+        argv: *const *const libc::c_char,
+        _: *const *const libc::c_char,
+    ) {
+        let args = (1..usize::try_from(argc).unwrap_or(0)).filter_map(|i| {
+            // SAFETY: the C runtime passes `argc` valid, NUL-terminated arguments in `argv`.
+            let p = unsafe { *argv.add(i) };
+            (!p.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes())
+        });
+        MIMALLOC.store(long_running(args), Relaxed);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[used]
+    #[unsafe(link_section = ".preinit_array")]
+    static CHOOSE: extern "C" fn(
+        libc::c_int,
+        *const *const libc::c_char,
+        *const *const libc::c_char,
+    ) = choose;
+
+    /// Whether this process allocates with mimalloc (tests check the choice).
+    pub fn is_mimalloc() -> bool {
+        MIMALLOC.load(Relaxed)
+    }
+
+    pub struct ByVerb;
+
+    // SAFETY: each call goes to one allocator, the same for the whole process.
+    unsafe impl GlobalAlloc for ByVerb {
+        unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+            if is_mimalloc() {
+                unsafe { mimalloc::MiMalloc.alloc(l) }
+            } else {
+                unsafe { System.alloc(l) }
+            }
+        }
+        unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+            if is_mimalloc() {
+                unsafe { mimalloc::MiMalloc.alloc_zeroed(l) }
+            } else {
+                unsafe { System.alloc_zeroed(l) }
+            }
+        }
+        unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+            if is_mimalloc() {
+                unsafe { mimalloc::MiMalloc.dealloc(p, l) }
+            } else {
+                unsafe { System.dealloc(p, l) }
+            }
+        }
+        unsafe fn realloc(&self, p: *mut u8, l: Layout, size: usize) -> *mut u8 {
+            if is_mimalloc() {
+                unsafe { mimalloc::MiMalloc.realloc(p, l, size) }
+            } else {
+                unsafe { System.realloc(p, l, size) }
+            }
+        }
+    }
+}
 
 fn main() {
     let cli = match Cli::try_parse() {
@@ -28,6 +142,14 @@ fn main() {
         }
     };
     init_logs(&cli);
+    tracing::debug!(
+        allocator = if allocator::is_mimalloc() {
+            "mimalloc"
+        } else {
+            "system"
+        },
+        "allocator chosen for this verb"
+    );
     install_panic_hook();
     let db = cli.db.clone();
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(cli))) {
@@ -105,3 +227,41 @@ fn install_panic_hook() {
 }
 
 static PANIC: std::sync::Mutex<Option<(String, String)>> = std::sync::Mutex::new(None);
+
+#[cfg(test)]
+mod tests {
+    use super::allocator::{LONG_RUNNING, ONE_SHOT, long_running};
+    use clap::CommandFactory;
+
+    /// Every verb is in one of the allocator's two lists, so a new verb cannot be missed.
+    #[test]
+    fn every_verb_has_an_allocator() {
+        let mut names: Vec<String> = tether::cli::Cli::command()
+            .get_subcommands()
+            .flat_map(|c| {
+                let mut n = vec![c.get_name().to_string()];
+                n.extend(c.get_all_aliases().map(str::to_string));
+                n
+            })
+            .collect();
+        names.push("help".into());
+        names.sort();
+        let mut listed: Vec<String> = LONG_RUNNING
+            .iter()
+            .chain(&ONE_SHOT)
+            .map(|s| s.to_string())
+            .collect();
+        listed.sort();
+        assert_eq!(names, listed);
+    }
+
+    #[test]
+    fn the_first_verb_decides() {
+        let pick = |args: &[&str]| long_running(args.iter().map(|a| a.as_bytes()));
+        assert!(pick(&["--db", "x.redb", "run", "--workers", "4"]));
+        assert!(pick(&["serve", "--listen", "127.0.0.1:8080"]));
+        assert!(!pick(&["enqueue", "--goal", "run"]));
+        assert!(!pick(&["--version"]));
+        assert!(!pick(&[]));
+    }
+}

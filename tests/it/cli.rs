@@ -454,3 +454,39 @@ fn a_missing_table_is_created_on_open() {
     ok(d, &["run", "--drain"]);
     assert_eq!(json(d, &["show", "t1", "--json"])["status"], "suspended");
 }
+
+/// The allocator is chosen before `main` from the verb: mimalloc for the daemon, the system's
+/// for one-shot verbs (whose start and exit mimalloc's arena slowed). The choice is made in
+/// the C runtime's pre-init hook, so this fails if that hook never ran (the daemon would say
+/// "system") or if the verb were not what decides.
+#[test]
+fn the_daemon_allocates_with_mimalloc_and_one_shot_verbs_with_the_system() {
+    let dir = TempDir::new("allocator");
+    let d = dir.path();
+    let chosen = |args: &[&str]| {
+        let out = command(d)
+            .env("RUST_LOG", "worker=debug")
+            .args(args)
+            .output()
+            .expect("run worker");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "worker {args:?}: {err}");
+        err.lines()
+            .find_map(|l| {
+                l.split("allocator=\"")
+                    .nth(1)?
+                    .split('"')
+                    .next()
+                    .map(str::to_string)
+            })
+            .unwrap_or_else(|| panic!("worker {args:?} logged no allocator:\n{err}"))
+    };
+    assert_eq!(
+        chosen(&[
+            "enqueue", "--model", "policy", "--user", "u", "--goal", "run"
+        ]),
+        "system"
+    );
+    assert_eq!(chosen(&["run", "--drain"]), "mimalloc");
+    assert_eq!(chosen(&["list"]), "system");
+}
