@@ -115,6 +115,10 @@ fn wake_latency(base: &str, n: usize) -> Vec<f64> {
                 t.elapsed() < Duration::from_secs(10),
                 "the task never started"
             );
+            // Looked at every 0.1 ms, as the redb bench does: a loop of queries without a
+            // pause kept the server's backend and this thread on both cores, and the daemon
+            // it measures waited for them.
+            std::thread::sleep(Duration::from_micros(100));
         }
         out.push(t.elapsed().as_secs_f64() * 1000.0);
     }
@@ -168,11 +172,14 @@ fn main() {
         "64 in flight, read-only    : {many:.0} steps/s ({:.1}x one thread; target 5x; each thread commits on its own connection)",
         many / one
     );
-    let lat = wake_latency(&base, 20);
+    let lat = wake_latency(&base, 30);
     let max = lat.iter().copied().fold(0.0, f64::max);
+    let mut sorted = lat.clone();
+    sorted.sort_by(f64::total_cmp);
     println!(
-        "enqueue to start, idle daemon: median {:.1} ms, max {max:.1} ms over {} tasks (woken by NOTIFY; target under 10 ms; the poll fallback is 1000 ms)",
+        "enqueue to start, idle daemon: median {:.1} ms, p90 {:.1} ms, max {max:.1} ms over {} tasks (woken by NOTIFY; looked at every 0.1 ms; target under 5 ms; the poll fallback is 1000 ms)",
         median(lat.clone()),
+        sorted[sorted.len() * 9 / 10],
         lat.len()
     );
 }
