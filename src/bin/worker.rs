@@ -8,14 +8,15 @@ use tether::cli::{Cli, Command, LogFormat, run};
 /// mimalloc for the verbs that run tasks or serve (a step makes dozens of small, short-lived
 /// allocations, and with glibc's malloc they were a quarter of the kernel's time: `cargo
 /// bench --bench kernel`, which runs on mimalloc too); the system allocator for the one-shot
-/// verbs, where mimalloc's own start and exit (reserving and mapping its arena, purging it at
-/// exit) were a fifth of a `worker enqueue` (see [`allocator`]).
+/// verbs, where mimalloc's start and exit (its arena reserved, a huge page zeroed, its pages
+/// purged at exit) made a `worker enqueue` a quarter slower (see [`allocator`], and the
+/// README's durable bench).
 #[global_allocator]
 static ALLOC: allocator::ByVerb = allocator::ByVerb;
 
-// Elsewhere than Linux there is no pre-init hook here: every verb runs on mimalloc, and the
-// verb lists serve only the tests.
-#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+// Elsewhere than Linux with glibc there is no pre-init hook here: every verb runs on mimalloc,
+// and the verb lists serve only the tests.
+#[cfg_attr(not(all(target_os = "linux", target_env = "gnu")), allow(dead_code))]
 mod allocator {
     //! The allocator chosen once for the whole process, from its arguments, before its first
     //! allocation: nothing allocated by one is ever freed by the other.
@@ -49,20 +50,34 @@ mod allocator {
         "help",
     ];
 
-    static MIMALLOC: AtomicBool = AtomicBool::new(!cfg!(target_os = "linux"));
+    // Only glibc runs an executable's `.preinit_array` with its arguments (musl ignores it):
+    // elsewhere every verb keeps mimalloc.
+    static MIMALLOC: AtomicBool = AtomicBool::new(!HOOKED);
+    const HOOKED: bool = cfg!(all(target_os = "linux", target_env = "gnu"));
 
-    /// Whether the first argument that names a verb names a long-running one (an option's
-    /// value that happens to be a verb's name costs speed, never correctness).
+    /// The options before a verb whose value is the next argument (`--db list run` runs the
+    /// daemon on a file named `list`).
+    pub const GLOBAL_WITH_VALUE: [&str; 3] = ["--db", "--config", "--log-format"];
+
+    /// Whether the first argument that names a verb names a long-running one. (A value of
+    /// another option that happens to be a verb's name could mislead it: that would cost
+    /// speed, never correctness.)
     pub fn long_running<'a>(args: impl IntoIterator<Item = &'a [u8]>) -> bool {
-        let verb = |a: &[u8], list: &[&str]| list.iter().any(|v| v.as_bytes() == a);
-        args.into_iter()
-            .find(|a| verb(a, &LONG_RUNNING) || verb(a, &ONE_SHOT))
-            .is_some_and(|a| verb(a, &LONG_RUNNING))
+        let is = |a: &[u8], list: &[&str]| list.iter().any(|v| v.as_bytes() == a);
+        let mut args = args.into_iter();
+        while let Some(a) = args.next() {
+            if is(a, &GLOBAL_WITH_VALUE) {
+                args.next();
+            } else if is(a, &LONG_RUNNING) || is(a, &ONE_SHOT) {
+                return is(a, &LONG_RUNNING);
+            }
+        }
+        false
     }
 
     /// Run by the C runtime before any constructor and before `main` (so before Rust's first
     /// allocation), with the process's arguments. It must not allocate.
-    #[cfg(target_os = "linux")]
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
     extern "C" fn choose(
         argc: libc::c_int,
         argv: *const *const libc::c_char,
@@ -76,7 +91,7 @@ mod allocator {
         MIMALLOC.store(long_running(args), Relaxed);
     }
 
-    #[cfg(target_os = "linux")]
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
     #[used]
     #[unsafe(link_section = ".preinit_array")]
     static CHOOSE: extern "C" fn(
@@ -230,7 +245,7 @@ static PANIC: std::sync::Mutex<Option<(String, String)>> = std::sync::Mutex::new
 
 #[cfg(test)]
 mod tests {
-    use super::allocator::{LONG_RUNNING, ONE_SHOT, long_running};
+    use super::allocator::{GLOBAL_WITH_VALUE, LONG_RUNNING, ONE_SHOT, long_running};
     use clap::CommandFactory;
 
     /// Every verb is in one of the allocator's two lists, so a new verb cannot be missed.
@@ -263,5 +278,23 @@ mod tests {
         assert!(!pick(&["enqueue", "--goal", "run"]));
         assert!(!pick(&["--version"]));
         assert!(!pick(&[]));
+        // An option's value named like a verb is not the verb.
+        assert!(pick(&["--db", "list", "run", "--drain"]));
+        assert!(!pick(&["--config", "run", "list"]));
+        assert!(!pick(&["--db=run", "list"]));
+    }
+
+    /// Every global option that takes a value is skipped with its value.
+    #[test]
+    fn every_global_option_with_a_value_is_known() {
+        let mut with_value: Vec<String> = tether::cli::Cli::command()
+            .get_arguments()
+            .filter(|a| a.is_global_set() && a.get_action().takes_values())
+            .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
+            .collect();
+        with_value.sort();
+        let mut known: Vec<String> = GLOBAL_WITH_VALUE.iter().map(|s| s.to_string()).collect();
+        known.sort();
+        assert_eq!(with_value, known);
     }
 }
