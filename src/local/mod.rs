@@ -69,9 +69,31 @@ pub fn lock_path(db: &Path) -> PathBuf {
 }
 
 fn suffixed(db: &Path, suffix: &str) -> PathBuf {
-    let mut s = db.as_os_str().to_owned();
+    let mut s = linked(db).into_os_string();
     s.push(suffix);
     PathBuf::from(s)
+}
+
+/// The file `db` names, its symbolic links followed (a relative target is beside its link),
+/// so that the daemon and the verbs meet beside the file itself whichever name each was
+/// given. The path stays as short as it was given (no canonical absolute path, which could
+/// outgrow a socket's 107 bytes); a path that is no link, or that cannot be read, is kept.
+fn linked(db: &Path) -> PathBuf {
+    let mut path = db.to_path_buf();
+    // As many links as the kernel follows before it gives up (ELOOP).
+    for _ in 0..40 {
+        match std::fs::read_link(&path) {
+            Ok(target) if target.is_absolute() => path = target,
+            Ok(target) => {
+                path = match path.parent() {
+                    Some(dir) => dir.join(target),
+                    None => target,
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    path
 }
 
 /// The pid the daemon serving `db` wrote in its lock file, if one did.

@@ -518,3 +518,30 @@ fn a_schedule_sent_to_the_daemon_is_checked_and_made_new() {
     assert_eq!((s.fired, s.paused), (0, false));
     let _ = fs::remove_dir_all(&dir);
 }
+
+/// The socket and the lock sit beside the file a chain of links ends at, named as shortly as
+/// the links allow; a path that is no link is kept as given.
+#[test]
+fn links_lead_to_the_files_socket() {
+    let d = temp("links");
+    let real = d.join("sub").join("worker.redb");
+    fs::create_dir_all(real.parent().expect("dir")).expect("sub dir");
+    fs::write(&real, b"").expect("file");
+    // A relative link beside the file's directory, then an absolute link to that link.
+    std::os::unix::fs::symlink("sub/worker.redb", d.join("rel.redb")).expect("link");
+    std::os::unix::fs::symlink(d.join("rel.redb"), d.join("abs.redb")).expect("link");
+    assert_eq!(socket_path(&real), d.join("sub/worker.redb.sock"));
+    assert_eq!(
+        socket_path(&d.join("rel.redb")),
+        d.join("sub/worker.redb.sock")
+    );
+    assert_eq!(
+        lock_path(&d.join("abs.redb")),
+        d.join("sub/worker.redb.lock")
+    );
+    assert_eq!(
+        socket_path(Path::new("no-such.redb")),
+        Path::new("no-such.redb.sock")
+    );
+    let _ = fs::remove_dir_all(&d);
+}

@@ -486,3 +486,48 @@ fn a_daemon_starts_beside_an_enqueue_that_waits() {
     assert_eq!(v["stop"], "done", "{v}");
     stop(daemon);
 }
+
+/// A file named through a symbolic link is the file it links to: a verb that names the link
+/// reaches the daemon started on the file (it looked for a socket beside the link, found
+/// none, and gave up after 10 s, the file being the daemon's), and a second daemon started
+/// through the link is refused by the first one's pid, as it would be by the file's name.
+#[test]
+fn a_file_named_through_a_link_is_served_by_its_daemon() {
+    let dir = TempDir::new("local_link");
+    let d = dir.path();
+    std::os::unix::fs::symlink("worker.redb", d.join("link.redb")).expect("symlink");
+    let (a, log) = daemon(d, "a");
+    serving(&log);
+    let id = enqueue(
+        d,
+        &[
+            "--db",
+            "link.redb",
+            "--model",
+            "policy",
+            "--key",
+            "via-link",
+        ],
+    );
+    assert_eq!(id.trim(), "t1");
+    until("the daemon logs the enqueue", || {
+        log_says(&log, "enqueued for a caller of the local API")
+    });
+    let out = command(d)
+        .args(["--db", "link.redb", "run", "--drain"])
+        .output()
+        .expect("a second daemon");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(&format!("pid {}", a.id())), "{err}");
+    stop(a);
+    // And the other way round: a daemon started through the link serves the file's name.
+    let (b, log) = daemon_with(d, "b", &["--db", "link.redb"]);
+    serving(&log);
+    let id = enqueue(d, &["--model", "policy", "--key", "via-file", "--in", "1h"]);
+    assert_eq!(id.trim(), "t2");
+    until("the second daemon logs the enqueue", || {
+        log_says(&log, "enqueued for a caller of the local API")
+    });
+    stop(b);
+}
