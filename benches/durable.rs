@@ -9,7 +9,8 @@
 //! - the same with 64 tasks in flight (64 threads; the committer groups their steps), both ways;
 //! - enqueue to start with an idle daemon (its distribution);
 //! - enqueue throughput: one `worker enqueue` process per task, opening the file itself and
-//!   through a running daemon's local socket, and one batch file;
+//!   through a running daemon's local socket, beside the rate of starting the binary alone (the
+//!   floor of one process per task), and one batch file;
 //! - bytes written per step commit, in the record format and as format 1 (JSON, the whole task
 //!   record rewritten by every step) would have written the same commits: for the Policy, and
 //!   for tasks sharing a 2 MB script.
@@ -202,7 +203,7 @@ fn durable_metered(
 /// writer, `--sole-writer`) (its tasks start
 /// in an hour, so the daemon only commits them, as the direct enqueue does); and one batch
 /// file of `batch` tasks. Returns (direct, through the daemon, batch) tasks/s.
-fn enqueue_rates(single: usize, batch: usize) -> (f64, f64, f64) {
+fn enqueue_rates(single: usize, batch: usize) -> (f64, f64, f64, f64) {
     let bin = env!("CARGO_BIN_EXE_worker");
     let dir = temp_dir("enqueue");
     let run = |args: &[&str]| {
@@ -257,6 +258,12 @@ fn enqueue_rates(single: usize, batch: usize) -> (f64, f64, f64) {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     let through = singles("socket");
+    // The floor of one process per task: starting the binary and nothing else.
+    let t = Instant::now();
+    for _ in 0..single {
+        run(&["--version"]);
+    }
+    let floor = single as f64 / t.elapsed().as_secs_f64();
     let _ = std::process::Command::new("kill")
         .args(["-TERM", &daemon.id().to_string()])
         .status();
@@ -269,7 +276,7 @@ fn enqueue_rates(single: usize, batch: usize) -> (f64, f64, f64) {
     run(&["enqueue", "--file", "batch.jsonl"]);
     let batch_rate = batch as f64 / t.elapsed().as_secs_f64();
     let _ = std::fs::remove_dir_all(&dir);
-    (direct, through, batch_rate)
+    (direct, through, floor, batch_rate)
 }
 
 /// A script model of about `bytes`: plan, read, final, then padding replies never reached.
@@ -432,10 +439,14 @@ fn main() {
         lat[lat.len() - 1],
         lat.len()
     );
-    let (single, through, batch) = enqueue_rates(100, 2000);
+    let (single, through, floor, batch) = enqueue_rates(100, 2000);
     println!(
         "enqueue, one process per task: {single:.0} tasks/s opening the file, {through:.0} tasks/s through a running daemon's socket ({:.2}x; target 3x)",
         through / single
+    );
+    println!(
+        "process start alone          : {floor:.0} processes/s (`worker --version`, beside the daemon); an enqueue through the daemon takes {:.2} ms more",
+        1000.0 / through - 1000.0 / floor
     );
     println!(
         "enqueue, one batch file      : {batch:.0} tasks/s ({:.0}x one process per task)",
