@@ -42,6 +42,15 @@ fn task(key: Option<&str>) -> NewTask {
     }
 }
 
+/// A fresh directory, its database, the store and the local API serving it.
+fn served(name: &str) -> (PathBuf, PathBuf, Arc<RedbStore>, LocalApi) {
+    let dir = temp(name);
+    let db = dir.join("worker.redb");
+    let store = Arc::new(RedbStore::open(&db, true).expect("open"));
+    let api = serving(&db, &store);
+    (dir, db, store, api)
+}
+
 fn serving(db: &Path, store: &Arc<RedbStore>) -> LocalApi {
     match serve(db, Arc::clone(store) as Arc<dyn Backend>).expect("serve") {
         Served::Serving(api) => api,
@@ -61,10 +70,7 @@ fn raw(db: &Path, text: &str) -> Answer {
 
 #[test]
 fn tasks_sent_to_the_daemon_are_committed_as_sent_and_keys_hold() {
-    let dir = temp("enqueue");
-    let db = dir.join("worker.redb");
-    let store = Arc::new(RedbStore::open(&db, true).expect("open"));
-    let api = serving(&db, &store);
+    let (dir, db, store, api) = served("enqueue");
     let mode = fs::metadata(socket_path(&db))
         .expect("socket")
         .permissions()
@@ -109,10 +115,7 @@ fn tasks_sent_to_the_daemon_are_committed_as_sent_and_keys_hold() {
 
 #[test]
 fn one_daemon_serves_the_socket_and_a_killed_ones_socket_is_replaced() {
-    let dir = temp("owner");
-    let db = dir.join("worker.redb");
-    let store = Arc::new(RedbStore::open(&db, true).expect("open"));
-    let api = serving(&db, &store);
+    let (dir, db, store, api) = served("owner");
     match serve(&db, Arc::clone(&store) as Arc<dyn Backend>).expect("second") {
         Served::Elsewhere(pid) => assert_eq!(pid, Some(std::process::id())),
         Served::Serving(_) => panic!("two daemons served one socket"),
@@ -207,10 +210,7 @@ fn bad_requests() -> Vec<(String, &'static str)> {
 
 #[test]
 fn a_bad_request_is_refused_with_its_reason_and_enqueues_nothing() {
-    let dir = temp("bad");
-    let db = dir.join("worker.redb");
-    let store = Arc::new(RedbStore::open(&db, true).expect("open"));
-    let api = serving(&db, &store);
+    let (dir, db, store, api) = served("bad");
     let cases = bad_requests();
     for (text, says) in &cases {
         match raw(&db, text) {
@@ -239,10 +239,7 @@ fn a_bad_request_is_refused_with_its_reason_and_enqueues_nothing() {
 
 #[test]
 fn decisions_sent_to_the_daemon_run_the_operators_functions_and_keep_their_errors() {
-    let dir = temp("decide");
-    let db = dir.join("worker.redb");
-    let store = Arc::new(RedbStore::open(&db, true).expect("open"));
-    let api = serving(&db, &store);
+    let (dir, db, store, api) = served("decide");
     let out = enqueue(&db, &[task(None)])
         .expect("enqueue")
         .expect("answered");
@@ -345,10 +342,7 @@ fn a_lost_answer_is_tried_again_only_when_keys_make_it_safe() {
 
 #[test]
 fn a_request_past_its_deadline_is_refused_not_carried_out() {
-    let dir = temp("late");
-    let db = dir.join("worker.redb");
-    let store = Arc::new(RedbStore::open(&db, true).expect("open"));
-    let api = serving(&db, &store);
+    let (dir, db, store, api) = served("late");
     let past = crate::clock::now_ms() - 1;
     let line = serde_json::to_string(&task(Some("late"))).expect("json");
     let text = format!(
@@ -405,10 +399,7 @@ fn a_planted_lock_link_or_an_overlong_path_is_refused_and_nothing_is_overwritten
 
 #[test]
 fn a_request_sent_a_byte_at_a_time_is_cut_off_at_its_time_limit() {
-    let dir = temp("trickle");
-    let db = dir.join("worker.redb");
-    let store = Arc::new(RedbStore::open(&db, true).expect("open"));
-    let api = serving(&db, &store);
+    let (dir, db, _store, api) = served("trickle");
     let conn = UnixStream::connect(socket_path(&db)).expect("connect");
     let writer = conn.try_clone().expect("clone");
     // One byte of a header that never ends, every 100 ms, for up to ten times the limit: each
@@ -483,10 +474,7 @@ fn a_note_refused_by_an_earlier_daemon_is_written_by_the_verb_and_a_decision_is_
 
 #[test]
 fn a_schedule_sent_to_the_daemon_is_checked_and_made_new() {
-    let dir = temp("schedule");
-    let db = dir.join("worker.redb");
-    let store = Arc::new(RedbStore::open(&db, true).expect("open"));
-    let _api = serving(&db, &store);
+    let (dir, db, store, _api) = served("schedule");
     let schedule = |task: serde_json::Value| crate::store::schedule::Schedule {
         name: "nightly".into(),
         cron: "0 2 * * *".into(),
