@@ -7,7 +7,10 @@
 //!   per step) and its ratio to the raw rate;
 //! - the same with 64 tasks in flight (64 threads, each committing on its own connection);
 //! - enqueue-to-start latency with an idle daemon, woken by `NOTIFY` (its poll fallback is
-//!   one second).
+//!   one second);
+//! - a step's two round trips alone, in rounds alternating with the raw `UPDATE`: the step's
+//!   commit (the store's own statement, with the state, spans and reply a run of the same
+//!   tasks left) and the demo shop's read, and the one-task rate the two allow together.
 //!
 //! Run with `cargo bench --bench postgres`. Figures are printed with their ratios.
 
@@ -127,6 +130,103 @@ fn wake_latency(base: &str, n: usize) -> Vec<f64> {
     out
 }
 
+/// A step's parts alone, on the same server: `n` step commits of one claimed task (the
+/// store's own statement, with the state, the first step's spans and reply that a finished
+/// run of the same model left, span ids and step numbers advanced so that each commit inserts
+/// its rows as a step does) and `n` reads of the demo shop as the step's tool makes them.
+/// Returns (commits/s, reads/s).
+fn step_parts(base: &str, round: usize, n: usize) -> (f64, f64) {
+    use tether::store::{Commit, CommitKind, Lease};
+    let url = format!("{base}?schema=bench_parts_{round}");
+    let store = Arc::new(PgStore::open(&url, true, 3, Duration::from_secs(10)).expect("db"));
+    let tools = Arc::new(DurableStore::open_target(&url).expect("store"));
+    let reads = ModelProfile::NewIds { latency_ms: 1500 };
+    let done = store
+        .enqueue(&tasks(&reads, 1), worker::now_ms())
+        .expect("enqueue")[0]
+        .id
+        .clone();
+    let cfg = Config {
+        demo: Some(Arc::new(tether::tools::durable::DemoShop::opened(
+            Arc::clone(&tools),
+        ))),
+        workers: 1,
+        drain: true,
+        ..Config::default()
+    };
+    worker::run(store.clone(), &cfg, Arc::new(AtomicBool::new(false))).expect("run");
+    let state = store.task(&done).expect("task").state;
+    let spans: Vec<_> = store
+        .spans(&done)
+        .expect("spans")
+        .into_iter()
+        .take(3)
+        .collect();
+    let reply = store.replies(&done).expect("replies").into_iter().next();
+    assert!(
+        spans.len() == 3 && reply.is_some(),
+        "the run left its spans and replies"
+    );
+    store
+        .enqueue(&tasks(&reads, 1), worker::now_ms())
+        .expect("enqueue");
+    let now = worker::now_ms();
+    let lease = Lease {
+        owner: "bench".into(),
+        host: "bench".into(),
+        pid: std::process::id(),
+        start_ticks: 0,
+        expires_at_ms: now + 600_000,
+        token: 0,
+    };
+    let rec = store.claim(&lease, 1, now).expect("claim").remove(0);
+    let token = rec.lease.as_ref().expect("claimed").token;
+    let t = Instant::now();
+    for i in 0..n as u32 {
+        let spans = spans
+            .iter()
+            .map(|s| {
+                let mut s = s.clone();
+                s.id += 3 * (i + 1);
+                s
+            })
+            .collect();
+        let mut reply = reply.clone();
+        if let Some(r) = reply.as_mut() {
+            r.step = i + 2;
+        }
+        let commit = Commit {
+            task_id: rec.id.clone(),
+            token,
+            kind: CommitKind::Step,
+            state: state.clone(),
+            next_span_id: 3 * (i + 2),
+            spans,
+            reply,
+            call: None,
+            now_ms: worker::now_ms(),
+            lease_ms: 60_000,
+            clear_settle: false,
+            claim_next: None,
+            export: false,
+            callback: None,
+            not_before_ms: None,
+        };
+        let landed = store.commit_batch(&[&commit]).expect("commit");
+        assert!(landed[0].is_some(), "the claim holds");
+    }
+    let commits = n as f64 / t.elapsed().as_secs_f64();
+    let args = serde_json::json!({"order_id": "ord_9001"});
+    let args = args.as_object().expect("an object");
+    let t = Instant::now();
+    for _ in 0..n {
+        tools
+            .call_once("b0", "cu_ana", "get_order", args, "k", false, None)
+            .expect("read");
+    }
+    (commits, n as f64 / t.elapsed().as_secs_f64())
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -171,6 +271,43 @@ fn main() {
     println!(
         "64 in flight, read-only    : {many:.0} steps/s ({:.1}x one thread; target 5x; each thread commits on its own connection)",
         many / one
+    );
+    // A step's parts alone, in rounds alternating with the raw UPDATE: what one task could
+    // reach if the worker itself cost nothing (one commit and one read a step).
+    let (mut raws, mut commits, mut shop, mut bounds) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for round in 0..5 {
+        let raw = raw_commit_rate(&base, 600);
+        let (c, r) = step_parts(&base, round, 600);
+        raws.push(raw);
+        commits.push(c / raw);
+        shop.push(r / raw);
+        bounds.push(1.0 / (1.0 / c + 1.0 / r) / raw);
+    }
+    let listed = |v: &[f64]| {
+        v.iter()
+            .map(|r| format!("{r:.2}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    println!(
+        "a step's parts alone, against the raw UPDATE in alternating rounds ({:.0} commits/s):",
+        median(raws)
+    );
+    println!(
+        "  the step's commit (state, 3 spans, reply, marker): {:.2}x (rounds: {})",
+        median(commits.clone()),
+        listed(&commits)
+    );
+    println!(
+        "  the demo shop's read                             : {:.2}x (rounds: {})",
+        median(shop.clone()),
+        listed(&shop)
+    );
+    println!(
+        "  both, one after the other (a step without the worker's own time): {:.2}x (rounds: {}; target for a whole step 0.5x)",
+        median(bounds.clone()),
+        listed(&bounds)
     );
     let lat = wake_latency(&base, 30);
     let max = lat.iter().copied().fold(0.0, f64::max);
