@@ -56,8 +56,8 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
             .map_err(CliError::op)?;
         tracing::info!(addr = %bound, "serving /metrics and /healthz");
     }
-    if let Some(access) = console {
-        console_in_daemon(cli, a, access, &store, &shutdown)?;
+    if let Some((listen, access)) = console {
+        console_in_daemon(cli, a, listen, access, &store, &shutdown)?;
     }
     tracing::info!(db = %store.describe(), workers = cfg.workers, drain = cfg.drain, "worker started");
     let local = serve_api(cli, &store, sole)?;
@@ -75,7 +75,9 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
 }
 
 /// `--console` and its flags, checked before the database is opened: who may use it.
-fn console_args(a: &RunArgs) -> Result<Option<crate::console::Access>, CliError> {
+/// The console's address and access when `--console` is given, checked before the daemon
+/// starts.
+fn console_args(a: &RunArgs) -> Result<Option<(String, crate::console::Access)>, CliError> {
     if a.drain && a.console.is_some() {
         return Err(CliError::usage(
             "--console serves operators while the daemon runs; with --drain the daemon (and its console) would stop as soon as the queue is empty",
@@ -83,12 +85,15 @@ fn console_args(a: &RunArgs) -> Result<Option<crate::console::Access>, CliError>
         .hint("serve the console from a daemon that keeps running (without --drain)"));
     }
     Ok(match &a.console {
-        Some(listen) => Some(console_access(
-            listen,
-            a.console_token_file.as_deref(),
-            &std::env::var("USER").unwrap_or_else(|_| "operator".into()),
-            "--console-token-file",
-        )?),
+        Some(listen) => Some((
+            listen.clone(),
+            console_access(
+                listen,
+                a.console_token_file.as_deref(),
+                &std::env::var("USER").unwrap_or_else(|_| "operator".into()),
+                "--console-token-file",
+            )?,
+        )),
         None => None,
     })
 }
@@ -483,13 +488,11 @@ fn console_access(
 fn console_in_daemon(
     cli: &Cli,
     a: &RunArgs,
+    listen: String,
     access: crate::console::Access,
     store: &Db,
     stop: &Arc<AtomicBool>,
 ) -> CliResult {
-    let Some(listen) = a.console.clone() else {
-        return Ok(());
-    };
     let config = super::enqueue::load_config(cli)?.unwrap_or_default();
     let console = crate::console::Console::new(
         Arc::clone(store),

@@ -326,8 +326,7 @@ fn operator_write<T: serde::de::DeserializeOwned>(
 fn other_users_socket(db: &Path) -> Option<u32> {
     use std::os::unix::fs::MetadataExt;
     let uid = std::fs::metadata(crate::local::socket_path(db)).ok()?.uid();
-    // SAFETY: geteuid takes nothing and cannot fail.
-    (uid != unsafe { libc::geteuid() }).then_some(uid)
+    (uid != crate::local::own_uid()).then_some(uid)
 }
 
 fn print_json(v: &Value) -> CliResult {

@@ -152,7 +152,7 @@ fn peer_uid(_conn: &std::os::unix::net::UnixStream) -> std::io::Result<u32> {
 }
 
 /// This process's effective uid.
-fn own_uid() -> u32 {
+pub(crate) fn own_uid() -> u32 {
     // SAFETY: geteuid takes nothing and cannot fail.
     unsafe { libc::geteuid() }
 }
