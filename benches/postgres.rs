@@ -8,9 +8,9 @@
 //! - the same with 64 tasks in flight (64 threads, each committing on its own connection);
 //! - enqueue-to-start latency with an idle daemon, woken by `NOTIFY` (its poll fallback is
 //!   one second);
-//! - a step's two round trips alone, in rounds alternating with the raw `UPDATE`: the step's
-//!   commit (the store's own statement, with the state, spans and reply a run of the same
-//!   tasks left) and the demo shop's read, and the one-task rate the two allow together.
+//! - a step's two round trips alone, in the same alternating rounds: the step's commit (the
+//!   store's own statement, with the state, spans and reply a run of the same tasks left), the
+//!   demo shop's read, and the two in turn (a step without the worker's own time).
 //!
 //! Run with `cargo bench --bench postgres`. Figures are printed with their ratios.
 
@@ -130,12 +130,13 @@ fn wake_latency(base: &str, n: usize) -> Vec<f64> {
     out
 }
 
-/// A step's parts alone, on the same server: `n` step commits of one claimed task (the
-/// store's own statement, with the state, the first step's spans and reply that a finished
-/// run of the same model left, span ids and step numbers advanced so that each commit inserts
-/// its rows as a step does) and `n` reads of the demo shop as the step's tool makes them.
-/// Returns (commits/s, reads/s).
-fn step_parts(base: &str, round: usize, n: usize) -> (f64, f64) {
+/// A step's parts alone, on the same server, each timed over `n` repetitions: the step's
+/// commit (the store's own statement on one claimed task, with the state that a finished run
+/// of the same model left and its first step's spans and reply, span ids and step numbers
+/// advanced so that each commit inserts its rows as a step does); the demo shop's read as the
+/// step's tool makes it; and the two one after the other, read then commit, as a step makes
+/// them when the worker's own time is left out. Returns (commits/s, reads/s, both/s).
+fn step_parts(base: &str, round: usize, n: usize) -> (f64, f64, f64) {
     use tether::store::{Commit, CommitKind, Lease};
     let url = format!("{base}?schema=bench_parts_{round}");
     let store = Arc::new(PgStore::open(&url, true, 3, Duration::from_secs(10)).expect("db"));
@@ -181,8 +182,7 @@ fn step_parts(base: &str, round: usize, n: usize) -> (f64, f64) {
     };
     let rec = store.claim(&lease, 1, now).expect("claim").remove(0);
     let token = rec.lease.as_ref().expect("claimed").token;
-    let t = Instant::now();
-    for i in 0..n as u32 {
+    let step = |i: u32| {
         let spans = spans
             .iter()
             .map(|s| {
@@ -214,17 +214,27 @@ fn step_parts(base: &str, round: usize, n: usize) -> (f64, f64) {
         };
         let landed = store.commit_batch(&[&commit]).expect("commit");
         assert!(landed[0].is_some(), "the claim holds");
-    }
-    let commits = n as f64 / t.elapsed().as_secs_f64();
+    };
     let args = serde_json::json!({"order_id": "ord_9001"});
     let args = args.as_object().expect("an object");
-    let t = Instant::now();
-    for _ in 0..n {
+    let read = || {
         tools
             .call_once("b0", "cu_ana", "get_order", args, "k", false, None)
             .expect("read");
+    };
+    let n32 = n as u32;
+    let t = Instant::now();
+    (0..n32).for_each(&step);
+    let commits = n as f64 / t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    (0..n).for_each(|_| read());
+    let reads = n as f64 / t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    for i in n32..2 * n32 {
+        read();
+        step(i);
     }
-    (commits, n as f64 / t.elapsed().as_secs_f64())
+    (commits, reads, n as f64 / t.elapsed().as_secs_f64())
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -241,48 +251,24 @@ fn main() {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
     let reads = ModelProfile::NewIds { latency_ms: 1500 };
-    // Alternating rounds: the raw rate and the one-thread rate see the same load.
+    // Alternating rounds: the raw rate, the one-thread rate and a step's parts alone see the
+    // same load, and each is a ratio to the raw rate of its own round.
     let (mut raws, mut ones, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut commits, mut shop, mut both) = (Vec::new(), Vec::new(), Vec::new());
+    let mut boths = Vec::new();
     for round in 0..5 {
         let raw = raw_commit_rate(&base, 600);
         // 300 tasks (900 steps) a round, so that the daemon's start (connecting, recovering:
         // about 17 ms) weighs little on a per-step rate.
         let one = durable(&base, &format!("bench_one_{round}"), &reads, 300, 1);
+        let (c, r, b) = step_parts(&base, round, 600);
         raws.push(raw);
         ones.push(one);
         ratios.push(one / raw);
-    }
-    let (raw, one) = (median(raws), median(ones));
-    println!(
-        "raw single-row UPDATE commits (PostgreSQL, autocommit, fsync on): {raw:.0} commits/s (median of 5 rounds)"
-    );
-    println!(
-        "1 thread,  read-only tasks : {one:.0} steps/s ({:.2}x the raw commit rate, median of 5 alternating rounds: {}; target 0.5x)",
-        median(ratios.clone()),
-        ratios
-            .iter()
-            .map(|r| format!("{r:.2}"))
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
-    // Enough tasks that opening the 64 threads' connections (a process each on the server)
-    // does not weigh on the rate.
-    let many = durable(&base, "bench_many", &reads, 3200, 64);
-    println!(
-        "64 in flight, read-only    : {many:.0} steps/s ({:.1}x one thread; target 5x; each thread commits on its own connection)",
-        many / one
-    );
-    // A step's parts alone, in rounds alternating with the raw UPDATE: what one task could
-    // reach if the worker itself cost nothing (one commit and one read a step).
-    let (mut raws, mut commits, mut shop, mut bounds) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for round in 0..5 {
-        let raw = raw_commit_rate(&base, 600);
-        let (c, r) = step_parts(&base, round, 600);
-        raws.push(raw);
         commits.push(c / raw);
         shop.push(r / raw);
-        bounds.push(1.0 / (1.0 / c + 1.0 / r) / raw);
+        both.push(b / raw);
+        boths.push(b);
     }
     let listed = |v: &[f64]| {
         v.iter()
@@ -290,10 +276,16 @@ fn main() {
             .collect::<Vec<_>>()
             .join(" ")
     };
+    let (raw, one) = (median(raws), median(ones));
     println!(
-        "a step's parts alone, against the raw UPDATE in alternating rounds ({:.0} commits/s):",
-        median(raws)
+        "raw single-row UPDATE commits (PostgreSQL, autocommit, fsync on): {raw:.0} commits/s (median of 5 rounds)"
     );
+    println!(
+        "1 thread,  read-only tasks : {one:.0} steps/s ({:.2}x the raw commit rate, median of 5 alternating rounds: {}; target 0.5x)",
+        median(ratios.clone()),
+        listed(&ratios)
+    );
+    println!("a step's parts alone, in the same rounds, against each round's raw rate:");
     println!(
         "  the step's commit (state, 3 spans, reply, marker): {:.2}x (rounds: {})",
         median(commits.clone()),
@@ -305,9 +297,17 @@ fn main() {
         listed(&shop)
     );
     println!(
-        "  both, one after the other (a step without the worker's own time): {:.2}x (rounds: {}; target for a whole step 0.5x)",
-        median(bounds.clone()),
-        listed(&bounds)
+        "  a read then a commit, in turn                    : {:.2}x, {:.0} steps/s (rounds: {}; a step without the worker's own time or its task's last commit)",
+        median(both.clone()),
+        median(boths),
+        listed(&both)
+    );
+    // Enough tasks that opening the 64 threads' connections (a process each on the server)
+    // does not weigh on the rate.
+    let many = durable(&base, "bench_many", &reads, 3200, 64);
+    println!(
+        "64 in flight, read-only    : {many:.0} steps/s ({:.1}x one thread; target 5x; each thread commits on its own connection)",
+        many / one
     );
     let lat = wake_latency(&base, 30);
     let max = lat.iter().copied().fold(0.0, f64::max);

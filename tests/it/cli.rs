@@ -501,7 +501,17 @@ fn the_daemon_allocates_with_mimalloc_and_one_shot_verbs_with_the_system() {
 fn the_daemon_asks_for_no_huge_pages() {
     let dir = TempDir::new("no-thp");
     let d = dir.path();
-    let daemon = common::serve::spawn(d, &["run", "--console", "127.0.0.1:0", "--workers", "8"]);
+    // Without the settings that ask for huge pages from the environment (mimalloc's own, and
+    // glibc's for its arenas), so that only what the binary does is seen.
+    let mut cmd = command(d);
+    for (name, _) in std::env::vars_os() {
+        let text = name.to_string_lossy();
+        if text.starts_with("MIMALLOC_") || text == "GLIBC_TUNABLES" {
+            cmd.env_remove(&name);
+        }
+    }
+    let daemon =
+        common::serve::spawn_with(cmd, &["run", "--console", "127.0.0.1:0", "--workers", "8"]);
     let ids: Vec<String> = (0..16)
         .map(|i| {
             let scope = format!("s{i}");

@@ -3,7 +3,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 /// A running server; killed when dropped.
@@ -30,7 +30,12 @@ pub fn serve(d: &Path, extra: &[&str]) -> Served {
 /// `worker ARGS` in `d` (`serve`, or `run --console 127.0.0.1:0`), once it printed the
 /// console's address.
 pub fn spawn(d: &Path, args: &[&str]) -> Served {
-    let mut child = super::command(d)
+    spawn_with(super::command(d), args)
+}
+
+/// [`spawn`] from a command made by the caller (its environment adjusted).
+pub fn spawn_with(mut cmd: Command, args: &[&str]) -> Served {
+    let mut child = cmd
         .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
