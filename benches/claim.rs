@@ -7,6 +7,9 @@
 //! tables are as on a live queue (analyzed, the keys' slot rows there);
 //! TETHER_CLAIM_FRESH=1 measures tables made a moment ago instead.
 
+#[path = "common/figures.rs"]
+mod figures;
+use figures::*;
 #[path = "common/tasks.rs"]
 mod tasks;
 
@@ -18,21 +21,10 @@ use std::time::{Duration, Instant};
 use tether::model::ModelProfile;
 use tether::store::flow::ConcurrencyLimits;
 use tether::store::pg::PgStore;
-use tether::store::{Backend, Lease, RedbStore};
+use tether::store::{Backend, RedbStore};
 
 const KEYS: usize = 1_000;
 const ROUNDS: usize = 3;
-
-fn lease(now: u64) -> Lease {
-    Lease {
-        owner: "bench".into(),
-        host: "bench".into(),
-        pid: std::process::id(),
-        start_ticks: 0,
-        expires_at_ms: now + 600_000,
-        token: 0,
-    }
-}
 
 /// Enqueues `n` tasks (with keys: `k0`..`k999` in turn, each key limited to what it has), runs
 /// `loaded`, and claims them all, 8 at a time; claims per second.
@@ -55,7 +47,10 @@ fn round(store: &dyn Backend, n: usize, keyed: bool, loaded: &dyn Fn()) -> f64 {
     let started = Instant::now();
     let mut claimed = 0;
     loop {
-        let got = store.claim(&lease(now), 8, now).expect("claim").len();
+        let got = store
+            .claim(&tasks::lease(now), 8, now)
+            .expect("claim")
+            .len();
         if got == 0 {
             break;
         }
@@ -63,11 +58,6 @@ fn round(store: &dyn Backend, n: usize, keyed: bool, loaded: &dyn Fn()) -> f64 {
     }
     assert_eq!(claimed, n, "every task claimed (keyed: {keyed})");
     claimed as f64 / started.elapsed().as_secs_f64()
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// Alternating rounds on fresh databases that `open` makes (`loaded(i)` runs when database

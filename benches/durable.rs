@@ -27,6 +27,9 @@ use tether::store::{QueueStatus, RedbStore, Sharing};
 use tether::tools::durable::DurableStore;
 use tether::worker::{self, Config};
 
+#[path = "common/figures.rs"]
+mod figures;
+use figures::*;
 #[path = "common/tasks.rs"]
 mod tasks;
 use tasks::tasks;
@@ -296,11 +299,6 @@ fn big_script(bytes: usize) -> ModelProfile {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn main() {
     // The raw commit rate and one-thread durable rate are measured in alternating rounds, so
     // both see the same disk and the same background load; the median ratio is reported.
@@ -332,12 +330,6 @@ fn main() {
     }
     let (fsync, raw, r1, rt1) = (median(fsyncs), median(raws), median(r1s), median(rt1s));
     let (s1, st1) = (median(sole1s), median(sole_t1s));
-    let listed = |v: &[f64]| {
-        v.iter()
-            .map(|r| format!("{r:.2}"))
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
     println!(
         "raw 4 KiB write + fsync (the disk)                        : {fsync:.0}/s (median of 5 rounds)"
     );

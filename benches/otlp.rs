@@ -17,6 +17,9 @@ use tether::store::RedbStore;
 use tether::tools::durable::DurableStore;
 use tether::worker::{self, Config};
 
+#[path = "common/figures.rs"]
+mod figures;
+use figures::*;
 #[path = "common/tasks.rs"]
 mod tasks;
 use tasks::tasks;
@@ -51,11 +54,6 @@ fn run(name: &str, otlp: Option<Target>) -> f64 {
     assert_eq!(stats.tasks_ended.load(Ordering::Relaxed) as usize, TASKS);
     let _ = std::fs::remove_dir_all(&dir);
     stats.steps.load(Ordering::Relaxed) as f64 / secs
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn main() {

@@ -14,6 +14,9 @@
 //!
 //! Run with `cargo bench --bench postgres`. Figures are printed with their ratios.
 
+#[path = "common/figures.rs"]
+mod figures;
+use figures::*;
 #[path = "common/tasks.rs"]
 mod tasks;
 use tasks::tasks;
@@ -137,7 +140,7 @@ fn wake_latency(base: &str, n: usize) -> Vec<f64> {
 /// step's tool makes it; and the two one after the other, read then commit, as a step makes
 /// them when the worker's own time is left out. Returns (commits/s, reads/s, both/s).
 fn step_parts(base: &str, round: usize, n: usize) -> (f64, f64, f64) {
-    use tether::store::{Commit, CommitKind, Lease};
+    use tether::store::{Commit, CommitKind};
     let url = format!("{base}?schema=bench_parts_{round}");
     let store = Arc::new(PgStore::open(&url, true, 3, Duration::from_secs(10)).expect("db"));
     let tools = Arc::new(DurableStore::open_target(&url).expect("store"));
@@ -172,15 +175,10 @@ fn step_parts(base: &str, round: usize, n: usize) -> (f64, f64, f64) {
         .enqueue(&tasks(&reads, 1), worker::now_ms())
         .expect("enqueue");
     let now = worker::now_ms();
-    let lease = Lease {
-        owner: "bench".into(),
-        host: "bench".into(),
-        pid: std::process::id(),
-        start_ticks: 0,
-        expires_at_ms: now + 600_000,
-        token: 0,
-    };
-    let rec = store.claim(&lease, 1, now).expect("claim").remove(0);
+    let rec = store
+        .claim(&tasks::lease(now), 1, now)
+        .expect("claim")
+        .remove(0);
     let token = rec.lease.as_ref().expect("claimed").token;
     let step = |i: u32| {
         let spans = spans
@@ -237,11 +235,6 @@ fn step_parts(base: &str, round: usize, n: usize) -> (f64, f64, f64) {
     (commits, reads, n as f64 / t.elapsed().as_secs_f64())
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn main() {
     let cluster =
         pg::PgCluster::start_durable("bench").expect("PostgreSQL is needed for this bench");
@@ -270,12 +263,6 @@ fn main() {
         both.push(b / raw);
         boths.push(b);
     }
-    let listed = |v: &[f64]| {
-        v.iter()
-            .map(|r| format!("{r:.2}"))
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
     let (raw, one) = (median(raws), median(ones));
     println!(
         "raw single-row UPDATE commits (PostgreSQL, autocommit, fsync on): {raw:.0} commits/s (median of 5 rounds)"

@@ -3,7 +3,7 @@
 
 use tether::kernel::Budget;
 use tether::model::ModelProfile;
-use tether::store::NewTask;
+use tether::store::{Lease, NewTask};
 
 pub fn tasks(model: &ModelProfile, n: usize) -> Vec<NewTask> {
     (0..n)
@@ -26,4 +26,17 @@ pub fn tasks(model: &ModelProfile, n: usize) -> Vec<NewTask> {
             concurrency_key: None,
         })
         .collect()
+}
+
+/// A claim's lease for a bench's own claims: ten minutes from `now`, in this process's name.
+#[allow(dead_code)]
+pub fn lease(now: u64) -> Lease {
+    Lease {
+        owner: "bench".into(),
+        host: "bench".into(),
+        pid: std::process::id(),
+        start_ticks: 0,
+        expires_at_ms: now + 600_000,
+        token: 0,
+    }
 }
