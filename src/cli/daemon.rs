@@ -74,9 +74,8 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
     Ok(())
 }
 
-/// `--console` and its flags, checked before the database is opened: who may use it.
-/// The console's address and access when `--console` is given, checked before the daemon
-/// starts.
+/// `--console` and its flags, checked before the database is opened: the console's address
+/// and who may use it.
 fn console_args(a: &RunArgs) -> Result<Option<(String, crate::console::Access)>, CliError> {
     if a.drain && a.console.is_some() {
         return Err(CliError::usage(
