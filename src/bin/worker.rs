@@ -8,9 +8,9 @@ use tether::cli::{Cli, Command, LogFormat, run};
 /// mimalloc for the verbs that run tasks or serve (a step makes dozens of small, short-lived
 /// allocations, and with glibc's malloc they were a quarter of the kernel's time: `cargo
 /// bench --bench kernel`, which runs on mimalloc too); the system allocator for the one-shot
-/// verbs, where mimalloc's start and exit (its arena reserved, a huge page zeroed, its pages
-/// purged at exit) made a `worker enqueue` a quarter slower (see [`allocator`], and the
-/// README's durable bench).
+/// verbs, where mimalloc's start and exit (its arena reserved, a huge page zeroed before it
+/// was built with `no_thp`, its pages purged at exit) made a `worker enqueue` a quarter slower
+/// (see [`allocator`], and the README's durable bench).
 #[global_allocator]
 static ALLOC: allocator::ByVerb = allocator::ByVerb;
 
