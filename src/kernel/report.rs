@@ -94,9 +94,16 @@ fn lead(state: &TaskState) -> String {
             "The task expired: it was not started before its time to live ran out; nothing ran."
                 .into()
         }
-        Some(StopReason::TimedOut) => {
-            "The task stopped because its wall-clock deadline passed before it finished.".into()
-        }
+        Some(StopReason::TimedOut) => match state.unknown_write() {
+            Some(call) => format!(
+                "The task stopped because its wall-clock deadline passed, while it is not known whether {} with {} took effect; it must be reconciled.",
+                call.name,
+                args(call)
+            ),
+            None => {
+                "The task stopped because its wall-clock deadline passed before it finished.".into()
+            }
+        },
     }
 }
 

@@ -366,8 +366,9 @@ pub struct TaskState {
     pub outcome: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub remembered: Vec<String>,
-    /// The stop the task had when an operator cancelled it: with `unknown_outcome`, `pending`
-    /// is a write whose outcome is still unknown and must be reconciled.
+    /// The stop the task had when something else ended it (an operator's cancel, a time
+    /// limit): with `unknown_outcome`, `pending` is a write whose outcome is still unknown and
+    /// must be reconciled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cancelled_from: Option<StopReason>,
     /// The model's last reply and its calls' results, when its adapter speaks a protocol of
@@ -499,6 +500,19 @@ impl TaskState {
         let held = self.stop == Some(StopReason::UnknownOutcome)
             || self.cancelled_from == Some(StopReason::UnknownOutcome);
         self.pending.as_ref().filter(|_| held)
+    }
+
+    /// Holds `call`, a write a crashed run may have sent (its intent has no result), as a
+    /// write of unknown outcome while something else ends the task: it stays listed for
+    /// reconcile whatever the task's stop. The call counts as made.
+    pub fn hold_in_flight(&mut self, call: ToolCall) {
+        self.pending = Some(call);
+        self.cancelled_from = Some(StopReason::UnknownOutcome);
+        self.tool_calls = self.tool_calls.saturating_add(1);
+        self.last_result = Some(
+            serde_json::json!({"status": "unknown", "code": "interrupted",
+            "detail": "the worker stopped while this write was in flight; reconcile it"}),
+        );
     }
 
     pub fn open_steps(&self) -> Vec<String> {

@@ -211,6 +211,14 @@ fn finish(
     now_ms: u64,
 ) -> Result<()> {
     let was = rec.status;
+    // A write a crashed run may have sent (recovered to the queue before this decision) stays
+    // held beside the stop: ending the task does not make its outcome known.
+    if rec.state.unknown_write().is_none() {
+        let calls = tx.calls(rec)?;
+        if let Some(call) = rec.in_flight(tx.db_id(), &calls) {
+            rec.state.hold_in_flight(call);
+        }
+    }
     rec.state.stop = Some(stop);
     rec.state.status = Status::Stopped;
     rec.status = QueueStatus::Finished;

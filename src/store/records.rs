@@ -204,6 +204,51 @@ impl TaskRecord {
     }
 }
 
+impl TaskRecord {
+    /// The write an earlier run of this task may have sent and whose outcome no run learned:
+    /// among `calls` (the task's call records), one whose intent has no result, of the step in
+    /// progress (or of the held call being sent again). Such a write stays held for reconcile
+    /// whatever ends the task (see [`crate::kernel::TaskState::hold_in_flight`]).
+    pub fn in_flight(&self, db_id: &str, calls: &[CallRecord]) -> Option<crate::kernel::ToolCall> {
+        let c = calls
+            .iter()
+            .filter(|c| c.result.is_none() && c.step >= self.state.step)
+            .max_by_key(|c| c.step)?;
+        if let Some(p) = self.state.pending.as_ref()
+            && self.call_key(db_id, p) == c.key
+        {
+            return Some(p.clone());
+        }
+        Some(c.as_call(self.key_namespace(db_id)))
+    }
+}
+
+impl CallRecord {
+    /// The call this record is of. Its plan step is the key's last part, so that the call's
+    /// key in the namespace `ns` is this record's key again, whatever the task's step.
+    pub fn as_call(&self, ns: &str) -> crate::kernel::ToolCall {
+        let prefix = format!("{ns}:{}:", self.task_id);
+        let plan_step = self
+            .key
+            .strip_prefix(prefix.as_str())
+            .filter(|p| !p.is_empty())
+            .map(str::to_string);
+        crate::kernel::ToolCall {
+            name: self.tool.clone(),
+            args: self.args.clone(),
+            plan_step,
+        }
+    }
+}
+
+impl Commit {
+    /// Whether this commit ends the run with a write held for reconcile: an `unknown_outcome`
+    /// stop, or another stop over a write whose outcome is unknown.
+    pub fn holds(&self) -> bool {
+        matches!(self.kind, CommitKind::Final(_)) && self.state.unknown_write().is_some()
+    }
+}
+
 /// A new task's key namespace in the database `db_id`: the id and 48 random bits.
 pub(crate) fn new_key_ns(db_id: &str) -> String {
     format!("{db_id}-{:012x}", random_u64() & ((1 << 48) - 1))

@@ -210,16 +210,18 @@ fn release_unstarted(ctx: &Context, rec: &TaskRecord, token: u64) -> Result<Ende
 
 /// How this run of `rec` starts: fresh (or stopping at once, when cancelled), resuming its
 /// held call, or folding in an operator's settlement of it.
-fn how_to_run(rec: &TaskRecord) -> Run {
+fn how_to_run(rec: &TaskRecord, stopping: bool) -> Run {
     let resuming = rec.state.pending.is_some()
         && matches!(
             rec.state.stop,
             Some(StopReason::NeedsApproval | StopReason::UnknownOutcome)
         );
     match rec.settle.clone() {
-        _ if !resuming || rec.cancel_requested.is_some() => Run::Start,
+        _ if !resuming => Run::Start,
         // An operator settled the held call: fold the decision in, send nothing.
         Some(result) => Run::Settled(result),
+        // A run that stops at once sends nothing, not even its held call.
+        None if stopping => Run::Start,
         None => Run::Resume,
     }
 }
@@ -252,7 +254,8 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
             catalog: &catalog,
         },
     };
-    let run = how_to_run(&rec);
+    let stopping = stop_at_start(ctx, &rec)?;
+    let run = how_to_run(&rec, stopping.is_some());
     let clear_settle = matches!(run, Run::Settled(_));
     let resumed = run == Run::Resume;
     let mut session = Session::begin(
@@ -264,15 +267,15 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
         Keys::durable(rec.key_namespace(ctx.store.db_id())),
     );
     session.set_input(model.input());
-    if rec.cancel_requested.is_some() {
-        // Cancelled while its worker was gone: stop before anything runs.
-        session.cancel();
-    }
-    // A time limit that passed while it waited in the queue (or on a person).
-    let started = rec.state.step > 0 || rec.state.pending.is_some();
-    if let Some(stop) = rec.time_limits.passed(started, (ctx.clock)()) {
-        tracing::info!(task = %rec.id, stop = %stop, "a time limit of the task passed before it was picked up");
-        session.stop_with(stop);
+    match stopping {
+        Some((stop, Some(call))) => {
+            tracing::warn!(task = %rec.id, stop = %stop, tool = %call.name, "a write was in flight when an earlier run stopped; it stays held for reconcile beside the stop");
+            session.stop_holding(stop, call);
+        }
+        Some((stop, None)) => {
+            session.stop_with(stop);
+        }
+        None => {}
     }
     // Spans a crashed run left open never end by themselves: this run ends them
     // ("interrupted", at the task's last committed active time) in its first commit, so a
@@ -298,6 +301,39 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
         capacity: super::rate::Capacity::new(rate),
     }
     .run(&mut session)
+}
+
+/// Stops the run before anything runs when the task was cancelled while its worker was gone,
+/// or a time limit passed while it waited (in the queue, on a person, or for recovery after a
+/// crash). A write a crashed run may have sent, whose outcome no run learned, stays held for
+/// reconcile beside that stop: the stop does not make its outcome known.
+fn stop_at_start(
+    ctx: &Context,
+    rec: &TaskRecord,
+) -> Result<Option<(StopReason, Option<crate::kernel::ToolCall>)>, CommitFail> {
+    let now = (ctx.clock)();
+    let cancelled = rec.cancel_requested.is_some();
+    if !cancelled && rec.time_limits.passed(false, now).is_none() {
+        return Ok(None);
+    }
+    let calls = ctx.store.calls(&rec.id).map_err(|e| {
+        CommitFail::Failed(format!(
+            "cannot read the call records of task {}: {e}",
+            rec.id
+        ))
+    })?;
+    let in_flight = rec.in_flight(ctx.store.db_id(), &calls);
+    let started = rec.state.step > 0 || rec.state.pending.is_some() || in_flight.is_some();
+    let stop = if cancelled {
+        StopReason::Cancelled
+    } else {
+        match rec.time_limits.passed(started, now) {
+            Some(stop) => stop,
+            None => return Ok(None),
+        }
+    };
+    tracing::info!(task = %rec.id, stop = %stop, "the task was cancelled or a time limit passed before it was picked up");
+    Ok(Some((stop, in_flight)))
 }
 
 /// The task's model as the daemon's config makes it (with its profile's shared rate limit),

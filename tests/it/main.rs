@@ -18,6 +18,7 @@ pub(crate) mod exactly_once;
 mod figures;
 mod flow;
 mod http;
+mod in_flight;
 mod kernel;
 mod kernel_purity;
 mod layout;

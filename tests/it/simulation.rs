@@ -156,7 +156,12 @@ fn task(rng: &mut Rng, i: usize) -> NewTask {
         // Some start later (the simulated clock starts at 1,000,000 ms); most share one of
         // two concurrency keys, limited to one running task each.
         not_before_ms: (rng.below(3) == 0).then(|| START_MS + rng.below(5_000)),
-        time_limits: Default::default(),
+        // Some must finish by a wall-clock deadline (`timed_out`), which may pass while a
+        // crashed run's write is in flight.
+        time_limits: tether::store::TimeLimits {
+            expires_at_ms: None,
+            deadline_at_ms: (rng.below(4) == 0).then(|| START_MS + 2_000 + rng.below(60_000)),
+        },
         concurrency_key: match rng.below(3) {
             0 => None,
             1 => Some("tenant:a".into()),
@@ -666,6 +671,29 @@ impl Sim {
                 !holds || held.contains(&r.id),
                 "seed {seed}: the held write of task {} is not listed",
                 r.id
+            );
+            self.check_in_flight(r, &held);
+        }
+    }
+
+    /// A write whose intent has no result (it may have been sent) is never in a task that no
+    /// run will pick up again unless it is the write the held list shows for that task:
+    /// whatever ended the task (a cancel, a deadline), an operator must still see it.
+    fn check_in_flight(&self, r: &TaskRecord, held: &BTreeSet<String>) {
+        if matches!(r.status, QueueStatus::Queued | QueueStatus::Running) {
+            return;
+        }
+        let calls = self.store.calls(&r.id).expect("calls");
+        for c in calls.iter().filter(|c| c.result.is_none()) {
+            let shown = r.state.unknown_write().map(|p| self.store.call_key(r, p));
+            assert!(
+                held.contains(&r.id) && shown.as_deref() == Some(c.key.as_str()),
+                "seed {}: task {} is {} ({:?}) with the write {} in flight, and no list shows it",
+                self.seed,
+                r.id,
+                r.status.as_str(),
+                r.state.stop,
+                c.key
             );
         }
     }

@@ -574,6 +574,24 @@ impl<'c> Session<'c> {
         self.stop_with(StopReason::Cancelled)
     }
 
+    /// Stops the run at its start with `stop` (a cancel, a time limit), holding `call`:
+    /// a write an earlier run may have sent, whose outcome no run learned. It stays held for
+    /// reconcile beside the stop (see [`TaskState::hold_in_flight`]); nothing is sent.
+    pub fn stop_holding(&mut self, stop: StopReason, call: ToolCall) -> bool {
+        if matches!(
+            self.phase,
+            Phase::AwaitModel | Phase::AwaitTool { .. } | Phase::Finished(_)
+        ) {
+            debug_assert!(
+                false,
+                "stop_holding while a call is outstanding or after the end"
+            );
+            return false;
+        }
+        self.state.hold_in_flight(call);
+        self.stop_with(stop)
+    }
+
     /// Stops the run with `stop` at a boundary (an operator's cancel, a time limit the
     /// driver saw pass), as [`Session::cancel`] does.
     pub fn stop_with(&mut self, stop: StopReason) -> bool {

@@ -198,7 +198,7 @@ impl<'c> CommitParams<'c> {
                 .map_or("", |s| QueueStatus::after(s).as_str())
                 .to_string(),
             suspends: stop == Some(crate::kernel::StopReason::NeedsApproval),
-            holds: stop == Some(crate::kernel::StopReason::UnknownOutcome),
+            holds: c.holds(),
             token: i64_of(c.token),
             cb_id: c.callback.as_ref().map(|cb| cb.id.clone()),
             cb_url: c.callback.as_ref().map(|cb| cb.url.clone()),

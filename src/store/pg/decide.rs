@@ -106,6 +106,14 @@ impl DecisionTx for PgTx<'_, '_, '_> {
             .map(|r| call_of(&r).map_err(|e| e.to_string())))
     }
 
+    fn calls(&mut self, rec: &TaskRecord) -> Result<Vec<CallRecord>> {
+        let sql = self.s.sql(&format!(
+            "SELECT {CALL_COLUMNS} FROM {{s}}.calls WHERE task_id = $1 ORDER BY key"
+        ));
+        let rows = self.tx.query(&sql, &[&rec.id]).map_err(db_error)?;
+        Ok(rows.iter().filter_map(|r| call_of(r).ok()).collect())
+    }
+
     fn put_call(&mut self, c: &CallRecord) -> Result<()> {
         let sql = self.s.sql(&format!(
             "INSERT INTO {{s}}.calls ({CALL_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \

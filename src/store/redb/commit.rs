@@ -78,7 +78,7 @@ fn end_run(
         waiting.remove(c.task_id.as_str())?;
     }
     let mut held = w.open_table(HELD)?;
-    if stop == StopReason::UnknownOutcome {
+    if c.holds() {
         held.insert(c.task_id.as_str(), c.now_ms)?;
     } else {
         held.remove(c.task_id.as_str())?;

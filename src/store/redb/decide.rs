@@ -106,6 +106,20 @@ impl DecisionTx for RedbTx<'_> {
         Ok(())
     }
 
+    fn calls(&mut self, rec: &TaskRecord) -> Result<Vec<CallRecord>> {
+        let ns = rec.key_namespace(self.db_id);
+        let (lo, hi) = (format!("{ns}:{}:", rec.id), format!("{ns}:{};", rec.id));
+        let t = self.w.open_table(CALL_KEYS)?;
+        let mut out = Vec::new();
+        for entry in t.range(lo.as_str()..hi.as_str())? {
+            let (_, v) = entry?;
+            if let Ok(c) = decode::<CallRecord>("call key", v.value()) {
+                out.push(c);
+            }
+        }
+        Ok(out)
+    }
+
     fn queue_root(&mut self, id: &str) -> Result<()> {
         super::outbox::queue_root(self.w, id)
     }
