@@ -10,9 +10,12 @@ use crate::httpd::{Reply, Request};
 use crate::operator::{self, Extension, Reviewed, Settlement};
 use crate::store::result::result_json;
 
-/// Any decision's body, already checked against its verb's schema.
+/// Any decision's body, already checked against its verb's schema (which admits only the
+/// fields of its verb). Its fields are every property the verbs' schemas list, and nothing
+/// else (a test compares them).
 #[derive(Deserialize, Default)]
-struct DecisionBody {
+#[serde(deny_unknown_fields)]
+pub(super) struct DecisionBody {
     reason: Option<String>,
     digest: Option<String>,
     key: Option<String>,

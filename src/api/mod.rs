@@ -331,6 +331,75 @@ mod tests {
         assert_eq!(routed, documented);
     }
 
+    /// The fields serde reads into `T`, captured from the derive's own list: a deserializer
+    /// that answers nothing but the struct's field names.
+    fn fields_of<T: serde::de::DeserializeOwned>() -> Vec<&'static str> {
+        use serde::de::{Error as _, Visitor, value::Error};
+        struct Capture<'a>(&'a mut &'static [&'static str]);
+        impl<'de> serde::Deserializer<'de> for Capture<'_> {
+            type Error = Error;
+            fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Error> {
+                Err(Error::custom("not a struct"))
+            }
+            fn deserialize_struct<V: Visitor<'de>>(
+                self,
+                _: &'static str,
+                fields: &'static [&'static str],
+                _: V,
+            ) -> Result<V::Value, Error> {
+                *self.0 = fields;
+                Err(Error::custom("captured"))
+            }
+            serde::forward_to_deserialize_any! {
+                bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+                byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+                identifier ignored_any
+            }
+        }
+        let mut fields: &'static [&'static str] = &[];
+        let _ = T::deserialize(Capture(&mut fields));
+        let mut v = fields.to_vec();
+        v.sort_unstable();
+        v
+    }
+
+    fn properties(component: &str) -> Vec<String> {
+        let schema = &document()["components"]["schemas"][component];
+        assert_eq!(
+            schema["additionalProperties"],
+            Value::Bool(false),
+            "{component} must refuse fields it does not list"
+        );
+        let mut v: Vec<String> = schema["properties"]
+            .as_object()
+            .unwrap_or_else(|| panic!("{component} has properties"))
+            .keys()
+            .cloned()
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Review 48, hole 2: the document listed `start_in`, `ttl`, `concurrency_key`, ... and
+    /// the server's request struct had no such fields, so a caller's delay, time to live and
+    /// tenant limit were dropped unread. Every request schema's properties are exactly what
+    /// the server reads (the decisions share one body: the union of their schemas).
+    #[test]
+    fn the_request_schemas_list_exactly_what_the_server_reads() {
+        assert_eq!(
+            fields_of::<tasks::TaskCreate>(),
+            properties("TaskCreate"),
+            "TaskCreate"
+        );
+        let mut decisions: Vec<String> = ["Approve", "Reject", "Reconcile", "Cancel"]
+            .iter()
+            .flat_map(|c| properties(c))
+            .collect();
+        decisions.sort_unstable();
+        decisions.dedup();
+        assert_eq!(fields_of::<decide::DecisionBody>(), decisions, "decisions");
+    }
+
     /// Every request schema compiles, with formats checked.
     #[test]
     fn the_request_schemas_compile() {

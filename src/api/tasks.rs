@@ -19,9 +19,12 @@ use crate::store::{Event, QueueStatus, TaskRecord};
 /// The longest long poll.
 const WAIT_MAX: Duration = Duration::from_secs(60);
 
-/// `TaskCreate`, already checked against its schema.
+/// `TaskCreate`, already checked against its schema. Every property the document lists is a
+/// field here, and nothing else is (a test compares them), so no field a caller sends is
+/// dropped unread.
 #[derive(Deserialize)]
-struct TaskCreate {
+#[serde(deny_unknown_fields)]
+pub(super) struct TaskCreate {
     user: String,
     goal: String,
     model: Option<String>,
@@ -32,6 +35,11 @@ struct TaskCreate {
     instructions: Option<String>,
     callback_url: Option<String>,
     approval_wait_ms: Option<u64>,
+    not_before: Option<String>,
+    start_in: Option<String>,
+    concurrency_key: Option<String>,
+    ttl: Option<String>,
+    finish_within: Option<String>,
 }
 
 /// A JSON reply.
@@ -125,6 +133,11 @@ impl Api {
             instructions: t.instructions,
             callback_url: t.callback_url,
             approval_wait_ms: t.approval_wait_ms,
+            not_before: t.not_before,
+            start_in: t.start_in,
+            concurrency_key: t.concurrency_key,
+            ttl: t.ttl,
+            finish_within: t.finish_within,
             ..TaskRequest::default()
         };
         let submitter = (caller.role == Role::Submit).then(|| caller.name.clone());

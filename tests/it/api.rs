@@ -395,6 +395,75 @@ fn bad_requests_are_problem_details_that_say_what_was_wrong() {
     assert!(json_list(d, &["list", "--json"]).is_empty());
 }
 
+/// Review 48, hole 2: `start_in`, `not_before`, `ttl`, `finish_within` and `concurrency_key`
+/// were answered 201 and dropped, so a delayed refund went out at once. Each is now stored as
+/// `worker enqueue` stores it, and a time to live that ran out stops the task `expired` with
+/// nothing sent.
+#[test]
+fn every_field_of_a_create_is_applied() {
+    let dir = TempDir::new("api_fields");
+    let d = dir.path();
+    let server = served(d);
+    let url = format!("{}/api/v1/tasks", server.base);
+    let before = tether::clock::now_ms();
+    let mut body = json!({"user": "cu_ana", "goal": GOAL, "model": "policy",
+        "start_in": "1h", "ttl": "2h", "finish_within": "3h", "concurrency_key": "tenant:acme"});
+    let (s, _, t1) = post(&url, JOB, &body);
+    assert_eq!(s, 201, "{t1}");
+    body = json!({"user": "cu_ana", "goal": GOAL, "model": "policy",
+        "not_before": "2099-01-01T00:00:00Z"});
+    let (s, _, t2) = post(&url, JOB, &body);
+    assert_eq!(s, 201, "{t2}");
+    let (s, _, t3) = post(
+        &url,
+        JOB,
+        &json!({"user": "cu_ana", "goal": GOAL, "model": "policy", "ttl": "1s"}),
+    );
+    assert_eq!(s, 201, "{t3}");
+    let store = tether::store::RedbStore::open_for_reading(&d.join("worker.redb")).expect("open");
+    use tether::store::prelude::*;
+    let hour = 3_600_000;
+    let r1 = store.task(t1["id"].as_str().expect("an id")).expect("t1");
+    let start = r1.not_before_ms.expect("start_in is stored");
+    assert!(
+        (before + hour..before + hour + 60_000).contains(&start),
+        "{start}"
+    );
+    let ttl = r1.time_limits.expires_at_ms.expect("ttl is stored");
+    assert!(
+        (before + 2 * hour..before + 2 * hour + 60_000).contains(&ttl),
+        "{ttl}"
+    );
+    let finish = r1
+        .time_limits
+        .deadline_at_ms
+        .expect("finish_within is stored");
+    assert!(
+        (before + 3 * hour..before + 3 * hour + 60_000).contains(&finish),
+        "{finish}"
+    );
+    assert_eq!(r1.concurrency_key.as_deref(), Some("tenant:acme"));
+    let r2 = store.task(t2["id"].as_str().expect("an id")).expect("t2");
+    assert_eq!(
+        r2.not_before_ms,
+        Some(tether::clock::parse_rfc3339("2099-01-01T00:00:00Z").expect("a time"))
+    );
+    drop(store);
+    // The time to live runs out before a daemon picks the task up: nothing is sent.
+    std::thread::sleep(std::time::Duration::from_millis(1_200));
+    ok(d, &["cancel", t1["id"].as_str().expect("an id")]);
+    ok(d, &["cancel", t2["id"].as_str().expect("an id")]);
+    ok(d, &["run", "--shared", "--drain"]);
+    let t = json(d, &["show", t3["id"].as_str().expect("an id"), "--json"]);
+    assert_eq!(t["stop"], "expired", "{t}");
+    assert!(
+        json(d, &["store", "arrivals", "--json"])
+            .as_array()
+            .is_none_or(Vec::is_empty),
+        "nothing was sent"
+    );
+}
+
 /// A client that sends a body over the limit whole before it reads the answer gets the 413,
 /// not "connection reset": the server reads and drops the rest of the body after answering
 /// (a socket closed with unread bytes resets the connection, and the reset can overtake the
