@@ -14,7 +14,9 @@ pub(super) const SCHEDULE_HELP: &str = "Examples:
   worker schedule remove nightly
 
 Every running daemon fires the schedules' due ticks (it looks every second); each tick enqueues exactly one task, under the key
-schedule:NAME:TICK (TICK its time in UTC), however many daemons fire it. Ticks missed while
+schedule:NAME:TICK (TICK its time in UTC), however many daemons fire it; keys starting with
+schedule: are reserved for ticks (no enqueue may use one). A tick whose task cannot be made
+is reported and passed over, never holding back the next ones. Ticks missed while
 no daemon ran: --catch-up latest (the default) enqueues the latest of them once; none skips
 them. A time the zone skips (clocks going forward) fires at the end of the gap; a time it
 repeats fires once. `worker schedule tick` fires the due ticks once, without a daemon.";
@@ -230,7 +232,7 @@ fn tick(cli: &Cli, at: &Option<String>) -> CliResult {
     }
     if !pass.failed.is_empty() {
         return Err(CliError::op(format!(
-            "{} schedules could not fire",
+            "{} schedules or ticks could not fire (see above)",
             pass.failed.len()
         )));
     }

@@ -160,6 +160,8 @@ fn bad_requests() -> Vec<(String, &'static str)> {
     slow_tool.tool_latency_ms = [("no_such_tool".to_string(), 5)].into();
     let mut file_callback = task(None);
     file_callback.callback_url = Some("file:///etc/passwd".into());
+    let mut tick = task(None);
+    tick.key = Some("schedule:nightly:2030-01-01T00:00:00.000Z".into());
     let one = |t: &NewTask| {
         format!(
             "{}{}\n",
@@ -197,6 +199,7 @@ fn bad_requests() -> Vec<(String, &'static str)> {
         (one(&spoofed), "submitted_by"),
         (one(&slow_tool), "no_such_tool"),
         (one(&file_callback), "callback_url"),
+        (one(&tick), "reserved for the tasks of schedules"),
         (
             format!(
                 "{}{}\n",

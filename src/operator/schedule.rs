@@ -115,9 +115,10 @@ pub struct Fired {
 }
 
 /// What firing every due tick of every active schedule at `now_ms` did: the ticks fired, with
-/// each tick's task built in `cfg` (the firing daemon's config), and the ticks passed over;
-/// a schedule whose task cannot be built or enqueued is reported and left as it was, to be
-/// tried at the next pass.
+/// each tick's task built in `cfg` (the firing daemon's config), and the ticks passed over.
+/// A tick whose task cannot be built or is refused is reported and passed over, so it never
+/// holds back the ticks after it; one the database could not take (unavailable, failing) is
+/// left due, to be fired at the next pass.
 #[derive(Debug, Default)]
 pub struct Pass {
     pub fired: Vec<Fired>,
@@ -158,27 +159,62 @@ fn fire_one(
         pass.skipped.push((s.name.clone(), due.skipped));
     }
     for &tick in &due.fire {
-        let mut req: TaskRequest = serde_json::from_value(s.task.clone())
-            .map_err(|e| format!("its task cannot be read: {e}"))?;
-        req.key = Some(tick_key(&s.name, tick));
-        let t = new_task(req, cfg, Origin::Cli)?;
-        let task = store
-            .enqueue(&[t], now_ms)
-            .map_err(|e| e.to_string())?
-            .pop()
-            .ok_or("the enqueue returned no task")?;
-        advance(store, &s.name, tick, true)?;
-        pass.fired.push(Fired {
-            schedule: s.name.clone(),
-            tick_ms: tick,
-            task,
-        });
+        match fire_tick(store, cfg, s, tick, now_ms) {
+            Ok(task) => {
+                advance(store, &s.name, tick, true)?;
+                pass.fired.push(Fired {
+                    schedule: s.name.clone(),
+                    tick_ms: tick,
+                    task,
+                });
+            }
+            Err(Refused::Later(e)) => return Err(e),
+            Err(Refused::Tick(e)) => {
+                advance(store, &s.name, tick, false)?;
+                pass.failed.push(format!(
+                    "schedule {:?}: the tick of {} was passed over: {e}",
+                    s.name,
+                    crate::clock::rfc3339(tick)
+                ));
+            }
+        }
     }
     // Ticks passed over only: the schedule moves past them.
     if let (None, Some(t)) = (due.fire.last(), due.last) {
         advance(store, &s.name, t, false)?;
     }
     Ok(())
+}
+
+/// Why a tick enqueued no task.
+enum Refused {
+    /// The tick's own task cannot be made or was refused: it is passed over.
+    Tick(String),
+    /// The database could not take it now: the tick stays due.
+    Later(String),
+}
+
+/// Enqueues the task of `s`'s tick at `tick` under the tick's key.
+fn fire_tick(
+    store: &dyn Backend,
+    cfg: Option<&crate::config::Config>,
+    s: &Schedule,
+    tick: u64,
+    now_ms: u64,
+) -> Result<Enqueued, Refused> {
+    let mut req: TaskRequest = serde_json::from_value(s.task.clone())
+        .map_err(|e| Refused::Tick(format!("its task cannot be read: {e}")))?;
+    req.key = Some(tick_key(&s.name, tick));
+    let t = new_task(req, cfg, Origin::Schedule).map_err(Refused::Tick)?;
+    match store.enqueue(&[t], now_ms) {
+        Ok(mut made) => made
+            .pop()
+            .ok_or_else(|| Refused::Later("the enqueue returned no task".into())),
+        Err(e @ (crate::store::Error::Conflict(_) | crate::store::Error::Invalid(_))) => {
+            Err(Refused::Tick(e.to_string()))
+        }
+        Err(e) => Err(Refused::Later(e.to_string())),
+    }
 }
 
 /// The schedule's latest tick moves forward to `tick` (never back), counted if it fired.

@@ -21,6 +21,23 @@ pub enum Origin {
     /// The HTTP API, by a caller with a token: `submitter` is a `submit` token's name (such a
     /// caller reads only its own tasks), `None` for an operator's token.
     Api { submitter: Option<String> },
+    /// A schedule's tick: the only origin whose key may start with [`TICK_KEY_PREFIX`].
+    Schedule,
+}
+
+/// The start of every schedule tick's enqueue key (`schedule:NAME:TIME`): reserved for them,
+/// so no caller can take the key of a coming tick and stop the schedule.
+pub const TICK_KEY_PREFIX: &str = "schedule:";
+
+/// Refuses a caller's key in the schedules' namespace.
+fn check_key_namespace(key: Option<&str>) -> Result<(), String> {
+    match key {
+        Some(k) if k.starts_with(TICK_KEY_PREFIX) => Err(format!(
+            "the key {:?} starts with {TICK_KEY_PREFIX:?}, which is reserved for the tasks of schedules' ticks: choose another key",
+            limits::printable(k)
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// A task as a caller asks for it: a line of an enqueue batch file, `worker enqueue`'s flags,
@@ -144,7 +161,7 @@ fn set_budget(
     origin: &Origin,
 ) -> Result<(), String> {
     let (flag, ceiling) = match origin {
-        Origin::Cli => ("--budget", None),
+        Origin::Cli | Origin::Schedule => ("--budget", None),
         Origin::Api { submitter: None } => ("budget", None),
         Origin::Api { submitter: Some(_) } => ("budget", Some(*budget)),
     };
@@ -168,6 +185,8 @@ fn set_budget(
 /// API submitter. A callback URL's host is not checked here: the daemon's sender checks every
 /// URL against its own `[callbacks]` before it sends anything.
 pub fn check_new_task(t: &NewTask) -> Result<(), String> {
+    // The daemon fires its schedules itself: nothing it is handed is a tick.
+    check_key_namespace(t.key.as_deref())?;
     check_request(&TaskRequest {
         user: t.user.clone(),
         goal: t.goal.clone(),
@@ -247,13 +266,16 @@ pub fn new_task(
     origin: Origin,
 ) -> Result<NewTask, String> {
     check_request(&l)?;
+    if origin != Origin::Schedule {
+        check_key_namespace(l.key.as_deref())?;
+    }
     let Some(name) = l
         .model
         .as_deref()
         .or_else(|| cfg.and_then(|c| c.default_model.as_deref()))
     else {
         let give = match &origin {
-            Origin::Cli => "give --model NAME",
+            Origin::Cli | Origin::Schedule => "give --model NAME",
             Origin::Api { .. } => "name a `model`",
         };
         return Err(format!(
@@ -303,7 +325,7 @@ pub fn new_task(
         instructions,
         callback_url,
         submitted_by: match origin {
-            Origin::Cli => None,
+            Origin::Cli | Origin::Schedule => None,
             Origin::Api { submitter } => submitter,
         },
         not_before_ms,
@@ -315,7 +337,7 @@ pub fn new_task(
 /// The start time a request asks for: a time (RFC 3339) or a delay from now, not both.
 fn start_of(at: Option<&str>, delay: Option<&str>, origin: &Origin) -> Result<Option<u64>, String> {
     let (at_name, in_name) = match origin {
-        Origin::Cli => ("--not-before", "--in"),
+        Origin::Cli | Origin::Schedule => ("--not-before", "--in"),
         Origin::Api { .. } => ("not_before", "start_in"),
     };
     match (at, delay) {
@@ -337,7 +359,7 @@ fn time_limits_of(
     origin: &Origin,
 ) -> Result<crate::store::TimeLimits, String> {
     let (ttl_name, within_name) = match origin {
-        Origin::Cli => ("--ttl", "--finish-within"),
+        Origin::Cli | Origin::Schedule => ("--ttl", "--finish-within"),
         Origin::Api { .. } => ("ttl", "finish_within"),
     };
     let at = |d: Option<&str>, name: &str| -> Result<Option<u64>, String> {

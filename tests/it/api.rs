@@ -391,6 +391,22 @@ fn bad_requests_are_problem_details_that_say_what_was_wrong() {
             .is_some_and(|d| d.contains("name a `model`")),
         "{p}"
     );
+    // The key of a schedule's tick is no caller's to take (review 48, hole 3).
+    let (s, _, p) = call(
+        "POST",
+        &url,
+        Some(JOB),
+        &[(
+            "Idempotency-Key",
+            "schedule:nightly:2030-01-01T00:00:00.000Z",
+        )],
+        Some(&json!({"user": "cu_ana", "goal": "g", "model": "policy"})),
+    );
+    assert_eq!(s, 422, "{p}");
+    assert!(
+        p["detail"].as_str().is_some_and(|d| d.contains("reserved")),
+        "{p}"
+    );
     // Nothing of all that made a task.
     assert!(json_list(d, &["list", "--json"]).is_empty());
 }

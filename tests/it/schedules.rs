@@ -289,3 +289,47 @@ fn bad_schedules_are_refused_with_what_is_wrong() {
         .collect();
     assert_eq!(names, ["fine"], "only the good schedule is stored");
 }
+
+conformance! {
+    /// Review 48, hole 3: a caller that enqueued a task under the key of a coming tick made
+    /// that tick fail, and the failed tick held back every later one (0 of the next 25 fired).
+    /// Callers cannot use the ticks' key space now, and a tick refused anyway (here a key
+    /// written straight into the database) is passed over while the ticks after it fire.
+    fn no_caller_can_stop_a_schedule(d) {
+        add(d, "hourly", "0 * * * *", "UTC", &[]);
+        let first = (tether::clock::now_ms() / 3_600_000 + 1) * 3_600_000;
+        let key = |t: u64| format!("schedule:hourly:{}", tether::clock::rfc3339(t));
+        let taken = key(first);
+        let (code, err) = fails(
+            d,
+            &["enqueue", "--user", "mallory", "--goal", "take the tick", "--model", "policy",
+              "--key", &taken],
+        );
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains("reserved for the tasks of schedules"), "{err}");
+        // A key taken all the same (by a raw write, or a database from before the rule).
+        let t = crate::exactly_once::new_task("mallory", "take the tick", Some(&taken));
+        {
+            use tether::store::prelude::*;
+            let db: Box<dyn tether::store::Backend> = match db_url(d) {
+                Some(url) => Box::new(
+                    tether::store::pg::PgStore::open(&url, false, 1, Duration::from_secs(5))
+                        .expect("open"),
+                ),
+                None => Box::new(
+                    tether::store::RedbStore::open(&d.join("worker.redb"), false).expect("open"),
+                ),
+            };
+            db.enqueue(&[t], tether::clock::now_ms()).expect("raw enqueue");
+        }
+        for k in 0..3 {
+            let _ = tick_at(d, first + k * 3_600_000 + 1_000).wait().expect("tick");
+        }
+        let found = keys(d);
+        for k in 1..3 {
+            assert_eq!(found.get(&key(first + k * 3_600_000)), Some(&1), "{found:?}");
+        }
+        let s = json(d, &["schedule", "list", "--json"]);
+        assert_eq!(s[0]["fired"], 2, "{s}");
+    }
+}
