@@ -16,8 +16,11 @@
 //! on this machine is the console's operator.
 
 mod decide;
+mod polls;
 mod problem;
 mod tasks;
+
+pub use polls::{LONG_POLLS_MAX, LONG_POLLS_PER_CALLER_MAX};
 
 pub use problem::problem;
 
@@ -83,6 +86,8 @@ pub struct Api {
     /// The demo shop, for a settlement's lookup of a demo task.
     tools_target: String,
     watch: OnceLock<Watch>,
+    /// The long polls open now (bounded: see `polls`).
+    polls: polls::LongPolls,
 }
 
 /// The schemas of the document's components, compiled once.
@@ -103,6 +108,7 @@ impl Api {
             enqueue_config: OnceLock::new(),
             tools_target,
             watch: OnceLock::new(),
+            polls: polls::LongPolls::default(),
         }
     }
 

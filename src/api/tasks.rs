@@ -219,6 +219,10 @@ impl Api {
         };
         let rec = match wait {
             Some(d) if matches!(rec.status, QueueStatus::Queued | QueueStatus::Running) => {
+                let _held = match self.polls.enter(&caller.name) {
+                    Ok(h) => h,
+                    Err(r) => return r,
+                };
                 match crate::operator::wait(
                     self.db.as_ref(),
                     self.watch(),

@@ -32,6 +32,9 @@ use std::sync::atomic::AtomicBool;
 use crate::api::{Api, Caller, Role};
 use crate::clock::{now_ms, parse_when, rfc3339};
 use crate::httpd::{Reply, Request, percent_decode};
+
+/// Connections the console (and the API it serves) holds open at once.
+const CONNECTIONS_MAX: usize = 128;
 use crate::kernel::StopReason;
 use crate::operator::{self, held_writes};
 use crate::store::list::{ListQuery, task_num};
@@ -129,9 +132,11 @@ impl Console {
         ready: impl FnOnce(String),
     ) -> Result<(), String> {
         let me = Arc::new(self);
-        // Room for the API's long polls beside the operators' pages.
+        // Room for the API's long polls beside the operators' pages: they hold at most
+        // `api::LONG_POLLS_MAX` of these connections, so the rest serve everything else.
+        const _: () = assert!(crate::api::LONG_POLLS_MAX * 2 < CONNECTIONS_MAX);
         let limits = crate::httpd::Limits {
-            connections_max: 128,
+            connections_max: CONNECTIONS_MAX,
             body_bytes_max: 64 << 10,
             ..Default::default()
         };

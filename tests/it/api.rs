@@ -556,6 +556,70 @@ fn a_long_poll_returns_when_the_task_finishes() {
     assert_eq!(done["outcome"], "completed", "{done}");
 }
 
+/// Review 48, hole 4: a submit token holding 128 long polls made every operator request,
+/// decision, console page, `/healthz` and `/metrics` get 503: a long poll is inside its
+/// handler, where the server cannot make room. Long polls are bounded per token and in total
+/// now: the token's polls past its bound are answered 429 at once, and the operator's
+/// requests are served while the rest wait.
+#[test]
+fn long_polls_never_lock_operators_out() {
+    use std::io::{Read, Write};
+    let dir = TempDir::new("api_polls");
+    let d = dir.path();
+    let server = served(d);
+    let (_, _, t) = post(
+        &format!("{}/api/v1/tasks", server.base),
+        JOB,
+        &json!({"user": "cu_ana", "goal": GOAL, "model": "policy"}),
+    );
+    let id = t["id"].as_str().expect("an id").to_string();
+    let addr = server.base.trim_start_matches("http://").to_string();
+    // 128 long polls of one submit token, each on a connection of its own (no daemon runs:
+    // the task stays queued, so an admitted poll waits its whole minute).
+    let mut polls = Vec::new();
+    for _ in 0..128 {
+        let mut s = std::net::TcpStream::connect(&addr).expect("connect");
+        let req = format!(
+            "GET /api/v1/tasks/{id}?wait=60s HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {JOB}\r\n\r\n"
+        );
+        s.write_all(req.as_bytes()).expect("send");
+        polls.push(s);
+    }
+    let mut refused = 0;
+    let mut waiting = 0;
+    // Every refusal comes at once; what has not answered within 3 s is held.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    for s in &mut polls {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        s.set_read_timeout(Some(left.max(std::time::Duration::from_millis(1))))
+            .expect("timeout");
+        let mut head = [0u8; 12];
+        match s.read_exact(&mut head) {
+            Ok(()) if head.starts_with(b"HTTP/1.1 429") => refused += 1,
+            Ok(()) => panic!("a long poll answered {}", String::from_utf8_lossy(&head)),
+            Err(_) => waiting += 1,
+        }
+    }
+    assert_eq!(waiting, 16, "one token's long polls held at once");
+    assert_eq!(refused, 112);
+    for path in ["/api/v1/tasks", "/healthz", "/metrics", "/"] {
+        let (s, _, body) = call(
+            "GET",
+            &format!("{}{path}", server.base),
+            Some(OPS),
+            &[],
+            None,
+        );
+        assert_eq!(s, 200, "{path}: {body}");
+    }
+    let (s, _, body) = post(
+        &format!("{}/api/v1/tasks/{id}/cancel", server.base),
+        OPS,
+        &json!({"reason": "done testing"}),
+    );
+    assert_eq!(s, 200, "a decision: {body}");
+}
+
 /// The document served at `/api/v1/openapi.json` is the committed `docs/openapi.json`.
 #[test]
 fn the_served_document_is_the_committed_one() {

@@ -310,7 +310,6 @@ conformance! {
         // A key taken all the same (by a raw write, or a database from before the rule).
         let t = crate::exactly_once::new_task("mallory", "take the tick", Some(&taken));
         {
-            use tether::store::prelude::*;
             let db: Box<dyn tether::store::Backend> = match db_url(d) {
                 Some(url) => Box::new(
                     tether::store::pg::PgStore::open(&url, false, 1, Duration::from_secs(5))

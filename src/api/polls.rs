@@ -1,0 +1,100 @@
+//! Long polls (`GET /api/v1/tasks/{id}?wait=`) held open at once, bounded per caller and in
+//! total. A long poll holds its connection inside a handler for up to a minute, and the HTTP
+//! edge can only make room by closing connections that wait for a request: without a bound,
+//! one submit token holding as many long polls as the server has connections kept every
+//! operator, the console, `/healthz` and `/metrics` out (503). With these bounds at most
+//! [`LONG_POLLS_MAX`] connections are ever held by long polls, so the rest of the server's
+//! connections (the console serves 128) stay for everything else; a long poll over a bound
+//! is answered at once with 429 and `Retry-After`.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use crate::httpd::Reply;
+
+/// Long polls open at once, over all callers: well under half of the console's 128
+/// connections.
+pub const LONG_POLLS_MAX: usize = 48;
+/// Long polls open at once for one token (or the loopback operator).
+pub const LONG_POLLS_PER_CALLER_MAX: usize = 16;
+
+/// The long polls open now, by caller.
+#[derive(Default)]
+pub(super) struct LongPolls {
+    open: Mutex<HashMap<String, usize>>,
+}
+
+/// One long poll's place, given back when it is dropped.
+pub(super) struct Held<'a> {
+    polls: &'a LongPolls,
+    caller: String,
+}
+
+impl LongPolls {
+    /// A place for a long poll of `caller`, or the 429 to answer when it has
+    /// [`LONG_POLLS_PER_CALLER_MAX`] open or the server [`LONG_POLLS_MAX`].
+    pub(super) fn enter(&self, caller: &str) -> Result<Held<'_>, Reply> {
+        let refused = |detail: String| {
+            super::problem(429, "too_many_long_polls", &detail).with_header("Retry-After", "1")
+        };
+        let Ok(mut open) = self.open.lock() else {
+            return Err(refused(
+                "the server cannot count its long polls; try again".into(),
+            ));
+        };
+        let total: usize = open.values().sum();
+        let mine = open.get(caller).copied().unwrap_or(0);
+        if mine >= LONG_POLLS_PER_CALLER_MAX {
+            return Err(refused(format!(
+                "this token ({caller}) has {mine} long polls open, the most one caller may: wait for one to return, or ask without `wait`"
+            )));
+        }
+        if total >= LONG_POLLS_MAX {
+            return Err(refused(format!(
+                "the server has {total} long polls open, the most it holds at once: try again in a second, or ask without `wait`"
+            )));
+        }
+        *open.entry(caller.to_string()).or_insert(0) += 1;
+        Ok(Held {
+            polls: self,
+            caller: caller.to_string(),
+        })
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut open) = self.polls.open.lock()
+            && let Some(n) = open.get_mut(&self.caller)
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.caller);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_polls_are_bounded_per_caller_and_in_total_and_given_back() {
+        let polls = LongPolls::default();
+        let mine: Vec<Held<'_>> = (0..LONG_POLLS_PER_CALLER_MAX)
+            .map(|_| polls.enter("job").ok().expect("a place"))
+            .collect();
+        assert!(polls.enter("job").is_err(), "one caller's bound");
+        drop(mine);
+        assert!(polls.enter("job").is_ok(), "given back");
+        let callers: Vec<String> = (0..LONG_POLLS_MAX).map(|i| format!("c{i}")).collect();
+        let all: Vec<Held<'_>> = callers
+            .iter()
+            .map(|c| polls.enter(c).ok().expect("a place"))
+            .collect();
+        assert!(polls.enter("ops").is_err(), "the server's bound");
+        drop(all);
+        assert!(polls.open.lock().expect("lock").is_empty());
+    }
+}
