@@ -173,6 +173,27 @@ pub struct ToolRequest<'a> {
     /// one place an approval lives) to the held call it covers, and the tool service checks
     /// it against the call's own digest.
     pub approval: Option<&'a str>,
+    /// The driver's last word before the call leaves: a route asks it right before the
+    /// request's first byte, after any definition check or connection set-up, and sends
+    /// nothing if it refuses. The kernel never sets it; the durable driver proves its claim
+    /// there.
+    pub gate: Option<&'a Gate>,
+}
+
+/// See [`ToolRequest::gate`].
+pub trait SendGate {
+    /// `Ok` when the call may leave now; `Err` says why it may not (nothing is sent).
+    fn ready(&self) -> Result<(), String>;
+}
+
+/// A send gate a route may keep while it sends (an HTTP connection holds one).
+pub type Gate = std::sync::Arc<dyn SendGate + Send + Sync>;
+
+impl ToolRequest<'_> {
+    /// Asks the gate, if there is one, whether the call may leave now.
+    pub fn ready_to_send(&self) -> Result<(), String> {
+        self.gate.map_or(Ok(()), |g| g.ready())
+    }
 }
 
 pub enum Action<'a> {

@@ -205,6 +205,8 @@ pub enum CallOutcome {
     /// error, a server-defined one), which a server may send after the tool had its effect.
     /// For a write this is an unknown outcome, as a lost answer is.
     Unusable(String),
+    /// Not sent: the caller's gate refused it right before the request would have left.
+    NotSent(String),
 }
 
 /// JSON-RPC error codes that mean the request was refused before any tool ran.
@@ -259,6 +261,19 @@ impl Mcp {
         args: serde_json::Map<String, serde_json::Value>,
         timeout: Duration,
     ) -> CallOutcome {
+        self.call_gated(server, tool, args, timeout, &|| Ok(()))
+    }
+
+    /// [`Mcp::call`], asking `ready` right before the request leaves (after the session is
+    /// there, started again if it had closed): nothing is sent when it refuses.
+    pub fn call_gated(
+        &self,
+        server: &str,
+        tool: &str,
+        args: serde_json::Map<String, serde_json::Value>,
+        timeout: Duration,
+        ready: &dyn Fn() -> Result<(), String>,
+    ) -> CallOutcome {
         let started = std::time::Instant::now();
         let session = match self.session(server, timeout) {
             Ok(s) => s,
@@ -269,6 +284,9 @@ impl Mcp {
                 );
             }
         };
+        if let Err(why) = ready() {
+            return CallOutcome::NotSent(why);
+        }
         let left = timeout.saturating_sub(started.elapsed());
         let params = rmcp::model::CallToolRequestParams::new(tool.to_string()).with_arguments(args);
         let answer = self

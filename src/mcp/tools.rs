@@ -86,8 +86,12 @@ impl McpTools<'_> {
             if time.is_zero() {
                 break;
             }
-            lost = match mcp.call(&m.server, name, args.clone(), time) {
+            // The write's proof of its claim comes last, after the definition check and the
+            // session (each attempt asks again).
+            let ready = || req.ready_to_send();
+            lost = match mcp.call_gated(&m.server, name, args.clone(), time, &ready) {
                 CallOutcome::Answered(v) => return v,
+                CallOutcome::NotSent(why) => return refused("not_sent", why),
                 CallOutcome::Lost(why) => ("lost", why),
                 CallOutcome::Unusable(why) => ("unusable_answer", why),
             };

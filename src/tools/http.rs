@@ -154,7 +154,18 @@ fn send(
     write: bool,
     timeout: Duration,
 ) -> (Value, Option<Transient>) {
-    let a = agent(timeout);
+    let refused = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let a = match req.gate {
+        Some(gate) => {
+            let gate = gate.clone();
+            crate::net::gated_agent(
+                timeout,
+                std::sync::Arc::new(move || gate.ready()),
+                refused.clone(),
+            )
+        }
+        None => agent(timeout),
+    };
     let r = if http.method == "PUT" {
         a.put(&http.url)
     } else {
@@ -169,6 +180,13 @@ fn send(
     let transient = |cause: String, retry_after| Some(Transient { cause, retry_after });
     let mut resp = match r.send(body.to_string()) {
         Ok(resp) => resp,
+        // The write's proof refused it before its first byte: nothing left, nothing to retry.
+        Err(e) if refused.load(std::sync::atomic::Ordering::SeqCst) => {
+            return (
+                json!({"status": "error", "code": "not_sent", "detail": e.to_string()}),
+                None,
+            );
+        }
         Err(ureq::Error::Timeout(_)) => {
             return (
                 outcome_unknown(write, "timeout", "no answer within the timeout".into()),

@@ -6,10 +6,11 @@
 //! follows (fencing, intents, recovery, the claim proved before a send).
 
 use serde_json::json;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::CommitFail;
-use super::driver::{Context, Ended, hold_claim, observe_model, pass, pause};
+use super::driver::{Context, Ended, Proof, observe_model, pass, pause};
 use super::routes::{Routed, answer_tool, answered_from_record, keyless, observe_tool};
 use crate::kernel::{
     Access, Action, Catalog, ModelReply, ModelRequest, Session, Span, StopReason, ToolCall,
@@ -68,7 +69,11 @@ impl Pending {
         }
     }
 
-    fn request<'r>(&'r self, approval: Option<&'r str>) -> ToolRequest<'r> {
+    fn request<'r>(
+        &'r self,
+        approval: Option<&'r str>,
+        gate: Option<&'r crate::kernel::io::Gate>,
+    ) -> ToolRequest<'r> {
         ToolRequest {
             call: &self.call,
             key: &self.key,
@@ -78,6 +83,7 @@ impl Pending {
             idempotent: self.idempotent,
             held: self.held,
             approval,
+            gate,
         }
     }
 }
@@ -283,33 +289,34 @@ impl<'a> Drive<'a> {
     fn on_tool(&mut self, session: &mut Session<'_>, req: Pending) -> Result<(), CommitFail> {
         let (ctx, rec) = (self.ctx, self.rec);
         let digest = req.call.digest();
-        if req.access == Access::Write {
-            if let Some(answer) = self.before_write(session, &req, &digest)? {
-                answer_tool(
-                    session,
-                    &mut self.step_reply,
-                    &req.call.name,
-                    &digest,
-                    answer,
-                );
-                return Ok(());
-            }
-            pass(ctx, super::driver::Point::Send)?;
-            // This run may have waited (paused, descheduled) since its intent: send only under
-            // a claim that is still its own, for a while yet.
-            if let Err(e) = hold_claim(ctx, &rec.id, self.token) {
-                tracing::warn!(task = %rec.id, key = %req.key, "the claim is not held any more; the write is not sent");
-                return Err(e);
-            }
-        } else {
-            pass(ctx, super::driver::Point::Send)?;
+        if req.access == Access::Write
+            && let Some(answer) = self.before_write(session, &req, &digest)?
+        {
+            answer_tool(
+                session,
+                &mut self.step_reply,
+                &req.call.name,
+                &digest,
+                answer,
+            );
+            return Ok(());
         }
+        pass(ctx, super::driver::Point::Send)?;
+        // This run may wait (paused, descheduled) anywhere before the bytes leave: a write is
+        // sent only under a claim proved its own right before (see `driver::Proof`).
+        let proof =
+            (req.access == Access::Write).then(|| Arc::new(Proof::new(ctx, &rec.id, self.token)));
+        let gate = proof.clone().map(|p| -> crate::kernel::io::Gate { p });
         let approval = rec
             .approval
             .as_ref()
             .filter(|_| req.held)
             .and_then(|a| a.covering(&req.key, &digest));
-        let reply = self.routes.call(&req.request(approval));
+        let reply = self.routes.call(&req.request(approval, gate.as_ref()));
+        if let Some(e) = proof.and_then(|p| p.refusal()) {
+            tracing::warn!(task = %rec.id, key = %req.key, "the claim could not be proved; the write was not sent and the run stops");
+            return Err(e);
+        }
         observe_tool(&rec.id, &req.key, &req.call.name, &reply);
         pause(ctx.time_scale, reply.latency_ms);
         pass(ctx, super::driver::Point::Sent)?;

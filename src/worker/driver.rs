@@ -14,9 +14,16 @@
 //!   otherwise its outcome is unknown and the task is held for reconcile.
 //! - A read of the database that fails is never taken for "nothing recorded": the run stops
 //!   here (nothing is sent) and the task is recovered later.
-//! - Right before a write is sent, the claim is proved current and held for at least
-//!   [`SEND_MARGIN_MS`] more (renewed if it would run out sooner); a run whose claim was
-//!   taken over while it waited (a paused process) stops there and sends nothing.
+//! - A write leaves only through a [`Proof`]: its route asks it as the last step before the
+//!   request's first byte (after any definition check or connection set-up), and it proves
+//!   the claim current and held for at least [`SEND_MARGIN_MS`] more (renewed if it would run
+//!   out sooner), at most [`PROOF_FRESH_MS`] (and half that margin) before the bytes leave (a
+//!   proof older than that, by the run's clock and by the monotonic clock, is taken again).
+//!   What no process can bound is a pause between that last look at the clock and the system
+//!   call that writes: the margin is what covers it. A run whose claim was
+//!   taken over while it waited (a paused process) stops there and sends nothing; a claim
+//!   that cannot be proved stops the run, and the write's intent, without a result, holds it
+//!   for reconcile.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,7 +47,10 @@ use crate::tools::http::HttpTools;
 pub enum Point {
     Model,
     ModelCall,
+    /// A tool call goes to its route (a write's intent is committed).
     Send,
+    /// A write's claim was just proved; the request's first byte is next.
+    Proved,
     Sent,
     Commit,
 }
@@ -55,6 +65,16 @@ pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
 /// only a pause of longer than this between the check and the request leaving the process
 /// can let a new owner send the same write too.
 pub const SEND_MARGIN_MS: u64 = 5_000;
+
+/// How old a proof of the claim may be when a write's first byte leaves (at most; and at most
+/// half the margin the proof found, when the heartbeat makes that shorter): a process paused
+/// after its proof for longer than this proves again (and finds its claim gone) rather than
+/// send under a claim that may have been taken over.
+pub const PROOF_FRESH_MS: u64 = SEND_MARGIN_MS / 5;
+
+/// How many times a proof is taken for one send before the send is given up (each pause
+/// between the proof and the send makes it stale).
+const PROOFS_MAX: u32 = 3;
 
 pub struct Context {
     pub clock: Clock,
@@ -140,41 +160,142 @@ pub(super) enum Ended {
     Yielded,
 }
 
-/// Proves the claim `token` of task `id` current and held for [`SEND_MARGIN_MS`] (or a third of
-/// the heartbeat TTL) more before a
-/// write goes out: renews the lease and the heartbeat when less is left. `LeaseLost` when the
-/// claim was taken over (nothing may be sent), or is still short after renewing.
-pub(super) fn hold_claim(ctx: &Context, id: &str, token: u64) -> Result<(), CommitFail> {
-    let failed = |e: crate::store::Error| {
-        CommitFail::Failed(format!("cannot check the claim of task {id}: {e}"))
-    };
-    let margin = SEND_MARGIN_MS.min(ctx.heartbeat_ttl_ms / 3);
-    for renewed in [false, true] {
-        let now = (ctx.clock)();
-        match ctx.store.claim_left(id, token, now).map_err(failed)? {
-            None => return Err(CommitFail::LeaseLost),
-            Some(left) if left >= margin => return Ok(()),
-            Some(_) if renewed => break,
-            Some(left) => {
-                tracing::info!(task = %id, left_ms = left, "the claim runs out soon; renewing it before a write");
-                if !ctx
-                    .store
-                    .renew_claim(id, token, now, ctx.lease_ms)
-                    .map_err(failed)?
-                {
-                    return Err(CommitFail::LeaseLost);
+/// The proof a write needs to leave (see the module's rules): the route asks it right before
+/// the request's first byte. It owns what it needs (a route may keep it while a connection is
+/// made), and keeps why it refused, which stops the run.
+pub struct Proof {
+    clock: Clock,
+    hook: Option<Hook>,
+    store: Arc<dyn Backend>,
+    owner: String,
+    id: String,
+    token: u64,
+    lease_ms: u64,
+    heartbeat_ttl_ms: u64,
+    /// When the claim was last proved: by the run's clock, and by the monotonic clock.
+    proved: std::sync::Mutex<Option<(u64, std::time::Instant)>>,
+    /// Why the proof was refused, if it was: the run stops with it.
+    refused: std::sync::Mutex<Option<CommitFail>>,
+}
+
+impl Proof {
+    pub(super) fn new(ctx: &Context, id: &str, token: u64) -> Proof {
+        Proof {
+            clock: Arc::clone(&ctx.clock),
+            hook: ctx.hook.clone(),
+            store: Arc::clone(&ctx.store),
+            owner: ctx.identity.owner(),
+            id: id.to_string(),
+            token,
+            lease_ms: ctx.lease_ms,
+            heartbeat_ttl_ms: ctx.heartbeat_ttl_ms,
+            proved: std::sync::Mutex::new(None),
+            refused: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Why the proof was refused, if it was (taken: asked once, after the call).
+    pub(super) fn refusal(&self) -> Option<CommitFail> {
+        self.refused.lock().ok().and_then(|mut r| r.take())
+    }
+
+    /// The margin a proof asks for: [`SEND_MARGIN_MS`], or a third of the heartbeat TTL when
+    /// that is shorter (a healthy heartbeat keeps two thirds of it left).
+    fn margin_ms(&self) -> u64 {
+        SEND_MARGIN_MS.min(self.heartbeat_ttl_ms / 3)
+    }
+
+    /// Whether the last proof is recent enough for a byte to leave now: younger than
+    /// [`PROOF_FRESH_MS`] and half the margin, by the run's clock and the monotonic one.
+    fn fresh(&self) -> bool {
+        let Ok(proved) = self.proved.lock() else {
+            return false;
+        };
+        let fresh_ms = PROOF_FRESH_MS.min(self.margin_ms() / 2);
+        proved.is_some_and(|(at, mono)| {
+            (self.clock)().saturating_sub(at) < fresh_ms
+                && mono.elapsed() < std::time::Duration::from_millis(fresh_ms)
+        })
+    }
+
+    /// Proves the claim current and held for [`SEND_MARGIN_MS`] (or a third of the heartbeat
+    /// TTL) more: renews the lease and the heartbeat when less is left. `LeaseLost` when the
+    /// claim was taken over, or is still short after renewing.
+    fn prove(&self) -> Result<(), CommitFail> {
+        let id = &self.id;
+        let failed = |e: crate::store::Error| {
+            CommitFail::Failed(format!("cannot check the claim of task {id}: {e}"))
+        };
+        let margin = self.margin_ms();
+        for renewed in [false, true] {
+            let now = (self.clock)();
+            match self.store.claim_left(id, self.token, now).map_err(failed)? {
+                None => return Err(CommitFail::LeaseLost),
+                Some(left) if left >= margin => {
+                    if let Ok(mut p) = self.proved.lock() {
+                        *p = Some((now, std::time::Instant::now()));
+                    }
+                    return Ok(());
                 }
-                ctx.store
-                    .heartbeat(
-                        &ctx.identity.owner(),
-                        now,
-                        now.saturating_add(ctx.heartbeat_ttl_ms),
-                    )
-                    .map_err(failed)?;
+                Some(_) if renewed => break,
+                Some(left) => {
+                    tracing::info!(task = %id, left_ms = left, "the claim runs out soon; renewing it before a write");
+                    if !self
+                        .store
+                        .renew_claim(id, self.token, now, self.lease_ms)
+                        .map_err(failed)?
+                    {
+                        return Err(CommitFail::LeaseLost);
+                    }
+                    self.store
+                        .heartbeat(&self.owner, now, now.saturating_add(self.heartbeat_ttl_ms))
+                        .map_err(failed)?;
+                }
+            }
+        }
+        Err(CommitFail::LeaseLost)
+    }
+
+    /// A proof fresh enough for the first byte to leave now, taken again while a pause made
+    /// the last one stale (the simulation may stop here, right after a proof).
+    fn check(&self) -> Result<(), CommitFail> {
+        for _ in 0..PROOFS_MAX {
+            if self.fresh() {
+                return Ok(());
+            }
+            self.prove()?;
+            if let Some(hook) = &self.hook
+                && !hook(Point::Proved)
+            {
+                return Err(CommitFail::Failed("crashed at Proved".into()));
+            }
+        }
+        Err(CommitFail::Failed(format!(
+            "the claim of task {} could not be proved within {PROOF_FRESH_MS} ms of a send, {PROOFS_MAX} times",
+            self.id
+        )))
+    }
+}
+
+impl crate::kernel::io::SendGate for Proof {
+    fn ready(&self) -> Result<(), String> {
+        match self.check() {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let why = match &e {
+                    CommitFail::LeaseLost => {
+                        "this run's claim of the task was taken over; nothing was sent".to_string()
+                    }
+                    CommitFail::Failed(m) => format!("{m}; nothing was sent"),
+                };
+                tracing::warn!(task = %self.id, reason = %why, "the write is not sent");
+                if let Ok(mut r) = self.refused.lock() {
+                    *r = Some(e);
+                }
+                Err(why)
             }
         }
     }
-    Err(CommitFail::LeaseLost)
 }
 
 /// Passes `point`, or crashes here if the hook says so.

@@ -66,19 +66,29 @@ impl Tools for DemoRoute<'_> {
             Some(shop) => shop.get(),
             None => Err("this daemon has no demo shop".to_string()),
         };
-        match opened {
-            Ok(store) => DurableTools {
-                store: &store,
-                scope: self.scope,
-                latency_ms: self.latency_ms,
-            }
-            .call(req),
+        let store = match opened {
+            Ok(store) => store,
             // Nothing was sent: the call may be made again.
-            Err(why) => ToolReply {
-                result: json!({"status": "error", "code": "tool_unavailable", "detail": why}),
-                latency_ms: 0,
-            },
+            Err(why) => return not_sent("tool_unavailable", why),
+        };
+        // The shop is in this process: its first byte is the call itself.
+        if let Err(why) = req.ready_to_send() {
+            return not_sent("not_sent", why);
         }
+        DurableTools {
+            store: &store,
+            scope: self.scope,
+            latency_ms: self.latency_ms,
+        }
+        .call(req)
+    }
+}
+
+/// The answer to a call that was not sent.
+fn not_sent(code: &str, why: String) -> ToolReply {
+    ToolReply {
+        result: json!({"status": "error", "code": code, "detail": why}),
+        latency_ms: 0,
     }
 }
 

@@ -1205,3 +1205,80 @@ conformance! {
         assert_eq!(tools.ledger().expect("ledger").iter().filter(|e| e.key.contains(":t1:s2")).count(), 1);
     }
 }
+
+conformance! {
+    /// Review 48, hole 5: the same takeover, with the run paused after it proved its claim
+    /// and before the write's first byte (a slow definition check or connection set-up came
+    /// between them). A proof older than `PROOF_FRESH_MS` when the bytes would leave is taken
+    /// again, and finds the claim gone: the resumed run sends nothing.
+    fn hole_48_5_a_run_paused_after_its_proof_never_sends_its_write(d) {
+        let store = backend(d);
+        let tools = Arc::new(match db_url(d) {
+            Some(url) => tether::tools::durable::DurableStore::open_target(&url),
+            None => tether::tools::durable::DurableStore::open(&d.join("worker.store.redb")),
+        }.expect("store"));
+        let clock = Arc::new(std::sync::atomic::AtomicU64::new(tether::clock::now_ms()));
+        let mut t = new_task("cu_ana", GOAL, Some("paused-after-proof"));
+        t.model = ModelProfile::parse("policy", None).expect("model");
+        store.enqueue(&[t], clock.load(Ordering::SeqCst)).expect("enqueue");
+        // Worker 1 stops right after it proved its claim for the refund, until let go.
+        let (at_send, paused) = std::sync::mpsc::channel::<()>();
+        let (resume, go) = std::sync::mpsc::channel::<()>();
+        let go = std::sync::Mutex::new(go);
+        // (Only a write is proved: the refund.)
+        let proofs = std::sync::atomic::AtomicU32::new(0);
+        let hook: tether::worker::driver::Hook = Arc::new(move |p| {
+            if p == tether::worker::driver::Point::Proved && proofs.fetch_add(1, Ordering::SeqCst) == 0 {
+                let _ = at_send.send(());
+                let _ = go.lock().expect("lock").recv();
+            }
+            true
+        });
+        let first = test_context(&store, &tools, &clock, 1, Some(hook));
+        let now = clock.load(Ordering::SeqCst);
+        let rec = store
+            .claim(&first.identity.lease(now, 1_000), 1, now)
+            .expect("claim")
+            .remove(0);
+        let worker1 = std::thread::spawn(move || tether::worker::driver::run_task(&first, rec));
+        paused.recv().expect("worker 1 proved its claim for the refund");
+        // Past every lease: worker 2 takes the task over; the refund's intent has no result,
+        // so the write is held. An operator settles it as not applied; worker 2 sends it.
+        clock.fetch_add(120_000, Ordering::SeqCst);
+        let now = clock.load(Ordering::SeqCst);
+        assert_eq!(store.recover(now, &|_| false, &|_, _| false).expect("recover").len(), 1);
+        let second = test_context(&store, &tools, &clock, 2, None);
+        let claim = |store: &Arc<dyn Backend>| {
+            let now = clock.load(Ordering::SeqCst);
+            store.claim(&second.identity.lease(now, 1_000), 1, now).expect("claim").remove(0)
+        };
+        assert!(tether::worker::driver::run_task(&second, claim(&store)).is_none());
+        let held = store.task("t1").expect("t1");
+        assert_eq!(held.status, tether::store::QueueStatus::Held, "{:?}", held.state.stop);
+        let decision = tether::store::Decision {
+            by: "bob".into(),
+            reason: None,
+            now_ms: clock.load(Ordering::SeqCst),
+        };
+        tether::operator::reconcile(
+                &*store,
+                "t1",
+                &tether::operator::Settlement::NotApplied,
+                &tether::operator::Reviewed::default(),
+                &tether::operator::Extension::parse("tool_calls=1,deadline_ms=30000").expect("extend"),
+                &decision,
+            )
+            .expect("reconcile");
+        assert!(tether::worker::driver::run_task(&second, claim(&store)).is_none());
+        let refunds = |tools: &tether::tools::durable::DurableStore| {
+            tools.arrivals().expect("arrivals").iter().filter(|a| a.tool == "issue_refund").count()
+        };
+        assert_eq!(refunds(&tools), 1, "the new owner sent the refund");
+        assert_eq!(store.task("t1").expect("t1").state.stop, Some(tether::kernel::StopReason::Done));
+        // Worker 1 resumes where it stood: about to send the refund under a claim long gone.
+        resume.send(()).expect("resume");
+        assert!(worker1.join().expect("worker 1").is_none());
+        assert_eq!(refunds(&tools), 1, "the resumed run sent the refund again");
+        assert_eq!(tools.ledger().expect("ledger").iter().filter(|e| e.key.contains(":t1:s2")).count(), 1);
+    }
+}

@@ -7,7 +7,7 @@
 /// Where a path may start: `crate::X` and `std::X` by their second segment, others by their
 /// first.
 const CRATE: [&str; 2] = ["kernel", "limits"];
-const STD: [&str; 16] = [
+const STD: [&str; 17] = [
     "borrow",
     "char",
     "cmp",
@@ -24,6 +24,8 @@ const STD: [&str; 16] = [
     "result",
     "str",
     "string",
+    // `Arc`, for the driver's send gate a route may keep (`kernel::io::Gate`): no I/O.
+    "sync",
 ];
 const ROOTS: [&str; 9] = [
     "super",

@@ -30,6 +30,7 @@ mod metrics;
 pub(crate) mod models;
 mod operator;
 mod otlp;
+mod paused;
 mod postgres;
 mod progress;
 mod property;

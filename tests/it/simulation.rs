@@ -3,7 +3,8 @@
 //! the strict sink, under a simulated clock.
 //!
 //! Each worker is a thread that runs the real driver (`worker::driver::run_task`) and stops at
-//! every point where the driver calls out (model call, tool send, tool answer, commit) until
+//! every point where the driver calls out (model call, tool send, a write's proof of its claim
+//! right before its first byte, tool answer, commit) until
 //! the scheduler lets it go on, so exactly one thread runs at a time and a seed fixes the whole
 //! schedule. On PostgreSQL, some step commits lose their acknowledgment, after landing or
 //! while still in progress. The scheduler also moves the clock (and jumps it past every lease), crashes

@@ -15,9 +15,12 @@ with a JSON-RPC internal error, -32603); rpc_invalid (apply, then answer -32602,
 params"); raise (apply, then raise: the SDK answers isError). With ONCE_FILE set, the mode applies to the first such call only (the file marks it
 done, across restarts). VARIANT=2 changes add_note's description (a changed definition).
 TRANSPORT is stdio (default) or http (PORT). LIST=endless answers every page of tools/list
-with another nextCursor (a server that never ends its list).
+with another nextCursor (a server that never ends its list). LIST_HOLD names a file: while it
+exists, tools/list creates the file LIST_HELD and waits (a slow definition check a test can
+hold a daemon in).
 """
 
+import asyncio
 import json
 import os
 import sys
@@ -33,6 +36,12 @@ STATE = {"refunded": {}, "status": {}, "notes": []}
 
 class TestServer(MCPServer):
     async def _handle_list_tools(self, ctx, params):
+        hold = os.environ.get("LIST_HOLD", "")
+        if hold and os.path.exists(hold):
+            with open(os.environ["LIST_HELD"], "w") as f:
+                f.write("held")
+            while os.path.exists(hold):
+                await asyncio.sleep(0.05)
         result = await super()._handle_list_tools(ctx, params)
         if os.environ.get("LIST") == "endless":
             page = int((params.cursor if params and params.cursor else "0")) + 1

@@ -20,6 +20,7 @@ use crate::kernel::state::{Budget, LastTurn, Status, StopReason, TaskState, Tool
 use crate::kernel::trace::{SpanKind, Trace};
 
 mod plan;
+mod stop;
 mod tool;
 mod turn;
 
@@ -329,6 +330,7 @@ impl<'c> Session<'c> {
                         idempotent: spec.is_some_and(|s| s.idempotent),
                         held,
                         approval: None,
+                        gate: None,
                     });
                 }
                 Phase::Finished(stop) => return Action::Finished(stop),
@@ -566,50 +568,5 @@ impl<'c> Session<'c> {
             self.trace.end(root, stop.as_str(), t);
         }
         self.phase = Phase::Finished(stop);
-    }
-
-    /// Stops the run at this step boundary with `cancelled`. Refused while a model or tool
-    /// call is outstanding, because its result must be folded in first.
-    pub fn cancel(&mut self) -> bool {
-        self.stop_with(StopReason::Cancelled)
-    }
-
-    /// Stops the run at its start with `stop` (a cancel, a time limit), holding `call`:
-    /// a write an earlier run may have sent, whose outcome no run learned. It stays held for
-    /// reconcile beside the stop (see [`TaskState::hold_in_flight`]); nothing is sent.
-    pub fn stop_holding(&mut self, stop: StopReason, call: ToolCall) -> bool {
-        if matches!(
-            self.phase,
-            Phase::AwaitModel | Phase::AwaitTool { .. } | Phase::Finished(_)
-        ) {
-            debug_assert!(
-                false,
-                "stop_holding while a call is outstanding or after the end"
-            );
-            return false;
-        }
-        self.state.hold_in_flight(call);
-        self.stop_with(stop)
-    }
-
-    /// Stops the run with `stop` at a boundary (an operator's cancel, a time limit the
-    /// driver saw pass), as [`Session::cancel`] does.
-    pub fn stop_with(&mut self, stop: StopReason) -> bool {
-        match self.phase {
-            Phase::AwaitModel | Phase::AwaitTool { .. } => false,
-            Phase::Finished(_) => true,
-            _ => {
-                if self.root.is_none() {
-                    let t = self.state.elapsed_ms;
-                    self.root =
-                        Some(
-                            self.trace
-                                .start(SpanKind::Task, self.state.task_id.clone(), None, t),
-                        );
-                }
-                self.finish(stop, None);
-                true
-            }
-        }
     }
 }
