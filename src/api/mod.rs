@@ -67,11 +67,61 @@ impl Role {
     }
 }
 
-/// Who makes a request: a token's name and role.
+/// Who makes a request: a token's name and role, and for a `submit` token, the users its
+/// tasks may act for (`None`: any).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Caller {
     pub name: String,
     pub role: Role,
+    pub users: Option<UserPattern>,
+}
+
+/// Which users a token's tasks may act for: a pattern where `*` stands for any run of
+/// characters (`cu_*`, `*@acme.example`, `billing-bot`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UserPattern(String);
+
+impl UserPattern {
+    /// The pattern `text`: printable ASCII without spaces, at most 255 bytes.
+    pub fn parse(text: &str) -> Result<UserPattern, String> {
+        if text.is_empty()
+            || text.len() > crate::limits::NAME_BYTES_MAX
+            || !text.bytes().all(|b| b.is_ascii_graphic())
+        {
+            return Err(format!(
+                "users={} must be a pattern of printable characters (`*` for any run of them), up to {} bytes",
+                crate::limits::printable(text),
+                crate::limits::NAME_BYTES_MAX
+            ));
+        }
+        Ok(UserPattern(text.to_string()))
+    }
+
+    /// Whether `user` matches: the parts between `*`s appear in order, the first at the start
+    /// and the last at the end.
+    pub fn admits(&self, user: &str) -> bool {
+        let parts: Vec<&str> = self.0.split('*').collect();
+        let (first, rest) = parts.split_first().unwrap_or((&"", &[]));
+        let Some(mut left) = user.strip_prefix(first) else {
+            return false;
+        };
+        let Some((last, middle)) = rest.split_last() else {
+            return left.is_empty();
+        };
+        for part in middle {
+            match left.find(part) {
+                Some(i) => left = &left[i + part.len()..],
+                None => return false,
+            }
+        }
+        left.len() >= last.len() && left.ends_with(last)
+    }
+}
+
+impl std::fmt::Display for UserPattern {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 /// The API over one database.
@@ -404,6 +454,20 @@ mod tests {
         decisions.sort_unstable();
         decisions.dedup();
         assert_eq!(fields_of::<decide::DecisionBody>(), decisions, "decisions");
+    }
+
+    #[test]
+    fn user_patterns_match_by_their_stars() {
+        let p = |t: &str| UserPattern::parse(t).expect("a pattern");
+        assert!(p("cu_*").admits("cu_ana") && p("cu_*").admits("cu_"));
+        assert!(!p("cu_*").admits("ops") && !p("cu_*").admits("xcu_ana"));
+        assert!(p("*@acme.example").admits("ana@acme.example"));
+        assert!(!p("*@acme.example").admits("ana@acme.example.evil"));
+        assert!(p("a*b*c").admits("abc") && p("a*b*c").admits("a-b-b-c"));
+        assert!(!p("a*b*c").admits("acb") && !p("ab*ba").admits("aba"));
+        assert!(p("bot").admits("bot") && !p("bot").admits("bots"));
+        assert!(p("*").admits("anyone"));
+        assert!(UserPattern::parse("cu ana").is_err() && UserPattern::parse("").is_err());
     }
 
     /// Every request schema compiles, with formats checked.

@@ -119,6 +119,19 @@ impl Api {
             Ok(t) => t,
             Err(e) => return problem(400, "invalid_body", &e.to_string()),
         };
+        if let Some(users) = &caller.users
+            && !users.admits(&t.user)
+        {
+            return problem(
+                403,
+                "user_not_allowed",
+                &format!(
+                    "this token ({}) may create tasks only for users matching {users}; {:?} is not one",
+                    caller.name,
+                    crate::limits::printable(&t.user)
+                ),
+            );
+        }
         let cfg = match self.enqueue_config() {
             Ok(c) => c,
             Err(r) => return r,
@@ -275,7 +288,16 @@ impl Api {
             Err(r) => return r,
         };
         match self.db.events(Some(&rec.id)) {
-            Ok(events) => json_reply(200, &Value::Array(events.iter().map(event_json).collect())),
+            Ok(events) => {
+                let shown = events.iter().map(|e| {
+                    let mut v = event_json(e);
+                    if caller.role == Role::Submit {
+                        v["detail"] = crate::store::callbacks::submitters_view(&e.verb, &e.detail);
+                    }
+                    v
+                });
+                json_reply(200, &Value::Array(shown.collect()))
+            }
             Err(e) => super::problem::of_store(&e),
         }
     }

@@ -5,7 +5,7 @@ use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 
-use crate::api::{Caller, Role};
+use crate::api::{Caller, Role, UserPattern};
 
 /// Who may use the console.
 pub enum Access {
@@ -36,9 +36,11 @@ pub(super) fn token_caller<'a>(
     found
 }
 
-/// Reads a token file: one `NAME TOKEN [ROLE]` per line, the role `operator` (the default:
-/// the console, decisions, every task) or `submit` (the API: create tasks and read its own);
-/// `#` starts a comment. Tokens must be at least 16 characters, and unique.
+/// Reads a token file: one `NAME TOKEN [ROLE] [users=PATTERN]` per line, the role `operator`
+/// (the default: the console, decisions, every task) or `submit` (the API: create tasks and
+/// read its own); a `submit` token's `users=` limits the users its tasks may act for (`*` any
+/// run of characters: `users=cu_*`). `#` starts a comment. Tokens must be at least 16
+/// characters, and unique.
 pub fn read_tokens(text: &str) -> Result<BTreeMap<String, Caller>, String> {
     let mut out = BTreeMap::new();
     for (n, line) in text.lines().enumerate() {
@@ -52,13 +54,38 @@ pub fn read_tokens(text: &str) -> Result<BTreeMap<String, Caller>, String> {
             continue;
         }
         let mut parts = line.split_whitespace();
-        let (Some(op), Some(token), role, None) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
+        let (Some(op), Some(token), role, users, None) = (
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+        ) else {
             return Err(format!(
-                "line {}: expected `NAME TOKEN [operator|submit]`",
+                "line {}: expected `NAME TOKEN [operator|submit] [users=PATTERN]`",
                 n + 1
             ));
+        };
+        let users = match users {
+            None => None,
+            Some(u) => Some(
+                u.strip_prefix("users=")
+                    .ok_or_else(|| {
+                        format!(
+                            "line {}: after the role, only users=PATTERN may follow, not {:?}",
+                            n + 1,
+                            crate::limits::printable(u)
+                        )
+                    })
+                    .and_then(UserPattern::parse)
+                    .map_err(|e| {
+                        if e.starts_with("line ") {
+                            e
+                        } else {
+                            format!("line {}: {e}", n + 1)
+                        }
+                    })?,
+            ),
         };
         let role = match role {
             None => Role::Operator,
@@ -74,9 +101,16 @@ pub fn read_tokens(text: &str) -> Result<BTreeMap<String, Caller>, String> {
                 n + 1
             ));
         }
+        if users.is_some() && role != Role::Submit {
+            return Err(format!(
+                "line {}: users= limits a submit token; an operator's token acts for every user",
+                n + 1
+            ));
+        }
         let who = Caller {
             name: op.to_string(),
             role,
+            users,
         };
         if out.insert(token.to_string(), who).is_some() {
             return Err(format!("line {}: this token is already listed", n + 1));
@@ -131,6 +165,16 @@ ops fedcba9876543210 operator",
         assert_eq!(r["0123456789abcdefXYZ"].role, Role::Submit);
         assert_eq!(r["fedcba9876543210"].role, Role::Operator);
         assert!(read_tokens("x 0123456789abcdefXYZ admin").is_err());
+        let scoped = read_tokens("job 0123456789abcdefXYZ submit users=cu_*").expect("scoped");
+        let users = scoped["0123456789abcdefXYZ"]
+            .users
+            .as_ref()
+            .expect("a pattern");
+        assert!(users.admits("cu_ana") && !users.admits("ops"));
+        let e = read_tokens("ops 0123456789abcdefXYZ operator users=cu_*").unwrap_err();
+        assert!(e.contains("submit token"), "{e}");
+        let e = read_tokens("job 0123456789abcdefXYZ submit cu_*").unwrap_err();
+        assert!(e.contains("users=PATTERN"), "{e}");
         let hashed = read_tokens("ops 0123456789abcdef#xyz # the on-call").expect("a # in a token");
         assert!(hashed.contains_key("0123456789abcdef#xyz"));
         assert!(read_tokens("alice short").is_err());

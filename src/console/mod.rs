@@ -171,6 +171,7 @@ impl Console {
             Access::Loopback { operator } => Some(Caller {
                 name: operator.clone(),
                 role: Role::Operator,
+                users: None,
             }),
             Access::Tokens(tokens) => {
                 Console::bearer(req).and_then(|t| token_caller(tokens, &t).cloned())

@@ -30,6 +30,8 @@ use std::sync::Arc;
 use crate::kernel::Span;
 use crate::limits;
 use crate::model::RecordedReply;
+#[cfg(test)]
+use crate::store::NewTask;
 use crate::store::prelude::*;
 use crate::store::{CallRecord, Decision, Error, Event, QueueStatus, Result, TaskRecord};
 use crate::tools::Effect;
@@ -205,6 +207,17 @@ pub fn ask_tool(
 ) -> Result<Lookup> {
     let spec = rec.catalog.as_ref().map(|c| c.get(tool));
     Ok(match spec {
+        // The task sent it elsewhere than to an HTTP tool of that name.
+        Some(Some(s)) if matches!(s.route(), crate::kernel::Route::Mcp(_)) => Lookup::Unknown(
+            format!("tool {tool} is an MCP tool of this task: MCP has no lookup to ask"),
+        ),
+        Some(Some(s)) if matches!(s.route(), crate::kernel::Route::Demo) => {
+            match tools()?.lookup(key, tool) {
+                Ok(Some(result)) => Lookup::Applied(result),
+                Ok(None) => Lookup::NotApplied,
+                Err(e) => Lookup::Unknown(e.to_string()),
+            }
+        }
         Some(Some(_)) => match config.lookup_url(tool) {
             Some(url) => lookup(url, key, config.lookup_timeout(tool)),
             None if config.catalog.is_none() => Lookup::Unknown(format!(
@@ -287,4 +300,61 @@ pub fn task_effects(ledger: &[LedgerEntry], db_id: &str, rec: &TaskRecord) -> Ve
         .filter(|e| e.key.starts_with(&prefix))
         .map(|e| e.effect.clone())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Review 48: a held write the task sent to an MCP server was looked up at the
+    /// `lookup_url` of the config's HTTP tool of the same name. The task's own catalog says
+    /// where its write went: an MCP write has no lookup, and none is asked.
+    #[test]
+    fn a_lookup_asks_only_the_route_the_task_sent_its_write_to() {
+        let http = crate::config::parse_catalog(
+            "version = 1\n[[tools]]\nname = \"add_note\"\naccess = \"write\"\n\
+             http = { url = \"http://127.0.0.1:9/notes\", lookup_url = \"http://127.0.0.1:9/lookup\" }\n",
+            std::path::Path::new("tools.toml"),
+        )
+        .expect("a catalog");
+        let config = crate::config::Config {
+            catalog: Some(http.clone()),
+            ..Default::default()
+        };
+        let mut mcp = http;
+        for t in &mut mcp.tools {
+            t.http = None;
+            t.mcp = Some(crate::kernel::catalog::McpSpec {
+                server: "shop".into(),
+                digest: "d".into(),
+                input_schema: serde_json::json!({"type": "object"}),
+                needs_approval: false,
+                user_arg: None,
+            });
+        }
+        let t = NewTask {
+            user: "cu_ana".into(),
+            goal: "note".into(),
+            key: None,
+            priority: 0,
+            budget: Default::default(),
+            model: crate::model::ModelProfile::parse("policy", None).expect("a model"),
+            tool_latency_ms: Default::default(),
+            catalog: Some(mcp),
+            store_scope: String::new(),
+            approval_wait_ms: 1,
+            instructions: None,
+            callback_url: None,
+            submitted_by: None,
+            not_before_ms: None,
+            time_limits: Default::default(),
+            concurrency_key: None,
+        };
+        let rec = crate::store::new_record("db", "t1", &t, &[], 0);
+        let mut no_shop = || Err(Error::Invalid("no demo shop here".into()));
+        match ask_tool(&rec, "add_note", "db:t1:s1", &config, &mut no_shop) {
+            Ok(Lookup::Unknown(why)) => assert!(why.contains("MCP"), "{why}"),
+            other => panic!("an MCP write was looked up: {other:?}"),
+        }
+    }
 }

@@ -50,6 +50,24 @@ pub fn given_up_detail(cb: &Callback, why: &str) -> serde_json::Value {
     })
 }
 
+/// A `callback_failed` event's detail as a task's submitter may read it: without the errors,
+/// which would tell what answers (or not) at the addresses the callback allow-list admits. The
+/// audit log keeps them for operators, and the daemon's log has every attempt's.
+pub fn submitters_view(verb: &str, detail: &serde_json::Value) -> serde_json::Value {
+    if verb != "callback_failed" {
+        return detail.clone();
+    }
+    let mut d = detail.clone();
+    if let Some(m) = d.as_object_mut() {
+        m.insert("last_error".into(), serde_json::Value::Null);
+        m.insert(
+            "why".into(),
+            json!("no receiver accepted it within the retry window (an operator can see why)"),
+        );
+    }
+    d
+}
+
 /// The event type of a task that settled as `status`.
 pub fn event_type(status: QueueStatus) -> Option<&'static str> {
     match status {
@@ -64,9 +82,13 @@ pub fn event_type(status: QueueStatus) -> Option<&'static str> {
 pub fn event(db_id: &str, rec: &TaskRecord, now_ms: u64) -> Option<Callback> {
     let url = rec.callback_url.clone()?;
     let kind = event_type(rec.status)?;
+    // Who created the task travels in what is signed, so a receiver that several submitters
+    // point at can tell whose task it is (a submit token's name; null for an operator's token
+    // or `worker enqueue`).
     let payload = json!({
         "type": kind,
         "timestamp": rfc3339(now_ms),
+        "submitted_by": rec.submitted_by,
         "data": result_json(db_id, rec),
     });
     Some(Callback {

@@ -65,6 +65,24 @@ fn gave_up(
     before
 }
 
+/// How long after its intent the send of a write to `t` (an HTTP tool) may still be in
+/// flight: each try's timeout and the longest wait between tries (only an idempotent write is
+/// tried more than once). A lookup before then could miss a write about to land.
+fn in_flight_ms(t: &crate::kernel::ToolSpec, h: &crate::kernel::catalog::HttpSpec) -> u64 {
+    let tries = if t.idempotent {
+        h.retry.attempts.max(1)
+    } else {
+        1
+    };
+    let waits_ms = h
+        .retry
+        .max_backoff_ms
+        .saturating_mul(u64::from(tries.saturating_sub(1)));
+    h.timeout_ms
+        .saturating_mul(u64::from(tries))
+        .saturating_add(waits_ms)
+}
+
 impl Settler {
     pub fn new(owner: &str) -> Settler {
         Settler {
@@ -95,20 +113,16 @@ impl Settler {
                 .as_ref()
                 .and_then(|cat| cat.get(&call.name))
                 .and_then(|t| Some((t, t.http.as_ref()?)))?;
-            // The send this write was held after may still be in flight until its tries
-            // time out: a lookup before then could miss a write about to land. (Only an
-            // idempotent write is tried more than once.)
-            let tries = if t.idempotent {
-                h.retry.attempts.max(1)
-            } else {
-                1
-            };
-            let in_flight_ms = h.timeout_ms.saturating_mul(u64::from(tries));
+            let in_flight_ms = in_flight_ms(t, h);
             let sent_ms_ago = c.map_or(u64::MAX, |c| now_ms.saturating_sub(c.intent_at_ms));
+            // Only a write the task sent to an HTTP tool: its catalog may route a tool of the
+            // same name elsewhere (an MCP server, the demo shop), which this lookup knows
+            // nothing of.
             let picked = rec
                 .catalog
                 .as_ref()
-                .is_some_and(|cat| cat.get(&call.name).is_some())
+                .and_then(|cat| cat.get(&call.name))
+                .is_some_and(|s| matches!(s.route(), crate::kernel::Route::Http(_)))
                 && config.auto_settle_url(&call.name).is_some()
                 && sent_ms_ago >= in_flight_ms
                 && waits.get(key).is_none_or(|(at, _)| *at <= now)
@@ -144,5 +158,30 @@ impl Settler {
             }
         }
         settled
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Review 48: the window counted each try's timeout but not the waits between tries, so a
+    /// lookup could come while a retry was still to be sent.
+    #[test]
+    fn the_in_flight_window_counts_the_waits_between_tries() {
+        let catalog = crate::config::parse_catalog(
+            "version = 1\n[[tools]]\nname = \"set_status\"\naccess = \"write\"\nidempotent = true\n\
+             http = { url = \"http://127.0.0.1:9/s\", timeout_ms = 1000, retry = { attempts = 3, backoff_ms = 100, max_backoff_ms = 4000 } }\n\
+             [[tools]]\nname = \"add_note\"\naccess = \"write\"\n\
+             http = { url = \"http://127.0.0.1:9/n\", timeout_ms = 1000, retry = { attempts = 3, backoff_ms = 100, max_backoff_ms = 4000 } }\n",
+            std::path::Path::new("tools.toml"),
+        )
+        .expect("a catalog");
+        let window = |name: &str| {
+            let t = catalog.get(name).expect("a tool");
+            in_flight_ms(t, t.http.as_ref().expect("http"))
+        };
+        assert_eq!(window("set_status"), 3 * 1000 + 2 * 4000);
+        assert_eq!(window("add_note"), 1000, "sent once");
     }
 }

@@ -480,6 +480,42 @@ fn every_field_of_a_create_is_applied() {
     );
 }
 
+/// Review 48, design hole: a submit token could name any `user`, so its tasks acted for that
+/// user (with the user's remembered notes and the tools' per-user checks). A token line's
+/// `users=PATTERN` limits the users its tasks may act for.
+#[test]
+fn a_submit_token_acts_only_for_its_users() {
+    let dir = TempDir::new("api_users");
+    let d = dir.path();
+    let t = d.join("tokens.txt");
+    std::fs::write(
+        &t,
+        format!(
+            "ops {OPS} operator
+job {JOB} submit users=cu_*
+other {OTHER} submit
+"
+        ),
+    )
+    .expect("tokens");
+    let server = serve(d, &["--token-file", t.to_str().expect("a UTF-8 path")]);
+    let url = format!("{}/api/v1/tasks", server.base);
+    let task = |user: &str| json!({"user": user, "goal": GOAL, "model": "policy"});
+    let (s, _, p) = post(&url, JOB, &task("cu_ana"));
+    assert_eq!(s, 201, "{p}");
+    let (s, h, p) = post(&url, JOB, &task("ops"));
+    assert_eq!(s, 403, "{p}");
+    assert_eq!(header(&h, "content-type"), "application/problem+json");
+    assert!(
+        p["detail"].as_str().is_some_and(|d| d.contains("cu_*")),
+        "{p}"
+    );
+    // A token without a pattern, and an operator's, act for anyone.
+    assert_eq!(post(&url, OTHER, &task("ops")).0, 201);
+    assert_eq!(post(&url, OPS, &task("ops")).0, 201);
+    assert_eq!(json_list(d, &["list", "--json"]).len(), 3);
+}
+
 /// A client that sends a body over the limit whole before it reads the answer gets the 413,
 /// not "connection reset": the server reads and drops the rest of the body after answering
 /// (a socket closed with unread bytes resets the connection, and the reset can overtake the

@@ -319,3 +319,88 @@ fn callback_urls_are_checked_against_the_config() {
         "a refused enqueue creates nothing"
     );
 }
+
+/// Review 48, design holes: a receiver that several submitters point at learns whose task a
+/// callback is from what is signed (`submitted_by`, the submit token's name), and a submitter
+/// reading its task's `callback_failed` event learns that the callback failed, not what
+/// answered (or did not) at the address it named; an operator still reads the error.
+#[test]
+fn a_callback_names_its_submitter_and_a_submitter_reads_no_reachability() {
+    const OPS: &str = "0123456789abcdef-ops";
+    const JOB: &str = "0123456789abcdef-job";
+    let dir = TempDir::new("callback_who");
+    let d = dir.path();
+    config(d, "3s");
+    let tokens = d.join("tokens.txt");
+    std::fs::write(&tokens, format!("ops {OPS} operator\njob {JOB} submit\n")).expect("tokens");
+    let port = pg::free_port();
+    let log = d.join("arrivals.jsonl");
+    let Some(_receiver) = receiver(port, &log, 0) else {
+        return;
+    };
+    let tokens = tokens.display().to_string();
+    let server = common::serve::spawn_with(
+        with_config(d, &[]),
+        &["serve", "--listen", "127.0.0.1:0", "--token-file", &tokens],
+    );
+    let api = format!("{}/api/v1/tasks", server.base);
+    let create = |callback: String| {
+        let body = serde_json::json!({"user": "cu_ana", "goal": GOAL, "model": "policy",
+            "callback_url": callback});
+        let mut r = common::serve::agent()
+            .post(&api)
+            .header("Authorization", &format!("Bearer {JOB}"))
+            .header("Content-Type", "application/json")
+            .send(body.to_string())
+            .expect("create");
+        assert_eq!(r.status().as_u16(), 201);
+        let v: Value =
+            serde_json::from_str(&r.body_mut().read_to_string().expect("a body")).expect("a task");
+        v["id"].as_str().expect("an id").to_string()
+    };
+    let delivered = create(url(port, "who"));
+    let lost = create(url(pg::free_port(), "lost"));
+    let mut child = daemon(d, &["--shared"]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let failed = json(d, &["events", &lost, "--json"])
+            .as_array()
+            .is_some_and(|a| a.iter().any(|e| e["verb"] == "callback_failed"));
+        if failed && !deduplicated(&arrivals(&log)).is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the callbacks did not settle");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    signal(child.id(), "-TERM");
+    child.wait().expect("the daemon stops");
+    let kept = deduplicated(&arrivals(&log));
+    let event = kept.values().next().expect("one callback");
+    assert_eq!(event["data"]["id"], delivered.as_str(), "{event}");
+    assert_eq!(event["submitted_by"], "job", "{event}");
+    let events = |token: &str| -> Value {
+        let mut r = common::serve::agent()
+            .get(&format!("{api}/{lost}/events"))
+            .header("Authorization", &format!("Bearer {token}"))
+            .call()
+            .expect("events");
+        let all: Value =
+            serde_json::from_str(&r.body_mut().read_to_string().expect("a body")).expect("events");
+        all.as_array()
+            .and_then(|a| a.iter().find(|e| e["verb"] == "callback_failed").cloned())
+            .expect("a callback_failed event")
+    };
+    let theirs = events(JOB);
+    assert_eq!(theirs["detail"]["last_error"], Value::Null, "{theirs}");
+    let why = theirs["detail"]["why"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("no receiver accepted it") && !why.contains("refused"),
+        "{theirs}"
+    );
+    let ours = events(OPS);
+    assert!(
+        ours["detail"]["why"].to_string().contains("attempts"),
+        "{ours}"
+    );
+    assert_ne!(ours["detail"]["last_error"], Value::Null, "{ours}");
+}
