@@ -42,7 +42,9 @@ pub struct DemoStoreArgs {
     /// Address to listen on; port 0 picks a free one (printed on the first line of stdout).
     #[arg(long, default_value = "127.0.0.1:8700")]
     pub listen: String,
-    /// Connections served at once (one thread each); the next one is answered 503.
+    /// Connections served at once (one thread each). When all are open, a new one takes the
+    /// place of the one that has waited longest for a request; it is answered 503 only when
+    /// every open connection is inside a call.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub connections: u16,
     /// A request must arrive whole within this many ms of its first byte (408 after).

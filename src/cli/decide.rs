@@ -136,6 +136,9 @@ pub(super) fn cmd_reconcile(cli: &Cli, a: &ReconcileArgs) -> CliResult {
     let Some(task) = &a.task else {
         return list_held(store.as_ref(), a.json);
     };
+    // Who and why, and any extension, are checked before anything is asked of a tool.
+    let d = decision(&a.by, &a.reason)?;
+    let extend = extension(&a.extend)?;
     let task = store.resolve(task)?;
     let settlement = match (a.applied, a.not_applied) {
         (true, _) => {
@@ -159,8 +162,6 @@ pub(super) fn cmd_reconcile(cli: &Cli, a: &ReconcileArgs) -> CliResult {
             ));
         }
     };
-    let d = decision(&a.by, &a.reason)?;
-    let extend = extension(&a.extend)?;
     let reviewed = a.call.reviewed();
     let asked = crate::local::Decide::Reconcile {
         task: task.clone(),

@@ -790,6 +790,14 @@ fn readme_block(first_line: &str) -> String {
 /// instead of 8700, and DIGEST is the digest `worker show` printed.
 #[test]
 fn the_readme_agent_runs_as_written() {
+    /// A process killed and reaped when dropped.
+    struct Killed(Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
     let Some(py) = python() else { return };
     let dir = TempDir::new("readme-agent");
     let d = dir.path();
@@ -816,7 +824,8 @@ fn the_readme_agent_runs_as_written() {
         std::env::var("PATH").unwrap_or_default()
     );
     let mut env: Vec<(String, String)> = vec![("PATH".into(), path)];
-    let mut shop_child: Option<Child> = None;
+    // Ended however the test ends (a panic too).
+    let mut shop_child: Option<Killed> = None;
     let mut digest = String::new();
     let mut shown = Vec::new();
     for line in script.lines() {
@@ -835,7 +844,9 @@ fn the_readme_agent_runs_as_written() {
             .replace("DIGEST", &digest);
         let background = cmd.ends_with('&');
         let mut c = Command::new("sh");
-        c.args(["-c", cmd.trim_end_matches('&').trim()])
+        // `exec`: the shell becomes the command, so a background one is the process the test
+        // stops (a shell killed in its place leaves the command running after the suite).
+        c.args(["-c", &format!("exec {}", cmd.trim_end_matches('&').trim())])
             .current_dir(d)
             .env_remove("WORKER_DB")
             .env_remove("WORKER_STORE")
@@ -844,7 +855,9 @@ fn the_readme_agent_runs_as_written() {
             c.env(k, v);
         }
         if background {
-            shop_child = Some(c.stdout(Stdio::null()).spawn().expect("start the shop"));
+            shop_child = Some(Killed(
+                c.stdout(Stdio::null()).spawn().expect("start the shop"),
+            ));
             let up = (0..100).any(|_| {
                 std::thread::sleep(std::time::Duration::from_millis(100));
                 std::net::TcpStream::connect(&shop).is_ok()
@@ -870,10 +883,7 @@ fn the_readme_agent_runs_as_written() {
             shown.push(text);
         }
     }
-    if let Some(mut c) = shop_child {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
+    drop(shop_child);
     assert_eq!(shown.len(), 2, "{shown:?}");
     assert!(shown[0].contains("suspended"), "{}", shown[0]);
     assert!(

@@ -381,9 +381,37 @@ fn a_write_that_is_not_idempotent_is_sent_once_and_held() {
             "{status}: {err}"
         );
     }
+    // A bad --by or --reason is a usage error before anything is asked of the tool (review
+    // 48: the lookup went out first, and the verb then exited 1).
+    let lookups = || {
+        svc.log
+            .lock()
+            .expect("lock")
+            .iter()
+            .filter(|a| a.path.starts_with("/lookup"))
+            .count()
+    };
+    let long = "r".repeat(1025);
+    for bad in [
+        vec!["--by", ""],
+        vec!["--by", "bob\u{7}"],
+        vec!["--by", "bob", "--reason", long.as_str()],
+    ] {
+        let mut args = vec!["reconcile", id.as_str(), "--applied"];
+        args.extend_from_slice(&bad);
+        let out = worker_c(d, &args);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{bad:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_eq!(lookups(), 0, "no lookup was sent for a refused decision");
     // Settled as applied without --result: the tool's lookup gives what it returned, read
     // under the contract of a live answer (its own `status` kept as `service_status`).
     okc(d, &["reconcile", &id, "--applied", "--by", "bob"]);
+    assert_eq!(lookups(), 1);
     okc(d, &["run", "--drain"]);
     let t = jsonc(d, &["show", &id, "--json"]);
     assert_eq!(t["stop"], "done", "{t}");
