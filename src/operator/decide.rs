@@ -211,14 +211,6 @@ fn finish(
     now_ms: u64,
 ) -> Result<()> {
     let was = rec.status;
-    // A write a crashed run may have sent (recovered to the queue before this decision) stays
-    // held beside the stop: ending the task does not make its outcome known.
-    if rec.state.unknown_write().is_none() {
-        let calls = tx.calls(rec)?;
-        if let Some(call) = rec.in_flight(tx.db_id(), &calls) {
-            rec.state.hold_in_flight(call);
-        }
-    }
     rec.state.stop = Some(stop);
     rec.state.status = Status::Stopped;
     rec.status = QueueStatus::Finished;
@@ -468,13 +460,49 @@ fn cancel_seen_in(
             // Stays in the held list until reconciled (see `is_held`).
             finish(tx, &mut rec, StopReason::Cancelled, d.now_ms)?;
         }
-        QueueStatus::Queued | QueueStatus::Suspended => {
+        QueueStatus::Queued => {
+            hold_in_flight(tx, &mut rec)?;
             // A queued task's entry in the ready queue is dropped when it is next seen.
+            finish(tx, &mut rec, StopReason::Cancelled, d.now_ms)?;
+        }
+        QueueStatus::Suspended => {
             finish(tx, &mut rec, StopReason::Cancelled, d.now_ms)?;
         }
     }
     tx.event(Some(id), "cancel", d, json!({"was": was.as_str()}))?;
     Ok(Ok(was))
+}
+
+/// A queued task may hold a write a crashed run sent (the task was put back in the queue after
+/// its daemon died, a re-send of its held call included): that write stays held beside
+/// whatever ends the task now, since ending it does not make its outcome known. A call record
+/// that cannot be read and may be such a write (its plan step is not done) refuses the
+/// decision: its outcome cannot be told, and a daemon's next run of the task holds it.
+fn hold_in_flight(tx: &mut dyn DecisionTx, rec: &mut TaskRecord) -> Result<()> {
+    let mut readable = Vec::new();
+    for c in tx.calls(rec)? {
+        match c {
+            Ok(c) => readable.push(c),
+            Err((key, why)) => {
+                let step = key.rsplit(':').next().unwrap_or_default();
+                let done = rec
+                    .state
+                    .plan
+                    .iter()
+                    .any(|s| s.id == step && s.status == crate::kernel::StepStatus::Done);
+                if !done {
+                    return Err(Error::Conflict(format!(
+                        "task {} has a call record that cannot be read ({key}: {why}); it may be a write whose outcome is unknown, so the task is not ended here: a daemon's next run of it holds that write for reconcile (then cancel it), and `worker check` reports the damage",
+                        rec.id
+                    )));
+                }
+            }
+        }
+    }
+    if let Some(call) = rec.in_flight(tx.db_id(), &readable) {
+        rec.state.hold_in_flight(call);
+    }
+    Ok(())
 }
 
 /// Completes a cancel requested while task `id` ran, when its run ended waiting (for an

@@ -117,9 +117,11 @@ pub trait DecisionTx {
     /// The call record under `key`: `Some(Err)` when it exists but cannot be read.
     fn call(&mut self, key: &str) -> Result<Option<std::result::Result<CallRecord, String>>>;
     fn put_call(&mut self, c: &CallRecord) -> Result<()>;
-    /// Every call record of task `rec` that can be read (a damaged one is left out: the
-    /// decisions ask it for a write in flight, which a damaged record cannot tell).
-    fn calls(&mut self, rec: &TaskRecord) -> Result<Vec<CallRecord>>;
+    /// Every call record of task `rec`; one that cannot be read is `Err((key, why))`.
+    fn calls(
+        &mut self,
+        rec: &TaskRecord,
+    ) -> Result<Vec<std::result::Result<CallRecord, (String, String)>>>;
     /// Queues the root span of task `id`, which this decision finished, for live export: in
     /// the decision's transaction, and only if a daemon ever exported from this database.
     fn queue_root(&mut self, id: &str) -> Result<()>;

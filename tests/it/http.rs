@@ -914,7 +914,9 @@ fn demo_store_bounds_bodies_heads_keys_connections_and_read_time() {
 fn demo_store_answers_503_beyond_its_connection_limit() {
     let dir = TempDir::new("http-conns");
     let d = dir.path();
-    let svc = store_service(d, &["--connections", "2", "--latency-ms", "3000"]);
+    // Each call takes 10 s: the checks below look for 8 s, well inside it, however slowly a
+    // loaded machine starts the two busy clients.
+    let svc = store_service(d, &["--connections", "2", "--latency-ms", "10000"]);
     let addr = svc.url.trim_start_matches("http://").to_string();
     let health = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
     let wait = Duration::from_secs(20);
@@ -927,7 +929,7 @@ fn demo_store_answers_503_beyond_its_connection_limit() {
     let (st, text) = raw_http(&addr, health.as_bytes(), wait, true);
     assert_eq!(st, 200, "{text}");
     drop(idle);
-    // Two requests inside their handlers (each tool call takes 3 s): a third gets 503.
+    // Two requests inside their handlers: a third gets 503.
     let body = r#"{"user_id": "cu_ana", "args": {"order_id": "ord_1001"}}"#;
     let call = |n: usize| {
         format!(
@@ -942,7 +944,7 @@ fn demo_store_answers_503_beyond_its_connection_limit() {
         })
         .collect();
     let mut refused = None;
-    for _ in 0..100 {
+    for _ in 0..400 {
         std::thread::sleep(Duration::from_millis(20));
         let (st, text) = raw_http(&addr, health.as_bytes(), wait, true);
         if st == 503 {

@@ -166,3 +166,143 @@ conformance! {
         held_beside(d, &svc, "timed_out");
     }
 }
+
+/// The test directory's worker database, opened by this process.
+fn database(d: &Path) -> Box<dyn tether::store::Backend> {
+    match db_url(d) {
+        Some(url) => Box::new(
+            tether::store::pg::PgStore::open(&url, false, 1, Duration::from_secs(5)).expect("open"),
+        ),
+        None => {
+            Box::new(tether::store::RedbStore::open(&d.join("worker.redb"), false).expect("open"))
+        }
+    }
+}
+
+/// Puts back in the queue the tasks of daemons that died (as a daemon starting does, before
+/// it claims anything).
+fn recover(d: &Path) {
+    let db = database(d);
+    let now = tether::clock::now_ms();
+    let back = db.recover(now, &|_| true, &|_, _| false).expect("recover");
+    assert_eq!(back, ["t1"]);
+    assert_eq!(
+        db.task("t1").expect("t1").status,
+        tether::store::QueueStatus::Queued
+    );
+}
+
+conformance! {
+    /// From the review of this fix: a held write settled `--not-applied`, re-sent, its daemon
+    /// killed mid-send, the task put back in the queue, then cancelled: the cancel saw the
+    /// stop the task had before the re-send (`unknown_outcome`), took the write for one
+    /// already held, and ended the task with nothing held. The re-sent write is held.
+    fn a_resent_write_in_flight_stays_held_when_its_queued_task_is_cancelled(d) {
+        let svc = service();
+        setup(d, &svc.url);
+        okc(d, &["enqueue", "--user", "cu_ana", "--goal", "note", "--model", "script:note.jsonl"]);
+        killed_mid_write(d, &svc);
+        okc(d, &["run", "--drain", "--no-auto-settle"]);
+        assert_eq!(jsonc(d, &["show", "t1", "--json"])["stop"], "unknown_outcome");
+        okc(d, &["reconcile", "t1", "--not-applied", "--by", "ops"]);
+        let before = svc.arrivals().len();
+        let mut daemon = command(d)
+            .args(["--config", "worker.toml", "run", "--no-auto-settle"])
+            .args(["--heartbeat-ttl-ms", "3000"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the daemon");
+        let until = Instant::now() + Duration::from_secs(60);
+        while svc.arrivals().len() == before {
+            assert!(Instant::now() < until, "the re-send never reached the service");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        daemon.kill().expect("SIGKILL the daemon");
+        daemon.wait().expect("reap the daemon");
+        recover(d);
+        okc(d, &["cancel", "t1", "--reason", "customer withdrew", "--by", "ops"]);
+        let t = jsonc(d, &["show", "t1", "--json"]);
+        assert_eq!((&t["status"], &t["stop"]), (&json!("finished"), &json!("cancelled")), "{t}");
+        assert_eq!(t["state"]["cancelled_from"], "unknown_outcome", "{t}");
+        let held = jsonc(d, &["reconcile", "--json"]);
+        assert_eq!(held.as_array().map(Vec::len), Some(1), "{held}");
+        assert_eq!(held[0]["key"], svc.arrivals()[before].as_str(), "{held}");
+    }
+}
+
+/// From the review of this fix: a write in flight whose call record cannot be read. Cancelled
+/// while queued, the task ended with nothing held (the record was skipped); cancelled while
+/// its daemon was gone, the next daemon failed on the record at every lease and the task
+/// stayed running. Now the queued cancel is refused, naming the record, and a daemon runs the
+/// task on until the write is held (a damaged record is held, never sent), then cancels it.
+#[test]
+fn a_damaged_call_record_in_flight_is_never_dropped_by_a_cancel() {
+    let dir = TempDir::new("in-flight-damaged");
+    let d = dir.path();
+    let svc = service();
+    setup(d, &svc.url);
+    okc(
+        d,
+        &[
+            "enqueue",
+            "--user",
+            "cu_ana",
+            "--goal",
+            "note",
+            "--model",
+            "script:note.jsonl",
+        ],
+    );
+    killed_mid_write(d, &svc);
+    {
+        let db = redb::Database::open(d.join("worker.redb")).expect("open the file");
+        let w = db.begin_write().expect("write");
+        {
+            let mut t = w
+                .open_table(tether::store::schema::CALL_KEYS)
+                .expect("call keys");
+            let key = svc.arrivals()[0].clone();
+            t.insert(key.as_str(), &b"not a record"[..])
+                .expect("damage it");
+        }
+        w.commit().expect("commit");
+    }
+    recover(d);
+    let out = command(d)
+        .args(["--config", "worker.toml", "cancel", "t1", "--by", "ops"])
+        .output()
+        .expect("cancel");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("cannot be read") && err.contains("worker check"),
+        "{err}"
+    );
+    assert_eq!(jsonc(d, &["show", "t1", "--json"])["status"], "queued");
+    // Claimed by a daemon that died at once, then cancelled while no daemon ran.
+    {
+        let db = database(d);
+        let now = tether::clock::now_ms();
+        // A process of this host that has ended: a daemon judges its claims dead at once.
+        let mut ended = std::process::Command::new("true").spawn().expect("true");
+        let pid = ended.id();
+        ended.wait().expect("reap");
+        let mut lease = tether::worker::Identity::current().lease(now, 60_000);
+        lease.pid = pid;
+        lease.owner = format!("{}:{pid}:0:0", lease.host);
+        assert_eq!(db.claim(&lease, 1, now).expect("claim").len(), 1);
+    }
+    okc(d, &["cancel", "t1", "--by", "ops"]);
+    okc(d, &["run", "--drain", "--no-auto-settle"]);
+    let t = jsonc(d, &["show", "t1", "--json"]);
+    assert_eq!(
+        (&t["status"], &t["stop"]),
+        (&json!("finished"), &json!("cancelled")),
+        "{t}"
+    );
+    let held = jsonc(d, &["reconcile", "--json"]);
+    assert_eq!(held.as_array().map(Vec::len), Some(1), "{held}");
+    assert!(held[0]["call_record_error"].is_string(), "{held}");
+    assert_eq!(svc.arrivals().len(), 1, "never sent again");
+}

@@ -106,12 +106,23 @@ impl DecisionTx for PgTx<'_, '_, '_> {
             .map(|r| call_of(&r).map_err(|e| e.to_string())))
     }
 
-    fn calls(&mut self, rec: &TaskRecord) -> Result<Vec<CallRecord>> {
+    fn calls(
+        &mut self,
+        rec: &TaskRecord,
+    ) -> Result<Vec<std::result::Result<CallRecord, (String, String)>>> {
         let sql = self.s.sql(&format!(
             "SELECT {CALL_COLUMNS} FROM {{s}}.calls WHERE task_id = $1 ORDER BY key"
         ));
         let rows = self.tx.query(&sql, &[&rec.id]).map_err(db_error)?;
-        Ok(rows.iter().filter_map(|r| call_of(r).ok()).collect())
+        Ok(rows
+            .iter()
+            .map(|r| {
+                call_of(r).map_err(|e| {
+                    let key: String = r.try_get(0).unwrap_or_default();
+                    (key, e.to_string())
+                })
+            })
+            .collect())
     }
 
     fn put_call(&mut self, c: &CallRecord) -> Result<()> {

@@ -106,16 +106,20 @@ impl DecisionTx for RedbTx<'_> {
         Ok(())
     }
 
-    fn calls(&mut self, rec: &TaskRecord) -> Result<Vec<CallRecord>> {
+    fn calls(
+        &mut self,
+        rec: &TaskRecord,
+    ) -> Result<Vec<std::result::Result<CallRecord, (String, String)>>> {
         let ns = rec.key_namespace(self.db_id);
         let (lo, hi) = (format!("{ns}:{}:", rec.id), format!("{ns}:{};", rec.id));
         let t = self.w.open_table(CALL_KEYS)?;
         let mut out = Vec::new();
         for entry in t.range(lo.as_str()..hi.as_str())? {
-            let (_, v) = entry?;
-            if let Ok(c) = decode::<CallRecord>("call key", v.value()) {
-                out.push(c);
-            }
+            let (k, v) = entry?;
+            out.push(
+                decode::<CallRecord>("call key", v.value())
+                    .map_err(|e| (k.value().to_string(), e.to_string())),
+            );
         }
         Ok(out)
     }
