@@ -23,6 +23,8 @@ pub struct Mcp {
     config: McpConfig,
     rt: tokio::runtime::Runtime,
     sessions: Mutex<BTreeMap<String, std::sync::Arc<Session>>>,
+    /// The send gates of the calls in flight over HTTP (see `gated`).
+    gates: super::gated::Gates,
 }
 
 impl Mcp {
@@ -42,6 +44,7 @@ impl Mcp {
             config,
             rt,
             sessions: Mutex::new(BTreeMap::new()),
+            gates: super::gated::Gates::default(),
         })
     }
 
@@ -54,7 +57,11 @@ impl Mcp {
         self.config.servers.get(name)
     }
 
-    async fn connect(name: &str, s: &ServerConfig) -> Result<Session, String> {
+    async fn connect(
+        name: &str,
+        s: &ServerConfig,
+        gates: super::gated::Gates,
+    ) -> Result<Session, String> {
         if let Some(cmd) = &s.command {
             let mut c = tokio::process::Command::new(cmd);
             // The child gets exactly the environment the config names: never the worker's
@@ -88,7 +95,8 @@ impl Mcp {
                 url,
             )
             .custom_headers(headers);
-        let transport = StreamableHttpClientTransport::from_config(config);
+        let client = super::gated::GatedClient::new(gates)?;
+        let transport = StreamableHttpClientTransport::with_client(client, config);
         ().serve(transport)
             .await
             .map_err(|e| format!("MCP server {name}: the session did not start: {e}"))
@@ -113,7 +121,9 @@ impl Mcp {
         }
         let session = self
             .rt
-            .block_on(async { tokio::time::timeout(timeout, Self::connect(server, s)).await })
+            .block_on(async {
+                tokio::time::timeout(timeout, Self::connect(server, s, self.gates.clone())).await
+            })
             .map_err(|_| {
                 format!(
                     "MCP server {server}: no session within {} ms",
@@ -261,18 +271,19 @@ impl Mcp {
         args: serde_json::Map<String, serde_json::Value>,
         timeout: Duration,
     ) -> CallOutcome {
-        self.call_gated(server, tool, args, timeout, &|| Ok(()))
+        self.call_gated(server, tool, args, timeout, None)
     }
 
-    /// [`Mcp::call`], asking `ready` right before the request leaves (after the session is
-    /// there, started again if it had closed): nothing is sent when it refuses.
+    /// [`Mcp::call`], asking `ready` right before the request leaves: after the session is
+    /// there (started again if it had closed), and over HTTP once more after the request's
+    /// connection is made. Nothing is sent when it refuses.
     pub fn call_gated(
         &self,
         server: &str,
         tool: &str,
         args: serde_json::Map<String, serde_json::Value>,
         timeout: Duration,
-        ready: &dyn Fn() -> Result<(), String>,
+        ready: Option<crate::net::Ready>,
     ) -> CallOutcome {
         let started = std::time::Instant::now();
         let session = match self.session(server, timeout) {
@@ -284,14 +295,32 @@ impl Mcp {
                 );
             }
         };
-        if let Err(why) = ready() {
+        if let Some(Err(why)) = ready.as_ref().map(|r| r()) {
             return CallOutcome::NotSent(why);
         }
         let left = timeout.saturating_sub(started.elapsed());
-        let params = rmcp::model::CallToolRequestParams::new(tool.to_string()).with_arguments(args);
+        let mut params =
+            rmcp::model::CallToolRequestParams::new(tool.to_string()).with_arguments(args);
+        // Over HTTP the connection is made after this: the client asks the gate again then.
+        let gate_id = ready.map(|r| {
+            let id = format!("{:016x}", crate::store::random_u64());
+            if let Ok(mut gates) = self.gates.lock() {
+                gates.insert(id.clone(), r);
+            }
+            let mut meta = rmcp::model::RequestMetaObject::default();
+            meta.0.0.insert(
+                super::gated::GATE_META_KEY.to_string(),
+                serde_json::Value::String(id.clone()),
+            );
+            params.meta = Some(meta);
+            id
+        });
         let answer = self
             .rt
             .block_on(async { tokio::time::timeout(left, session.call_tool(params)).await });
+        if let (Some(id), Ok(mut gates)) = (gate_id, self.gates.lock()) {
+            gates.remove(&id);
+        }
         match answer {
             Err(_) => {
                 tracing::warn!(

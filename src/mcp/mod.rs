@@ -8,6 +8,7 @@
 pub mod catalog;
 pub mod client;
 pub mod config;
+mod gated;
 pub mod tools;
 
 pub use catalog::{McpTool, resolve, task_catalog};

@@ -87,9 +87,12 @@ impl McpTools<'_> {
                 break;
             }
             // The write's proof of its claim comes last, after the definition check and the
-            // session (each attempt asks again).
-            let ready = || req.ready_to_send();
-            lost = match mcp.call_gated(&m.server, name, args.clone(), time, &ready) {
+            // session, and over HTTP after the connection (each attempt asks again).
+            let ready = req.gate.map(|g| {
+                let g = std::sync::Arc::clone(g);
+                std::sync::Arc::new(move || g.ready()) as crate::net::Ready
+            });
+            lost = match mcp.call_gated(&m.server, name, args.clone(), time, ready) {
                 CallOutcome::Answered(v) => return v,
                 CallOutcome::NotSent(why) => return refused("not_sent", why),
                 CallOutcome::Lost(why) => ("lost", why),

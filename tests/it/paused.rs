@@ -340,3 +340,77 @@ fn a_paused_daemon_never_sends_an_mcp_write_it_no_longer_owns() {
         sent,
     );
 }
+
+/// From a hostile review of the fix: over streamable HTTP each MCP request opens a connection
+/// of its own, after the gate the call asked first; a daemon paused while that connection was
+/// being made (its SYN waiting on a full accept queue) sent the write once let go. The
+/// connection asks the gate again once made: the paused daemon sends nothing.
+#[test]
+fn a_paused_daemon_never_sends_an_mcp_http_write_it_no_longer_owns() {
+    let Some(py) = common::mcp::python() else {
+        return;
+    };
+    let Some(dir) = TempDir::on("paused_mcp_http", Backend::Postgres) else {
+        return;
+    };
+    let d = dir.path();
+    let log = d.join("arrivals.jsonl");
+    let (hold, held) = (d.join("hold"), d.join("held"));
+    let logs = log.display().to_string();
+    let (holds, helds) = (hold.display().to_string(), held.display().to_string());
+    let server = common::mcp::python_http(
+        &py,
+        &[
+            ("ARRIVALS", &logs),
+            ("LIST_HOLD", &holds),
+            ("LIST_HELD", &helds),
+        ],
+    );
+    let via = common::pg::free_port();
+    let mut cmd = std::process::Command::new(&py);
+    cmd.arg(format!(
+        "{}/tests/mcp/forwarder.py",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .args([
+        via.to_string(),
+        server.port.to_string(),
+        d.display().to_string(),
+    ]);
+    let _forwarder = common::mcp::listen(cmd, via);
+    let config = |port: u16| {
+        format!("[mcp.servers.shop]\nurl = \"http://127.0.0.1:{port}/mcp\"\ntrusted = true\n")
+    };
+    std::fs::write(d.join("a.toml"), config(via)).expect("config");
+    std::fs::write(d.join("b.toml"), config(server.port)).expect("config");
+    let model = one_write(
+        d,
+        "add_note",
+        json!({"order_id": "o1", "text": "called back"}),
+    );
+    enqueue_with(d, "b.toml", &model);
+    std::fs::write(&hold, "hold").expect("hold tools/list");
+    let a = daemon(d, "a.toml", &[]);
+    until("A to check the write's definition", || held.exists());
+    // New connections to A's address now wait in connect; A goes on to make one for the call.
+    std::fs::write(d.join("clog"), "clog").expect("clog");
+    until("the forwarder to stall new connections", || {
+        d.join("clogged").exists()
+    });
+    std::fs::remove_file(&hold).expect("let tools/list answer");
+    std::thread::sleep(Duration::from_millis(500));
+    let sent = || common::mcp::arrivals_of(&log, "add_note").len();
+    let log_a = Arc::clone(&a.log);
+    let clog = d.join("clog");
+    b_sends_then_a_goes_on(
+        d,
+        "b.toml",
+        &a,
+        || std::fs::remove_file(&clog).expect("let connections through"),
+        || {
+            let l = log_a.lock().expect("lock");
+            l.contains("nothing was sent") || l.contains("abandoning")
+        },
+        sent,
+    );
+}
