@@ -2,10 +2,12 @@
 //! total. A long poll holds its connection inside a handler for up to a minute, and the HTTP
 //! edge can only make room by closing connections that wait for a request: without a bound,
 //! one submit token holding as many long polls as the server has connections kept every
-//! operator, the console, `/healthz` and `/metrics` out (503). With these bounds at most
-//! [`LONG_POLLS_MAX`] connections are ever held by long polls, so the rest of the server's
-//! connections (the console serves 128) stay for everything else; a long poll over a bound
-//! is answered at once with 429 and `Retry-After`.
+//! operator, the console, `/healthz` and `/metrics` out (503). With these bounds submitters'
+//! long polls hold at most [`LONG_POLLS_MAX`] connections, so the rest of the server's
+//! connections (the console serves 128) stay for everything else, operators' long polls
+//! included (each operator's bounded by [`LONG_POLLS_PER_CALLER_MAX`]); a long poll over a
+//! bound is answered at once with 429 and `Retry-After`. A long poll holds its place until it
+//! answers (at most a minute), even when its client went away meanwhile.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -17,6 +19,9 @@ use crate::httpd::Reply;
 pub const LONG_POLLS_MAX: usize = 48;
 /// Long polls open at once for one token (or the loopback operator).
 pub const LONG_POLLS_PER_CALLER_MAX: usize = 16;
+
+/// Where an operator's long polls are counted apart (a token name cannot hold a NUL).
+const OPERATOR: &str = "\0operator:";
 
 /// The long polls open now, by caller.
 #[derive(Default)]
@@ -32,8 +37,10 @@ pub(super) struct Held<'a> {
 
 impl LongPolls {
     /// A place for a long poll of `caller`, or the 429 to answer when it has
-    /// [`LONG_POLLS_PER_CALLER_MAX`] open or the server [`LONG_POLLS_MAX`].
-    pub(super) fn enter(&self, caller: &str) -> Result<Held<'_>, Reply> {
+    /// [`LONG_POLLS_PER_CALLER_MAX`] open or, for a submit token, the submitters together
+    /// [`LONG_POLLS_MAX`] (an operator's are bounded by the first alone, so submitters never
+    /// keep an operator's long poll out).
+    pub(super) fn enter(&self, caller: &str, operator: bool) -> Result<Held<'_>, Reply> {
         let refused = |detail: String| {
             super::problem(429, "too_many_long_polls", &detail).with_header("Retry-After", "1")
         };
@@ -42,22 +49,31 @@ impl LongPolls {
                 "the server cannot count its long polls; try again".into(),
             ));
         };
-        let total: usize = open.values().sum();
-        let mine = open.get(caller).copied().unwrap_or(0);
+        let total: usize = open
+            .iter()
+            .filter(|(k, _)| !k.starts_with(OPERATOR))
+            .map(|(_, n)| n)
+            .sum();
+        let key = if operator {
+            format!("{OPERATOR}{caller}")
+        } else {
+            caller.to_string()
+        };
+        let mine = open.get(&key).copied().unwrap_or(0);
         if mine >= LONG_POLLS_PER_CALLER_MAX {
             return Err(refused(format!(
                 "this token ({caller}) has {mine} long polls open, the most one caller may: wait for one to return, or ask without `wait`"
             )));
         }
-        if total >= LONG_POLLS_MAX {
+        if !operator && total >= LONG_POLLS_MAX {
             return Err(refused(format!(
                 "the server has {total} long polls open, the most it holds at once: try again in a second, or ask without `wait`"
             )));
         }
-        *open.entry(caller.to_string()).or_insert(0) += 1;
+        *open.entry(key.clone()).or_insert(0) += 1;
         Ok(Held {
             polls: self,
-            caller: caller.to_string(),
+            caller: key,
         })
     }
 }
@@ -83,17 +99,25 @@ mod tests {
     fn long_polls_are_bounded_per_caller_and_in_total_and_given_back() {
         let polls = LongPolls::default();
         let mine: Vec<Held<'_>> = (0..LONG_POLLS_PER_CALLER_MAX)
-            .map(|_| polls.enter("job").ok().expect("a place"))
+            .map(|_| polls.enter("job", false).ok().expect("a place"))
             .collect();
-        assert!(polls.enter("job").is_err(), "one caller's bound");
+        assert!(polls.enter("job", false).is_err(), "one caller's bound");
         drop(mine);
-        assert!(polls.enter("job").is_ok(), "given back");
+        assert!(polls.enter("job", false).is_ok(), "given back");
         let callers: Vec<String> = (0..LONG_POLLS_MAX).map(|i| format!("c{i}")).collect();
         let all: Vec<Held<'_>> = callers
             .iter()
-            .map(|c| polls.enter(c).ok().expect("a place"))
+            .map(|c| polls.enter(c, false).ok().expect("a place"))
             .collect();
-        assert!(polls.enter("ops").is_err(), "the server's bound");
+        assert!(
+            polls.enter("other", false).is_err(),
+            "the submitters' bound"
+        );
+        let ops: Vec<Held<'_>> = (0..LONG_POLLS_PER_CALLER_MAX)
+            .map(|_| polls.enter("ops", true).ok().expect("an operator's place"))
+            .collect();
+        assert!(polls.enter("ops", true).is_err(), "an operator's own bound");
+        drop(ops);
         drop(all);
         assert!(polls.open.lock().expect("lock").is_empty());
     }

@@ -232,7 +232,10 @@ impl Api {
         };
         let rec = match wait {
             Some(d) if matches!(rec.status, QueueStatus::Queued | QueueStatus::Running) => {
-                let _held = match self.polls.enter(&caller.name) {
+                let _held = match self
+                    .polls
+                    .enter(&caller.name, caller.role == Role::Operator)
+                {
                     Ok(h) => h,
                     Err(r) => return r,
                 };
