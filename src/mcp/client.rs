@@ -302,25 +302,46 @@ impl Mcp {
         let mut params =
             rmcp::model::CallToolRequestParams::new(tool.to_string()).with_arguments(args);
         // Over HTTP the connection is made after this: the client asks the gate again then.
-        let gate_id = ready.map(|r| {
-            let id = format!("{:016x}", crate::store::random_u64());
-            if let Ok(mut gates) = self.gates.lock() {
-                gates.insert(id.clone(), r);
-            }
-            let mut meta = rmcp::model::RequestMetaObject::default();
-            meta.0.0.insert(
-                super::gated::GATE_META_KEY.to_string(),
-                serde_json::Value::String(id.clone()),
-            );
-            params.meta = Some(meta);
-            id
-        });
+        let gate_id = ready.map(|r| self.carry_gate(&mut params, r));
         let answer = self
             .rt
             .block_on(async { tokio::time::timeout(left, session.call_tool(params)).await });
         if let (Some(id), Ok(mut gates)) = (gate_id, self.gates.lock()) {
             gates.remove(&id);
         }
+        self.outcome(server, tool, timeout, answer)
+    }
+
+    /// Puts `ready` where the HTTP client finds it for this call (see `gated`); returns its id.
+    fn carry_gate(
+        &self,
+        params: &mut rmcp::model::CallToolRequestParams,
+        ready: crate::net::Ready,
+    ) -> String {
+        let id = format!("{:016x}", crate::store::random_u64());
+        if let Ok(mut gates) = self.gates.lock() {
+            gates.insert(id.clone(), ready);
+        }
+        let mut meta = rmcp::model::RequestMetaObject::default();
+        meta.0.0.insert(
+            super::gated::GATE_META_KEY.to_string(),
+            serde_json::Value::String(id.clone()),
+        );
+        params.meta = Some(meta);
+        id
+    }
+
+    /// What a `tools/call` of `tool` came to, from the SDK's answer (or its timeout).
+    fn outcome(
+        &self,
+        server: &str,
+        tool: &str,
+        timeout: Duration,
+        answer: Result<
+            Result<rmcp::model::CallToolResult, rmcp::ServiceError>,
+            tokio::time::error::Elapsed,
+        >,
+    ) -> CallOutcome {
         match answer {
             Err(_) => {
                 tracing::warn!(
