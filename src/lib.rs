@@ -23,5 +23,7 @@ pub mod otlp;
 pub mod replay;
 pub mod sim;
 pub mod store;
+#[cfg(test)]
+mod testing;
 pub mod tools;
 pub mod worker;

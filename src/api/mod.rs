@@ -387,38 +387,6 @@ mod tests {
         assert_eq!(routed, documented);
     }
 
-    /// The fields serde reads into `T`, captured from the derive's own list: a deserializer
-    /// that answers nothing but the struct's field names.
-    fn fields_of<T: serde::de::DeserializeOwned>() -> Vec<&'static str> {
-        use serde::de::{Error as _, Visitor, value::Error};
-        struct Capture<'a>(&'a mut &'static [&'static str]);
-        impl<'de> serde::Deserializer<'de> for Capture<'_> {
-            type Error = Error;
-            fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Error> {
-                Err(Error::custom("not a struct"))
-            }
-            fn deserialize_struct<V: Visitor<'de>>(
-                self,
-                _: &'static str,
-                fields: &'static [&'static str],
-                _: V,
-            ) -> Result<V::Value, Error> {
-                *self.0 = fields;
-                Err(Error::custom("captured"))
-            }
-            serde::forward_to_deserialize_any! {
-                bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
-                byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
-                identifier ignored_any
-            }
-        }
-        let mut fields: &'static [&'static str] = &[];
-        let _ = T::deserialize(Capture(&mut fields));
-        let mut v = fields.to_vec();
-        v.sort_unstable();
-        v
-    }
-
     fn properties(component: &str) -> Vec<String> {
         let schema = &document()["components"]["schemas"][component];
         assert_eq!(
@@ -442,6 +410,7 @@ mod tests {
     /// the server reads (the decisions share one body: the union of their schemas).
     #[test]
     fn the_request_schemas_list_exactly_what_the_server_reads() {
+        use crate::testing::fields_of;
         assert_eq!(
             fields_of::<tasks::TaskCreate>(),
             properties("TaskCreate"),
@@ -454,6 +423,50 @@ mod tests {
         decisions.sort_unstable();
         decisions.dedup();
         assert_eq!(fields_of::<decide::DecisionBody>(), decisions, "decisions");
+    }
+
+    /// The document's enums of a task's stop, outcome and status are the code's lists
+    /// (`docs/reference/stops.md` is held to the same lists by `store::result`'s test).
+    #[test]
+    fn the_documents_enums_are_the_codes_lists() {
+        use crate::kernel::state::STOP_REASONS;
+        use crate::store::QueueStatus;
+        let strings = |v: &Value| -> Vec<String> {
+            let mut out: Vec<String> = v
+                .as_array()
+                .unwrap_or_else(|| panic!("an enum: {v}"))
+                .iter()
+                .filter_map(|s| s.as_str().map(str::to_string))
+                .collect();
+            out.sort_unstable();
+            out
+        };
+        let sorted = |v: Vec<&str>| -> Vec<String> {
+            let mut v: Vec<String> = v.into_iter().map(str::to_string).collect();
+            v.sort_unstable();
+            v
+        };
+        let stops = sorted(STOP_REASONS.iter().map(|s| s.as_str()).collect());
+        let outcomes = sorted(vec!["completed", "cannot_complete"]);
+        let statuses = sorted(QueueStatus::ALL.iter().map(|s| s.as_str()).collect());
+        let schemas = &document()["components"]["schemas"];
+        for schema in ["Task", "TaskSummary"] {
+            let p = &schemas[schema]["properties"];
+            assert_eq!(strings(&p["stop"]["enum"]), stops, "{schema}.stop");
+            assert_eq!(strings(&p["outcome"]["enum"]), outcomes, "{schema}.outcome");
+        }
+        assert_eq!(
+            strings(&schemas["Task"]["properties"]["status"]["enum"]),
+            statuses
+        );
+        let mut listed = statuses.clone();
+        listed.push("damaged".into());
+        listed.sort_unstable();
+        assert_eq!(
+            strings(&schemas["TaskSummary"]["properties"]["status"]["enum"]),
+            listed,
+            "a list shows damaged tasks too"
+        );
     }
 
     #[test]

@@ -41,6 +41,7 @@ mod decide;
 mod enqueue;
 mod progress;
 mod read;
+pub mod reference;
 mod schedule;
 mod stores;
 mod wait;

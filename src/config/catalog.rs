@@ -11,7 +11,7 @@ use super::{CATALOG_VERSION, read};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct CatalogFile {
+pub(super) struct CatalogFile {
     version: u32,
     tools: Vec<crate::kernel::ToolSpec>,
 }
@@ -108,6 +108,11 @@ fn check_tool(t: &crate::kernel::ToolSpec) -> Result<(), String> {
     {
         return Err(format!(
             "tool {name:?}: a name is letters, digits, '_' and '-'"
+        ));
+    }
+    if t.mcp.is_some() {
+        return Err(format!(
+            "tool {name:?}: mcp is not a catalog key (MCP tools come from the config's [mcp.servers.NAME])"
         ));
     }
     let Some(h) = &t.http else {

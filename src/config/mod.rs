@@ -418,6 +418,82 @@ mod tests {
     use super::*;
     use crate::model::profile::real_model_budget;
 
+    /// `docs/reference/config.md` lists, under each table's heading, exactly the keys the
+    /// parser reads there (the field names serde derives), and no table the parser lacks.
+    #[test]
+    fn the_reference_lists_every_key_the_parser_reads() {
+        use crate::testing::{code_names, fields_of, page, tables};
+        let parsed: Vec<(&str, Vec<&str>)> = vec![
+            ("Top level", fields_of::<ConfigFile>()),
+            (
+                "`[models.NAME]`",
+                fields_of::<crate::model::profile::ProfileEntry>(),
+            ),
+            (
+                "`[models.NAME.budget]`",
+                fields_of::<crate::kernel::Budget>(),
+            ),
+            (
+                "`[models.NAME.rate_limit]`",
+                fields_of::<crate::model::profile::RateLimitEntry>(),
+            ),
+            ("`[tools]`", fields_of::<ToolsEntry>()),
+            ("`[mcp]`", fields_of::<crate::mcp::McpConfig>()),
+            (
+                "`[mcp.servers.NAME]`",
+                fields_of::<crate::mcp::config::ServerConfig>(),
+            ),
+            (
+                "`[mcp.servers.NAME.tools.TOOL]`",
+                fields_of::<crate::mcp::config::ToolOverride>(),
+            ),
+            ("`[demo]`", fields_of::<DemoConfig>()),
+            ("`[demo.tools.NAME]`", fields_of::<DemoTool>()),
+            ("`[callbacks]`", fields_of::<callbacks::CallbacksEntry>()),
+            ("Top level (catalog)", fields_of::<catalog::CatalogFile>()),
+            // `mcp` is a task's snapshot of an MCP tool: a catalog file naming it is refused.
+            (
+                "`[[tools]]`",
+                fields_of::<crate::kernel::ToolSpec>()
+                    .into_iter()
+                    .filter(|f| *f != "mcp")
+                    .collect(),
+            ),
+            ("`http`", fields_of::<crate::kernel::catalog::HttpSpec>()),
+            (
+                "`http.retry`",
+                fields_of::<crate::kernel::catalog::RetryPolicy>(),
+            ),
+            (
+                "`args.NAME`",
+                fields_of::<crate::kernel::catalog::ArgSpec>(),
+            ),
+        ];
+        let doc = page("docs/reference/config.md");
+        let documented: Vec<(String, Vec<String>)> = tables(&doc)
+            .into_iter()
+            .filter(|(_, rows)| !rows.is_empty())
+            .map(|(h, rows)| {
+                let mut keys: Vec<String> = rows.iter().flat_map(|r| code_names(&r[0])).collect();
+                keys.sort_unstable();
+                (h, keys)
+            })
+            .collect();
+        for (heading, fields) in &parsed {
+            let (_, keys) = documented
+                .iter()
+                .find(|(h, _)| h == heading)
+                .unwrap_or_else(|| panic!("config.md has no table under {heading}"));
+            assert_eq!(keys, fields, "the keys under {heading}");
+        }
+        for (heading, _) in &documented {
+            assert!(
+                parsed.iter().any(|(h, _)| h == heading),
+                "config.md has a table under {heading}, which the test does not know: add its keys' type here"
+            );
+        }
+    }
+
     #[test]
     fn a_stored_model_runs_only_as_this_config_names_it() {
         let cfg = parse(

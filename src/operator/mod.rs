@@ -333,22 +333,8 @@ mod tests {
             });
         }
         let t = NewTask {
-            user: "cu_ana".into(),
-            goal: "note".into(),
-            key: None,
-            priority: 0,
-            budget: Default::default(),
-            model: crate::model::ModelProfile::parse("policy", None).expect("a model"),
-            tool_latency_ms: Default::default(),
             catalog: Some(mcp),
-            store_scope: String::new(),
-            approval_wait_ms: 1,
-            instructions: None,
-            callback_url: None,
-            submitted_by: None,
-            not_before_ms: None,
-            time_limits: Default::default(),
-            concurrency_key: None,
+            ..crate::testing::task()
         };
         let rec = crate::store::new_record("db", "t1", &t, &[], 0);
         let mut no_shop = || Err(Error::Invalid("no demo shop here".into()));

@@ -37,16 +37,17 @@ impl QueueStatus {
         }
     }
 
+    /// Every status, in a task's life order.
+    pub const ALL: [QueueStatus; 5] = [
+        QueueStatus::Queued,
+        QueueStatus::Running,
+        QueueStatus::Suspended,
+        QueueStatus::Held,
+        QueueStatus::Finished,
+    ];
+
     pub fn parse(s: &str) -> Option<QueueStatus> {
-        [
-            QueueStatus::Queued,
-            QueueStatus::Running,
-            QueueStatus::Suspended,
-            QueueStatus::Held,
-            QueueStatus::Finished,
-        ]
-        .into_iter()
-        .find(|q| q.as_str() == s)
+        QueueStatus::ALL.into_iter().find(|q| q.as_str() == s)
     }
 
     /// The queue status a run's end leads to.
@@ -302,6 +303,31 @@ pub struct NewTask {
     pub concurrency_key: Option<String>,
     /// See [`TaskRecord::time_limits`].
     pub time_limits: TimeLimits,
+}
+
+impl NewTask {
+    /// A task of `user` toward `goal` on `model`, with the default budget and nothing else:
+    /// no key, no catalog (the demo shop's tools), no time limits.
+    pub fn of(user: &str, goal: &str, model: ModelProfile) -> NewTask {
+        NewTask {
+            user: user.to_string(),
+            goal: goal.to_string(),
+            key: None,
+            priority: 0,
+            budget: Budget::default(),
+            model,
+            tool_latency_ms: BTreeMap::new(),
+            catalog: None,
+            store_scope: String::new(),
+            approval_wait_ms: super::DEFAULT_APPROVAL_WAIT_MS,
+            instructions: None,
+            callback_url: None,
+            submitted_by: None,
+            not_before_ms: None,
+            concurrency_key: None,
+            time_limits: TimeLimits::default(),
+        }
+    }
 }
 
 /// A write's call key record: committed as an intent before the tool is called, then completed

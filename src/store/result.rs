@@ -143,3 +143,66 @@ pub fn summary_json(t: &TaskSummary, stop: Option<StopReason>) -> Value {
         "not_before": t.not_before_ms.map(rfc3339),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::state::STOP_REASONS;
+
+    /// `docs/reference/stops.md` lists every stop reason once, with the status it leaves and
+    /// the exit code `worker wait` gives it, and every status and outcome.
+    #[test]
+    fn the_stop_reference_matches_the_code() {
+        let page = crate::testing::page("docs/reference/stops.md");
+        let tables = crate::testing::tables(&page);
+        let rows = |heading: &str| -> Vec<Vec<String>> {
+            tables
+                .iter()
+                .find(|(h, _)| h == heading)
+                .map(|(_, r)| r.clone())
+                .unwrap_or_else(|| panic!("stops.md has no {heading:?}"))
+        };
+        let stops = rows("Stop reasons");
+        assert_eq!(stops.len(), STOP_REASONS.len(), "one row per stop reason");
+        for stop in STOP_REASONS {
+            let row = stops
+                .iter()
+                .find(|r| crate::testing::code_names(&r[0]) == [stop.as_str()])
+                .unwrap_or_else(|| panic!("stops.md has no row for {stop}"));
+            let status = QueueStatus::after(stop);
+            assert_eq!(row[1], status.as_str(), "{stop}'s status");
+            let mut rec = crate::store::new_record("db", "t1", &crate::testing::task(), &[], 0);
+            rec.status = status;
+            rec.state.stop = Some(stop);
+            let mut codes = vec![Ending::of(&rec).expect("ended").exit_code()];
+            if stop == StopReason::Done {
+                rec.state.outcome = Some("cannot_complete".into());
+                codes.push(Ending::of(&rec).expect("ended").exit_code());
+            }
+            for code in codes {
+                assert!(
+                    row[4]
+                        .split(|c: char| !c.is_ascii_digit())
+                        .any(|n| n == code.to_string()),
+                    "{stop}: exit {code} is not in {:?}",
+                    row[4]
+                );
+            }
+        }
+        let statuses: Vec<String> = rows("Statuses")
+            .iter()
+            .flat_map(|r| crate::testing::code_names(&r[0]))
+            .collect();
+        let all: Vec<&str> = QueueStatus::ALL.iter().map(|s| s.as_str()).collect();
+        assert_eq!(statuses, all);
+        let outcomes: Vec<String> = rows("Outcomes")
+            .iter()
+            .flat_map(|r| crate::testing::code_names(&r[0]))
+            .collect();
+        assert_eq!(outcomes, ["completed", "cannot_complete"]);
+        let exits: Vec<String> = rows("Exit codes").iter().map(|r| r[0].clone()).collect();
+        for code in [0, 3, 4, 5, 6, EXIT_TIMED_OUT] {
+            assert!(exits.contains(&code.to_string()), "exit {code} is listed");
+        }
+    }
+}

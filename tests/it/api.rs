@@ -684,13 +684,13 @@ fn the_served_document_is_the_committed_one() {
 /// document, and the script creates a task under an idempotency key, waits for it, approves
 /// its held write and prints the result, with the API served by the daemon (`run --console`).
 #[test]
-fn the_readmes_generated_client_script_runs_as_written() {
+fn the_guides_generated_client_script_runs_as_written() {
     let Some(generator) = venv_tool("openapi-python-client", "openapi_python_client") else {
         return;
     };
     let dir = TempDir::new("api_client");
     let d = dir.path();
-    // As the README runs it: the daemon serves the API itself.
+    // As the guide runs it: the daemon serves the API itself.
     let t = tokens(d);
     let server = common::serve::spawn(
         d,
@@ -706,14 +706,17 @@ fn the_readmes_generated_client_script_runs_as_written() {
             t.to_str().expect("a UTF-8 path"),
         ],
     );
-    let readme = std::fs::read_to_string(format!("{}/README.md", env!("CARGO_MANIFEST_DIR")))
-        .expect("the README");
+    let readme = std::fs::read_to_string(format!(
+        "{}/docs/guides/jobs-and-api.md",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .expect("the guide");
     let generate = block_after(&readme, "<!-- client: generate -->");
     let script = block_after(&readme, "<!-- client: script -->");
     let command_line = generate
         .lines()
         .find(|l| l.starts_with("openapi-python-client generate"))
-        .expect("the README's generate command")
+        .expect("the guide's generate command")
         .replace("http://127.0.0.1:8080", &server.base);
     let args: Vec<&str> = command_line.split_whitespace().skip(1).collect();
     let out = Command::new(&generator)
@@ -757,7 +760,7 @@ fn the_readmes_generated_client_script_runs_as_written() {
 fn block_after(text: &str, marker: &str) -> String {
     let rest = &text[text
         .find(marker)
-        .unwrap_or_else(|| panic!("the README has no {marker}"))..];
+        .unwrap_or_else(|| panic!("the guide has no {marker}"))..];
     let start = rest.find("```").expect("a fenced block");
     let body = &rest[start..];
     let body = &body[body.find('\n').expect("a fence line") + 1..];

@@ -22,28 +22,18 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use tether::kernel::Budget;
 use tether::model::ModelProfile;
 use tether::store::{Backend, Commit, CommitKind, Error, Lease, NewTask, RedbStore};
 
 pub(crate) fn new_task(user: &str, goal: &str, key: Option<&str>) -> NewTask {
     NewTask {
-        user: user.into(),
-        goal: goal.into(),
         key: key.map(str::to_string),
-        priority: 0,
-        budget: Budget::default(),
-        model: ModelProfile::parse("policy", None).expect("policy"),
-        tool_latency_ms: Default::default(),
-        catalog: None,
-        store_scope: String::new(),
         approval_wait_ms: 60_000,
-        instructions: None,
-        callback_url: None,
-        submitted_by: None,
-        not_before_ms: None,
-        time_limits: Default::default(),
-        concurrency_key: None,
+        ..NewTask::of(
+            user,
+            goal,
+            ModelProfile::parse("policy", None).expect("policy"),
+        )
     }
 }
 

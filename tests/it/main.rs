@@ -6,39 +6,40 @@
 #[macro_use]
 mod common;
 
-mod api;
-mod bad_input;
-mod callbacks;
-mod cli;
-mod console;
-mod corruption;
-mod crash_recovery;
-mod daemon;
-pub(crate) mod exactly_once;
-mod figures;
-mod flow;
-mod http;
-mod in_flight;
-mod kernel;
-mod kernel_purity;
-mod layout;
-mod list;
-mod local_api;
-mod mcp;
-mod mcp_tasks;
-mod metrics;
-pub(crate) mod models;
-mod operator;
-mod otlp;
-mod paused;
-mod postgres;
-mod progress;
-mod property;
-mod rate_limits;
-mod record_format;
-mod rest_tools;
-mod schedules;
-mod settle;
-mod several_hosts;
-mod simulation;
-mod wait;
+mod api; // the HTTP API against Schemathesis, a generated client and its own rules (roles, users=, keys, long polls)
+mod bad_input; // 369 hostile inputs: each an exit code (or status) and an error naming it, never a panic
+mod callbacks; // completion callbacks verified by `standardwebhooks` through kills and a receiver that was down
+mod cli; // the binary's verbs in temp dirs: exit codes, damaged and newer files, allocators
+mod console; // the console driven by headless chromium; forged and stale forms refused
+mod corruption; // every page zeroed and every record's bit flipped: verbs report, never panic
+mod crash_recovery; // daemons killed 32 times beside enqueuers: nothing lost, nothing sent twice
+mod daemon; // graceful shutdown, a daemon paused past its lease never commits
+mod docs; // the docs hold to the code: the README a front door, links, shell blocks run or say why not
+pub(crate) mod exactly_once; // one regression test per exactly-once defect found in review, read off the arrivals log
+mod figures; // the design document's tables, byte for byte
+mod flow; // delayed starts, concurrency keys, time limits
+mod http; // the demo shop over HTTP with writes in flight, redirects, approvals, the edge's limits
+mod in_flight; // a write in flight when its daemon died stays held whatever ends its task
+mod kernel; // the kernel's own scenarios and edge cases
+mod kernel_purity; // the kernel names only an allow-list of paths
+mod layout; // layer order, no import circle, file and function lengths, module docs
+mod list; // pages, cursors, filters, RFC 3339 times, `key:KEY`
+mod local_api; // the daemon's socket: requests sent once, SIGSTOP and SIGKILL, sole writers
+mod mcp; // the MCP client against server-everything and the Python SDK server
+mod mcp_tasks; // tasks calling MCP tools: approvals, lost answers, changed definitions, kills
+mod metrics; // `promtool check metrics` and every figure against the database
+pub(crate) mod models; // real-model adapters against fakes built from the SDKs' types; the README's agent as written
+mod operator; // operators' decisions on both engines: bound to the reviewed call, audited, racing
+mod otlp; // live export to a receiver decoding with the official protobuf schema
+mod paused; // a daemon paused inside a write's slow part never sends after a takeover
+mod postgres; // migrations, newer databases, NOTIFY wake-ups, TLS sslmodes
+mod progress; // what counts as progress
+mod property; // 10,000 random scripts under random budgets: bounds hold, every run ends
+mod rate_limits; // three daemons under one shared rate limit against a fake provider
+mod record_format; // files of earlier formats read, migrated and replayed
+mod rest_tools; // HTTP tools served as plain REST APIs answer: retries, holds, refusals, approval rules
+mod schedules; // each tick one task under kills, DST, reserved keys
+mod settle; // the daemon settling held writes by their lookups
+mod several_hosts; // three hosts on PostgreSQL, killed, cut off, the server restarted
+mod simulation; // 2,000 seeded schedules of workers, crashes, pauses and operators, invariants after every step
+mod wait; // `worker wait` and its exit codes, waiters woken not polling
