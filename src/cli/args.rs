@@ -4,7 +4,7 @@ use super::*;
 
 const AFTER_HELP: &str = "Examples:
   worker demo                                   # scenarios A-H through the durable path
-  worker enqueue --user cu_ana --goal 'refund the damaged item on order ord_1001' --key job-42
+  worker enqueue --user cu_ana --goal 'refund the damaged item on order ord_1001' --model policy --key job-42
   worker run --workers 4 --drain                # run until nothing is runnable
   worker list --status finished --json
   worker show t1
@@ -273,8 +273,9 @@ Budgets (--budget NAME=VALUE): steps_max, tool_calls_max, tokens_max, output_tok
 deadline_ms, repeat_max, stalls_max, plan_steps_max, replans_max.
 
 Examples:
-  worker enqueue --user cu_ana --goal 'refund the damaged item on order ord_1001'
+  worker enqueue --user cu_ana --goal 'refund the damaged item on order ord_1001' --model policy
   worker enqueue --user cu_ana --goal 'refund' --model policy:ord_1004:8000 --key job-7
+  worker enqueue --user cu_ana --goal 'refund' --model support    # a profile of --config
   worker enqueue --file tasks.jsonl
 A line of tasks.jsonl:
   {\"user\": \"cu_ana\", \"goal\": \"refund\", \"key\": \"job-7\", \"priority\": 5,

@@ -40,8 +40,72 @@ fn section(out: &mut String, cmd: &mut clap::Command, path: &str) {
     }
 }
 
+/// Every environment variable a flag falls back to.
+pub fn flag_variables() -> Vec<String> {
+    fn walk(cmd: &clap::Command, out: &mut Vec<String>) {
+        for a in cmd.get_arguments() {
+            if let Some(v) = a.get_env().and_then(|v| v.to_str()) {
+                out.push(v.to_string());
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            walk(sub, out);
+        }
+    }
+    let mut out = Vec::new();
+    walk(&super::Cli::command(), &mut out);
+    out.sort();
+    out.dedup();
+    out
+}
+
 #[cfg(test)]
 mod tests {
+    /// `docs/reference/environment.md` lists every variable a flag falls back to, and every
+    /// variable the code reads by name (found in the sources).
+    #[test]
+    fn the_environment_reference_lists_every_variable() {
+        let page = crate::testing::page("docs/reference/environment.md");
+        let listed: Vec<String> = crate::testing::tables(&page)
+            .into_iter()
+            .flat_map(|(_, rows)| rows)
+            .flat_map(|r| crate::testing::code_names(&r[0]))
+            .collect();
+        let mut read = super::flag_variables();
+        let mut dirs = vec![std::path::PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/src"
+        ))];
+        while let Some(dir) = dirs.pop() {
+            for e in std::fs::read_dir(&dir).expect("src") {
+                let p = e.expect("an entry").path();
+                if p.is_dir() {
+                    dirs.push(p);
+                    continue;
+                }
+                let text = std::fs::read_to_string(&p).unwrap_or_default();
+                for part in text.split("env::var").skip(1) {
+                    let name: String = part
+                        .trim_start_matches("_os")
+                        .trim_start_matches("(\"")
+                        .chars()
+                        .take_while(|c| c.is_ascii_uppercase() || *c == '_')
+                        .collect();
+                    if part.trim_start_matches("_os").starts_with("(\"") && !name.is_empty() {
+                        read.push(name);
+                    }
+                }
+            }
+        }
+        read.sort();
+        read.dedup();
+        let missing: Vec<&String> = read.iter().filter(|v| !listed.contains(v)).collect();
+        assert!(
+            missing.is_empty(),
+            "environment.md does not list {missing:?}"
+        );
+    }
+
     /// The committed page is what the binary's definition makes.
     #[test]
     fn the_cli_reference_is_current() {
