@@ -66,8 +66,9 @@ impl McpTools<'_> {
             );
         };
         if m.needs_approval && req.approval.is_none() {
-            // The worker enforces it: nothing goes out until an operator approves this call.
-            return json!({"status": "needs_approval"});
+            // The worker's machine holds such a call before it gets here; a caller without one
+            // is refused all the same: nothing goes out until an operator approves this call.
+            return json!({"status": "needs_approval", "code": crate::kernel::io::HELD_BY_RULE});
         }
         let deadline = start + Duration::from_millis(req.timeout_ms.max(1));
         let left = || deadline.saturating_duration_since(Instant::now());

@@ -1,451 +1,239 @@
-//! One run of one claimed task, as a struct with one method per kernel action: `on_model`
-//! asks the model (or takes the reply a crashed run recorded), `on_tool` commits a write's
-//! intent and sends the call on its route, `on_step_end` and `on_finished` commit. The
-//! session is polled once per action: a tool request is copied out of the session before
-//! anything is committed, so it is never asked for twice. `driver` holds the rules this file
-//! follows (fencing, intents, recovery, the claim proved before a send).
+//! One run of one claimed task on this thread: the durable step's machine (`machine`) asks,
+//! and this file does the I/O it asks for (the database, the model under its rate limit, the
+//! tool routes with a write's proof of its claim, the committer), feeding each answer back.
+//! The simulation's hook points are passed on the way (`driver::Point`).
 
-use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::CommitFail;
-use super::driver::{Context, Ended, Proof, observe_model, pass, pause};
-use super::routes::{Routed, answer_tool, answered_from_record, keyless, observe_tool};
-use crate::kernel::{
-    Access, Action, Catalog, ModelReply, ModelRequest, Session, Span, StopReason, ToolCall,
-    ToolReply, ToolRequest,
-};
+use super::driver::{Context, Point, Proof, observe_model, pass, pause};
+use super::machine::{Commit, Damaged, Ended, Machine, Need};
+use super::rate::{Capacity, Gate};
+use super::routes::{Routed, observe_tool};
+use crate::kernel::{ModelReply, ToolReply};
 use crate::model::{Model, RecordedReply};
-use crate::store::{CallRecord, Commit, CommitKind, CommitOutcome, TaskRecord};
+use crate::store::{CallRecord, CommitOutcome, TaskRecord};
 use crate::tools::Tools;
 
-/// What a run of one task carries from action to action (the session is beside it, so that
-/// a request borrowed from the session and this struct can be used together).
-pub(super) struct Drive<'a> {
+/// What a run has to do its I/O with, beside the machine.
+pub(super) struct Io<'a> {
     pub ctx: &'a Context,
-    pub rec: &'a TaskRecord,
-    /// The claim's fencing token, carried by every commit.
     pub token: u64,
-    pub catalog: &'a Catalog,
     pub model: Box<dyn Model>,
     pub routes: Routed<'a>,
-    /// Spans a crashed run left open, ended as "interrupted" by this run's first commit.
-    pub interrupted: Vec<Span>,
-    /// The step's model reply is taken from the record once, for the first step of a rerun.
-    pub first_model_call: bool,
-    /// The call record of the step in progress (its write's intent, then its result).
-    pub step_call: Option<CallRecord>,
-    /// The reply of the step in progress, with what its tools answered.
-    pub step_reply: Option<RecordedReply>,
-    /// The commits of this run clear the operator's settlement it folded in.
-    pub clear_settle: bool,
-    /// The model's shared rate limit, if its profile has one.
-    pub capacity: Option<super::rate::Capacity>,
+    pub capacity: Option<Capacity>,
+    /// The task's model as metrics and logs name it.
+    pub model_label: String,
+    /// The task the last commit claimed for this thread, if it claimed one.
+    pub next: Option<TaskRecord>,
 }
 
-/// A tool request copied out of the session, so the session can be committed before the
-/// call is sent.
-struct Pending {
-    call: ToolCall,
-    key: String,
-    user_id: String,
-    timeout_ms: u64,
-    access: Access,
-    idempotent: bool,
-    held: bool,
+/// An answer to feed the machine, made while its need was borrowed.
+enum Answer {
+    Calls(Result<Vec<CallRecord>, Damaged>),
+    Spans(Vec<crate::kernel::Span>),
+    Reply(Option<RecordedReply>),
+    Model(ModelReply, Option<String>),
+    Deferred(u64),
+    Call(Result<Option<CallRecord>, Damaged>),
+    Committed(Box<CommitOutcome>),
+    Sent(ToolReply),
+    Cancelled(bool),
+    Ended(Ended),
 }
 
-impl Pending {
-    fn of(r: &ToolRequest<'_>) -> Pending {
-        Pending {
-            call: r.call.clone(),
-            key: r.key.to_string(),
-            user_id: r.user_id.to_string(),
-            timeout_ms: r.timeout_ms,
-            access: r.access,
-            idempotent: r.idempotent,
-            held: r.held,
-        }
-    }
-
-    fn request<'r>(
-        &'r self,
-        approval: Option<&'r str>,
-        gate: Option<&'r crate::kernel::io::Gate>,
-    ) -> ToolRequest<'r> {
-        ToolRequest {
-            call: &self.call,
-            key: &self.key,
-            user_id: &self.user_id,
-            timeout_ms: self.timeout_ms,
-            access: self.access,
-            idempotent: self.idempotent,
-            held: self.held,
-            approval,
-            gate,
-        }
-    }
-}
-
-impl<'a> Drive<'a> {
-    /// Runs the session to its end, one action at a time. A kernel step takes a handful of
-    /// actions; the cap turns a kernel bug into an error.
-    pub fn run(mut self, session: &mut Session<'a>) -> Result<Ended, CommitFail> {
-        let cap = 16 * (self.rec.budget.steps_max as usize + 2);
-        for _ in 0..cap {
-            match session.poll() {
-                Action::Model(req) => match self.on_model(&req)? {
-                    Some(reply) => session.on_model(reply),
-                    None => return Ok(Ended::Yielded),
-                },
-                Action::Tool(req) => {
-                    let pending = Pending::of(&req);
-                    self.on_tool(session, pending)?;
-                }
-                Action::StepEnd => {
-                    if let Some(ended) = self.on_step_end(session)? {
-                        return Ok(ended);
+impl Io<'_> {
+    /// Runs `m` to its end, doing what it asks.
+    pub fn run(&mut self, m: &mut Machine<'_>) -> Result<Ended, CommitFail> {
+        loop {
+            if self.ctx.shutdown.load(Ordering::SeqCst) {
+                m.shut_down();
+            }
+            let now = (self.ctx.clock)();
+            let id = m.record().id.clone();
+            let answer = match m.poll(now) {
+                Need::Calls => Answer::Calls(self.calls(&id)?),
+                Need::Spans => Answer::Spans(self.read("spans", &id, |s| s.spans(&id))?),
+                Need::Reply { step, first_step } => {
+                    if first_step {
+                        pass(self.ctx, Point::Model)?;
                     }
+                    Answer::Reply(self.read("recorded reply", &id, |s| s.reply(&id, step))?)
                 }
-                Action::Finished(stop) => return self.on_finished(session, stop),
+                Need::Model(req) => {
+                    pass(self.ctx, Point::Model)?;
+                    self.model_call(&id, &req)?
+                }
+                Need::Call { key } => Answer::Call(self.call_record(&id, key)?),
+                Need::Commit(c) => {
+                    pass(self.ctx, Point::Commit)?;
+                    Answer::Committed(Box::new(self.commit(&id, c, now)?))
+                }
+                Need::Send(send) => {
+                    pass(self.ctx, Point::Send)?;
+                    Answer::Sent(self.send(&id, send)?)
+                }
+                Need::CompleteCancel => Answer::Cancelled(self.complete_cancel(&id, now)),
+                Need::Ended(e) => Answer::Ended(e),
+            };
+            let now = (self.ctx.clock)();
+            match answer {
+                Answer::Calls(c) => m.on_calls(c, now),
+                Answer::Spans(s) => m.on_spans(s),
+                Answer::Reply(r) => {
+                    let first = m.on_reply(r);
+                    if first.is_some() {
+                        self.ctx.stats.steps.fetch_add(1, Ordering::Relaxed);
+                        crate::metrics::global().steps.inc();
+                    }
+                    pause(self.ctx.time_scale, first.unwrap_or(0));
+                }
+                Answer::Model(reply, prompt) => {
+                    self.ctx.stats.steps.fetch_add(1, Ordering::Relaxed);
+                    crate::metrics::global().steps.inc();
+                    let latency = m.on_model(reply, prompt);
+                    pause(self.ctx.time_scale, latency);
+                }
+                Answer::Deferred(until) => m.on_model_deferred(until),
+                Answer::Call(c) => m.on_call(c, now),
+                Answer::Committed(o) => m.on_committed(&o, now),
+                Answer::Sent(reply) => m.on_sent(reply, now),
+                Answer::Cancelled(done) => m.on_cancel_completed(done),
+                Answer::Ended(e) => return Ok(e),
             }
         }
-        Err(CommitFail::Failed(format!(
-            "task {} took more than {cap} kernel actions",
-            self.rec.id
-        )))
     }
 
-    fn now_ms(&self) -> u64 {
-        (self.ctx.clock)()
+    fn failed(what: &str, id: &str, e: crate::store::Error) -> CommitFail {
+        CommitFail::Failed(format!("cannot read the {what} of task {id}: {e}"))
     }
 
-    fn failed(&self, what: &str, e: crate::store::Error) -> CommitFail {
-        CommitFail::Failed(format!(
-            "cannot read the {what} of task {}: {e}",
-            self.rec.id
-        ))
-    }
-
-    /// Commits the session's state with `reply` and `call`, the fencing token, the spans
-    /// changed since the last commit and (for a final commit) the claim of the next task.
-    fn commit(
-        &mut self,
-        session: &mut Session<'_>,
-        kind: CommitKind,
-        reply: Option<RecordedReply>,
-        call: Option<CallRecord>,
-    ) -> Result<CommitOutcome, CommitFail> {
-        let ctx = self.ctx;
-        let now = self.now_ms();
-        // A thread that ends a task is free: it claims its next task in the same transaction,
-        // unless the daemon is shutting down.
-        let claim_next = (matches!(kind, CommitKind::Final(_))
-            && !ctx.shutdown.load(Ordering::SeqCst))
-        .then(|| ctx.identity.lease(now, ctx.lease_ms));
-        pass(ctx, super::driver::Point::Commit)?;
-        let mut spans = session.trace_mut().take_changed();
-        spans.append(&mut self.interrupted);
-        let callback = match kind {
-            CommitKind::Final(stop) => self.callback(session, stop, now),
-            _ => None,
-        };
-        if let (Some(cap), CommitKind::Step) = (self.capacity.as_mut(), kind) {
-            cap.boundary = Some((session.state().clone(), session.trace().next_id()));
-        }
-        ctx.committer.commit(Commit {
-            task_id: self.rec.id.clone(),
-            token: self.token,
-            kind,
-            state: session.state().clone(),
-            next_span_id: session.trace().next_id(),
-            spans,
-            reply,
-            call,
-            now_ms: now,
-            lease_ms: ctx.lease_ms,
-            clear_settle: self.clear_settle,
-            claim_next,
-            export: ctx.export,
-            callback,
-            not_before_ms: None,
-        })
-    }
-
-    /// The callback a final commit queues when the task names a callback URL: the task's
-    /// result as this commit leaves it.
-    fn callback(
+    /// A read of the database; a read that fails is never taken for "nothing recorded": the
+    /// run stops here (nothing is sent) and the task is recovered later.
+    fn read<T>(
         &self,
-        session: &Session<'_>,
-        stop: crate::kernel::StopReason,
-        now: u64,
-    ) -> Option<crate::store::Callback> {
-        self.rec.callback_url.as_ref()?;
-        let mut after = self.rec.clone();
-        after.state = session.state().clone();
-        after.status = crate::store::QueueStatus::after(stop);
-        after.updated_at_ms = now;
-        after.lease = None;
-        crate::store::callbacks::event(self.ctx.store.db_id(), &after, now)
+        what: &str,
+        id: &str,
+        f: impl FnOnce(&dyn crate::store::Backend) -> crate::store::Result<T>,
+    ) -> Result<T, CommitFail> {
+        f(&*self.ctx.store).map_err(|e| Io::failed(what, id, e))
     }
 
-    /// The model's reply for the step: the one a run before a crash recorded, or a new one.
-    fn on_model(&mut self, req: &ModelRequest<'_>) -> Result<Option<ModelReply>, CommitFail> {
-        let (ctx, rec) = (self.ctx, self.rec);
-        ctx.stats.steps.fetch_add(1, Ordering::Relaxed);
-        let step = req.step;
-        // A reply recorded for this step means a run before a crash got this far. Only the
-        // first step of a run can be such a step (later ones are this run's own), and only if
-        // an earlier claim ran the task (`runs` counts the claims).
-        let recorded = if std::mem::take(&mut self.first_model_call) && rec.runs > 1 {
-            ctx.store
-                .reply(&rec.id, step)
-                .map_err(|e| self.failed("recorded reply", e))?
-        } else {
-            None
-        };
-        pass(ctx, super::driver::Point::Model)?;
-        let (reply, prompt, tools) = match recorded {
-            Some(recorded) => (recorded.to_reply(), recorded.prompt, recorded.tools),
-            None => {
-                if let Some(until) = self.gate(|cap, store, now| cap.before(store, req, now))? {
-                    return self.yield_until(until).map(|()| None);
-                }
-                pass(ctx, super::driver::Point::ModelCall)?;
-                let reply = self.model.next(req);
-                observe_model(&rec.id, step, rec.model.label(), &reply);
-                let busy = self.model.busy();
-                if let Some(until) =
-                    self.gate(|cap, store, now| cap.after(store, &reply, busy, now))?
-                {
-                    return self.yield_until(until).map(|()| None);
-                }
-                (reply, self.model.prompt_id(), None)
-            }
-        };
-        crate::metrics::global().steps.inc();
-        pause(ctx.time_scale, reply.latency_ms);
-        let mut recorded = RecordedReply::of(step, &reply, prompt);
-        recorded.tools = Some(tools.unwrap_or_default());
-        self.step_reply = Some(recorded);
-        Ok(Some(reply))
-    }
-
-    /// Asks the rate limit, if the model has one, whether to go on; `Some(t)`: wait until t.
-    fn gate(
-        &mut self,
-        f: impl FnOnce(
-            &mut super::rate::Capacity,
-            &dyn crate::store::Backend,
-            u64,
-        ) -> crate::store::Result<super::rate::Gate>,
-    ) -> Result<Option<u64>, CommitFail> {
-        let now = self.now_ms();
-        let Some(cap) = self.capacity.as_mut() else {
-            return Ok(None);
-        };
-        match f(cap, &*self.ctx.store, now) {
-            Ok(super::rate::Gate::Go) => Ok(None),
-            Ok(super::rate::Gate::Wait(t)) => Ok(Some(t)),
-            Err(e) => Err(self.failed("model's rate limit", e)),
-        }
-    }
-
-    /// The model must wait for capacity: the task goes back to the queue as its last step
-    /// left it, not before `until`, and this thread is free.
-    fn yield_until(&mut self, until: u64) -> Result<(), CommitFail> {
-        let ctx = self.ctx;
-        let rec = self.rec;
-        let (state, next_span_id) = self
-            .capacity
-            .as_mut()
-            .and_then(|c| c.boundary.take())
-            .unwrap_or_else(|| (rec.state.clone(), rec.next_span_id));
-        tracing::info!(task = %rec.id, until_ms = until, "waiting for the model's capacity; the task yields its thread");
-        pass(ctx, super::driver::Point::Commit)?;
-        ctx.committer.commit(Commit {
-            task_id: rec.id.clone(),
-            token: self.token,
-            kind: CommitKind::Release,
-            state,
-            next_span_id,
-            spans: Vec::new(),
-            reply: None,
-            call: None,
-            now_ms: self.now_ms(),
-            lease_ms: ctx.lease_ms,
-            clear_settle: false,
-            claim_next: None,
-            export: ctx.export,
-            callback: None,
-            not_before_ms: Some(until),
-        })?;
-        Ok(())
-    }
-
-    /// One tool call: a write is answered from its record, held, or has its intent committed
-    /// first; then the call is sent on its route and its answer folded in.
-    fn on_tool(&mut self, session: &mut Session<'_>, req: Pending) -> Result<(), CommitFail> {
-        let (ctx, rec) = (self.ctx, self.rec);
-        let digest = req.call.digest();
-        if req.access == Access::Write
-            && let Some(answer) = self.before_write(session, &req, &digest)?
-        {
-            answer_tool(
-                session,
-                &mut self.step_reply,
-                &req.call.name,
-                &digest,
-                answer,
-            );
-            return Ok(());
-        }
-        pass(ctx, super::driver::Point::Send)?;
-        // This run may wait (paused, descheduled) anywhere before the bytes leave: a write is
-        // sent only under a claim proved its own right before (see `driver::Proof`).
-        let proof =
-            (req.access == Access::Write).then(|| Arc::new(Proof::new(ctx, &rec.id, self.token)));
-        let gate = proof.clone().map(|p| -> crate::kernel::io::Gate { p });
-        let approval = rec
-            .approval
-            .as_ref()
-            .filter(|_| req.held)
-            .and_then(|a| a.covering(&req.key, &digest));
-        let reply = self.routes.call(&req.request(approval, gate.as_ref()));
-        if let Some(e) = proof.and_then(|p| p.refusal()) {
-            tracing::warn!(task = %rec.id, key = %req.key, "the claim could not be proved; the write was not sent and the run stops");
-            return Err(e);
-        }
-        observe_tool(&rec.id, &req.key, &req.call.name, &reply);
-        pause(ctx.time_scale, reply.latency_ms);
-        pass(ctx, super::driver::Point::Sent)?;
-        answer_tool(
-            session,
-            &mut self.step_reply,
-            &req.call.name,
-            &digest,
-            reply,
-        );
-        if let Some(c) = self.step_call.as_mut()
-            && c.key == req.key
-        {
-            c.result = session.state().last_result.clone();
-            c.result_at_ms = Some((self.ctx.clock)());
-        }
-        Ok(())
-    }
-
-    /// Before a write is sent: the answer it gets without being sent (applied already under
-    /// its key on a keyless route; in flight before a crash and not safe to re-send), or
-    /// `None` once its intent is committed and it may be sent.
-    fn before_write(
-        &mut self,
-        session: &mut Session<'_>,
-        req: &Pending,
-        digest: &str,
-    ) -> Result<Option<ToolReply>, CommitFail> {
-        let rec = self.rec;
-        let key = &req.key;
-        let (existing, damaged) = match self.ctx.store.call(key) {
-            Ok(c) => (c, false),
-            // A record that cannot be decoded says nothing about what was sent: the outcome
-            // is unknown, so the call is held, never sent blind.
+    /// The task's call records; damaged ones are the machine's to weigh.
+    fn calls(&self, id: &str) -> Result<Result<Vec<CallRecord>, Damaged>, CommitFail> {
+        match self.ctx.store.calls(id) {
+            Ok(c) => Ok(Ok(c)),
             Err(
                 e @ (crate::store::Error::Corrupt(_) | crate::store::Error::NewerVersion { .. }),
-            ) => {
-                tracing::error!(task = %rec.id, key = %key, error = %e, "call record damaged; holding the call");
-                (None, true)
-            }
-            Err(e) => return Err(self.failed("call key", e)),
-        };
-        let in_flight = existing.as_ref().is_some_and(|c| c.result.is_none());
-        // A route without an idempotency key of its own (MCP): this worker is the idempotency
-        // layer. A write already applied under this key is answered from its call record,
-        // never sent again.
-        if let Some(answer) = existing
-            .as_ref()
-            .filter(|_| keyless(self.catalog, &req.call.name))
-            .and_then(|c| answered_from_record(c, digest))
-        {
-            tracing::info!(task = %rec.id, key = %key, tool = %req.call.name, "write already applied under this key; answered from its call record, not sent");
-            return Ok(Some(ToolReply {
-                result: answer,
-                latency_ms: 0,
-            }));
+            ) => Ok(Err(Damaged(e.to_string()))),
+            Err(e) => Err(Io::failed("call records", id, e)),
         }
-        if damaged || (in_flight && !req.idempotent) {
-            // Sent before a crash (a fresh call or a resumed held one), outcome never
-            // learned, and not safe to re-send: hold it for reconcile.
-            self.step_call = existing;
-            return Ok(Some(ToolReply {
-                result: json!({"status": "unknown", "code": "interrupted",
-                    "detail": "the worker stopped while this write was in flight; reconcile it"}),
-                latency_ms: 0,
-            }));
-        }
-        let call = CallRecord {
-            key: key.clone(),
-            task_id: rec.id.clone(),
-            step: session.state().step,
-            tool: req.call.name.clone(),
-            args: req.call.args.clone(),
-            digest: digest.to_string(),
-            intent_at_ms: self.now_ms(),
-            result: None,
-            result_at_ms: None,
-        };
-        let reply = self.step_reply.clone();
-        self.commit(session, CommitKind::Intent, reply, Some(call.clone()))?;
-        self.step_call = Some(call);
-        Ok(None)
     }
 
-    /// A step ended: its commit (or, at shutdown, the task handed back). A cancel requested
-    /// meanwhile stops the session at this boundary.
-    fn on_step_end(&mut self, session: &mut Session<'_>) -> Result<Option<Ended>, CommitFail> {
-        let (reply, call) = (self.step_reply.take(), self.step_call.take());
-        if self.ctx.shutdown.load(Ordering::SeqCst) {
-            self.commit(session, CommitKind::Release, reply, call)?;
-            return Ok(Some(Ended::Released));
+    fn call_record(
+        &self,
+        id: &str,
+        key: &str,
+    ) -> Result<Result<Option<CallRecord>, Damaged>, CommitFail> {
+        match self.ctx.store.call(key) {
+            Ok(c) => Ok(Ok(c)),
+            Err(
+                e @ (crate::store::Error::Corrupt(_) | crate::store::Error::NewerVersion { .. }),
+            ) => Ok(Err(Damaged(e.to_string()))),
+            Err(e) => Err(Io::failed("call key", id, e)),
         }
-        let outcome = self.commit(session, CommitKind::Step, reply, call)?;
-        if let Some(why) = outcome.cancel_requested {
-            tracing::info!(task = %self.rec.id, reason = %why, "cancel requested");
-            session.cancel();
-        } else if let Some(stop) = self.rec.time_limits.passed(true, self.now_ms()) {
-            tracing::info!(task = %self.rec.id, stop = %stop, "the task's wall-clock deadline passed");
-            session.stop_with(stop);
-        }
-        Ok(None)
     }
 
-    /// The run ended: its final commit, and a cancel requested while it went on completed.
-    fn on_finished(
+    /// The model's reply, under its shared rate limit when its profile has one: a call the
+    /// limit has no room for (before it, or a provider's 429 after it) is deferred.
+    fn model_call(
         &mut self,
-        session: &mut Session<'_>,
-        stop: StopReason,
-    ) -> Result<Ended, CommitFail> {
-        let (reply, call) = (self.step_reply.take(), self.step_call.take());
-        let outcome = self.commit(session, CommitKind::Final(stop), reply, call)?;
-        let next = outcome.next.map(Box::new);
-        // A cancel asked for while this run went on, which ended waiting rather than at a
-        // step boundary: it takes effect now, not when an operator next decides.
-        let waiting = matches!(stop, StopReason::NeedsApproval | StopReason::UnknownOutcome);
-        if waiting && outcome.cancel_requested.is_some() {
-            let id = &self.rec.id;
-            match crate::operator::complete_requested_cancel(&*self.ctx.store, id, self.now_ms()) {
-                Ok(true) => {
-                    tracing::info!(task = %id, "cancel requested during the run; cancelled");
-                    return Ok(Ended::Stopped(StopReason::Cancelled, next));
-                }
-                Ok(false) => {}
-                // Left requested: the task's next run stops before anything runs.
-                Err(e) => {
-                    tracing::warn!(task = %id, error = %e, "cannot complete the requested cancel now")
-                }
+        id: &str,
+        req: &crate::kernel::ModelRequest<'_>,
+    ) -> Result<Answer, CommitFail> {
+        let (ctx, now) = (self.ctx, (self.ctx.clock)());
+        if let Some(cap) = self.capacity.as_mut() {
+            match cap.before(&*ctx.store, req, now) {
+                Ok(Gate::Go) => {}
+                Ok(Gate::Wait(t)) => return Ok(Answer::Deferred(t)),
+                Err(e) => return Err(Io::failed("model's rate limit", id, e)),
             }
         }
-        Ok(Ended::Stopped(stop, next))
+        pass(ctx, Point::ModelCall)?;
+        let reply = self.model.next(req);
+        observe_model(id, req.step, &self.model_label, &reply);
+        let busy = self.model.busy();
+        if let Some(cap) = self.capacity.as_mut() {
+            match cap.after(&*ctx.store, &reply, busy, (ctx.clock)()) {
+                Ok(Gate::Go) => {}
+                Ok(Gate::Wait(t)) => return Ok(Answer::Deferred(t)),
+                Err(e) => return Err(Io::failed("model's rate limit", id, e)),
+            }
+        }
+        Ok(Answer::Model(reply, self.model.prompt_id()))
+    }
+
+    /// Commits `c` under this run's claim; a final commit claims this thread's next task in
+    /// the same transaction, unless the daemon is shutting down.
+    fn commit(&mut self, id: &str, c: &Commit, now: u64) -> Result<CommitOutcome, CommitFail> {
+        let ctx = self.ctx;
+        let claim_next = (matches!(c.kind, crate::store::CommitKind::Final(_))
+            && !ctx.shutdown.load(Ordering::SeqCst))
+        .then(|| ctx.identity.lease(now, ctx.lease_ms));
+        let mut outcome = ctx.committer.commit(crate::store::Commit {
+            task_id: id.to_string(),
+            token: self.token,
+            kind: c.kind,
+            state: c.state.clone(),
+            next_span_id: c.next_span_id,
+            spans: c.spans.clone(),
+            reply: c.reply.clone(),
+            call: c.call.clone(),
+            now_ms: now,
+            lease_ms: ctx.lease_ms,
+            clear_settle: c.clear_settle,
+            claim_next,
+            export: ctx.export,
+            callback: c.callback.clone(),
+            not_before_ms: c.not_before_ms,
+        })?;
+        if let Some(next) = outcome.next.take() {
+            self.next = Some(next);
+        }
+        Ok(outcome)
+    }
+
+    /// Sends a call on its route: a write only through its proof of the claim, which the
+    /// route asks as the last step before the request's first byte.
+    fn send(&mut self, id: &str, send: super::machine::Send<'_>) -> Result<ToolReply, CommitFail> {
+        let ctx = self.ctx;
+        let proof = send
+            .proof
+            .then(|| Arc::new(Proof::new(ctx, id, self.token)));
+        let gate = proof.clone().map(|p| -> crate::kernel::io::Gate { p });
+        let mut req = send.request;
+        req.gate = gate.as_ref();
+        let reply = self.routes.call(&req);
+        if let Some(e) = proof.and_then(|p| p.refusal()) {
+            tracing::warn!(task = %id, key = %req.key, "the claim could not be proved; the write was not sent and the run stops");
+            return Err(e);
+        }
+        observe_tool(id, req.key, &req.call.name, &reply);
+        pause(ctx.time_scale, reply.latency_ms);
+        pass(ctx, Point::Sent)?;
+        Ok(reply)
+    }
+
+    /// Completes a cancel asked for while the run went on; one that cannot be completed now
+    /// is left requested (the task's next run stops before anything runs).
+    fn complete_cancel(&self, id: &str, now: u64) -> bool {
+        match crate::operator::complete_requested_cancel(&*self.ctx.store, id, now) {
+            Ok(done) => done,
+            Err(e) => {
+                tracing::warn!(task = %id, error = %e, "cannot complete the requested cancel now");
+                false
+            }
+        }
     }
 }

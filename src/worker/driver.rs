@@ -28,13 +28,13 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::drive::Drive;
+use super::machine::{Ended, Machine};
 use super::routes::Routed;
 use super::{CommitFail, Committer, Stats};
-use crate::kernel::{Keys, Run, Session, StopReason};
+
 use crate::mcp::McpTools;
 use crate::model::rate::RateLimit;
-use crate::store::{Backend, Commit, CommitKind, TaskRecord};
+use crate::store::{Backend, TaskRecord};
 use crate::tools::durable::DemoShop;
 use crate::tools::http::HttpTools;
 
@@ -110,17 +110,17 @@ pub fn run_task(ctx: &Context, rec: TaskRecord) -> Option<TaskRecord> {
     // Every log line of the run (the HTTP adapters' retries too) carries the task id.
     let _span = tracing::info_span!("task", task = %id, run = rec.runs).entered();
     match drive(ctx, rec) {
-        Ok(Ended::Stopped(stop, next)) => {
+        Ok((Ended::Stopped(stop), next)) => {
             ctx.stats.tasks_ended.fetch_add(1, Ordering::Relaxed);
             crate::metrics::global()
                 .tasks_ended
                 .with_label_values(&[stop.as_str()])
                 .inc();
             tracing::info!(task = %id, stop = %stop, "task ended");
-            return next.map(|b| *b);
+            return next;
         }
-        Ok(Ended::Released) => tracing::info!(task = %id, "task released at shutdown"),
-        Ok(Ended::Yielded) => {}
+        Ok((Ended::Released, _)) => tracing::info!(task = %id, "task released at shutdown"),
+        Ok((Ended::Yielded, _)) => {}
         Err(CommitFail::LeaseLost) => {
             ctx.stats.abandoned.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(task = %id, "claim superseded (lease taken over); abandoning the task here");
@@ -148,16 +148,6 @@ pub(super) fn observe_model(task: &str, step: u32, model: &str, reply: &crate::k
     if let Err(e) = &reply.outcome {
         tracing::warn!(task, step, model, error = ?e, "model call failed");
     }
-}
-
-/// How a run on this thread ended.
-pub(super) enum Ended {
-    /// With a stop reason (finished, suspended or held), and the next task if one was claimed.
-    Stopped(StopReason, Option<Box<TaskRecord>>),
-    /// Handed back at shutdown.
-    Released,
-    /// Handed back to wait for its model's capacity (a shared rate limit).
-    Yielded,
 }
 
 /// The proof a write needs to leave (see the module's rules): the route asks it right before
@@ -306,52 +296,9 @@ pub(super) fn pass(ctx: &Context, point: Point) -> Result<(), CommitFail> {
     }
 }
 
-/// Claimed but not started (the daemon is shutting down): hands the task back untouched.
-fn release_unstarted(ctx: &Context, rec: &TaskRecord, token: u64) -> Result<Ended, CommitFail> {
-    pass(ctx, Point::Commit)?;
-    ctx.committer.commit(Commit {
-        task_id: rec.id.clone(),
-        token,
-        kind: CommitKind::Release,
-        state: rec.state.clone(),
-        next_span_id: rec.next_span_id,
-        spans: Vec::new(),
-        reply: None,
-        call: None,
-        now_ms: (ctx.clock)(),
-        lease_ms: ctx.lease_ms,
-        clear_settle: false,
-        claim_next: None,
-        export: ctx.export,
-        callback: None,
-        not_before_ms: None,
-    })?;
-    Ok(Ended::Released)
-}
-
-/// How this run of `rec` starts: fresh (or stopping at once, when cancelled), resuming its
-/// held call, or folding in an operator's settlement of it.
-fn how_to_run(rec: &TaskRecord, stopping: bool) -> Run {
-    let resuming = rec.state.pending.is_some()
-        && matches!(
-            rec.state.stop,
-            Some(StopReason::NeedsApproval | StopReason::UnknownOutcome)
-        );
-    match rec.settle.clone() {
-        _ if !resuming => Run::Start,
-        // An operator settled the held call: fold the decision in, send nothing.
-        Some(result) => Run::Settled(result),
-        // A run that stops at once sends nothing, not even its held call.
-        None if stopping => Run::Start,
-        None => Run::Resume,
-    }
-}
-
-fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
+/// One run of `rec` on this thread: the durable step's machine, and the I/O it asks for.
+fn drive(ctx: &Context, rec: TaskRecord) -> Result<(Ended, Option<TaskRecord>), CommitFail> {
     let token = rec.lease.as_ref().map_or(0, |l| l.token);
-    if ctx.shutdown.load(Ordering::SeqCst) {
-        return release_unstarted(ctx, &rec, token);
-    }
     // What the task's tools and model mean here is the daemon's config's to say.
     let crate::config::Resolved {
         catalog,
@@ -361,8 +308,8 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
         tracing::warn!(task = %rec.id, tool = %tool, reason = %why, "tool unavailable to this worker");
     }
     let (model, rate) = task_model(ctx, &rec, &catalog);
+    let input = model.input();
     let routes = Routed {
-        catalog: &catalog,
         unavailable: &unavailable,
         demo: super::routes::DemoRoute {
             shop: ctx.demo.as_deref(),
@@ -374,98 +321,20 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<Ended, CommitFail> {
             mcp: ctx.mcp.as_deref(),
             catalog: &catalog,
         },
-    };
-    let stopping = stop_at_start(ctx, &rec)?;
-    let run = how_to_run(&rec, stopping.is_some());
-    let clear_settle = matches!(run, Run::Settled(_));
-    let resumed = run == Run::Resume;
-    let mut session = Session::begin(
-        run,
-        rec.state.clone(),
-        rec.budget,
-        &catalog,
-        rec.next_span_id,
-        Keys::durable(rec.key_namespace(ctx.store.db_id())),
-    );
-    session.set_input(model.input());
-    match stopping {
-        Some((stop, Some(call))) => {
-            tracing::warn!(task = %rec.id, stop = %stop, tool = %call.name, "a write was in flight when an earlier run stopped; it stays held for reconcile beside the stop");
-            session.stop_holding(stop, call);
-        }
-        Some((stop, None)) => {
-            session.stop_with(stop);
-        }
-        None => {}
-    }
-    // Spans a crashed run left open never end by themselves: this run ends them
-    // ("interrupted", at the task's last committed active time) in its first commit, so a
-    // trace is a finished tree and a live exporter sends them.
-    let interrupted = if rec.runs > 1 {
-        interrupted_spans(ctx, &rec)?
-    } else {
-        Vec::new()
-    };
-    let step_reply = step_reply(ctx, &rec, resumed)?;
-    Drive {
-        ctx,
-        rec: &rec,
-        token,
         catalog: &catalog,
+    };
+    let mut io = super::drive::Io {
+        ctx,
+        token,
         model,
         routes,
-        interrupted,
-        first_model_call: true,
-        step_call: None,
-        step_reply,
-        clear_settle,
         capacity: super::rate::Capacity::new(rate),
-    }
-    .run(&mut session)
-}
-
-/// Stops the run before anything runs when the task was cancelled while its worker was gone,
-/// or a time limit passed while it waited (in the queue, on a person, or for recovery after a
-/// crash). A write a crashed run may have sent, whose outcome no run learned, stays held for
-/// reconcile beside that stop: the stop does not make its outcome known.
-fn stop_at_start(
-    ctx: &Context,
-    rec: &TaskRecord,
-) -> Result<Option<(StopReason, Option<crate::kernel::ToolCall>)>, CommitFail> {
-    let now = (ctx.clock)();
-    let cancelled = rec.cancel_requested.is_some();
-    if !cancelled && rec.time_limits.passed(false, now).is_none() {
-        return Ok(None);
-    }
-    let calls = match ctx.store.calls(&rec.id) {
-        Ok(calls) => calls,
-        // A damaged record may be the write in flight, whose call cannot be told from it: the
-        // run goes on as after any crash, and holds that write when its recorded reply
-        // proposes it again (a damaged record is held, never sent); the stop comes at its
-        // next boundary.
-        Err(e @ (crate::store::Error::Corrupt(_) | crate::store::Error::NewerVersion { .. })) => {
-            tracing::error!(task = %rec.id, error = %e, "a call record of the task cannot be read; the task runs on to hold its write before it stops");
-            return Ok(None);
-        }
-        Err(e) => {
-            return Err(CommitFail::Failed(format!(
-                "cannot read the call records of task {}: {e}",
-                rec.id
-            )));
-        }
+        model_label: rec.model.label().to_string(),
+        next: None,
     };
-    let in_flight = rec.in_flight(ctx.store.db_id(), &calls);
-    let started = rec.state.step > 0 || rec.state.pending.is_some() || in_flight.is_some();
-    let stop = if cancelled {
-        StopReason::Cancelled
-    } else {
-        match rec.time_limits.passed(started, now) {
-            Some(stop) => stop,
-            None => return Ok(None),
-        }
-    };
-    tracing::info!(task = %rec.id, stop = %stop, "the task was cancelled or a time limit passed before it was picked up");
-    Ok(Some((stop, in_flight)))
+    let mut machine = Machine::new(rec.clone(), ctx.store.db_id(), &catalog, input);
+    let ended = io.run(&mut machine)?;
+    Ok((ended, io.next.take()))
 }
 
 /// The task's model as the daemon's config makes it (with its profile's shared rate limit),
@@ -488,44 +357,6 @@ fn task_model(
             (Box::new(crate::model::Unavailable(why)), None)
         }
     }
-}
-
-/// The reply of the step in progress, with what its tools answered: a resumed held call
-/// belongs to the step that proposed it, so its answer joins that step's recorded reply.
-fn step_reply(
-    ctx: &Context,
-    rec: &TaskRecord,
-    resumed: bool,
-) -> Result<Option<crate::model::RecordedReply>, CommitFail> {
-    if !resumed {
-        return Ok(None);
-    }
-    ctx.store.reply(&rec.id, rec.state.step).map_err(|e| {
-        CommitFail::Failed(format!(
-            "cannot read the recorded reply of task {}: {e}",
-            rec.id
-        ))
-    })
-}
-
-/// The spans of `rec` that an earlier run left open (it crashed), ended as "interrupted".
-fn interrupted_spans(
-    ctx: &Context,
-    rec: &TaskRecord,
-) -> Result<Vec<crate::kernel::Span>, CommitFail> {
-    let spans = ctx.store.spans(&rec.id).map_err(|e| {
-        CommitFail::Failed(format!("cannot read the spans of task {}: {e}", rec.id))
-    })?;
-    let at = rec.state.elapsed_ms;
-    Ok(spans
-        .into_iter()
-        .filter(|s| s.t1_ms.is_none() && s.id < rec.next_span_id)
-        .map(|mut s| {
-            s.t1_ms = Some(at.max(s.t0_ms));
-            s.status = "interrupted".into();
-            s
-        })
-        .collect())
 }
 
 /// Sleeps `latency_ms * scale` of real time (at most a second per call).

@@ -19,6 +19,7 @@ mod drive;
 pub mod driver;
 mod heartbeat;
 mod identity;
+mod machine;
 mod rate;
 mod routes;
 mod settle;

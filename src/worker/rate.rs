@@ -4,16 +4,13 @@
 //! its last step left it, not to be claimed before capacity returns, and its thread is free.
 //! The wait is not active time (only model and tool latency is).
 
-use crate::kernel::{ModelReply, ModelRequest, TaskState};
+use crate::kernel::{ModelReply, ModelRequest};
 use crate::model::rate::{RateLimit, Reserve};
 
 /// The limit of one run's model, and the state a yield gives back.
 pub(super) struct Capacity {
     pub key: String,
     pub limit: RateLimit,
-    /// The state and span counter of the run's last step commit (`None`: as claimed), which
-    /// a yield commits back: the step in progress is not taken.
-    pub boundary: Option<(TaskState, u32)>,
     /// The reservation of the call in progress.
     pub reserved: Option<u64>,
 }
@@ -30,7 +27,6 @@ impl Capacity {
         rate.map(|(key, limit)| Capacity {
             key,
             limit,
-            boundary: None,
             reserved: None,
         })
     }

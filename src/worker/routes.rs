@@ -1,14 +1,11 @@
 //! A task's tool calls as the durable driver makes them: routed to where the catalog says each
-//! tool lives, a keyless route's repeated write answered from its call record, every answer
-//! counted, logged and added to the step's recorded reply (which `worker replay` feeds back).
+//! tool lives, every answer counted and logged.
 
 use serde_json::json;
 
 use crate::kernel::Route;
-use crate::kernel::{Catalog, Session, ToolReply};
+use crate::kernel::{Catalog, ToolReply};
 use crate::mcp::McpTools;
-use crate::model::RecordedReply;
-use crate::store::CallRecord;
 use crate::tools::Tools;
 use crate::tools::durable::{DemoShop, DurableTools};
 use crate::tools::http::HttpTools;
@@ -42,14 +39,6 @@ pub(super) struct Routed<'a> {
     pub demo: DemoRoute<'a>,
     pub http: HttpTools<'a>,
     pub mcp: McpTools<'a>,
-}
-
-/// Whether `tool` is reached by a route that carries no idempotency key (MCP), so a repeated
-/// call under a key would reach the service as a new one.
-pub(super) fn keyless(catalog: &Catalog, tool: &str) -> bool {
-    catalog
-        .get(tool)
-        .is_some_and(|s| matches!(s.route(), Route::Mcp(_)))
 }
 
 /// The demo shop as one task's route: the daemon's shop (if it has one), in the task's scope
@@ -92,28 +81,6 @@ fn not_sent(code: &str, why: String) -> ToolReply {
     }
 }
 
-/// The answer to a repeat of the write recorded in `c`, if the tool answered it: applied
-/// (`ok`), or failed by the tool's own account (`tool_error`: it ran, and may have had its
-/// effect before it failed). Its recorded result (marked replayed) for the same arguments, a
-/// `key_conflict` for others. A call refused before it reached the tool (no session, a
-/// changed definition, a trusted server's refusal) may be sent again.
-pub(super) fn answered_from_record(c: &CallRecord, digest: &str) -> Option<serde_json::Value> {
-    let result = c.result.as_ref()?;
-    if result["status"] != "ok" && result["code"] != "tool_error" {
-        return None;
-    }
-    Some(if c.digest == digest {
-        let mut r = result.clone();
-        if let Some(m) = r.as_object_mut() {
-            m.insert("replayed".into(), serde_json::Value::Bool(true));
-        }
-        r
-    } else {
-        json!({"status": "error", "code": "key_conflict",
-            "detail": format!("this plan step's write was already sent (digest {}) with other arguments and answered; nothing was sent again", c.digest)})
-    })
-}
-
 impl Tools for Routed<'_> {
     fn call(&mut self, req: &crate::kernel::ToolRequest<'_>) -> ToolReply {
         if let Some(why) = self.unavailable.get(&req.call.name) {
@@ -122,17 +89,8 @@ impl Tools for Routed<'_> {
                 latency_ms: 0,
             };
         }
+        // (Approval rules are the durable step's machine's, applied before a call gets here.)
         match self.catalog.get(&req.call.name) {
-            // The catalog's approval rule, enforced here for every route: nothing is sent
-            // until an operator approves this call's key and digest.
-            Some(spec) if req.approval.is_none() && spec.approval.needs(&req.call.args) => {
-                ToolReply {
-                    result: json!({"status": "needs_approval", "code": crate::kernel::io::HELD_BY_RULE,
-                        "detail": format!("the catalog's approval rule for {} ({}) holds this call until an operator approves it",
-                            spec.name, serde_json::Value::from(spec.approval.clone()))}),
-                    latency_ms: 0,
-                }
-            }
             Some(spec) => match spec.route() {
                 Route::Mcp(_) => self.mcp.call(req),
                 Route::Http(_) => self.http.call(req),
@@ -145,24 +103,4 @@ impl Tools for Routed<'_> {
             },
         }
     }
-}
-
-/// Feeds a tool's answer to the session and adds it to the step's recorded reply (unless that
-/// reply was recorded before tool answers were kept), so a replay sees what this run saw.
-pub(super) fn answer_tool(
-    session: &mut Session<'_>,
-    step_reply: &mut Option<RecordedReply>,
-    name: &str,
-    digest: &str,
-    reply: ToolReply,
-) {
-    if let Some(tools) = step_reply.as_mut().and_then(|r| r.tools.as_mut()) {
-        tools.push(crate::model::RecordedTool {
-            name: name.to_string(),
-            digest: digest.to_string(),
-            result: reply.result.clone(),
-            latency_ms: reply.latency_ms,
-        });
-    }
-    session.on_tool(reply);
 }

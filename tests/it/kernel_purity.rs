@@ -2,7 +2,8 @@
 //! modules, the crate's limits, serde, serde_json, sha2, jsonschema, and the parts of std that
 //! do no I/O and read no clock). This test reads the sources and fails on any other path, so a
 //! new dependency of the kernel (a crate, a module of this crate, `std::time`) is a decision
-//! made here, not an accident.
+//! made here, not an accident. The durable step's machine (`src/worker/machine/`) is held to
+//! the same list, plus the kernel, the store's records and the model's recorded replies.
 
 /// Where a path may start: `crate::X` and `std::X` by their second segment, others by their
 /// first.
@@ -90,13 +91,13 @@ fn allowed(first: &str, second: &str, own: &[String]) -> bool {
     }
 }
 
-#[test]
-fn kernel_imports_only_its_allow_list() {
-    let root = std::path::PathBuf::from(format!("{}/src/kernel", env!("CARGO_MANIFEST_DIR")));
+/// The Rust files under `src/DIR`.
+fn files_of(dir: &str) -> Vec<std::path::PathBuf> {
+    let root = std::path::PathBuf::from(format!("{}/src/{dir}", env!("CARGO_MANIFEST_DIR")));
     let mut dirs = vec![root];
     let mut files = Vec::new();
     while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).expect("src/kernel exists") {
+        for entry in std::fs::read_dir(&dir).expect("the directory exists") {
             let path = entry.expect("readable entry").path();
             if path.is_dir() {
                 dirs.push(path);
@@ -105,6 +106,30 @@ fn kernel_imports_only_its_allow_list() {
             }
         }
     }
+    files
+}
+
+/// Every path of `files`' code (not comments or strings), with where it is.
+fn code_paths(files: &[std::path::PathBuf]) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    for path in files {
+        let text = std::fs::read_to_string(path).expect("readable source");
+        for (n, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            // String literals are text, not paths.
+            let code: String = code.split('"').step_by(2).collect::<Vec<_>>().join(" ");
+            let at = format!("{}:{}: {line}", path.display(), n + 1);
+            for (first, second) in paths(&code) {
+                out.push((first, second, at.clone()));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn kernel_imports_only_its_allow_list() {
+    let files = files_of("kernel");
     // The kernel's own modules, which its files name by their short names.
     let own: Vec<String> = files
         .iter()
@@ -112,28 +137,55 @@ fn kernel_imports_only_its_allow_list() {
         .chain(std::iter::once("session".to_string()))
         .filter(|m| m != "mod")
         .collect();
-    let mut checked = 0;
-    for path in &files {
-        let text = std::fs::read_to_string(path).expect("readable source");
-        for (n, line) in text.lines().enumerate() {
-            let code = line.split("//").next().unwrap_or("");
-            // String literals are text, not paths.
-            let code: String = code.split('"').step_by(2).collect::<Vec<_>>().join(" ");
-            for (first, second) in paths(&code) {
-                assert!(
-                    allowed(&first, &second, &own),
-                    "{}:{}: kernel code may not use {first}::{second} (not on the allow-list of tests/kernel_purity.rs): {line}",
-                    path.display(),
-                    n + 1
-                );
-            }
-        }
-        checked += 1;
+    for (first, second, at) in code_paths(&files) {
+        assert!(
+            allowed(&first, &second, &own),
+            "{at}\nkernel code may not use {first}::{second} (not on the allow-list of tests/kernel_purity.rs)"
+        );
     }
     assert!(
-        checked >= 8,
-        "expected the kernel's source files, found {checked}"
+        files.len() >= 8,
+        "expected the kernel's source files, found {}",
+        files.len()
     );
+}
+
+/// The durable step's machine (`src/worker/machine/`) is sans-IO too: beside the kernel's
+/// allow-list it may name the kernel, the model's recorded replies and the store's record
+/// types (and log with `tracing`), and never a backend, a committer, a clock or a thread.
+#[test]
+fn the_durable_steps_machine_does_no_io() {
+    let files = files_of("worker/machine");
+    let own: Vec<String> = ["commit", "write", "machine"].map(str::to_string).to_vec();
+    for (first, second, at) in code_paths(&files) {
+        let ok = match first.as_str() {
+            "crate" => ["kernel", "model", "store"].contains(&second.as_str()),
+            "tracing" => true,
+            _ => allowed(&first, &second, &own),
+        };
+        assert!(ok, "{at}\nthe machine may not use {first}::{second}");
+    }
+    for path in &files {
+        let text = std::fs::read_to_string(path).expect("readable source");
+        for word in [
+            "Backend",
+            "Committer",
+            "now_ms()",
+            "Instant",
+            "SystemTime",
+            "thread::",
+            "Proof",
+        ] {
+            assert!(
+                !text
+                    .lines()
+                    .any(|l| l.split("//").next().unwrap_or("").contains(word)),
+                "{}: the machine names {word}: it must ask its driver instead",
+                path.display()
+            );
+        }
+    }
+    assert!(files.len() >= 3, "the machine's files");
 }
 
 /// The scan itself: what it must catch, and what it must let through.
