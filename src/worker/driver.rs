@@ -169,7 +169,7 @@ pub struct Proof {
 }
 
 impl Proof {
-    pub(super) fn new(ctx: &Context, id: &str, token: u64) -> Proof {
+    pub fn new(ctx: &Context, id: &str, token: u64) -> Proof {
         Proof {
             clock: Arc::clone(&ctx.clock),
             hook: ctx.hook.clone(),
@@ -185,7 +185,7 @@ impl Proof {
     }
 
     /// Why the proof was refused, if it was (taken: asked once, after the call).
-    pub(super) fn refusal(&self) -> Option<CommitFail> {
+    pub fn refusal(&self) -> Option<CommitFail> {
         self.refused.lock().ok().and_then(|mut r| r.take())
     }
 

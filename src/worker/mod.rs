@@ -19,8 +19,8 @@ mod drive;
 pub mod driver;
 mod heartbeat;
 mod identity;
-mod machine;
-mod rate;
+pub mod machine;
+pub mod rate;
 mod routes;
 mod settle;
 

@@ -8,7 +8,7 @@ use crate::kernel::{ModelReply, ModelRequest};
 use crate::model::rate::{RateLimit, Reserve};
 
 /// The limit of one run's model, and the state a yield gives back.
-pub(super) struct Capacity {
+pub struct Capacity {
     pub key: String,
     pub limit: RateLimit,
     /// The reservation of the call in progress.
@@ -16,7 +16,7 @@ pub(super) struct Capacity {
 }
 
 /// What the limit says about the next call.
-pub(super) enum Gate {
+pub enum Gate {
     Go,
     /// Yield until this time.
     Wait(u64),

@@ -1,18 +1,19 @@
 //! A seeded simulation of the durable layer: several workers and operators interleaved by a
-//! seeded scheduler on the real `RedbStore`, the real durable driver and the demo shop as
-//! the strict sink, under a simulated clock.
+//! seeded scheduler on the real backend (the redb file, or PostgreSQL), the durable step's
+//! real machine (`worker::machine`) and the demo shop as the strict sink, under a simulated
+//! clock.
 //!
-//! Each worker is a thread that runs the real driver (`worker::driver::run_task`) and stops at
-//! every point where the driver calls out (model call, tool send, a write's proof of its claim
-//! right before its first byte, tool answer, commit) until
-//! the scheduler lets it go on, so exactly one thread runs at a time and a seed fixes the whole
-//! schedule. On PostgreSQL, some step commits lose their acknowledgment, after landing or
-//! while still in progress. The scheduler also moves the clock (and jumps it past every lease), crashes
-//! workers at those points (the crashed worker's memory is dropped and a new incarnation with
-//! a new identity starts), pauses workers while others take their tasks over and lets them
-//! resume, and runs operators who review a held call and decide on it later (approve with or
-//! without an extension, reject, reconcile from the ledger, cancel), so decisions race with
-//! the workers.
+//! Every worker is a machine and the I/O it asks for (`worker.rs`), all in this one thread: a
+//! scheduler step lets one worker do one thing (claim, read, ask its model, prove a write's
+//! claim, send, commit), so a seed fixes the whole schedule and every interleaving of those
+//! steps is one the scheduler can choose. On PostgreSQL, some step commits lose their
+//! acknowledgment, after landing or while still in progress. The scheduler also moves the
+//! clock (and jumps it past every lease), crashes workers between any two of their steps (the
+//! crashed worker's memory is dropped and a new incarnation with a new identity starts),
+//! pauses workers while others take their tasks over and lets them resume (between a write's
+//! proof and its send too), and runs operators who review a held call and decide on it later
+//! (approve with or without an extension, reject, reconcile from the ledger, cancel), so
+//! decisions race with the workers.
 //!
 //! Invariants, checked after every scheduler step (the logs of the sink, which only grow, after
 //! each phase) and at the end:
@@ -35,7 +36,7 @@
 //!   real time a statement takes to start;
 //! - after a settling phase without faults, every task has ended and nothing is held.
 //!
-//! `cargo test --test simulation` runs 2,000 seeds from a random base it prints;
+//! `cargo test --test it simulation` runs 2,000 seeds from a random base it prints;
 //! `TETHER_SIM_SEEDS=N` runs N seeds, `TETHER_SIM_BASE=B` fixes the base, and
 //! `TETHER_SIM_SEED=S` replays one seed.
 
@@ -46,10 +47,9 @@ use tether::operator;
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
 use std::time::Duration;
 use tether::kernel::Budget;
 use tether::model::ModelProfile;
@@ -58,28 +58,15 @@ use tether::store::Decision;
 use tether::store::pg::{CommitFault, PgStore};
 use tether::store::{Backend, Error, NewTask, QueueStatus, RedbStore, TaskRecord};
 use tether::tools::durable::DurableStore;
-use tether::worker::driver::{self, Point};
-use tether::worker::{Committer, Identity, Stats};
 
 const SEEDS: u64 = 2_000;
 const LEASE_MS: u64 = 1_000;
 const CHAOS_STEPS: usize = 140;
 const SETTLE_STEPS_MAX: usize = 4_000;
 
-enum Msg {
-    /// Stopped before a commit (`true`: the next run may write) or at a call-out point.
-    Parked(bool),
-    Exited,
-}
+mod worker;
 
-/// One incarnation of a worker process, parked at a point of the driver or between tasks.
-struct Worker {
-    go: Sender<bool>,
-    thread: std::thread::JoinHandle<()>,
-    paused_for: usize,
-    /// Parked where going on may write to the database.
-    writes_next: bool,
-}
+use worker::{Shared, Worker};
 
 struct Sim {
     seed: u64,
@@ -87,9 +74,8 @@ struct Sim {
     store: Arc<dyn Backend>,
     tools: Arc<DurableStore>,
     clock: Arc<AtomicU64>,
-    workers: Vec<Option<Worker>>,
-    parked: Receiver<(usize, Msg)>,
-    parked_tx: Sender<(usize, Msg)>,
+    shared: Shared,
+    workers: Vec<Worker>,
     incarnations: u32,
     /// Calls reviewed by an operator, decided on later: (task, key, digest).
     reviews: Vec<(String, String, String)>,
@@ -101,8 +87,6 @@ struct Sim {
     ids: Vec<String>,
     /// When each task's own start time is, if it has one.
     starts: BTreeMap<String, u64>,
-    /// The simulated time of every model call that left a worker (its capacity granted).
-    calls: Arc<Mutex<Vec<u64>>>,
     /// How far the store's "now" may run ahead of the simulated clock (0 on redb).
     slack_ms: u64,
 }
@@ -173,6 +157,12 @@ fn task(rng: &mut Rng, i: usize) -> NewTask {
 
 /// The simulated clock at the start.
 const START_MS: u64 = 1_000_000;
+
+/// The demo shop's catalog, as every simulated task resolves it (they name no catalog).
+fn demo_catalog() -> &'static tether::kernel::Catalog {
+    static CATALOG: std::sync::OnceLock<tether::kernel::Catalog> = std::sync::OnceLock::new();
+    CATALOG.get_or_init(|| tether::config::Config::default().catalog_for(None).catalog)
+}
 /// The limit of every `tenant:` key.
 const TENANT_LIMIT: usize = 1;
 /// The rate limit every model call shares: `RATE_REQUESTS` calls in any `RATE_WINDOW_MS`.
@@ -221,32 +211,44 @@ impl Sim {
             .zip(&tasks)
             .filter_map(|(id, t)| Some((id.clone(), t.not_before_ms?)))
             .collect();
-        let (parked_tx, parked) = unbounded();
+        let clock = Arc::new(AtomicU64::new(START_MS));
+        let shared = Shared {
+            store: Arc::clone(&store),
+            shop: Arc::new(tether::tools::durable::DemoShop::opened(Arc::clone(&tools))),
+            clock: Arc::clone(&clock),
+            calls: Arc::default(),
+            lease_ms: LEASE_MS,
+            rate: tether::model::rate::RateLimit {
+                requests: Some(RATE_REQUESTS as u32),
+                tokens: None,
+                per_ms: RATE_WINDOW_MS,
+            },
+            catalog: demo_catalog(),
+        };
         let mut sim = Sim {
             seed,
             rng,
             store,
             tools,
-            clock: Arc::new(AtomicU64::new(START_MS)),
+            clock,
+            shared,
             workers: Vec::new(),
-            parked,
-            parked_tx,
             incarnations: 0,
             reviews: Vec::new(),
             seen: BTreeMap::new(),
             sends: BTreeMap::new(),
             ids,
             starts,
-            calls: Arc::default(),
             slack_ms: match db {
                 SimDb::Dir(_) => 0,
                 SimDb::Pg(_) => PG_CLOCK_SLACK_MS,
             },
         };
         let workers = 2 + sim.rng.below(2) as usize;
-        for slot in 0..workers {
-            sim.workers.push(None);
-            sim.spawn(slot);
+        for _ in 0..workers {
+            sim.incarnations += 1;
+            let w = Worker::new(&sim.shared, sim.incarnations);
+            sim.workers.push(w);
         }
         sim
     }
@@ -255,177 +257,16 @@ impl Sim {
         self.clock.load(Ordering::SeqCst)
     }
 
-    /// Starts a new incarnation of worker `slot` and waits until it parks.
-    fn spawn(&mut self, slot: usize) {
-        self.incarnations += 1;
-        let me = Identity {
-            host: "sim".into(),
-            pid: self.incarnations,
-            start_ticks: 0,
-            instance: u64::from(self.incarnations),
-        };
-        // Leases end by expiry only, as on a file where no owner is judged dead: the
-        // heartbeat of a shared database never runs out here.
-        self.store
-            .heartbeat(&me.owner(), 0, u64::MAX / 4)
-            .expect("heartbeat");
-        let (go_tx, go_rx) = bounded::<bool>(1);
-        let parked = self.parked_tx.clone();
-        let crashed = Arc::new(AtomicBool::new(false));
-        let gate = {
-            let crashed = Arc::clone(&crashed);
-            let parked = parked.clone();
-            move |writes: bool| {
-                if crashed.load(Ordering::SeqCst) {
-                    return false;
-                }
-                let _ = parked.send((slot, Msg::Parked(writes)));
-                let go = go_rx.recv().unwrap_or(false);
-                if !go {
-                    crashed.store(true, Ordering::SeqCst);
-                }
-                go
-            }
-        };
-        let gate: Arc<dyn Fn(bool) -> bool + Send + Sync> = Arc::new(gate);
-        let hook_gate = Arc::clone(&gate);
-        let clock = Arc::clone(&self.clock);
-        let (calls, call_clock) = (Arc::clone(&self.calls), Arc::clone(&self.clock));
-        let hook = move |p: Point| {
-            if p == Point::ModelCall {
-                // Not a scheduling point: the call leaves at once, as its capacity was granted.
-                let now = call_clock.load(Ordering::SeqCst);
-                calls.lock().expect("calls").push(now);
-                return true;
-            }
-            hook_gate(p == Point::Commit)
-        };
-        let ctx = driver::Context {
-            clock: Arc::new(move || clock.load(Ordering::SeqCst)),
-            hook: Some(Arc::new(hook)),
-            mcp: None,
-            trusted: Arc::default(),
-            export: false,
-            identity: me.clone(),
-            store: self.store.clone(),
-            demo: Some(Arc::new(tether::tools::durable::DemoShop::opened(
-                Arc::clone(&self.tools),
-            ))),
-            committer: Committer::direct(self.store.clone()),
-            lease_ms: LEASE_MS,
-            heartbeat_ttl_ms: u64::MAX / 4,
-            time_scale: 0.0,
-            shutdown: Arc::new(AtomicBool::new(false)),
-            stats: Arc::new(Stats::default()),
-            scripted_rate: Some((
-                "sim-model".into(),
-                tether::model::rate::RateLimit {
-                    requests: Some(RATE_REQUESTS as u32),
-                    tokens: None,
-                    per_ms: RATE_WINDOW_MS,
-                },
-            )),
-        };
-        let store = Arc::clone(&self.store);
-        let thread = std::thread::spawn(move || {
-            // The worker's dispatcher: recover expired leases (never its own live claims:
-            // between tasks it has none), claim one task, run it and the tasks its final
-            // commits claim, until it crashes.
-            while gate(true) {
-                let now = (ctx.clock)();
-                let _ = store.recover(now, &|_| false, &|_, _| false);
-                let mut next = match store.claim(&me.lease(now, LEASE_MS), 1, now) {
-                    Ok(mut v) => v.pop(),
-                    Err(e) => panic!("claim failed: {e}"),
-                };
-                while let Some(rec) = next.take() {
-                    next = driver::run_task(&ctx, rec);
-                }
-                if crashed.load(Ordering::SeqCst) {
-                    break;
-                }
-            }
-            let _ = parked.send((slot, Msg::Exited));
-        });
-        self.workers[slot] = Some(Worker {
-            go: go_tx,
-            thread,
-            paused_for: 0,
-            writes_next: true,
-        });
-        self.wait(slot);
-    }
-
-    /// Waits for worker `slot` to park again; false if it exited.
-    fn wait(&mut self, slot: usize) -> bool {
-        let (from, msg) = self
-            .parked
-            .recv_timeout(std::time::Duration::from_secs(60))
-            .unwrap_or_else(|_| panic!("seed {}: worker {slot} hung", self.seed));
-        assert_eq!(from, slot, "seed {}: two workers ran at once", self.seed);
-        match msg {
-            Msg::Parked(writes) => {
-                if let Some(w) = self.workers[slot].as_mut() {
-                    w.writes_next = writes;
-                }
-                true
-            }
-            Msg::Exited => false,
-        }
-    }
-
-    /// Lets worker `slot` run to its next point. Returns whether it may have written.
+    /// Lets worker `slot` do one thing. Returns whether it may have written.
     fn step(&mut self, slot: usize) -> bool {
-        let Some(w) = &self.workers[slot] else {
-            return false;
-        };
-        let writes = w.writes_next;
-        if w.go.send(true).is_err() || !self.wait(slot) {
-            self.reap(slot);
-            self.spawn(slot);
-        }
-        writes
+        self.workers[slot].step(&self.shared)
     }
 
-    fn reap(&mut self, slot: usize) {
-        if let Some(w) = self.workers[slot].take() {
-            w.thread.join().expect("worker thread panicked");
-        }
-    }
-
-    /// Crashes worker `slot` where it stands and starts a new incarnation.
+    /// Crashes worker `slot` where it stands: its run is dropped, and a new incarnation with
+    /// an identity of its own takes its place.
     fn crash(&mut self, slot: usize) {
-        let Some(w) = &self.workers[slot] else { return };
-        let _ = w.go.send(false);
-        // It either exits at once or runs to its next point, where it exits.
-        let (from, msg) = self
-            .parked
-            .recv_timeout(std::time::Duration::from_secs(60))
-            .unwrap_or_else(|_| panic!("seed {}: crashed worker {slot} hung", self.seed));
-        assert_eq!(from, slot);
-        assert!(
-            matches!(msg, Msg::Exited),
-            "seed {}: crash did not stop it",
-            self.seed
-        );
-        self.reap(slot);
-        self.spawn(slot);
-    }
-
-    fn shutdown(&mut self) {
-        for slot in 0..self.workers.len() {
-            if let Some(w) = &self.workers[slot] {
-                let _ = w.go.send(false);
-                while let Ok((from, msg)) =
-                    self.parked.recv_timeout(std::time::Duration::from_secs(60))
-                {
-                    if from == slot && matches!(msg, Msg::Exited) {
-                        break;
-                    }
-                }
-                self.reap(slot);
-            }
-        }
+        self.incarnations += 1;
+        self.workers[slot] = Worker::new(&self.shared, self.incarnations);
     }
 
     fn decision(&self, by: &str) -> Decision {
@@ -519,7 +360,7 @@ impl Sim {
 
     fn runnable(&mut self) -> Option<usize> {
         let ready: Vec<usize> = (0..self.workers.len())
-            .filter(|s| self.workers[*s].as_ref().is_some_and(|w| w.paused_for == 0))
+            .filter(|s| self.workers[*s].paused_for == 0)
             .collect();
         if ready.is_empty() {
             return None;
@@ -528,7 +369,7 @@ impl Sim {
     }
 
     fn tick_pauses(&mut self) {
-        for w in self.workers.iter_mut().flatten() {
+        for w in &mut self.workers {
             w.paused_for = w.paused_for.saturating_sub(1);
         }
     }
@@ -562,9 +403,7 @@ impl Sim {
                 false
             }
             72..=75 => {
-                if let Some(w) = self.workers[slot].as_mut() {
-                    w.paused_for = 5 + self.rng.below(40) as usize;
-                }
+                self.workers[slot].paused_for = 5 + self.rng.below(40) as usize;
                 false
             }
             76..=87 => {
@@ -585,7 +424,7 @@ impl Sim {
     /// One step of the settling phase: no faults; operators settle whatever waits.
     fn settle(&mut self) {
         self.advance(50);
-        for w in self.workers.iter_mut().flatten() {
+        for w in &mut self.workers {
             w.paused_for = 0;
         }
         match self.rng.below(10) {
@@ -701,7 +540,7 @@ impl Sim {
 
     /// No more than `RATE_REQUESTS` model calls in any window of `RATE_WINDOW_MS`.
     fn check_rate(&self) {
-        let mut calls = self.calls.lock().expect("calls").clone();
+        let mut calls = self.shared.calls.lock().expect("calls").clone();
         calls.sort_unstable();
         for w in calls.windows(RATE_REQUESTS + 1) {
             assert!(
@@ -814,7 +653,6 @@ impl Sim {
         if std::env::var("TETHER_SIM_VERBOSE").is_ok() {
             eprintln!("seed {}: {steps} settling steps", self.seed);
         }
-        self.shutdown();
     }
 }
 
