@@ -41,7 +41,7 @@ fn run(name: &str, otlp: Option<Target>) -> f64 {
         demo: Some(std::sync::Arc::new(
             tether::tools::durable::DemoShop::opened(std::sync::Arc::clone(&tools)),
         )),
-        workers: 4,
+        max_in_flight: 4,
         drain: true,
         otlp,
         ..Config::default()

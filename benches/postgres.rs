@@ -53,7 +53,7 @@ fn raw_commit_rate(url: &str, n: usize) -> f64 {
     n as f64 / t.elapsed().as_secs_f64()
 }
 
-/// Runs `n` tasks with `workers` threads until drained, in a schema of its own; returns
+/// Runs `n` tasks, at most `workers` in flight, until drained, in a schema of its own; returns
 /// steps/s.
 fn durable(base: &str, name: &str, model: &ModelProfile, n: usize, workers: usize) -> f64 {
     let url = format!("{base}?schema={name}");
@@ -67,7 +67,7 @@ fn durable(base: &str, name: &str, model: &ModelProfile, n: usize, workers: usiz
         demo: Some(std::sync::Arc::new(
             tether::tools::durable::DemoShop::opened(std::sync::Arc::clone(&tools)),
         )),
-        workers,
+        max_in_flight: workers,
         drain: true,
         ..Config::default()
     };
@@ -96,7 +96,7 @@ fn wake_latency(base: &str, n: usize) -> Vec<f64> {
                 demo: Some(std::sync::Arc::new(
                     tether::tools::durable::DemoShop::opened(std::sync::Arc::clone(&tools)),
                 )),
-                workers: 1,
+                max_in_flight: 1,
                 ..Config::default()
             };
             worker::run(store, &cfg, stop).expect("daemon")
@@ -154,7 +154,7 @@ fn step_parts(base: &str, round: usize, n: usize) -> (f64, f64, f64) {
         demo: Some(Arc::new(tether::tools::durable::DemoShop::opened(
             Arc::clone(&tools),
         ))),
-        workers: 1,
+        max_in_flight: 1,
         drain: true,
         ..Config::default()
     };

@@ -32,6 +32,8 @@ pub struct Metrics {
     pub tool_seconds: HistogramVec,
     pub tool_retries: IntCounterVec,
     pub takeovers: IntCounter,
+    /// Tasks claimed, by what woke the dispatcher (the fallback poll should start none).
+    pub claims_by: IntCounterVec,
     pub auto_settled: IntCounter,
     pub tasks_ended: IntCounterVec,
     /// Live OTLP export: spans sent, spans given up on, failed attempts.
@@ -174,6 +176,11 @@ fn build() -> prometheus::Result<Metrics> {
         takeovers: counter(
             "tether_lease_takeovers_total",
             "Tasks this process put back in the queue after their lease expired or their owner died.",
+        )?,
+        claims_by: counters(
+            "tether_tasks_claimed_total",
+            "Tasks this daemon claimed, by what led it to look: start (at start or right after a claim), enqueued (an enqueue or decision through this daemon), watch (another process's write), run_ended, due (a delayed task, schedule or recovery time), poll (the fallback poll; a wake-up was missed).",
+            &["by"],
         )?,
         auto_settled: counter(
             "tether_writes_settled_by_lookup_total",

@@ -275,7 +275,7 @@ mod tests {
     #[test]
     fn the_first_verb_decides() {
         let pick = |args: &[&str]| long_running(args.iter().map(|a| a.as_bytes()));
-        assert!(pick(&["--db", "x.redb", "run", "--workers", "4"]));
+        assert!(pick(&["--db", "x.redb", "run", "--max-in-flight", "4"]));
         assert!(pick(&["serve", "--listen", "127.0.0.1:8080"]));
         assert!(!pick(&["enqueue", "--goal", "run"]));
         assert!(!pick(&["--version"]));

@@ -5,7 +5,7 @@ use super::*;
 const AFTER_HELP: &str = "Examples:
   worker demo                                   # scenarios A-H through the durable path
   worker enqueue --user cu_ana --goal 'refund the damaged item on order ord_1001' --model policy --key job-42
-  worker run --workers 4 --drain                # run until nothing is runnable
+  worker run --drain                            # run until nothing is runnable
   worker list --status finished --json
   worker show t1
   worker trace t1
@@ -45,7 +45,7 @@ pub enum LogFormat {
 pub enum Command {
     /// Run the daemon: claim tasks and run them on a pool of threads.
     #[command(
-        after_help = "Example:\n  RUST_LOG=info worker run --workers 8        # until SIGINT/SIGTERM\n  worker run --drain                          # until the queue is empty\n  worker run --console 127.0.0.1:8080         # with the web console and the HTTP API\n  worker run --shared                         # beside other daemons on the same file\n\nOn a file, the daemon is its only writer (unless --shared) and serves a local API on a Unix\nsocket beside it (worker.redb.sock, mode 0600): while it runs, `worker enqueue`, the\ndecisions (approve, reject, reconcile, cancel), `memory add|forget`, `purge` and the\nschedules' changes go through it. It holds worker.redb.lock, which names its pid; a second\ndaemon on the file is refused. Daemons started with --shared share the file, and the one\nholding the lock serves the socket."
+        after_help = "Example:\n  RUST_LOG=info worker run                    # until SIGINT/SIGTERM\n  worker run --drain                          # until the queue is empty\n  worker run --console 127.0.0.1:8080         # with the web console and the HTTP API\n  worker run --shared                         # beside other daemons on the same file\n\nOn a file, the daemon is its only writer (unless --shared) and serves a local API on a Unix\nsocket beside it (worker.redb.sock, mode 0600): while it runs, `worker enqueue`, the\ndecisions (approve, reject, reconcile, cancel), `memory add|forget`, `purge` and the\nschedules' changes go through it. It holds worker.redb.lock, which names its pid; a second\ndaemon on the file is refused. Daemons started with --shared share the file, and the one\nholding the lock serves the socket."
     )]
     Run(RunArgs),
     /// Add a task (or a batch from a JSONL file) to the queue; prints the task id.
@@ -97,7 +97,9 @@ pub enum Command {
     #[command(subcommand, after_help = super::schedule::SCHEDULE_HELP)]
     Schedule(super::schedule::ScheduleCommand),
     /// Enqueue scenarios A-H on a fresh temporary database, run them, print the table.
-    #[command(after_help = "Example:\n  worker demo --workers 4")]
+    #[command(
+        after_help = "Example:\n  worker demo\n  worker demo --keep ./demo    # keep its databases to look at"
+    )]
     Demo(DemoArgs),
     /// The demo shop: its orders and refund ledger.
     Store(StoreArgs),
@@ -288,9 +290,16 @@ may or may not be enqueued (with --key, running the same enqueue again is safe).
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// Worker threads, each running one task at a time.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=1024))]
-    pub workers: u16,
+    /// The most tasks running at once. A running task waiting on its model or a tool holds
+    /// no thread (the daemon runs on about one thread per core), so this bounds memory and
+    /// open connections, not threads; model profiles' rate limits and concurrency keys bound
+    /// it further.
+    #[arg(long, value_name = "N", default_value_t = crate::worker::MAX_IN_FLIGHT,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    pub max_in_flight: usize,
+    /// Retired: tasks no longer hold a thread each (see --max-in-flight).
+    #[arg(long, hide = true, value_name = "N")]
+    pub workers: Option<String>,
     /// Exit when nothing is runnable.
     #[arg(long)]
     pub drain: bool,

@@ -73,9 +73,9 @@ pub struct DemoStoreArgs {
 
 #[derive(Args, Debug)]
 pub struct DemoArgs {
-    /// Worker threads of the demo's daemon.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
-    pub workers: u16,
+    /// Retired: tasks no longer hold a thread each.
+    #[arg(long, hide = true, value_name = "N")]
+    pub workers: Option<String>,
     /// Keep the demo's database files in this directory instead of a temporary one.
     #[arg(long)]
     pub keep: Option<PathBuf>,

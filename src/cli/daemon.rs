@@ -1,6 +1,7 @@
 //! `worker run` (the daemon), `worker console` (the web console), `worker demo` (scenarios A-H
 //! through the durable worker) and `worker demo-store` (the demo shop over HTTP).
 
+use super::inflight::{open_files_for, workers_retired};
 use super::*;
 
 pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
@@ -28,17 +29,14 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
     let console = console_args(a)?;
     let (store, sole) = open_daemon_store(cli, a)?;
     // The demo shop is opened only if a task calls one of its tools.
-    let demo = Arc::new(DemoShop::at(
-        &store_target(cli, &a.shop),
-        a.workers as usize + 1,
-    ));
+    let demo = Arc::new(DemoShop::at(&store_target(cli, &a.shop), SHOP_CONNECTIONS));
     let shutdown = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, Arc::clone(&shutdown))
             .map_err(|e| CliError::op(format!("cannot install the signal handler: {e}")))?;
     }
     let cfg = Config {
-        workers: a.workers as usize,
+        max_in_flight: a.max_in_flight,
         drain: a.drain,
         lease_ms: a.lease_ms,
         time_scale: a.time_scale,
@@ -59,7 +57,8 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
     if let Some((listen, access)) = console {
         console_in_daemon(cli, a, listen, access, &store, &shutdown)?;
     }
-    tracing::info!(db = %store.describe(), workers = cfg.workers, drain = cfg.drain, "worker started");
+    open_files_for(a.max_in_flight);
+    tracing::info!(db = %store.describe(), max_in_flight = cfg.max_in_flight, drain = cfg.drain, "worker started");
     let local = serve_api(cli, &store, sole)?;
     let reporting = drain_progress(&store, cfg.drain);
     let stats = worker::run(store, &cfg, shutdown);
@@ -110,9 +109,9 @@ fn open_daemon_store(cli: &Cli, a: &RunArgs) -> Result<(Db, Option<std::fs::File
         let lock = claim_sole(&cli.db)?;
         return Ok((open_sole(&cli.db)?, Some(lock)));
     }
-    // A pool connection for each worker thread, the committer, the dispatcher, the settler and
-    // the heartbeat (which must never wait behind the others).
-    match store::open_backend(&cli.db, Access::Create, a.workers as usize + 4) {
+    // Connections for the executor's blocking work, the dispatcher, the settler and the
+    // heartbeat (which must never wait behind the others).
+    match store::open_backend(&cli.db, Access::Create, DB_CONNECTIONS) {
         Ok(db) => Ok((db, None)),
         Err(store::Error::InUse(path)) => {
             let who = crate::local::daemon_pid(&path).map_or_else(
@@ -237,8 +236,18 @@ fn trusted_config(cli: &Cli) -> Result<crate::config::Config, CliError> {
     Ok(trusted)
 }
 
+/// Connections of a daemon to a database server: a run's blocking work waits for one.
+const DB_CONNECTIONS: usize = 24;
+
+/// Connections of a daemon to the demo shop's database, when it is a server.
+const SHOP_CONNECTIONS: usize = 8;
+
 /// The daemon's arguments that can be checked before anything is opened.
 fn check_run_args(a: &RunArgs) -> CliResult {
+    workers_retired(
+        &a.workers,
+        "drop --workers; --max-in-flight N bounds the tasks running at once (default 10000)",
+    )?;
     if !(a.time_scale.is_finite() && (0.0..=10.0).contains(&a.time_scale)) {
         return Err(CliError::usage(format!(
             "--time-scale {} must be between 0 and 10",
@@ -273,6 +282,10 @@ fn drain_progress(store: &Db, drain: bool) -> Arc<AtomicBool> {
 }
 
 pub(super) fn cmd_demo(cli: &Cli, a: &DemoArgs) -> CliResult {
+    workers_retired(
+        &a.workers,
+        "drop --workers: the demo runs all its scenarios at once",
+    )?;
     if store::pg::is_url(&cli.db) {
         return demo_pg(cli, a);
     }
@@ -296,7 +309,7 @@ pub(super) fn cmd_demo(cli: &Cli, a: &DemoArgs) -> CliResult {
     let db = dir.join("worker.redb");
     let store: Db = Arc::new(RedbStore::open(&db, true)?);
     let tools = Arc::new(DurableStore::open(&sibling_store(&db))?);
-    run_demo(store, tools, a)?;
+    run_demo(store, tools)?;
     if a.keep.is_some() {
         outln!(
             "\ndatabase kept: {} (try: worker --db {} trace t1)",
@@ -316,11 +329,11 @@ fn demo_pg(cli: &Cli, a: &DemoArgs) -> CliResult {
     let pg = Arc::new(store::pg::PgStore::open(
         &url,
         true,
-        a.workers as usize + 2,
+        DB_CONNECTIONS,
         store::pg::CLI_RETRY,
     )?);
-    let tools = Arc::new(DurableStore::open_sized(&url, a.workers as usize + 1)?);
-    let ran = run_demo(pg.clone(), tools, a);
+    let tools = Arc::new(DurableStore::open_sized(&url, SHOP_CONNECTIONS)?);
+    let ran = run_demo(pg.clone(), tools);
     if a.keep.is_some() {
         outln!("\nschemas kept: {schema} and {schema}_store (try: worker --db '{url}' trace t1)");
     } else {
@@ -330,7 +343,7 @@ fn demo_pg(cli: &Cli, a: &DemoArgs) -> CliResult {
 }
 
 /// Enqueues scenarios A-H, runs them to the end and prints the design reference's table.
-fn run_demo(store: Db, tools: Arc<DurableStore>, a: &DemoArgs) -> CliResult {
+fn run_demo(store: Db, tools: Arc<DurableStore>) -> CliResult {
     let all = scenarios();
     let tasks: Vec<NewTask> = all
         .iter()
@@ -359,7 +372,6 @@ fn run_demo(store: Db, tools: Arc<DurableStore>, a: &DemoArgs) -> CliResult {
         .collect();
     let ids = store.enqueue(&tasks, now_ms())?;
     let cfg = Config {
-        workers: a.workers as usize,
         drain: true,
         demo: Some(Arc::new(DemoShop::opened(Arc::clone(&tools)))),
         ..Config::default()

@@ -39,6 +39,7 @@ mod args_demo;
 mod daemon;
 mod decide;
 mod enqueue;
+mod inflight;
 mod progress;
 mod read;
 pub mod reference;

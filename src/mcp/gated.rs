@@ -13,7 +13,6 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 
 use http::{HeaderName, HeaderValue};
 use rmcp::model::{ClientJsonRpcMessage, ClientRequest, JsonRpcMessage};
@@ -23,17 +22,13 @@ use rmcp::transport::streamable_http_client::{
 };
 
 use crate::net::Ready;
+use crate::net::client::{GateLayer, SEND_GATE};
 
 /// The `_meta` key that carries a call's gate id from `Mcp::call_gated` to the client.
 pub(super) const GATE_META_KEY: &str = "tether.dev/send-gate";
 
 /// The gates of the calls in flight, by id.
 pub(super) type Gates = Arc<Mutex<HashMap<String, Ready>>>;
-
-tokio::task_local! {
-    /// The gate of the request this task is sending, if it has one.
-    static SEND_GATE: Ready;
-}
 
 /// The SDK's reqwest client, with the gate of each `tools/call` in scope while it is sent.
 #[derive(Clone)]
@@ -194,54 +189,5 @@ impl StreamableHttpClient for GatedClient {
             custom_headers,
             max_sse_event_size,
         )
-    }
-}
-
-/// The connector's last layer: a connection made for a request with a gate asks it once made.
-#[derive(Clone)]
-struct GateLayer;
-
-impl<S> tower_layer::Layer<S> for GateLayer {
-    type Service = GateService<S>;
-
-    fn layer(&self, inner: S) -> GateService<S> {
-        GateService(inner)
-    }
-}
-
-#[derive(Clone)]
-struct GateService<S>(S);
-
-type Pinned<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
-impl<S, R> tower_service::Service<R> for GateService<S>
-where
-    S: tower_service::Service<R>,
-    S::Future: Send + 'static,
-    S::Response: Send + 'static,
-    S::Error: From<String> + Send + 'static,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = Pinned<Result<S::Response, S::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.0.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: R) -> Self::Future {
-        let connecting = self.0.call(req);
-        Box::pin(async move {
-            let gate = SEND_GATE.try_with(Arc::clone).ok();
-            let conn = connecting.await?;
-            if let Some(gate) = gate {
-                // The gate may read the database (a blocking client): off the runtime's thread.
-                let ready = tokio::task::spawn_blocking(move || gate())
-                    .await
-                    .unwrap_or_else(|e| Err(format!("the send gate failed: {e}")));
-                ready.map_err(S::Error::from)?;
-            }
-            Ok(conn)
-        })
     }
 }

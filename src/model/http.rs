@@ -17,7 +17,8 @@ use crate::kernel::{
 };
 use crate::limits;
 use crate::model::Model;
-use crate::net::{agent, clip, read_body};
+use crate::net::client::{self, read_body};
+use crate::net::clip;
 
 /// A provider's response, read by its adapter.
 #[derive(Debug, PartialEq)]
@@ -62,10 +63,13 @@ pub struct HttpModel {
     /// From the profile's variable when the model was built; `Err` says why there is none
     /// (every call then stops the task with that message, and nothing is sent).
     pub api_key: Result<Option<String>, String>,
-    /// A `429` the provider answered, with how long it asked to wait, when the profile has a
-    /// shared rate limit: the driver waits (off the thread) instead of this model.
-    pub busy: std::cell::Cell<Option<Duration>>,
+    /// A `429` the provider answered, with how long it asked to wait in ms ([`NOT_BUSY`]:
+    /// none), when the profile has a shared rate limit: the driver waits instead of this model.
+    pub busy: std::sync::atomic::AtomicU64,
 }
+
+/// [`HttpModel::busy`] when the provider asked for no wait.
+pub const NOT_BUSY: u64 = u64::MAX;
 
 /// The model of a task whose tools are `catalog`, on `profile`, with the task's own
 /// instructions.
@@ -85,7 +89,7 @@ pub fn build(
         profile: profile.clone(),
         prompt,
         api_key: profile.api_key(),
-        busy: std::cell::Cell::new(None),
+        busy: std::sync::atomic::AtomicU64::new(NOT_BUSY),
     })
 }
 
@@ -112,41 +116,52 @@ impl HttpModel {
         }
     }
 
-    fn send(&self, req: &ModelRequest<'_>, key: Option<&str>) -> Result<Parsed, ModelError> {
+    /// The exchange with the provider for `req`: the request sent, tried again as the
+    /// module says, and its answer read. Waits (the request, the backoffs) do not hold a
+    /// thread.
+    async fn send(&self, req: &ModelRequest<'_>, key: Option<&str>) -> Result<Parsed, ModelError> {
         let start = Instant::now();
         let budget = Duration::from_millis(req.timeout_ms);
         let body = self.body(req).to_string();
         let url = self.url();
+        let client = crate::net::client::pooled().map_err(ModelError::Fatal)?;
         let mut attempt = 0;
         loop {
             let left = budget.saturating_sub(start.elapsed());
             if left.is_zero() {
                 return Err(ModelError::Timeout);
             }
-            let r = self.request(&url, left, key);
-            let (status, wait_asked, text) = match r.send(body.as_str()) {
-                Ok(mut resp) => {
+            let sent = self
+                .request(client, &url, left, key)
+                .body(body.clone())
+                .send()
+                .await;
+            let (status, wait_asked, text) = match sent {
+                Ok(resp) => {
                     let status = resp.status().as_u16();
                     let wait = crate::net::retry_after(resp.headers());
-                    match read_body(&mut resp, limits::REPLY_BYTES_MAX) {
+                    match read_body(resp, limits::REPLY_BYTES_MAX).await {
                         Ok(t) => (status, wait, t),
+                        Err(_) if start.elapsed() >= budget => return Err(ModelError::Timeout),
                         Err(e) => {
                             return Err(ModelError::Failed(format!("HTTP {status}: {e}")));
                         }
                     }
                 }
-                Err(ureq::Error::Timeout(_)) => return Err(ModelError::Timeout),
+                Err(e) if e.is_timeout() => return Err(ModelError::Timeout),
                 Err(e) => {
                     let wait = jittered(attempt);
                     if attempt < self.profile.max_retries && start.elapsed() + wait < budget {
+                        let e = client::error_text(&e);
                         tracing::warn!(model = %self.profile.model, error = %e, attempt = attempt + 1, wait_ms = wait.as_millis() as u64, "model request failed; retrying");
-                        std::thread::sleep(wait);
+                        tokio::time::sleep(wait).await;
                         attempt += 1;
                         continue;
                     }
                     return Err(ModelError::Failed(format!(
-                        "the request to {url} failed after {} attempts: {e}",
-                        attempt + 1
+                        "the request to {url} failed after {} attempts: {}",
+                        attempt + 1,
+                        client::error_text(&e)
                     )));
                 }
             };
@@ -156,9 +171,10 @@ impl HttpModel {
             let (message, code) = error_of(&text);
             if status == 429 && self.profile.rate_limit.is_some() {
                 // The whole profile slows down: its driver records the wait for every
-                // daemon and hands this task's thread back meanwhile.
+                // daemon and hands this task's place back meanwhile.
                 let wait = wait_asked.unwrap_or(BUSY_WAIT).min(WAIT_MAX);
-                self.busy.set(Some(wait));
+                self.busy
+                    .store(wait.as_millis() as u64, std::sync::atomic::Ordering::SeqCst);
                 return Err(gave_up(status, attempt + 1, None, message));
             }
             if matches!(status, 408 | 409 | 429 | 500..=599) {
@@ -168,7 +184,7 @@ impl HttpModel {
                 let fits = start.elapsed() + wait < budget;
                 if attempt < self.profile.max_retries && fits {
                     tracing::warn!(model = %self.profile.model, status, attempt = attempt + 1, wait_ms = wait.as_millis() as u64, "model answered HTTP {status}; retrying");
-                    std::thread::sleep(wait);
+                    tokio::time::sleep(wait).await;
                     attempt += 1;
                     continue;
                 }
@@ -187,15 +203,17 @@ impl HttpModel {
     /// A POST of the provider's API to `url`, with its key and version headers.
     fn request(
         &self,
+        client: &reqwest::Client,
         url: &str,
         left: Duration,
         key: Option<&str>,
-    ) -> ureq::RequestBuilder<ureq::typestate::WithBody> {
-        let mut r = agent(left)
+    ) -> reqwest::RequestBuilder {
+        let mut r = client
             .post(url)
+            .timeout(left)
             .header("Content-Type", "application/json");
         match (self.profile.api, key) {
-            (Api::OpenAi, Some(k)) => r = r.header("Authorization", &format!("Bearer {k}")),
+            (Api::OpenAi, Some(k)) => r = r.header("Authorization", format!("Bearer {k}")),
             (Api::Anthropic, Some(k)) => r = r.header("x-api-key", k),
             (_, None) => {}
         }
@@ -203,6 +221,30 @@ impl HttpModel {
             r = r.header("anthropic-version", super::anthropic::VERSION);
         }
         r
+    }
+
+    /// The reply to `req`: the exchange, timed, or why nothing was sent.
+    async fn reply(&self, req: &ModelRequest<'_>) -> ModelReply {
+        let start = Instant::now();
+        let sent = match &self.api_key {
+            Err(why) => Err(ModelError::Fatal(format!(
+                "{why}: the model profile's API key is missing, so nothing was sent"
+            ))),
+            Ok(key) => self.send(req, key.as_deref()).await,
+        };
+        let latency_ms = (start.elapsed().as_millis() as u64).min(req.timeout_ms.max(1));
+        match sent {
+            Ok(p) => ModelReply {
+                outcome: p.outcome,
+                latency_ms,
+                usage: p.usage,
+                response: Some(p.response),
+                turn: p.turn,
+            },
+            // A timeout used all the time that was left.
+            Err(ModelError::Timeout) => ModelReply::failed(ModelError::Timeout, req.timeout_ms),
+            Err(e) => ModelReply::failed(e, latency_ms),
+        }
     }
 
     /// What a 4xx answer that asking again cannot fix means, for a person.
@@ -246,27 +288,22 @@ impl HttpModel {
 }
 
 impl Model for HttpModel {
+    /// The exchange on a runtime of its own, for a caller outside the executor.
     fn next(&mut self, req: &ModelRequest<'_>) -> ModelReply {
-        let start = Instant::now();
-        let sent = match &self.api_key {
-            Err(why) => Err(ModelError::Fatal(format!(
-                "{why}: the model profile's API key is missing, so nothing was sent"
-            ))),
-            Ok(key) => self.send(req, key.as_deref()),
-        };
-        let latency_ms = (start.elapsed().as_millis() as u64).min(req.timeout_ms.max(1));
-        match sent {
-            Ok(p) => ModelReply {
-                outcome: p.outcome,
-                latency_ms,
-                usage: p.usage,
-                response: Some(p.response),
-                turn: p.turn,
-            },
-            // A timeout used all the time that was left.
-            Err(ModelError::Timeout) => ModelReply::failed(ModelError::Timeout, req.timeout_ms),
-            Err(e) => ModelReply::failed(e, latency_ms),
+        match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt.block_on(self.reply(req)),
+            Err(e) => ModelReply::failed(
+                ModelError::Failed(format!("cannot start an HTTP runtime: {e}")),
+                0,
+            ),
         }
+    }
+
+    fn ask<'a>(&'a mut self, req: &'a ModelRequest<'a>) -> super::Asking<'a> {
+        Box::pin(self.reply(req))
     }
 
     fn input(&self) -> InputStyle {
@@ -280,7 +317,13 @@ impl Model for HttpModel {
     }
 
     fn busy(&mut self) -> Option<u64> {
-        self.busy.take().map(|d| d.as_millis() as u64)
+        match self
+            .busy
+            .swap(NOT_BUSY, std::sync::atomic::Ordering::SeqCst)
+        {
+            NOT_BUSY => None,
+            ms => Some(ms),
+        }
     }
 }
 

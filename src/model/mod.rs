@@ -27,6 +27,11 @@ pub use random::RandomModel;
 
 pub trait Model: Send {
     fn next(&mut self, req: &ModelRequest<'_>) -> ModelReply;
+    /// The reply as a future: a model that waits on a provider is awaited without holding a
+    /// thread (the executor's way); one that answers at once answers through [`Model::next`].
+    fn ask<'a>(&'a mut self, req: &'a ModelRequest<'a>) -> Asking<'a> {
+        Box::pin(std::future::ready(self.next(req)))
+    }
     /// How the model takes its input: the view alone (the design reference's models), or messages.
     fn input(&self) -> InputStyle {
         InputStyle::View
@@ -43,6 +48,9 @@ pub trait Model: Send {
         None
     }
 }
+
+/// A model's reply on its way (see [`Model::ask`]).
+pub type Asking<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ModelReply> + Send + 'a>>;
 
 /// A task's model as this process runs it: a scripted model as the task stored it, or a
 /// profile of this process's config.
@@ -542,6 +550,9 @@ impl Model for Replay {
 impl Model for Box<dyn Model> {
     fn next(&mut self, req: &ModelRequest<'_>) -> ModelReply {
         (**self).next(req)
+    }
+    fn ask<'a>(&'a mut self, req: &'a ModelRequest<'a>) -> Asking<'a> {
+        (**self).ask(req)
     }
     fn input(&self) -> InputStyle {
         (**self).input()

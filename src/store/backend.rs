@@ -224,6 +224,11 @@ pub trait Queue {
     /// LISTEN/NOTIFY), so an idle daemon starts it at once; `None` when the daemon must poll.
     fn wakeups(&self) -> Option<Receiver<()>>;
 
+    /// Wake-ups from this process: a message after each enqueue or decision made through this
+    /// store (a daemon's local API, socket and console), sent once it committed, so the
+    /// daemon's dispatcher learns of it directly (no round trip through the file or the server).
+    fn woken(&self) -> Receiver<()>;
+
     /// Wake-ups for whoever waits for what `of` names: a message arrives after each change
     /// that may have brought it (PostgreSQL's LISTEN on a trigger-fed channel; on the file, a
     /// watch on its writes), so a waiter reads again only then. `None`: no wake-ups here, the
@@ -452,4 +457,29 @@ pub trait Schedules {
     ) -> Result<bool>;
     /// Removes the schedule `name` (its tasks stay); `Ok(false)`: there was none.
     fn remove_schedule(&self, name: &str) -> Result<bool>;
+}
+
+/// The wake-ups a store sends its own process ([`Queue::woken`]): coalesced (at most one
+/// waits), never blocking the writer.
+pub struct Woken {
+    tx: crossbeam_channel::Sender<()>,
+    rx: Receiver<()>,
+}
+
+impl Default for Woken {
+    fn default() -> Woken {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        Woken { tx, rx }
+    }
+}
+
+impl Woken {
+    /// After a commit that may have made a task ready.
+    pub fn wake(&self) {
+        let _ = self.tx.try_send(());
+    }
+
+    pub fn receiver(&self) -> Receiver<()> {
+        self.rx.clone()
+    }
 }

@@ -23,7 +23,7 @@ pub mod watch;
 
 pub use backend::{
     Backend, Callbacks, Changes, CheckReport, Commits, Decide, Decision, DecisionTx, Error, Event,
-    Lists, Maintenance, Notes, Outbox, Queue, RateLimits, Reads, Result, Schedules, Watched,
+    Lists, Maintenance, Notes, Outbox, Queue, RateLimits, Reads, Result, Schedules, Watched, Woken,
 };
 pub use callbacks::Callback;
 pub use outbox::OutboxEntry;

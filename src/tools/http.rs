@@ -8,13 +8,15 @@
 //! redirect is never followed.
 
 use serde_json::{Map, Value, json};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::kernel::catalog::{Access, HttpSpec, RetryPolicy, ToolSpec};
 use crate::kernel::{Catalog, ToolReply, ToolRequest};
 use crate::limits;
-use crate::net::{agent, clip, read_body};
-use crate::tools::{Tools, approval};
+use crate::net::{agent, client, clip, read_body};
+use crate::tools::approval;
 
 /// Tools called over HTTP: `POST url` with `{"user_id", "args"}` and the call key in the
 /// `Idempotency-Key` header. The user id comes from the task, never from the model.
@@ -22,12 +24,13 @@ pub struct HttpTools<'a> {
     pub catalog: &'a Catalog,
 }
 
-impl Tools for HttpTools<'_> {
-    fn call(&mut self, req: &ToolRequest<'_>) -> ToolReply {
+impl HttpTools<'_> {
+    /// Makes the call (its waits hold no thread) and returns its result.
+    pub async fn call(&self, req: &ToolRequest<'_>) -> ToolReply {
         let start = Instant::now();
         let write = req.access == Access::Write;
         let result = match self.catalog.get(&req.call.name) {
-            Some(spec) => call_tool(spec, req, write),
+            Some(spec) => call_tool(spec, req, write).await,
             None => json!({"status": "error", "code": "unknown_tool"}),
         };
         ToolReply {
@@ -59,7 +62,7 @@ fn signed_approval(http: &HttpSpec, call: &approval::Call<'_>) -> Result<String,
     Ok(approval::sign(secret.as_bytes(), call, expires_s))
 }
 
-fn call_tool(spec: &ToolSpec, req: &ToolRequest<'_>, write: bool) -> Value {
+async fn call_tool(spec: &ToolSpec, req: &ToolRequest<'_>, write: bool) -> Value {
     let Some(http) = &spec.http else {
         return json!({"status": "error", "code": "not_http", "detail": "the tool has no URL"});
     };
@@ -100,7 +103,8 @@ fn call_tool(spec: &ToolSpec, req: &ToolRequest<'_>, write: bool) -> Value {
         let timeout = Duration::from_millis(http.timeout_ms)
             .min(left)
             .max(Duration::from_millis(1));
-        let (result, transient) = send(spec, http, req, &body, approval.as_deref(), write, timeout);
+        let (result, transient) =
+            send(spec, http, req, &body, approval.as_deref(), write, timeout).await;
         let Some(t) = transient.filter(|_| repeatable && attempt < http.retry.attempts) else {
             return result;
         };
@@ -119,7 +123,7 @@ fn call_tool(spec: &ToolSpec, req: &ToolRequest<'_>, write: bool) -> Value {
             .tool_retries
             .with_label_values(&[&spec.name, &t.cause])
             .inc();
-        std::thread::sleep(wait);
+        tokio::time::sleep(wait).await;
         attempt += 1;
     }
 }
@@ -144,8 +148,48 @@ struct Transient {
 /// success is the service's own and is kept as `service_status`.
 const RESULT_STATUSES: [&str; 5] = ["ok", "error", "needs_approval", "rejected", "unknown"];
 
-/// One try of a call: its result, and whether the failure (if it is one) is transient.
-fn send(
+/// A write's send gate as the connector asks it, and the flag it sets when it refuses.
+fn gate_of(req: &ToolRequest<'_>) -> (Option<crate::net::Ready>, Arc<AtomicBool>) {
+    let refused = Arc::new(AtomicBool::new(false));
+    let gate = req.gate.map(|gate| {
+        let (gate, refused) = (gate.clone(), refused.clone());
+        Arc::new(move || {
+            let ready = gate.ready();
+            if ready.is_err() {
+                refused.store(true, Ordering::SeqCst);
+            }
+            ready
+        }) as crate::net::Ready
+    });
+    (gate, refused)
+}
+
+/// The request of one try: the method, the timeout, the key and the approval.
+fn request(
+    client: &reqwest::Client,
+    http: &HttpSpec,
+    key: &str,
+    approval: Option<&str>,
+    timeout: Duration,
+) -> reqwest::RequestBuilder {
+    let r = if http.method == "PUT" {
+        client.put(&http.url)
+    } else {
+        client.post(&http.url)
+    };
+    let mut r = r
+        .timeout(timeout)
+        .header("Content-Type", "application/json")
+        .header("Idempotency-Key", key);
+    if let Some(header) = approval {
+        r = r.header(approval::HEADER, header);
+    }
+    r
+}
+
+/// One try of a call: its result, and whether the failure (if it is one) is transient. A
+/// write with a gate goes through the gated client: its connection asks the gate once made.
+async fn send(
     spec: &ToolSpec,
     http: &HttpSpec,
     req: &ToolRequest<'_>,
@@ -154,40 +198,32 @@ fn send(
     write: bool,
     timeout: Duration,
 ) -> (Value, Option<Transient>) {
-    let refused = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let a = match req.gate {
-        Some(gate) => {
-            let gate = gate.clone();
-            crate::net::gated_agent(
-                timeout,
-                std::sync::Arc::new(move || gate.ready()),
-                refused.clone(),
-            )
-        }
-        None => agent(timeout),
+    let (gate, refused) = gate_of(req);
+    let client = match gate {
+        Some(_) => client::gated(),
+        None => client::pooled(),
     };
-    let r = if http.method == "PUT" {
-        a.put(&http.url)
-    } else {
-        a.post(&http.url)
-    };
-    let mut r = r
-        .header("Content-Type", "application/json")
-        .header("Idempotency-Key", req.key);
-    if let Some(header) = approval {
-        r = r.header(approval::HEADER, header);
-    }
-    let transient = |cause: String, retry_after| Some(Transient { cause, retry_after });
-    let mut resp = match r.send(body.to_string()) {
-        Ok(resp) => resp,
-        // The write's proof refused it before its first byte: nothing left, nothing to retry.
-        Err(e) if refused.load(std::sync::atomic::Ordering::SeqCst) => {
+    let client = match client {
+        Ok(c) => c,
+        Err(e) => {
             return (
-                json!({"status": "error", "code": "not_sent", "detail": e.to_string()}),
+                json!({"status": "error", "code": "not_sent", "detail": e}),
                 None,
             );
         }
-        Err(ureq::Error::Timeout(_)) => {
+    };
+    let r = request(client, http, req.key, approval, timeout);
+    let transient = |cause: String, retry_after| Some(Transient { cause, retry_after });
+    let resp = match client::send(r.body(body.to_string()), gate).await {
+        Ok(resp) => resp,
+        // The write's proof refused it before its first byte: nothing left, nothing to retry.
+        Err(e) if refused.load(Ordering::SeqCst) => {
+            return (
+                json!({"status": "error", "code": "not_sent", "detail": client::error_text(&e)}),
+                None,
+            );
+        }
+        Err(e) if e.is_timeout() => {
             return (
                 outcome_unknown(write, "timeout", "no answer within the timeout".into()),
                 transient("timeout".into(), None),
@@ -195,7 +231,7 @@ fn send(
         }
         Err(e) => {
             return (
-                outcome_unknown(write, "transport", e.to_string()),
+                outcome_unknown(write, "transport", client::error_text(&e)),
                 transient("transport".into(), None),
             );
         }
@@ -215,7 +251,7 @@ fn send(
         .to_string();
     // A body that cannot be read leaves a success unusable; an error answer is still told by
     // its status, with the reason in its detail.
-    let text = match read_body(&mut resp, limits::TOOL_RESULT_BYTES_MAX) {
+    let text = match client::read_body(resp, limits::TOOL_RESULT_BYTES_MAX).await {
         Ok(t) => t,
         Err(e) if (200..300).contains(&status) => {
             return (outcome_unknown(write, "invalid_result", e), None);

@@ -1,9 +1,10 @@
-//! The committer: worker threads hand their commits to one thread that groups them into
+//! The committer: the executor's tasks hand their commits to one thread that groups them into
 //! shared transactions (group commit: each commit stays atomic, many share an fsync), or
-//! commit directly when there is no one to share with. A commit refused because its claim
+//! commit directly where a server commits in parallel (PostgreSQL) or there is no one to share
+//! with (the simulation). A commit refused because its claim
 //! was superseded comes back as `CommitFail::LeaseLost`.
 
-use crossbeam_channel::{Receiver, Sender, bounded};
+use crossbeam_channel::{Receiver, Sender};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -19,10 +20,10 @@ pub enum CommitFail {
 
 pub(super) struct CommitRequest {
     commit: Commit,
-    reply: Sender<std::result::Result<CommitOutcome, CommitFail>>,
+    reply: tokio::sync::oneshot::Sender<std::result::Result<CommitOutcome, CommitFail>>,
 }
 
-/// Handle that worker threads use to commit: through the committer thread (group commit), or
+/// Handle that runs use to commit: through the committer thread (group commit), or
 /// directly in the caller's thread, one transaction per commit (a simulation's workers).
 #[derive(Clone)]
 pub struct Committer {
@@ -43,22 +44,51 @@ impl Committer {
         }
     }
 
+    /// Commits `commit`, waiting in this thread.
     pub fn commit(&self, commit: Commit) -> std::result::Result<CommitOutcome, CommitFail> {
-        let tx = match &self.route {
-            Route::Direct(store) => {
-                let started = std::time::Instant::now();
-                let result = commit_alone(store.as_ref(), &commit);
-                observe_commit(started, 1);
-                return result;
-            }
-            Route::Thread(tx) => tx,
-        };
-        let (reply, rx) = bounded(1);
-        tx.send(CommitRequest { commit, reply })
-            .map_err(|_| CommitFail::Failed("the committer has stopped".into()))?;
-        rx.recv()
-            .map_err(|_| CommitFail::Failed("the committer has stopped".into()))?
+        match &self.route {
+            Route::Direct(store) => direct(store.as_ref(), &commit),
+            Route::Thread(tx) => Self::hand_over(tx, commit)?
+                .blocking_recv()
+                .map_err(|_| stopped())?,
+        }
     }
+
+    /// Commits `commit` from a task of the executor: the wait for the committer holds no
+    /// thread; a direct commit (a blocking client) runs off the executor's threads.
+    pub async fn commit_async(
+        &self,
+        commit: Commit,
+    ) -> std::result::Result<CommitOutcome, CommitFail> {
+        match &self.route {
+            Route::Direct(store) => super::blocking(|| direct(store.as_ref(), &commit)),
+            Route::Thread(tx) => Self::hand_over(tx, commit)?.await.map_err(|_| stopped())?,
+        }
+    }
+
+    fn hand_over(
+        tx: &Sender<CommitRequest>,
+        commit: Commit,
+    ) -> std::result::Result<Reply, CommitFail> {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        tx.send(CommitRequest { commit, reply })
+            .map_err(|_| stopped())?;
+        Ok(rx)
+    }
+}
+
+type Reply = tokio::sync::oneshot::Receiver<std::result::Result<CommitOutcome, CommitFail>>;
+
+fn stopped() -> CommitFail {
+    CommitFail::Failed("the committer has stopped".into())
+}
+
+/// One commit in its own transaction, counted.
+fn direct(store: &dyn Backend, commit: &Commit) -> std::result::Result<CommitOutcome, CommitFail> {
+    let started = std::time::Instant::now();
+    let result = commit_alone(store, commit);
+    observe_commit(started, 1);
+    result
 }
 
 /// Largest number of commits grouped into one transaction.

@@ -1,10 +1,11 @@
-//! The dispatcher: the daemon's main loop, and the worker threads it feeds.
+//! The dispatcher: the daemon's main loop, which claims tasks and starts each as a task of the
+//! executor ([`Spawner`]).
 //!
 //! Each turn of the loop meets one of a closed set of events (`Turn`): shutdown asked; tasks
-//! claimed for the threads that are free; nothing to claim, so (when draining) a check whether
-//! anything is left, else a wait for a thread to finish, a wake-up (PostgreSQL's `NOTIFY`) or
-//! the poll interval. Periodically it recovers expired claims and ends approval waits that ran
-//! out. The claims this process's threads hold (`Claims`) are never taken over by its own
+//! claimed for the room left under the most runs in flight; nothing to claim, so (when
+//! draining) a check whether anything is left, else a wait for a run to finish, a wake-up
+//! (PostgreSQL's `NOTIFY`) or the poll interval. Periodically it recovers expired claims and ends approval waits that ran
+//! out. The claims this process's runs hold (`Claims`) are never taken over by its own
 //! recovery, however late their lease renewal is.
 
 use crossbeam_channel::{Receiver, Sender};
@@ -16,7 +17,7 @@ use std::time::{Duration, Instant};
 use super::{Config, Identity, driver, now_ms, owner_is_dead, settle::Settler};
 use crate::store::{Backend, Error, Lease, Result, TaskRecord};
 
-/// The claims of this process's threads, (task, fencing token), and how its recovery judges
+/// The claims of this process's runs, (task, fencing token), and how its recovery judges
 /// other owners: by their process on a file of one host, by heartbeats on a shared database.
 pub(super) struct Claims {
     live: Arc<Mutex<HashSet<(String, u64)>>>,
@@ -33,7 +34,7 @@ impl Claims {
         }
     }
 
-    /// The set, for a worker thread to add its chained claims to.
+    /// The set, for a run to add its chained claims to.
     pub fn live(&self) -> Arc<Mutex<HashSet<(String, u64)>>> {
         Arc::clone(&self.live)
     }
@@ -70,40 +71,103 @@ impl Claims {
     }
 }
 
-/// A worker thread: runs each task it is handed, and the chain of tasks each final commit
-/// claims for it, then reports the chain done.
-pub(super) fn worker_thread(
-    ctx: &driver::Context,
-    rx: Receiver<TaskRecord>,
-    done: Sender<()>,
-    live: &Mutex<HashSet<(String, u64)>>,
-) {
-    for rec in rx {
-        // The dispatcher counts the chain as one task in flight.
-        let mut next = Some(rec);
-        while let Some(rec) = next.take() {
-            let claim = (rec.id.clone(), rec.lease.as_ref().map_or(0, |l| l.token));
-            if let Ok(mut set) = live.lock() {
-                set.insert(claim.clone());
+/// How the dispatcher starts a claimed task: as a task of the executor, which runs it and the
+/// chain of tasks each final commit claims for it, then reports the chain done.
+pub(super) struct Spawner {
+    pub executor: tokio::runtime::Handle,
+    pub ctx: Arc<driver::Context>,
+    /// One message per chain that ended (as many as were spawned: the sender never blocks).
+    pub done: Sender<()>,
+    pub live: Arc<Mutex<HashSet<(String, u64)>>>,
+}
+
+impl Spawner {
+    fn spawn(&self, rec: TaskRecord) {
+        let (ctx, live) = (Arc::clone(&self.ctx), Arc::clone(&self.live));
+        let done = Done(self.done.clone());
+        let executor = self.executor.clone();
+        self.executor.spawn(async move {
+            // Reported when the chain ends, however it ends.
+            let _done = done;
+            let mut next = Some(rec);
+            while let Some(rec) = next.take() {
+                let claim = Claim::new(&live, &rec);
+                // A panic (a bug) ends this run only: the claim leaves the live set, so the task
+                // is recovered from its last commit when its lease expires (or at once by the
+                // next daemon).
+                let id = rec.id.clone();
+                let ctx = Arc::clone(&ctx);
+                let stats = Arc::clone(&ctx.stats);
+                let run = executor.spawn(async move { driver::run(&ctx, rec).await });
+                next = run.await.unwrap_or_else(|_| {
+                    stats.abandoned.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(task = %id, "the run panicked; its claim is dropped and the task will be recovered from its last commit when its lease expires");
+                    None
+                });
+                drop(claim);
             }
-            // A panic (a bug) ends this run only: the thread goes on, and the claim leaves the
-            // live set, so the task is recovered from its last commit when its lease expires
-            // (or at once by the next daemon).
-            let id = claim.0.clone();
-            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                driver::run_task(ctx, rec)
-            }));
-            next = run.unwrap_or_else(|_| {
-                ctx.stats.abandoned.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(task = %id, "the run panicked; its claim is dropped and the task will be recovered from its last commit when its lease expires");
-                None
-            });
-            if let Ok(mut set) = live.lock() {
-                set.remove(&claim);
-            }
+        });
+    }
+}
+
+/// Reports a chain's end to the dispatcher when dropped.
+struct Done(Sender<()>);
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        let _ = self.0.send(());
+    }
+}
+
+/// A run's claim in the live set, taken out when dropped.
+struct Claim<'a> {
+    live: &'a Mutex<HashSet<(String, u64)>>,
+    claim: (String, u64),
+}
+
+impl<'a> Claim<'a> {
+    fn new(live: &'a Mutex<HashSet<(String, u64)>>, rec: &TaskRecord) -> Claim<'a> {
+        let claim = (rec.id.clone(), rec.lease.as_ref().map_or(0, |l| l.token));
+        if let Ok(mut set) = live.lock() {
+            set.insert(claim.clone());
         }
-        if done.send(()).is_err() {
-            break;
+        Claim { live, claim }
+    }
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut set) = self.live.lock() {
+            set.remove(&self.claim);
+        }
+    }
+}
+
+/// What led the dispatcher to look for tasks to claim.
+#[derive(Clone, Copy)]
+enum Cause {
+    /// The daemon's start, or the claims before ran out of room (it claims again at once).
+    Start,
+    /// An enqueue or a decision made through this daemon's own store.
+    Enqueued,
+    /// Another process's write, seen by a watch or a notification.
+    Watch,
+    RunEnded,
+    /// A delayed task's start time, a schedule's tick or recovery came due.
+    Due,
+    /// The fallback poll: a wake-up, if there was one, was missed.
+    Poll,
+}
+
+impl Cause {
+    fn label(self) -> &'static str {
+        match self {
+            Cause::Start => "start",
+            Cause::Enqueued => "enqueued",
+            Cause::Watch => "watch",
+            Cause::RunEnded => "run_ended",
+            Cause::Due => "due",
+            Cause::Poll => "poll",
         }
     }
 }
@@ -111,7 +175,7 @@ pub(super) fn worker_thread(
 /// What one turn of the dispatcher's loop met.
 enum Turn {
     Shutdown,
-    /// This many tasks were claimed and handed to threads.
+    /// This many tasks were claimed and started.
     Claimed(usize),
     /// The database is away for now: the claim is tried again after a pause.
     Unavailable,
@@ -133,12 +197,15 @@ pub(super) struct Dispatch<'a> {
     me: &'a Identity,
     claims: &'a Claims,
     settler: &'a Settler,
-    workers: usize,
-    task_tx: Sender<TaskRecord>,
-    /// Borrowed, so it outlives the loop: a thread that finishes after the loop ended can
-    /// still report, and goes on to take the tasks left in the channel until it closes.
-    done_rx: &'a Receiver<()>,
+    max_in_flight: usize,
+    spawner: Spawner,
+    done_rx: Receiver<()>,
+    /// Another process's write (PostgreSQL's NOTIFY, a watch on the redb file).
     wake: Receiver<()>,
+    /// This process's own enqueues and decisions (its socket, API and console), directly.
+    woken: Receiver<()>,
+    /// What led to the claims being made now, for `tether_tasks_claimed_total`.
+    cause: Cause,
     poll: Duration,
     in_flight: usize,
     // In-process intervals run on the monotonic clock; the wall clock (`now_ms`) is only for
@@ -160,8 +227,8 @@ impl<'a> Dispatch<'a> {
         me: &'a Identity,
         claims: &'a Claims,
         settler: &'a Settler,
-        task_tx: Sender<TaskRecord>,
-        done_rx: &'a Receiver<()>,
+        spawner: Spawner,
+        done_rx: Receiver<()>,
     ) -> Dispatch<'a> {
         // Wake-ups when a task may have become ready (PostgreSQL's NOTIFY, a watch on the
         // redb file); polling is the fallback.
@@ -177,10 +244,12 @@ impl<'a> Dispatch<'a> {
             me,
             claims,
             settler,
-            workers: cfg.workers.max(1),
-            task_tx,
+            max_in_flight: cfg.max_in_flight.max(1),
+            spawner,
             done_rx,
             wake: wake.unwrap_or_else(crossbeam_channel::never),
+            woken: store.woken(),
+            cause: Cause::Start,
             poll,
             in_flight: 0,
             last_recover: Instant::now(),
@@ -190,9 +259,20 @@ impl<'a> Dispatch<'a> {
     }
 
     /// The loop, until shutdown, a drain with nothing left, or an error of the database
-    /// other than its being away. Dropping `self` at the end hands the threads their last
-    /// task.
+    /// other than its being away; then every run in flight is waited for (at shutdown each
+    /// commits its step and releases its task).
     pub fn run(mut self, shutdown: &AtomicBool) -> Result<()> {
+        let result = self.turns(shutdown);
+        if self.in_flight > 0 {
+            tracing::info!(in_flight = self.in_flight, "waiting for the runs in flight");
+        }
+        while self.in_flight > 0 && self.done_rx.recv().is_ok() {
+            self.in_flight -= 1;
+        }
+        result
+    }
+
+    fn turns(&mut self, shutdown: &AtomicBool) -> Result<()> {
         loop {
             match self.turn(shutdown)? {
                 Turn::Shutdown => return Ok(()),
@@ -210,42 +290,70 @@ impl<'a> Dispatch<'a> {
                     Drain::Wait => {}
                 }
             }
-            let idle = self.idle_for();
-            crossbeam_channel::select! {
-                recv(self.done_rx) -> r => if r.is_ok() { self.in_flight -= 1 },
-                recv(self.wake) -> _ => {}
-                default(idle) => {}
-            }
+            let (idle, timer) = self.idle_for();
+            self.cause = crossbeam_channel::select! {
+                recv(self.done_rx) -> r => {
+                    if r.is_ok() { self.in_flight -= 1 }
+                    Cause::RunEnded
+                }
+                recv(self.woken) -> _ => Cause::Enqueued,
+                recv(self.wake) -> _ => Cause::Watch,
+                // A wake-up sent as the wait ran out still counts as one.
+                default(idle) => match (self.woken.try_recv(), self.wake.try_recv()) {
+                    (Ok(()), _) => Cause::Enqueued,
+                    (_, Ok(())) => Cause::Watch,
+                    _ => timer,
+                },
+            };
         }
     }
 
     /// How long to wait for a wake-up before claiming again: the poll interval, or less when
     /// a delayed task, recovery or the schedules come due sooner (a daemon with wake-ups
-    /// polls once a second).
-    fn idle_for(&self) -> Duration {
+    /// polls once a second); and which of the two it is.
+    fn idle_for(&self) -> (Duration, Cause) {
+        let poll = self.timers();
+        let due = if self.in_flight >= self.max_in_flight {
+            None
+        } else {
+            self.next_start()
+        };
+        match due {
+            Some(d) if d < poll.0 => (d, Cause::Due),
+            _ => poll,
+        }
+    }
+
+    /// The poll interval, or the housekeeping times when sooner.
+    fn timers(&self) -> (Duration, Cause) {
         // Recovery and the schedules keep their times however long the poll interval is.
         let recover = Duration::from_millis(self.cfg.recover_every_ms)
             .saturating_sub(self.last_recover.elapsed());
-        let mut timers = self.poll.min(recover);
+        let mut timers = recover;
         if self.schedules_active {
             timers = timers.min(SCHEDULES_EVERY.saturating_sub(self.last_schedules.elapsed()));
         }
-        if self.in_flight >= self.workers {
-            return timers;
+        if timers < self.poll {
+            (timers, Cause::Due)
+        } else {
+            (self.poll, Cause::Poll)
         }
+    }
+
+    /// How long until the next delayed task comes due, if one is waiting.
+    fn next_start(&self) -> Option<Duration> {
         let now = now_ms();
         match self.store.next_start_ms(now) {
-            Ok(Some(at)) => timers.min(Duration::from_millis(at.saturating_sub(now))),
-            Ok(None) => timers,
+            Ok(at) => at.map(|at| Duration::from_millis(at.saturating_sub(now))),
             Err(e) => {
                 tracing::debug!(error = %e, "cannot read the next start time; polling");
-                timers
+                None
             }
         }
     }
 
-    /// One turn: threads that finished counted, housekeeping when due, then claims for the
-    /// threads that are free.
+    /// One turn: runs that finished counted, housekeeping when due, then claims for the room
+    /// left under the most runs in flight.
     fn turn(&mut self, shutdown: &AtomicBool) -> Result<Turn> {
         if shutdown.load(Ordering::SeqCst) {
             return Ok(Turn::Shutdown);
@@ -262,7 +370,7 @@ impl<'a> Dispatch<'a> {
             self.last_schedules = Instant::now();
             self.fire_schedules(now);
         }
-        let free = self.workers.saturating_sub(self.in_flight);
+        let free = self.max_in_flight.saturating_sub(self.in_flight);
         if free == 0 {
             return Ok(Turn::Claimed(0));
         }
@@ -279,15 +387,19 @@ impl<'a> Dispatch<'a> {
             Err(e) => return Err(e),
         };
         let got = claimed.len();
+        if got > 0 {
+            crate::metrics::global()
+                .claims_by
+                .with_label_values(&[self.cause.label()])
+                .inc_by(got as u64);
+        }
         for rec in claimed {
             tracing::debug!(task = %rec.id, "claimed");
             self.in_flight += 1;
             if let Ok(mut set) = self.claims.live.lock() {
                 set.insert((rec.id.clone(), rec.lease.as_ref().map_or(0, |l| l.token)));
             }
-            if self.task_tx.send(rec).is_err() {
-                break;
-            }
+            self.spawner.spawn(rec);
         }
         Ok(Turn::Claimed(got))
     }

@@ -1,7 +1,10 @@
-//! One run of one claimed task on this thread: the durable step's machine (`machine`) asks,
-//! and this file does the I/O it asks for (the database, the model under its rate limit, the
-//! tool routes with a write's proof of its claim, the committer), feeding each answer back.
-//! The simulation's hook points are passed on the way (`driver::Point`).
+//! One run of one claimed task, as a task of the executor: the durable step's machine
+//! (`machine`) asks, and this file does the I/O it asks for (the database, the model under its
+//! rate limit, the tool routes with a write's proof of its claim, the committer), feeding each
+//! answer back. Waits on a model, a tool, the committer or a scripted latency hold no thread; a
+//! read of a database behind a blocking client runs off the executor's threads
+//! ([`super::blocking`]), one on a local file in place. The hook points of tests are passed
+//! on the way (`driver::Point`).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -14,7 +17,6 @@ use super::routes::{Routed, observe_tool};
 use crate::kernel::{ModelReply, ToolReply};
 use crate::model::{Model, RecordedReply};
 use crate::store::{CallRecord, CommitOutcome, TaskRecord};
-use crate::tools::Tools;
 
 /// What a run has to do its I/O with, beside the machine.
 pub(super) struct Io<'a> {
@@ -45,7 +47,7 @@ enum Answer {
 
 impl Io<'_> {
     /// Runs `m` to its end, doing what it asks.
-    pub fn run(&mut self, m: &mut Machine<'_>) -> Result<Ended, CommitFail> {
+    pub async fn run(&mut self, m: &mut Machine<'_>) -> Result<Ended, CommitFail> {
         loop {
             if self.ctx.shutdown.load(Ordering::SeqCst) {
                 m.shut_down();
@@ -63,16 +65,16 @@ impl Io<'_> {
                 }
                 Need::Model(req) => {
                     pass(self.ctx, Point::Model)?;
-                    self.model_call(&id, &req)?
+                    self.model_call(&id, &req).await?
                 }
                 Need::Call { key } => Answer::Call(self.call_record(&id, key)?),
                 Need::Commit(c) => {
                     pass(self.ctx, Point::Commit)?;
-                    Answer::Committed(Box::new(self.commit(&id, c, now)?))
+                    Answer::Committed(Box::new(self.commit(&id, c, now).await?))
                 }
                 Need::Send(send) => {
                     pass(self.ctx, Point::Send)?;
-                    Answer::Sent(self.send(&id, send)?)
+                    Answer::Sent(self.send(&id, send).await?)
                 }
                 Need::CompleteCancel => Answer::Cancelled(self.complete_cancel(&id, now)),
                 Need::Ended(e) => Answer::Ended(e),
@@ -87,13 +89,13 @@ impl Io<'_> {
                         self.ctx.stats.steps.fetch_add(1, Ordering::Relaxed);
                         crate::metrics::global().steps.inc();
                     }
-                    pause(self.ctx.time_scale, first.unwrap_or(0));
+                    pause(self.ctx.time_scale, first.unwrap_or(0)).await;
                 }
                 Answer::Model(reply, prompt) => {
                     self.ctx.stats.steps.fetch_add(1, Ordering::Relaxed);
                     crate::metrics::global().steps.inc();
                     let latency = m.on_model(reply, prompt);
-                    pause(self.ctx.time_scale, latency);
+                    pause(self.ctx.time_scale, latency).await;
                 }
                 Answer::Deferred(until) => m.on_model_deferred(until),
                 Answer::Call(c) => m.on_call(c, now),
@@ -117,12 +119,17 @@ impl Io<'_> {
         id: &str,
         f: impl FnOnce(&dyn crate::store::Backend) -> crate::store::Result<T>,
     ) -> Result<T, CommitFail> {
-        f(&*self.ctx.store).map_err(|e| Io::failed(what, id, e))
+        self.io(|| f(&*self.ctx.store))
+            .map_err(|e| Io::failed(what, id, e))
+    }
+
+    fn io<T>(&self, f: impl FnOnce() -> T) -> T {
+        store_io(&*self.ctx.store, f)
     }
 
     /// The task's call records; damaged ones are the machine's to weigh.
     fn calls(&self, id: &str) -> Result<Result<Vec<CallRecord>, Damaged>, CommitFail> {
-        match self.ctx.store.calls(id) {
+        match self.io(|| self.ctx.store.calls(id)) {
             Ok(c) => Ok(Ok(c)),
             Err(
                 e @ (crate::store::Error::Corrupt(_) | crate::store::Error::NewerVersion { .. }),
@@ -136,7 +143,7 @@ impl Io<'_> {
         id: &str,
         key: &str,
     ) -> Result<Result<Option<CallRecord>, Damaged>, CommitFail> {
-        match self.ctx.store.call(key) {
+        match self.io(|| self.ctx.store.call(key)) {
             Ok(c) => Ok(Ok(c)),
             Err(
                 e @ (crate::store::Error::Corrupt(_) | crate::store::Error::NewerVersion { .. }),
@@ -147,25 +154,27 @@ impl Io<'_> {
 
     /// The model's reply, under its shared rate limit when its profile has one: a call the
     /// limit has no room for (before it, or a provider's 429 after it) is deferred.
-    fn model_call(
+    async fn model_call(
         &mut self,
         id: &str,
         req: &crate::kernel::ModelRequest<'_>,
     ) -> Result<Answer, CommitFail> {
         let (ctx, now) = (self.ctx, (self.ctx.clock)());
         if let Some(cap) = self.capacity.as_mut() {
-            match cap.before(&*ctx.store, req, now) {
+            let store = &*ctx.store;
+            match store_io(store, || cap.before(store, req, now)) {
                 Ok(Gate::Go) => {}
                 Ok(Gate::Wait(t)) => return Ok(Answer::Deferred(t)),
                 Err(e) => return Err(Io::failed("model's rate limit", id, e)),
             }
         }
         pass(ctx, Point::ModelCall)?;
-        let reply = self.model.next(req);
+        let reply = self.model.ask(req).await;
         observe_model(id, req.step, &self.model_label, &reply);
         let busy = self.model.busy();
         if let Some(cap) = self.capacity.as_mut() {
-            match cap.after(&*ctx.store, &reply, busy, (ctx.clock)()) {
+            let (store, now) = (&*ctx.store, (ctx.clock)());
+            match store_io(store, || cap.after(store, &reply, busy, now)) {
                 Ok(Gate::Go) => {}
                 Ok(Gate::Wait(t)) => return Ok(Answer::Deferred(t)),
                 Err(e) => return Err(Io::failed("model's rate limit", id, e)),
@@ -176,12 +185,17 @@ impl Io<'_> {
 
     /// Commits `c` under this run's claim; a final commit claims this thread's next task in
     /// the same transaction, unless the daemon is shutting down.
-    fn commit(&mut self, id: &str, c: &Commit, now: u64) -> Result<CommitOutcome, CommitFail> {
+    async fn commit(
+        &mut self,
+        id: &str,
+        c: &Commit,
+        now: u64,
+    ) -> Result<CommitOutcome, CommitFail> {
         let ctx = self.ctx;
         let claim_next = (matches!(c.kind, crate::store::CommitKind::Final(_))
             && !ctx.shutdown.load(Ordering::SeqCst))
         .then(|| ctx.identity.lease(now, ctx.lease_ms));
-        let mut outcome = ctx.committer.commit(crate::store::Commit {
+        let commit = crate::store::Commit {
             task_id: id.to_string(),
             token: self.token,
             kind: c.kind,
@@ -197,7 +211,8 @@ impl Io<'_> {
             export: ctx.export,
             callback: c.callback.clone(),
             not_before_ms: c.not_before_ms,
-        })?;
+        };
+        let mut outcome = ctx.committer.commit_async(commit).await?;
         if let Some(next) = outcome.next.take() {
             self.next = Some(next);
         }
@@ -206,7 +221,11 @@ impl Io<'_> {
 
     /// Sends a call on its route: a write only through its proof of the claim, which the
     /// route asks as the last step before the request's first byte.
-    fn send(&mut self, id: &str, send: super::machine::Send<'_>) -> Result<ToolReply, CommitFail> {
+    async fn send(
+        &mut self,
+        id: &str,
+        send: super::machine::Send<'_>,
+    ) -> Result<ToolReply, CommitFail> {
         let ctx = self.ctx;
         let proof = send
             .proof
@@ -214,13 +233,13 @@ impl Io<'_> {
         let gate = proof.clone().map(|p| -> crate::kernel::io::Gate { p });
         let mut req = send.request;
         req.gate = gate.as_ref();
-        let reply = self.routes.call(&req);
+        let reply = self.routes.call(&req).await;
         if let Some(e) = proof.and_then(|p| p.refusal()) {
             tracing::warn!(task = %id, key = %req.key, "the claim could not be proved; the write was not sent and the run stops");
             return Err(e);
         }
         observe_tool(id, req.key, &req.call.name, &reply);
-        pause(ctx.time_scale, reply.latency_ms);
+        pause(ctx.time_scale, reply.latency_ms).await;
         pass(ctx, Point::Sent)?;
         Ok(reply)
     }
@@ -228,12 +247,22 @@ impl Io<'_> {
     /// Completes a cancel asked for while the run went on; one that cannot be completed now
     /// is left requested (the task's next run stops before anything runs).
     fn complete_cancel(&self, id: &str, now: u64) -> bool {
-        match crate::operator::complete_requested_cancel(&*self.ctx.store, id, now) {
+        match self.io(|| crate::operator::complete_requested_cancel(&*self.ctx.store, id, now)) {
             Ok(done) => done,
             Err(e) => {
                 tracing::warn!(task = %id, error = %e, "cannot complete the requested cancel now");
                 false
             }
         }
+    }
+}
+
+/// Runs `f`, which uses `store`: in place on a local file, whose reads take microseconds; off
+/// the executor's threads with a database server's blocking client.
+fn store_io<T>(store: &dyn crate::store::Backend, f: impl FnOnce() -> T) -> T {
+    if store.local_owners() {
+        f()
+    } else {
+        super::blocking(f)
     }
 }

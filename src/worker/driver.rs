@@ -103,13 +103,30 @@ pub struct Context {
     pub scripted_rate: Option<(String, RateLimit)>,
 }
 
-/// Runs the task until it ends, suspends, is released at shutdown, or its claim is superseded.
-/// Returns the next task, claimed for this thread in the transaction of the final commit.
+/// Runs the task until it ends, suspends, is released at shutdown, or its claim is superseded,
+/// waiting in this thread (a test's worker; the daemon's executor awaits [`run`]). Returns the
+/// next task, claimed for this run in the transaction of the final commit.
 pub fn run_task(ctx: &Context, rec: TaskRecord) -> Option<TaskRecord> {
+    match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt.block_on(run(ctx, rec)),
+        Err(e) => {
+            tracing::error!(task = %rec.id, error = %e, "cannot start a runtime for the run");
+            None
+        }
+    }
+}
+
+/// [`run_task`] as the executor's task: every log line of the run (the HTTP adapters' retries
+/// too) carries the task id.
+pub async fn run(ctx: &Context, rec: TaskRecord) -> Option<TaskRecord> {
+    use tracing::Instrument;
     let id = rec.id.clone();
-    // Every log line of the run (the HTTP adapters' retries too) carries the task id.
-    let _span = tracing::info_span!("task", task = %id, run = rec.runs).entered();
-    match drive(ctx, rec) {
+    let span = tracing::info_span!("task", task = %id, run = rec.runs);
+    match drive(ctx, rec).instrument(span).await {
         Ok((Ended::Stopped(stop), next)) => {
             ctx.stats.tasks_ended.fetch_add(1, Ordering::Relaxed);
             crate::metrics::global()
@@ -296,8 +313,8 @@ pub(super) fn pass(ctx: &Context, point: Point) -> Result<(), CommitFail> {
     }
 }
 
-/// One run of `rec` on this thread: the durable step's machine, and the I/O it asks for.
-fn drive(ctx: &Context, rec: TaskRecord) -> Result<(Ended, Option<TaskRecord>), CommitFail> {
+/// One run of `rec`: the durable step's machine, and the I/O it asks for.
+async fn drive(ctx: &Context, rec: TaskRecord) -> Result<(Ended, Option<TaskRecord>), CommitFail> {
     let token = rec.lease.as_ref().map_or(0, |l| l.token);
     // What the task's tools and model mean here is the daemon's config's to say.
     let crate::config::Resolved {
@@ -333,7 +350,7 @@ fn drive(ctx: &Context, rec: TaskRecord) -> Result<(Ended, Option<TaskRecord>), 
         next: None,
     };
     let mut machine = Machine::new(rec.clone(), ctx.store.db_id(), &catalog, input);
-    let ended = io.run(&mut machine)?;
+    let ended = io.run(&mut machine).await?;
     Ok((ended, io.next.take()))
 }
 
@@ -359,10 +376,10 @@ fn task_model(
     }
 }
 
-/// Sleeps `latency_ms * scale` of real time (at most a second per call).
-pub(super) fn pause(scale: f64, latency_ms: u64) {
+/// Waits `latency_ms * scale` of real time (at most a second per call), holding no thread.
+pub(super) async fn pause(scale: f64, latency_ms: u64) {
     if scale > 0.0 {
         let ms = (latency_ms as f64 * scale).min(1000.0);
-        std::thread::sleep(std::time::Duration::from_micros((ms * 1000.0) as u64));
+        tokio::time::sleep(std::time::Duration::from_micros((ms * 1000.0) as u64)).await;
     }
 }

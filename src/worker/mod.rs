@@ -33,14 +33,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::store::{Backend, Error, Result, TaskRecord};
+use crate::store::{Backend, Error, Result};
 use crate::tools::durable::DemoShop;
 
 pub use crate::clock::now_ms;
 
 #[derive(Clone)]
 pub struct Config {
-    pub workers: usize,
+    /// The most runs in flight at once (each a task of the executor, not a thread).
+    pub max_in_flight: usize,
     /// Exit when nothing is runnable.
     pub drain: bool,
     pub lease_ms: u64,
@@ -56,7 +57,7 @@ pub struct Config {
     pub time_scale: f64,
     /// Called at every call-out point of every run (tests inject faults with it).
     pub hook: Option<driver::Hook>,
-    /// The MCP servers of the daemon's config: one session per server, shared by its threads.
+    /// The MCP servers of the daemon's config: one session per server, shared by its runs.
     pub mcp: Option<Arc<crate::mcp::Mcp>>,
     /// Where to export spans live (OTLP/HTTP), if anywhere.
     pub otlp: Option<crate::otlp::export::Target>,
@@ -73,7 +74,7 @@ pub struct Config {
 impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Config")
-            .field("workers", &self.workers)
+            .field("max_in_flight", &self.max_in_flight)
             .field("drain", &self.drain)
             .field("lease_ms", &self.lease_ms)
             .field("time_scale", &self.time_scale)
@@ -89,7 +90,7 @@ impl std::fmt::Debug for Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            workers: 4,
+            max_in_flight: MAX_IN_FLIGHT,
             drain: false,
             lease_ms: 60_000,
             poll_ms: 50,
@@ -106,6 +107,10 @@ impl Default for Config {
     }
 }
 
+/// How many runs a daemon holds in flight at most, by default: agents spend nearly all their
+/// time waiting on a model, and a waiting run costs its state, not a thread.
+pub const MAX_IN_FLIGHT: usize = 10_000;
+
 /// Counters of one daemon run.
 #[derive(Debug, Default)]
 pub struct Stats {
@@ -121,7 +126,6 @@ pub struct Stats {
 /// threads and the settler start here; the dispatcher's loop (`dispatch`) runs in this thread
 /// and everything stops in the reverse order.
 pub fn run(store: Arc<dyn Backend>, cfg: &Config, shutdown: Arc<AtomicBool>) -> Result<Arc<Stats>> {
-    let workers = cfg.workers.max(1);
     store.set_limits(cfg.trusted.concurrency.clone());
     let me = Identity::current();
     let stats = Arc::new(Stats::default());
@@ -133,55 +137,55 @@ pub fn run(store: Arc<dyn Backend>, cfg: &Config, shutdown: Arc<AtomicBool>) -> 
     let exporter = start_exporter(&store, cfg)?;
     let claims = dispatch::Claims::new(&*store, me.owner());
     claims.recover_at_start(&*store)?;
-    let (commit_tx, commit_rx) = bounded::<committer::CommitRequest>(workers * 2);
-    // Tasks are claimed only for threads that are free, so no claimed task waits in a queue
-    // with a lease that nothing renews: a claim starts running as soon as it is made.
-    let (task_tx, task_rx) = bounded::<TaskRecord>(workers);
-    // As large as the most tasks in flight, so a thread never blocks reporting a finished
-    // task while the dispatcher is no longer listening (at shutdown).
-    let (done_tx, done_rx) = bounded::<()>(workers);
-    let committer = {
+    let executor = executor()?;
+    // Each run has at most one commit waiting: the channel never makes a run wait to hand one.
+    let (commit_tx, commit_rx) = bounded::<committer::CommitRequest>(cfg.max_in_flight.max(1));
+    // A file gains from sharing transactions; a server with a connection per commit commits
+    // in parallel (and groups the flushes itself).
+    let (route, committer) = if store.groups_commits() {
         let (store, stats) = (Arc::clone(&store), Arc::clone(&stats));
-        std::thread::Builder::new()
+        let t = std::thread::Builder::new()
             .name("committer".into())
             .spawn(move || committer::committer_loop(store.as_ref(), commit_rx, &stats))
-            .map_err(|e| Error::Conflict(format!("cannot start the committer thread: {e}")))?
+            .map_err(|e| Error::Conflict(format!("cannot start the committer thread: {e}")))?;
+        (committer::Route::Thread(commit_tx), Some(t))
+    } else {
+        drop((commit_tx, commit_rx));
+        (committer::Route::Direct(Arc::clone(&store)), None)
     };
-    let mut threads = Vec::with_capacity(workers);
-    for i in 0..workers {
-        // One thread has no one to share a transaction with, and a server with a connection
-        // per thread commits in parallel: such threads commit directly, saving two thread
-        // hand-offs per commit.
-        let route = if workers == 1 || !store.groups_commits() {
-            committer::Route::Direct(Arc::clone(&store))
-        } else {
-            committer::Route::Thread(commit_tx.clone())
-        };
-        let ctx = context(&store, cfg, &me, Committer { route }, &shutdown, &stats);
-        let (rx, done, live) = (task_rx.clone(), done_tx.clone(), claims.live());
-        let t = std::thread::Builder::new()
-            .name(format!("worker-{i}"))
-            .spawn(move || dispatch::worker_thread(&ctx, rx, done, &live))
-            .map_err(|e| Error::Conflict(format!("cannot start worker thread {i}: {e}")))?;
-        threads.push(t);
-    }
-    drop((commit_tx, task_rx, done_tx));
+    let ctx = Arc::new(context(
+        &store,
+        cfg,
+        &me,
+        Committer { route },
+        &shutdown,
+        &stats,
+    ));
+    // One message per chain of runs that ended: never more than were started.
+    let (done_tx, done_rx) = crossbeam_channel::unbounded::<()>();
+    let spawner = dispatch::Spawner {
+        executor: executor.handle().clone(),
+        ctx,
+        done: done_tx,
+        live: claims.live(),
+    };
     let sending = start_sender(&store, cfg, &me)?;
     let settler = Arc::new(settle::Settler::new(&me.owner()));
     let settling = match cfg.auto_settle {
         true => Some(start_settler(&store, cfg, &settler, &shutdown)?),
         false => None,
     };
-    let result = dispatch::Dispatch::new(&store, cfg, &me, &claims, &settler, task_tx, &done_rx)
+    let result = dispatch::Dispatch::new(&store, cfg, &me, &claims, &settler, spawner, done_rx)
         .run(&shutdown);
     if let Some((t, quit)) = settling {
         drop(quit);
         let _ = t.join();
     }
-    for t in threads {
+    // Every run has ended: the executor holds nothing, and the committer's channel closes.
+    executor.shutdown_timeout(Duration::from_secs(1));
+    if let Some(t) = committer {
         let _ = t.join();
     }
-    let _ = committer.join();
     // After the last commit: the callbacks of the tasks this run settled go out too.
     if let Some((t, stop)) = sending {
         stop.store(true, Ordering::SeqCst);
@@ -193,6 +197,36 @@ pub fn run(store: Arc<dyn Backend>, cfg: &Config, shutdown: Arc<AtomicBool>) -> 
         tracing::warn!(error = %e, "could not remove this daemon's heartbeat");
     }
     result.map(|()| stats)
+}
+
+/// The executor: a runtime of about one thread per core, on which every run in flight is a
+/// task (a waiting run costs its state and a timer, not a thread).
+fn executor() -> Result<tokio::runtime::Runtime> {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cores.clamp(1, EXECUTOR_THREADS_MAX))
+        .max_blocking_threads(BLOCKING_THREADS_MAX)
+        .thread_name("executor")
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Conflict(format!("cannot start the executor: {e}")))
+}
+
+/// The most threads the executor runs tasks on, whatever the cores.
+const EXECUTOR_THREADS_MAX: usize = 16;
+
+/// The most threads the executor lends to blocking work at once (a database server's client,
+/// MCP sessions, the demo shop); more waits for one.
+const BLOCKING_THREADS_MAX: usize = 64;
+
+/// Runs `f`, which blocks (a database server's client, an MCP session, the demo shop), without
+/// stalling the executor: on one of its threads, the thread's other tasks move to another
+/// first. Outside the executor (a test's run on a runtime of one thread), in place.
+pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
 }
 
 /// Live export, when configured: it reads committed spans from the outbox, and stops after

@@ -81,8 +81,10 @@ fn not_sent(code: &str, why: String) -> ToolReply {
     }
 }
 
-impl Tools for Routed<'_> {
-    fn call(&mut self, req: &crate::kernel::ToolRequest<'_>) -> ToolReply {
+impl Routed<'_> {
+    /// Sends `req` where its tool lives: over HTTP without holding a thread; to an MCP server or
+    /// the demo shop, whose clients block, off the executor's threads ([`super::blocking`]).
+    pub async fn call(&mut self, req: &crate::kernel::ToolRequest<'_>) -> ToolReply {
         if let Some(why) = self.unavailable.get(&req.call.name) {
             return ToolReply {
                 result: json!({"status": "error", "code": "tool_unavailable", "detail": why}),
@@ -92,9 +94,9 @@ impl Tools for Routed<'_> {
         // (Approval rules are the durable step's machine's, applied before a call gets here.)
         match self.catalog.get(&req.call.name) {
             Some(spec) => match spec.route() {
-                Route::Mcp(_) => self.mcp.call(req),
-                Route::Http(_) => self.http.call(req),
-                Route::Demo => self.demo.call(req),
+                Route::Mcp(_) => super::blocking(|| self.mcp.call(req)),
+                Route::Http(_) => self.http.call(req).await,
+                Route::Demo => super::blocking(|| self.demo.call(req)),
             },
             None => ToolReply {
                 result: json!({"status": "error", "code": "unknown_tool",

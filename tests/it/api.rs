@@ -113,7 +113,7 @@ conformance! {
         // A daemon runs what Schemathesis creates, so a long poll on a new task answers when
         // it settles, not after the whole wait.
         let mut daemon = command(d)
-            .args(["run", "--workers", "2", "--time-scale", "0", "--shared"])
+            .args(["run", "--max-in-flight", "2", "--time-scale", "0", "--shared"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -696,7 +696,7 @@ fn the_guides_generated_client_script_runs_as_written() {
         d,
         &[
             "run",
-            "--workers",
+            "--max-in-flight",
             "2",
             "--time-scale",
             "0.1",

@@ -196,9 +196,11 @@ fn cli_arguments() {
     );
     // run
     for (extra, want) in [
-        (&["--workers", "0"][..], "workers"),
-        (&["--workers", "100000"], "workers"),
-        (&["--workers", "-1"], "'-1'"),
+        (&["--max-in-flight", "0"][..], "max-in-flight"),
+        (&["--max-in-flight", "1000001"], "max-in-flight"),
+        (&["--max-in-flight", "-1"], "'-1'"),
+        // Retired: the message says what replaced it.
+        (&["--workers", "4"], "--max-in-flight"),
         (&["--lease-ms", "5"], "lease-ms"),
         (&["--lease-ms", "18446744073709551615"], "lease-ms"),
         (&["--lease-ms", "86400001"], "lease-ms"),
@@ -374,7 +376,7 @@ fn cli_arguments() {
         "read-timeout-ms"
     );
     add!(&["demo-store", "--connections", "0"], 2, "connections");
-    add!(&["demo", "--workers", "0"], 2, "workers");
+    add!(&["demo", "--workers", "4"], 2, "worker threads are retired");
     add!(
         &["--db", "/nonexistent/dir/worker.redb", "list"],
         1,
@@ -1230,7 +1232,7 @@ fn model_replies_script_lines_and_tool_results() {
             "worker.toml",
             "run",
             "--drain",
-            "--workers",
+            "--max-in-flight",
             "4",
         ],
     );

@@ -87,7 +87,7 @@ fn deduplicated(arrived: &[Value]) -> BTreeMap<String, Value> {
 }
 
 fn daemon(d: &Path, extra: &[&str]) -> std::process::Child {
-    with_config(d, &["run", "--workers", "2", "--time-scale", "0.2"])
+    with_config(d, &["run", "--max-in-flight", "2", "--time-scale", "0.2"])
         .args(["--heartbeat-ttl-ms", "3000", "--recover-every-ms", "200"])
         .args(extra)
         .stdout(Stdio::null())

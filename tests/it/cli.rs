@@ -25,7 +25,7 @@ fn enqueue_run_show_trace() {
     let dir = TempDir::new("basic");
     let d = dir.path();
     assert_eq!(enqueue(d, &[]).trim(), "t1");
-    ok(d, &["run", "--drain", "--workers", "2"]);
+    ok(d, &["run", "--drain", "--max-in-flight", "2"]);
     let show = ok(d, &["show", "t1"]);
     assert!(show.contains("stop      done"), "{show}");
     assert!(show.contains("tokens         708 / 4000"), "{show}");
@@ -228,7 +228,8 @@ fn bad_input_gets_exit_code_2_and_names_the_problem() {
         ),
         (&["list", "--status", "sleeping"], "is not a status"),
         (&["list", "--stop", "tired"], "is not a stop reason"),
-        (&["run", "--workers", "0"], "workers"),
+        (&["run", "--max-in-flight", "0"], "max-in-flight"),
+        (&["run", "--workers", "4"], "worker threads are retired"),
         (&["run", "--time-scale=-1"], "time-scale"),
         (&["show"], "TASK"),
         (
@@ -510,8 +511,10 @@ fn the_daemon_asks_for_no_huge_pages() {
             cmd.env_remove(&name);
         }
     }
-    let daemon =
-        common::serve::spawn_with(cmd, &["run", "--console", "127.0.0.1:0", "--workers", "8"]);
+    let daemon = common::serve::spawn_with(
+        cmd,
+        &["run", "--console", "127.0.0.1:0", "--max-in-flight", "8"],
+    );
     let ids: Vec<String> = (0..16)
         .map(|i| {
             let scope = format!("s{i}");

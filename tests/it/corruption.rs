@@ -40,7 +40,7 @@ fn make(d: &Path) -> Vec<String> {
             "Prefers email.",
         ],
     );
-    ok(d, &["run", "--drain", "--workers", "1"]);
+    ok(d, &["run", "--drain", "--max-in-flight", "1"]);
     VERBS.iter().map(|v| ok(d, v)).collect()
 }
 

@@ -89,7 +89,7 @@ fn crash(dir: &std::path::Path, run_extra: &[&str]) {
     for _ in 0..KILLS {
         kill_after(
             command(&d)
-                .args(["run", "--workers", "4", "--time-scale", "0.004"])
+                .args(["run", "--max-in-flight", "4", "--time-scale", "0.004"])
                 .args(run_extra)
                 // On PostgreSQL a killed daemon's claims are taken over when its heartbeat
                 // runs out (a file judges the dead process at once).
@@ -103,7 +103,7 @@ fn crash(dir: &std::path::Path, run_extra: &[&str]) {
     let mut drain = vec![
         "run",
         "--drain",
-        "--workers",
+        "--max-in-flight",
         "4",
         "--recover-every-ms",
         "200",

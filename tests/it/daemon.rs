@@ -23,7 +23,7 @@ fn signal_releases(d: &std::path::Path, sig: &str) {
     enqueue_many(d, 12, "policy");
     // Slow steps (1.5 s of model latency = 30 ms), so tasks are mid-run at the signal.
     let child = command(d)
-        .args(["run", "--workers", "3", "--time-scale", "0.02"])
+        .args(["run", "--max-in-flight", "3", "--time-scale", "0.02"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -81,7 +81,7 @@ conformance! {
         enqueue_many(d, 40, "policy");
         let start = || {
             command(d)
-                .args(["run", "--workers", "4", "--drain", "--time-scale", "0.002", "--shared"])
+                .args(["run", "--max-in-flight", "4", "--drain", "--time-scale", "0.002", "--shared"])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
@@ -148,7 +148,7 @@ conformance! {
         let a = command(d)
             .args([
                 "run",
-                "--workers",
+                "--max-in-flight",
                 "1",
                 "--lease-ms",
                 "1000",
@@ -175,7 +175,7 @@ conformance! {
         let paused_at = json(d, &["show", "t1", "--json"]);
         // Past the lease: 1 s + 4 s of active time, with room for a loaded machine.
         std::thread::sleep(Duration::from_millis(6500));
-        ok(d, &["run", "--drain", "--workers", "1", "--shared"]);
+        ok(d, &["run", "--drain", "--max-in-flight", "1", "--shared"]);
         let after_b = json(d, &["show", "t1", "--json"]);
         assert_eq!(after_b["runs"], 2, "daemon b took the task over: {after_b}");
         assert!(after_b["steps"].as_u64() >= paused_at["steps"].as_u64());
@@ -219,7 +219,7 @@ fn an_idle_daemon_on_the_file_is_woken_by_an_enqueue() {
                 demo: Some(Arc::new(tether::tools::durable::DemoShop::opened(
                     Arc::clone(&tools),
                 ))),
-                workers: 1,
+                max_in_flight: 1,
                 poll_ms: 600_000,
                 recover_every_ms: 600_000,
                 ..Default::default()

@@ -944,7 +944,7 @@ fn a_panicking_run_neither_stalls_a_drain_nor_loses_its_task() {
         demo: Some(std::sync::Arc::new(
             tether::tools::durable::DemoShop::opened(std::sync::Arc::clone(&tools)),
         )),
-        workers: 2,
+        max_in_flight: 2,
         drain: true,
         lease_ms: 1_000,
         recover_every_ms: 100,

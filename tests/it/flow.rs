@@ -143,7 +143,7 @@ fn daemon(d: &Path) -> Child {
     with_config(d)
         .args([
             "run",
-            "--workers",
+            "--max-in-flight",
             "3",
             "--heartbeat-ttl-ms",
             "3000",

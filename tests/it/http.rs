@@ -507,7 +507,7 @@ fn daemon_killed_while_http_writes_are_in_flight() {
         rng ^= rng << 17;
         kill_after(
             Command::new(bin())
-                .args(["--config", "worker.toml", "run", "--workers", "4"])
+                .args(["--config", "worker.toml", "run", "--max-in-flight", "4"])
                 .current_dir(d),
             30 + rng % 90,
         );
@@ -774,7 +774,7 @@ fn a_deeply_nested_reply_fails_its_step_and_every_task_stays_readable() {
             "enqueue", "--user", "cu_bob", "--goal", "refund", "--model", "policy",
         ],
     );
-    okc(d, &["run", "--drain", "--workers", "1"]);
+    okc(d, &["run", "--drain", "--max-in-flight", "1"]);
     let t = json(d, &["show", "t1", "--json"]);
     assert_eq!(t["stop"], "done", "{t:#}");
     let trace = json(d, &["trace", "t1", "--json"]);

@@ -21,7 +21,7 @@ fn daemon(dir: &Path, name: &str) -> (Child, PathBuf) {
 fn daemon_with(dir: &Path, name: &str, extra: &[&str]) -> (Child, PathBuf) {
     let log = dir.join(format!("{name}.log"));
     let child = command(dir)
-        .args(["run", "--workers", "1"])
+        .args(["run", "--max-in-flight", "1"])
         .args(extra)
         .env("RUST_LOG", "tether=debug")
         .stdout(Stdio::null())

@@ -16,6 +16,7 @@ mod crash_recovery; // daemons killed 32 times beside enqueuers: nothing lost, n
 mod daemon; // graceful shutdown, a daemon paused past its lease never commits
 mod docs; // the docs hold to the code: the README a front door, links, shell blocks run or say why not
 pub(crate) mod exactly_once; // one regression test per exactly-once defect found in review, read off the arrivals log
+mod executor; // 500 tasks of a profile waiting at once on a newcomer's daemon; wake-ups, not polls, start tasks
 mod figures; // the design document's tables, byte for byte
 mod flow; // delayed starts, concurrency keys, time limits
 mod http; // the demo shop over HTTP with writes in flight, redirects, approvals, the edge's limits
@@ -27,7 +28,7 @@ mod list; // pages, cursors, filters, RFC 3339 times, `key:KEY`
 mod local_api; // the daemon's socket: requests sent once, SIGSTOP and SIGKILL, sole writers
 mod mcp; // the MCP client against server-everything and the Python SDK server
 mod mcp_tasks; // tasks calling MCP tools: approvals, lost answers, changed definitions, kills
-mod metrics; // `promtool check metrics` and every figure against the database
+pub(crate) mod metrics; // `promtool check metrics` and every figure against the database
 pub(crate) mod models; // real-model adapters against fakes built from the SDKs' types; the README's agent as written
 mod operator; // operators' decisions on both engines: bound to the reviewed call, audited, racing
 mod otlp; // live export to a receiver decoding with the official protobuf schema

@@ -154,7 +154,7 @@ args = ["-y", "@modelcontextprotocol/server-everything@2026.8.31", "stdio"]"#,
             ],
         );
         let id = enqueue_script(d, cfg, &model, &format!("everything-{n}"));
-        with_canary(d, cfg, &["run", "--drain", "--workers", "1"]);
+        with_canary(d, cfg, &["run", "--drain", "--max-in-flight", "1"]);
         let s = show(d, &id);
         assert_eq!(s["stop"], "done", "{cfg}: {s:#}");
         // Six tool replies, two refused before sending: four calls went out.
@@ -312,7 +312,7 @@ fn approval_lost_answers_and_changed_definitions() {
         ),
     );
     let t3 = enqueue_script(d, &cfg, &bad, "bad");
-    with_canary(d, &cfg, &["run", "--drain", "--workers", "2"]);
+    with_canary(d, &cfg, &["run", "--drain", "--max-in-flight", "2"]);
     assert_eq!(show(d, &t1)["stop"], "needs_approval");
     for t in [&t2, &t3] {
         let s = show(d, t);
@@ -331,7 +331,7 @@ fn approval_lost_answers_and_changed_definitions() {
             "approve", &t1, "--digest", &digest, "--by", "alice", "--reason", "checked",
         ],
     );
-    with_canary(d, &cfg, &["run", "--drain", "--workers", "2"]);
+    with_canary(d, &cfg, &["run", "--drain", "--max-in-flight", "2"]);
     let s = show(d, &t1);
     assert_eq!(s["stop"], "done", "{s:#}");
     let refunds = arrivals_of(&log, "issue_refund");
@@ -365,7 +365,7 @@ fn approval_lost_answers_and_changed_definitions() {
     )
     .trim()
     .to_string();
-    with_canary(d, &cfg, &["run", "--drain", "--workers", "1"]);
+    with_canary(d, &cfg, &["run", "--drain", "--max-in-flight", "1"]);
     assert_eq!(show(d, &t4)["stop"], "unknown_outcome");
     let held = json(d, &["reconcile", "--json"]);
     let row = held
@@ -377,7 +377,7 @@ fn approval_lost_answers_and_changed_definitions() {
         .clone();
     assert_eq!(row["tool"], "add_note");
     // Run again: a held write is not sent again by itself.
-    with_canary(d, &cfg, &["run", "--drain", "--workers", "1"]);
+    with_canary(d, &cfg, &["run", "--drain", "--max-in-flight", "1"]);
     assert_eq!(arrivals_of(&log, "add_note").len(), 1);
     ok(
         d,
@@ -396,7 +396,7 @@ fn approval_lost_answers_and_changed_definitions() {
             "bob",
         ],
     );
-    with_canary(d, &cfg, &["run", "--drain", "--workers", "1"]);
+    with_canary(d, &cfg, &["run", "--drain", "--max-in-flight", "1"]);
     assert_eq!(show(d, &t4)["stop"], "done");
     assert_eq!(arrivals_of(&log, "add_note").len(), 1, "never re-sent");
     drop(http);
@@ -422,7 +422,7 @@ fn approval_lost_answers_and_changed_definitions() {
         &one_write("set_status", json!({"order_id": "o2", "status": "shipped"})),
     );
     let t5 = enqueue_script(d, &trusted, &status, "status");
-    with_canary(d, &trusted, &["run", "--drain", "--workers", "1"]);
+    with_canary(d, &trusted, &["run", "--drain", "--max-in-flight", "1"]);
     assert_eq!(show(d, &t5)["stop"], "done", "{:#}", show(d, &t5));
     assert_eq!(
         sent(&log, "set_status", "o2"),
@@ -445,22 +445,22 @@ fn approval_lost_answers_and_changed_definitions() {
         &one_write("set_status", json!({"order_id": "o3", "status": "shipped"})),
     );
     let t6 = enqueue_script(d, &untrusted, &status3, "untrusted");
-    with_canary(d, &untrusted, &["run", "--drain", "--workers", "1"]);
+    with_canary(d, &untrusted, &["run", "--drain", "--max-in-flight", "1"]);
     // Untrusted: every write needs approval.
     assert_eq!(show(d, &t6)["stop"], "needs_approval");
     assert_eq!(sent(&log, "set_status", "o3"), 0);
     let digest = held_digest(d, &t6);
     ok(d, &["approve", &t6, "--digest", &digest, "--by", "alice"]);
-    with_canary(d, &untrusted, &["run", "--drain", "--workers", "1"]);
+    with_canary(d, &untrusted, &["run", "--drain", "--max-in-flight", "1"]);
     assert_eq!(show(d, &t6)["stop"], "unknown_outcome");
-    with_canary(d, &untrusted, &["run", "--drain", "--workers", "1"]);
+    with_canary(d, &untrusted, &["run", "--drain", "--max-in-flight", "1"]);
     assert_eq!(
         sent(&log, "set_status", "o3"),
         1,
         "an untrusted server's tool is never re-sent after a lost answer"
     );
     ok(d, &["reconcile", &t6, "--not-applied", "--by", "bob"]);
-    with_canary(d, &untrusted, &["run", "--drain", "--workers", "1"]);
+    with_canary(d, &untrusted, &["run", "--drain", "--max-in-flight", "1"]);
     assert_eq!(show(d, &t6)["stop"], "done", "{:#}", show(d, &t6));
     assert_eq!(
         sent(&log, "set_status", "o3"),
@@ -489,7 +489,7 @@ fn approval_lost_answers_and_changed_definitions() {
         &one_write("add_note", json!({"order_id": "o4", "text": "later"})),
     );
     let t7 = enqueue_script(d, &v1, &note2, "changed");
-    with_canary(d, &v2, &["run", "--drain", "--workers", "1"]);
+    with_canary(d, &v2, &["run", "--drain", "--max-in-flight", "1"]);
     let s = show(d, &t7);
     assert_eq!(sent(&log, "add_note", "o4"), 0, "nothing sent");
     assert_eq!(s["state"]["plan"][1]["status"], "pending", "{s:#}");
@@ -542,7 +542,7 @@ fn a_daemon_killed_with_mcp_writes_in_flight_never_sends_a_write_twice() {
     for _ in 0..KILLS {
         kill_after(
             command(d)
-                .args(["--config", &cfg, "run", "--workers", "4"])
+                .args(["--config", &cfg, "run", "--max-in-flight", "4"])
                 .args(["--recover-every-ms", "200"]),
             150 + rng.below(600),
         );
@@ -553,7 +553,7 @@ fn a_daemon_killed_with_mcp_writes_in_flight_never_sends_a_write_twice() {
         &[
             "run",
             "--drain",
-            "--workers",
+            "--max-in-flight",
             "4",
             "--recover-every-ms",
             "200",
@@ -600,7 +600,7 @@ fn a_daemon_killed_with_mcp_writes_in_flight_never_sends_a_write_twice() {
             );
         }
     }
-    with_canary(d, &cfg, &["run", "--drain", "--workers", "4"]);
+    with_canary(d, &cfg, &["run", "--drain", "--max-in-flight", "4"]);
     let tasks = json(d, &["list", "--json", "--limit", "10000"]);
     let tasks = tasks.as_array().expect("tasks");
     assert_eq!(tasks.len(), TASKS);
@@ -668,11 +668,11 @@ fn hole_1_an_applied_mcp_write_is_never_sent_again() {
             &twice(order, note(order, "hello")),
         );
         let t = enqueue_script(d, &cfg, &model, mode);
-        with_canary(d, &cfg, &["run", "--drain", "--workers", "1"]);
+        with_canary(d, &cfg, &["run", "--drain", "--max-in-flight", "1"]);
         let s = show(d, &t);
         assert_eq!(s["stop"], "unknown_outcome", "{mode}: {s:#}");
         assert_eq!(s["status"], "held", "{mode}: {s:#}");
-        with_canary(d, &cfg, &["run", "--drain", "--workers", "1"]);
+        with_canary(d, &cfg, &["run", "--drain", "--max-in-flight", "1"]);
         assert_eq!(
             sent(&log, "add_note", order),
             1,
@@ -698,7 +698,7 @@ fn hole_1_an_applied_mcp_write_is_never_sent_again() {
     );
     let same = script(d, "same.jsonl", &twice("o-same", note("o-same", "hello")));
     let t = enqueue_script(d, &cfg, &same, "same");
-    with_canary(d, &cfg, &["run", "--drain", "--workers", "1"]);
+    with_canary(d, &cfg, &["run", "--drain", "--max-in-flight", "1"]);
     let s = show(d, &t);
     assert_eq!(s["stop"], "done", "{s:#}");
     assert_eq!(sent(&log, "add_note", "o-same"), 1, "{s:#}");
@@ -710,7 +710,7 @@ fn hole_1_an_applied_mcp_write_is_never_sent_again() {
         &twice("o-other", note("o-other", "changed")),
     );
     let t = enqueue_script(d, &cfg, &other, "other");
-    with_canary(d, &cfg, &["run", "--drain", "--workers", "1"]);
+    with_canary(d, &cfg, &["run", "--drain", "--max-in-flight", "1"]);
     let s = show(d, &t);
     assert_eq!(s["stop"], "done", "{s:#}");
     assert_eq!(sent(&log, "add_note", "o-other"), 1, "{s:#}");
@@ -745,7 +745,7 @@ fn hole_3_an_enqueuers_tool_kinds_are_checked_against_the_daemons() {
         ),
     );
     let t = enqueue_script(d, &lax, &refund, "lax");
-    with_canary(d, &strict, &["run", "--drain", "--workers", "1"]);
+    with_canary(d, &strict, &["run", "--drain", "--max-in-flight", "1"]);
     assert!(
         arrivals_of(&log, "issue_refund").is_empty(),
         "{:?}",

@@ -12,13 +12,13 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 /// A daemon serving metrics on a free port, with JSON logs; its address, read from its log.
-fn start(d: &std::path::Path) -> (Child, String, std::thread::JoinHandle<Vec<Value>>) {
+pub(crate) fn start(d: &std::path::Path) -> (Child, String, std::thread::JoinHandle<Vec<Value>>) {
     let mut child = command(d)
         .args([
             "--log-format",
             "json",
             "run",
-            "--workers",
+            "--max-in-flight",
             "2",
             "--metrics",
             "127.0.0.1:0",
@@ -49,7 +49,7 @@ fn start(d: &std::path::Path) -> (Child, String, std::thread::JoinHandle<Vec<Val
     (child, addr, reader)
 }
 
-fn get(addr: &str, path: &str) -> (u16, String) {
+pub(crate) fn get(addr: &str, path: &str) -> (u16, String) {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .build()
@@ -63,7 +63,7 @@ fn get(addr: &str, path: &str) -> (u16, String) {
 }
 
 /// Samples of the text format: `name{labels}` -> value.
-fn samples(text: &str) -> BTreeMap<String, f64> {
+pub(crate) fn samples(text: &str) -> BTreeMap<String, f64> {
     text.lines()
         .filter(|l| !l.starts_with('#') && !l.is_empty())
         .filter_map(|l| {
@@ -74,7 +74,7 @@ fn samples(text: &str) -> BTreeMap<String, f64> {
 }
 
 /// The sum of every sample of a metric (over its labels).
-fn total(s: &BTreeMap<String, f64>, name: &str) -> f64 {
+pub(crate) fn total(s: &BTreeMap<String, f64>, name: &str) -> f64 {
     s.iter()
         .filter(|(k, _)| k.as_str() == name || k.starts_with(&format!("{name}{{")))
         .map(|(_, v)| v)

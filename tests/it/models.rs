@@ -932,7 +932,7 @@ fn native_tool_tasks_survive_a_daemon_killed_during_model_calls() {
     }
     for _ in 0..8 {
         let mut daemon = Command::new(bin())
-            .args(["--config", "worker.toml", "run", "--workers", "3"])
+            .args(["--config", "worker.toml", "run", "--max-in-flight", "3"])
             .current_dir(d)
             .env(KEY_VAR, KEY)
             .env("TETHER_APPROVAL_SECRET", APPROVAL_SECRET)

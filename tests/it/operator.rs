@@ -740,7 +740,7 @@ conformance! {
     fn approve_while_a_daemon_runs(d) {
         ok(d, &["store", "orders"]);
         let mut daemon = command(d)
-            .args(["run", "--workers", "2"])
+            .args(["run", "--max-in-flight", "2"])
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("daemon");

@@ -343,7 +343,7 @@ fn a_daemon_killed_ten_times_loses_no_span() {
     for _ in 0..10 {
         kill_after(
             command(d)
-                .args(["run", "--workers", "4", "--time-scale", "0.004"])
+                .args(["run", "--max-in-flight", "4", "--time-scale", "0.004"])
                 .args(["--otlp-endpoint", &endpoint]),
             100 + rng.below(400),
         );
@@ -363,7 +363,7 @@ fn a_receiver_that_is_down_costs_no_task_and_gets_its_spans_later() {
     let (port, metrics_port) = (pg::free_port(), pg::free_port());
     // Nothing listens on the endpoint yet.
     let daemon = command(d)
-        .args(["run", "--workers", "2", "--recover-every-ms", "200"])
+        .args(["run", "--max-in-flight", "2", "--recover-every-ms", "200"])
         .args(["--otlp-endpoint", &format!("http://127.0.0.1:{port}")])
         .args(["--metrics", &format!("127.0.0.1:{metrics_port}")])
         .stdout(Stdio::null())
@@ -411,7 +411,7 @@ fn a_full_backlog_drops_its_oldest_spans_and_says_how_many() {
     let (port, metrics_port) = (pg::free_port(), pg::free_port());
     let endpoint = format!("http://127.0.0.1:{port}");
     let daemon = command(d)
-        .args(["run", "--workers", "2", "--log-format", "json"])
+        .args(["run", "--max-in-flight", "2", "--log-format", "json"])
         .args(["--otlp-endpoint", &endpoint, "--otlp-backlog", "3"])
         .args(["--metrics", &format!("127.0.0.1:{metrics_port}")])
         .stdout(Stdio::null())
@@ -464,7 +464,7 @@ fn two_exporting_daemons_on_one_database_send_each_span_once() {
     let daemons: Vec<_> = (0..2)
         .map(|_| {
             command(d)
-                .args(["run", "--workers", "2", "--otlp-endpoint", &endpoint])
+                .args(["run", "--max-in-flight", "2", "--otlp-endpoint", &endpoint])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()

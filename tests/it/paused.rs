@@ -1,8 +1,8 @@
 //! A daemon paused between proving its claim and sending a write never sends it after another
 //! daemon took the task over (review 48, hole 5). The proof is the last step before the
 //! request's first byte, after the slow parts of a send: an MCP tool's definition check
-//! (`tools/list`) and an HTTP tool's connection set-up (here, a proxy's CONNECT). Daemon A is
-//! stopped (SIGSTOP) inside that slow part; daemon B takes the task over when A's heartbeat
+//! (`tools/list`) and an HTTP tool's connection set-up (here, a connection waiting on a full
+//! accept queue). Daemon A is stopped (SIGSTOP) inside that slow part; daemon B takes the task over when A's heartbeat
 //! runs out, holds the write, an operator settles it `--not-applied` and B sends it; then A
 //! is let go, and the service must still have the write once.
 //!
@@ -16,80 +16,11 @@ use crate::common;
 use common::*;
 
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Stdio};
-use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// An HTTP proxy (CONNECT, as ureq speaks to any proxy): the first tunnel asked for waits
-/// until the test lets it go, and says when it closes; the others open at once.
-struct Proxy {
-    port: u16,
-    /// A message when the first CONNECT arrived.
-    first: Receiver<()>,
-    /// Lets the first tunnel open.
-    release: Sender<()>,
-    /// A message when the first tunnel closed (its client gave up or finished).
-    closed: Receiver<()>,
-}
-
-fn proxy() -> Proxy {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
-    let port = listener.local_addr().expect("addr").port();
-    let (first_tx, first) = channel();
-    let (release, release_rx) = channel::<()>();
-    let (closed_tx, closed) = channel();
-    std::thread::spawn(move || {
-        let mut release_rx = Some(release_rx);
-        for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { continue };
-            let mut reader = BufReader::new(conn.try_clone().expect("clone"));
-            let mut line = String::new();
-            let _ = reader.read_line(&mut line);
-            let target = line.split_whitespace().nth(1).unwrap_or("").to_string();
-            loop {
-                let mut h = String::new();
-                if reader.read_line(&mut h).map_or(true, |n| n == 0) || h == "\r\n" {
-                    break;
-                }
-            }
-            let held = release_rx.take();
-            let closed_tx = held.is_some().then(|| closed_tx.clone());
-            if let Some(rx) = held {
-                let _ = first_tx.send(());
-                let _ = rx.recv();
-            }
-            std::thread::spawn(move || {
-                let Ok(up) = TcpStream::connect(&target) else {
-                    return;
-                };
-                let _ = conn.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n");
-                let (mut up_r, mut conn_w) = (
-                    up.try_clone().expect("clone"),
-                    conn.try_clone().expect("clone"),
-                );
-                std::thread::spawn(move || {
-                    let _ = std::io::copy(&mut up_r, &mut conn_w);
-                });
-                let mut up_w = up;
-                let _ = std::io::copy(&mut reader, &mut up_w);
-                let _ = up_w.shutdown(std::net::Shutdown::Both);
-                if let Some(tx) = closed_tx {
-                    let _ = tx.send(());
-                }
-            });
-        }
-    });
-    Proxy {
-        port,
-        first,
-        release,
-        closed,
-    }
-}
 
 /// A REST service whose `POST /notes` records each arrival and answers 201.
 fn notes_service() -> (String, Arc<Mutex<Vec<String>>>) {
@@ -248,42 +179,70 @@ fn enqueue_with(d: &Path, cfg: &str, model: &str) {
     );
 }
 
-/// Review 48, hole 5, on the HTTP route: A proved its claim, then stopped while its proxy's
-/// CONNECT was being answered; let go after B sent the write, it sent it again.
+/// Review 48, hole 5, on the HTTP route: A committed its write's intent, then stopped while
+/// its connection to the service was being made (its SYN waiting on the forwarder's full
+/// accept queue); let go after B sent the write, it sent it again. A proves its claim only
+/// once the connection is made, so it sends nothing.
 #[test]
 fn a_paused_daemon_never_sends_an_http_write_it_no_longer_owns() {
+    let Some(py) = common::mcp::python() else {
+        return;
+    };
     let Some(dir) = TempDir::on("paused_http", Backend::Postgres) else {
         return;
     };
     let d = dir.path();
     let (url, arrivals) = notes_service();
-    let catalog = format!(
-        "version = 1\n[[tools]]\nname = \"add_note\"\naccess = \"write\"\nidempotent = false\n\
-         http = {{ url = \"{url}/notes\", timeout_ms = 60000 }}\n\
-         args.text = {{ type = \"string\", required = true }}\n"
-    );
-    std::fs::write(d.join("tools.toml"), catalog).expect("catalog");
-    std::fs::write(d.join("worker.toml"), "[tools]\ncatalog = \"tools.toml\"\n").expect("config");
+    let service_port = url.rsplit(':').next().and_then(|p| p.parse::<u16>().ok());
+    let via = common::pg::free_port();
+    let mut cmd = std::process::Command::new(&py);
+    cmd.arg(format!(
+        "{}/tests/mcp/forwarder.py",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .args([
+        via.to_string(),
+        service_port.expect("the service's port").to_string(),
+        d.display().to_string(),
+    ]);
+    let _forwarder = common::mcp::listen(cmd, via);
+    for (name, url) in [("a", format!("http://127.0.0.1:{via}")), ("b", url)] {
+        let catalog = format!(
+            "version = 1\n[[tools]]\nname = \"add_note\"\naccess = \"write\"\nidempotent = false\n\
+             http = {{ url = \"{url}/notes\", timeout_ms = 60000 }}\n\
+             args.text = {{ type = \"string\", required = true }}\n"
+        );
+        std::fs::write(d.join(format!("{name}-tools.toml")), catalog).expect("catalog");
+        std::fs::write(
+            d.join(format!("{name}.toml")),
+            format!("[tools]\ncatalog = \"{name}-tools.toml\"\n"),
+        )
+        .expect("config");
+    }
     let model = one_write(d, "add_note", json!({"text": "called back"}));
-    enqueue_with(d, "worker.toml", &model);
-    let proxy = proxy();
-    let a = daemon(
-        d,
-        "worker.toml",
-        &[("HTTP_PROXY", format!("http://127.0.0.1:{}", proxy.port))],
-    );
-    proxy
-        .first
-        .recv_timeout(Duration::from_secs(60))
-        .expect("A asked its proxy for a tunnel");
-    let closed = proxy.closed;
-    let release = proxy.release;
+    enqueue_with(d, "b.toml", &model);
+    // New connections to A's address wait in connect from the start.
+    std::fs::write(d.join("clog"), "clog").expect("clog");
+    until("the forwarder to stall new connections", || {
+        d.join("clogged").exists()
+    });
+    let a = daemon(d, "a.toml", &[]);
+    until("A to claim the task", || {
+        json(d, &["show", "t1", "--json"])["status"] == "running"
+    });
+    // A script answers at once: A commits the intent and waits in connect well within this.
+    std::thread::sleep(Duration::from_millis(1500));
+    let log_a = Arc::clone(&a.log);
+    let clog = d.join("clog");
     b_sends_then_a_goes_on(
         d,
-        "worker.toml",
+        "b.toml",
         &a,
-        move || release.send(()).expect("let the tunnel open"),
-        || closed.try_recv().is_ok(),
+        || std::fs::remove_file(&clog).expect("let connections through"),
+        || {
+            let l = log_a.lock().expect("lock");
+            l.contains("nothing was sent") || l.contains("abandoning")
+        },
         || arrivals.lock().expect("lock").len(),
     );
 }

@@ -109,7 +109,7 @@ fn an_idle_daemon_is_woken_by_notify() {
                 demo: Some(std::sync::Arc::new(
                     tether::tools::durable::DemoShop::opened(std::sync::Arc::clone(&tools)),
                 )),
-                workers: 1,
+                max_in_flight: 1,
                 poll_ms: 600_000,
                 recover_every_ms: 600_000,
                 ..Default::default()

@@ -73,8 +73,8 @@ fn progress_on_a_terminal_and_quiet_in_a_pipe() {
     batch(d, "a.jsonl", 150);
     ok(d, &["enqueue", "--model", "policy", "--file", "a.jsonl"]);
     let slow = [("WORKER_PROGRESS_EVERY_MS", "100")];
-    let tty =
-        on_a_terminal(d, "run --drain --workers 2 --time-scale 0.002", &slow).expect("script");
+    let tty = on_a_terminal(d, "run --drain --max-in-flight 2 --time-scale 0.002", &slow)
+        .expect("script");
     assert!(
         tty.contains("drain: ") && tty.contains("runs ended (") && tty.contains(" queued, "),
         "{tty}"
@@ -82,7 +82,14 @@ fn progress_on_a_terminal_and_quiet_in_a_pipe() {
     batch(d, "c.jsonl", 150);
     ok(d, &["enqueue", "--model", "policy", "--file", "c.jsonl"]);
     let out = command(d)
-        .args(["run", "--drain", "--workers", "2", "--time-scale", "0.002"])
+        .args([
+            "run",
+            "--drain",
+            "--max-in-flight",
+            "2",
+            "--time-scale",
+            "0.002",
+        ])
         .env("WORKER_PROGRESS_EVERY_MS", "100")
         .output()
         .expect("runs");

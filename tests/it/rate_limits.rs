@@ -75,7 +75,7 @@ fn run_three(d: &Path) -> Duration {
                     "--config",
                     "worker.toml",
                     "run",
-                    "--workers",
+                    "--max-in-flight",
                     "3",
                     "--shared",
                 ])

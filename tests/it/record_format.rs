@@ -112,7 +112,7 @@ fn a_version_1_database_is_read_back_as_written_and_migrated() {
     ok(d, &["check"]);
     // The migrated tasks run on: t7 (approved before the migration) sends its refund once,
     // t11 (queued) runs, t8 stays held.
-    ok(d, &["run", "--drain", "--workers", "1"]);
+    ok(d, &["run", "--drain", "--max-in-flight", "1"]);
     assert_eq!(json(d, &["show", "t7", "--json"])["stop"], "done");
     assert_eq!(json(d, &["show", "t11", "--json"])["status"], "finished");
     assert_eq!(json(d, &["show", "t8", "--json"])["status"], "held");
@@ -176,7 +176,7 @@ fn format_2_replies_replay_beside_format_3_ones() {
     // replays too.
     let id = enqueue(d, &["--model", "policy:ord_1001:3000"]);
     let id = id.trim();
-    ok(d, &["run", "--drain", "--workers", "1"]);
+    ok(d, &["run", "--drain", "--max-in-flight", "1"]);
     let after = reply_formats(&d.join("worker.redb"));
     let new: Vec<u8> = after
         .iter()
@@ -449,7 +449,7 @@ fn fifty_tasks_sharing_a_2_mb_script_store_it_once() {
         .collect();
     std::fs::write(d.join("b.jsonl"), batch).expect("write batch");
     ok(d, &["enqueue", "--model", "policy", "--file", "b.jsonl"]);
-    ok(d, &["run", "--drain", "--workers", "2"]);
+    ok(d, &["run", "--drain", "--max-in-flight", "2"]);
     let list = json(d, &["list", "--json", "--limit", "10000"]);
     let stops: Vec<&str> = list
         .as_array()

@@ -160,7 +160,7 @@ fn daemons_fire_every_second_once_through_a_kill() {
     add(d, "every-second", "* * * * * *", "UTC", &[]);
     let daemon = || {
         command(d)
-            .args(["run", "--workers", "1", "--shared"])
+            .args(["run", "--max-in-flight", "1", "--shared"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -239,7 +239,7 @@ fn task(d: &Path, name: &str) -> String {
 
 fn daemon(d: &Path) -> Child {
     worker_c(d)
-        .args(["run", "--workers", "1"])
+        .args(["run", "--max-in-flight", "1"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

@@ -52,7 +52,7 @@ fn daemon(d: &Path, url: &str, log: &Path, extra: &[&str]) -> Child {
     command(d)
         .env("WORKER_DB", url)
         .env("RUST_LOG", "warn,tether::store::pg=info")
-        .args(["run", "--workers", "3", "--time-scale", "0.02"])
+        .args(["run", "--max-in-flight", "3", "--time-scale", "0.02"])
         .args(["--heartbeat-ttl-ms", "3000", "--recover-every-ms", "200"])
         .args(extra)
         .stdout(Stdio::null())
@@ -171,7 +171,7 @@ fn three_daemons_killed_and_one_cut_off_lose_and_repeat_nothing() {
         &[
             "run",
             "--drain",
-            "--workers",
+            "--max-in-flight",
             "4",
             "--recover-every-ms",
             "200",
@@ -313,7 +313,7 @@ fn the_database_restarting_and_lost_answers_lose_and_repeat_nothing() {
         &[
             "run",
             "--drain",
-            "--workers",
+            "--max-in-flight",
             "4",
             "--recover-every-ms",
             "200",
@@ -518,7 +518,7 @@ fn hole_6_a_host_whose_clock_runs_ahead_takes_over_nothing() {
     let mut healthy = command(d)
         .env("WORKER_DB", &url)
         .env("RUST_LOG", "warn")
-        .args(["run", "--workers", "3", "--time-scale", "1"])
+        .args(["run", "--max-in-flight", "3", "--time-scale", "1"])
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
@@ -540,7 +540,7 @@ fn hole_6_a_host_whose_clock_runs_ahead_takes_over_nothing() {
         .env("RUST_LOG", "warn")
         .env("LD_PRELOAD", &lib)
         .env("SKEW_MS", "120000")
-        .args(["run", "--workers", "1", "--recover-every-ms", "200"])
+        .args(["run", "--max-in-flight", "1", "--recover-every-ms", "200"])
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
@@ -582,7 +582,7 @@ fn hole_7_a_busy_dispatcher_never_lets_its_heartbeat_run_out() {
         command(d)
             .env("WORKER_DB", &url)
             .env("RUST_LOG", "warn")
-            .args(["run", "--workers", workers, "--time-scale", "1"])
+            .args(["run", "--max-in-flight", workers, "--time-scale", "1"])
             .args(["--heartbeat-ttl-ms", "3000", "--recover-every-ms", "200"])
             .stdout(Stdio::null())
             .stderr(log)

@@ -39,7 +39,7 @@ fn finish(child: Child) -> (Output, String, String) {
 
 fn daemon(d: &std::path::Path, extra: &[&str]) -> Child {
     command(d)
-        .args(["run", "--workers", "2", "--time-scale", "0.3"])
+        .args(["run", "--max-in-flight", "2", "--time-scale", "0.3"])
         .args(["--heartbeat-ttl-ms", "3000", "--recover-every-ms", "200"])
         .args(extra)
         .stdout(Stdio::null())
@@ -110,7 +110,7 @@ conformance! {
         )
         .expect("script");
         let mut run = command(d)
-            .args(["run", "--workers", "4", "--time-scale", "0.002"])
+            .args(["run", "--max-in-flight", "4", "--time-scale", "0.002"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

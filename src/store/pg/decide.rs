@@ -159,6 +159,8 @@ impl DecisionTx for PgTx<'_, '_, '_> {
 
 impl Decide for PgStore {
     fn decide(&self, f: &mut dyn FnMut(&mut dyn DecisionTx) -> Result<()>) -> Result<()> {
-        self.write(|tx| f(&mut PgTx { s: self, tx }))
+        self.write(|tx| f(&mut PgTx { s: self, tx }))?;
+        self.woken.wake();
+        Ok(())
     }
 }

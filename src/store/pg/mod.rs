@@ -60,6 +60,8 @@ pub struct PgStore {
     /// The NOTIFY channel of this schema's ready queue.
     channel: String,
     wake: Mutex<Option<Receiver<()>>>,
+    /// Wake-ups of this process's dispatcher after an enqueue or a decision made here.
+    woken: crate::store::Woken,
     /// Tells the LISTEN thread to end when the store is dropped.
     stop: Arc<AtomicBool>,
     /// The step-commit statements by kind (intent, step, final, release, and a final commit
@@ -265,6 +267,7 @@ impl PgStore {
             store_schema,
             db_id,
             wake: Mutex::new(None),
+            woken: Default::default(),
             stop: Arc::default(),
             exporter: random_i64(),
             commit_faults: Mutex::new(None),

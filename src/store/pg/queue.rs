@@ -230,7 +230,7 @@ impl Queue for PgStore {
             });
             match r {
                 Err(Error::Postgres(m)) if m.starts_with("23505") && tries < 3 => tries += 1,
-                r => return r,
+                r => return r.inspect(|_| self.woken.wake()),
             }
         }
     }
@@ -412,6 +412,10 @@ impl Queue for PgStore {
         let left: Option<i64> = self.read(|c| Ok(c.client.query_one(&sql, &[&off])?.get(0)))?;
         // In the caller's clock: the server's time left, from the caller's now.
         Ok(left.map(|l| now_ms.saturating_add(super::rows::u64_of(l))))
+    }
+
+    fn woken(&self) -> crossbeam_channel::Receiver<()> {
+        self.woken.receiver()
     }
 
     /// LISTEN/NOTIFY on the queue's channel.

@@ -141,6 +141,7 @@ impl Decide for RedbStore {
             db_id: &self.db_id,
         })?;
         w.commit()?;
+        self.woken.wake();
         Ok(())
     }
 }

@@ -67,6 +67,8 @@ pub struct RedbStore {
     limits: std::sync::RwLock<std::sync::Arc<crate::store::flow::ConcurrencyLimits>>,
     /// The watch on the file that wakes an idle daemon, made on first use (`Queue::wakeups`).
     wake: std::sync::Mutex<Option<crate::filewatch::FileWatch>>,
+    /// Wake-ups of this process's dispatcher after an enqueue or a decision made here.
+    woken: crate::store::Woken,
 }
 
 fn next_seq(meta: &mut redb::Table<&str, u64>, name: &str) -> Result<u64> {

@@ -53,6 +53,7 @@ impl RedbStore {
             meter: Default::default(),
             limits: Default::default(),
             wake: Default::default(),
+            woken: Default::default(),
         };
         store.init()?;
         store.db_id = store.load_db_id()?;
@@ -119,6 +120,7 @@ impl RedbStore {
             meter: Default::default(),
             limits: Default::default(),
             wake: Default::default(),
+            woken: Default::default(),
         };
         let (schema, id) = {
             let r = store.db.begin_read()?;

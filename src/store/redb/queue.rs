@@ -33,6 +33,10 @@ impl Queue for RedbStore {
         Ok(())
     }
 
+    fn woken(&self) -> crossbeam_channel::Receiver<()> {
+        self.woken.receiver()
+    }
+
     /// A watch on the file: an enqueue, a decision that requeues, any commit of any process
     /// writes it, and the dispatcher then looks for due tasks (a read, before it writes).
     /// One watch per store, made on first use; none where the system has no file watch.
@@ -112,6 +116,7 @@ impl Queue for RedbStore {
             }
         }
         w.commit()?;
+        self.woken.wake();
         Ok(out)
     }
 

@@ -527,7 +527,7 @@ pub fn settle_with_oracle(d: &Path, seed: u64) {
             let digest = held_digest(d, id);
             ok(d, &["approve", id, "--by", "oracle", "--digest", &digest]);
         }
-        ok(d, &["run", "--drain", "--workers", "4"]);
+        ok(d, &["run", "--drain", "--max-in-flight", "4"]);
     }
     let tasks = json(d, &["list", "--json", "--limit", "10000"]);
     let ledger = json(d, &["store", "ledger", "--json"]);

@@ -36,6 +36,16 @@
 //!   real time a statement takes to start;
 //! - after a settling phase without faults, every task has ended and nothing is held.
 //!
+//! Two mutations of the protocol, each tried by hand against this file, are caught within the
+//! default 2,000 seeds (a refund arrives twice, or arrives after a takeover, and the sink's
+//! invariant fails):
+//! - **the claim check dropped before a send**: in `src/worker/machine/write.rs`, the write's
+//!   `Need::Send` asks for no proof (`proof: p.access == Access::Write` made `false`): a paused
+//!   worker resumed after a takeover sends the write its successor also sent;
+//! - **a non-idempotent write re-sent**: in the same file, the condition that holds a write
+//!   found in flight (`in_flight && !p.idempotent`) made `false`: a rerun after a crash sends
+//!   the refund again under its key.
+//!
 //! `cargo test --test it simulation` runs 2,000 seeds from a random base it prints;
 //! `TETHER_SIM_SEEDS=N` runs N seeds, `TETHER_SIM_BASE=B` fixes the base, and
 //! `TETHER_SIM_SEED=S` replays one seed.

@@ -1,8 +1,10 @@
-//! The blocking HTTP client (ureq) shared by the model and tool adapters: an agent bounded by
-//! a timeout that never follows redirects, the check every configured URL passes, the retry
-//! backoff, bounded body reads and clipped error texts, and the gated agent whose connections
-//! ask a write's proof of its claim before their first byte. It fits the thread-per-task
-//! daemon: no async runtime.
+//! HTTP shared by the model and tool adapters: the blocking client (ureq) of the threads that
+//! are not the executor's (the settler's lookups, the callback sender, the span exporter), an
+//! agent bounded by a timeout that never follows redirects; the executor's asynchronous client
+//! ([`client`]); the check every configured URL passes, the retry backoff, bounded body reads
+//! and clipped error texts.
+
+pub mod client;
 
 use std::time::Duration;
 
@@ -19,108 +21,8 @@ pub fn agent(timeout: Duration) -> ureq::Agent {
         .into()
 }
 
-/// [`agent`] whose every connection asks `gate` before its first byte leaves, after the
-/// connection is made (TCP, a proxy's CONNECT, TLS): a write's proof of its claim comes last
-/// before the request (see `worker::driver::Proof`). When the gate refuses, nothing is sent
-/// and `refused` is set.
-pub fn gated_agent(
-    timeout: Duration,
-    gate: Ready,
-    refused: std::sync::Arc<std::sync::atomic::AtomicBool>,
-) -> ureq::Agent {
-    use ureq::unversioned::resolver::DefaultResolver;
-    use ureq::unversioned::transport::{Connector, DefaultConnector};
-    let config = ureq::Agent::config_builder()
-        .timeout_global(Some(timeout))
-        .http_status_as_error(false)
-        .max_redirects(0)
-        .build();
-    let connector = DefaultConnector::new().chain(GateConnector { gate, refused });
-    ureq::Agent::with_parts(config, connector, DefaultResolver::default())
-}
-
 /// What a gated connection asks before its first byte: `Err` says why nothing may be sent.
 pub type Ready = std::sync::Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
-
-/// The last connector of a gated agent's chain: wraps the connection made by the others.
-struct GateConnector {
-    gate: Ready,
-    refused: std::sync::Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl std::fmt::Debug for GateConnector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("GateConnector")
-    }
-}
-
-impl ureq::unversioned::transport::Connector<Box<dyn ureq::unversioned::transport::Transport>>
-    for GateConnector
-{
-    type Out = Gated;
-
-    fn connect(
-        &self,
-        _: &ureq::unversioned::transport::ConnectionDetails,
-        chained: Option<Box<dyn ureq::unversioned::transport::Transport>>,
-    ) -> Result<Option<Gated>, ureq::Error> {
-        Ok(chained.map(|inner| Gated {
-            inner,
-            gate: Some(std::sync::Arc::clone(&self.gate)),
-            refused: std::sync::Arc::clone(&self.refused),
-        }))
-    }
-}
-
-/// A connection whose first byte waits for its gate.
-struct Gated {
-    inner: Box<dyn ureq::unversioned::transport::Transport>,
-    /// Taken at the first write.
-    gate: Option<Ready>,
-    refused: std::sync::Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl std::fmt::Debug for Gated {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Gated").field("inner", &self.inner).finish()
-    }
-}
-
-impl ureq::unversioned::transport::Transport for Gated {
-    fn buffers(&mut self) -> &mut dyn ureq::unversioned::transport::Buffers {
-        self.inner.buffers()
-    }
-
-    fn transmit_output(
-        &mut self,
-        amount: usize,
-        timeout: ureq::unversioned::transport::NextTimeout,
-    ) -> Result<(), ureq::Error> {
-        if let Some(gate) = self.gate.take()
-            && let Err(why) = gate()
-        {
-            self.refused
-                .store(true, std::sync::atomic::Ordering::SeqCst);
-            return Err(ureq::Error::Io(std::io::Error::other(why)));
-        }
-        self.inner.transmit_output(amount, timeout)
-    }
-
-    fn await_input(
-        &mut self,
-        timeout: ureq::unversioned::transport::NextTimeout,
-    ) -> Result<bool, ureq::Error> {
-        self.inner.await_input(timeout)
-    }
-
-    fn is_open(&mut self) -> bool {
-        self.inner.is_open()
-    }
-
-    fn is_tls(&self) -> bool {
-        self.inner.is_tls()
-    }
-}
 
 /// A random number of milliseconds from 0 to `max_ms`, so that calls that failed together do
 /// not retry together.
