@@ -12,8 +12,9 @@
 //! most it allowed), built once into `target/old-executor/` (or named by
 //! `TETHER_OLD_WORKER=PATH`; `TETHER_OLD_WORKER=skip` leaves it out).
 //!
-//! Run with `cargo bench --bench inflight` (`TETHER_INFLIGHT=small` runs only the first
-//! workload). Targets: 1,000 tasks within 1.1x of the ideal; 10,000 within 1.25x and under
+//! Run with `cargo bench --bench inflight` (`TETHER_INFLIGHT=small` or `large` runs one of the
+//! two workloads; `TETHER_INFLIGHT_FLAGS="--max-in-flight 1000"` adds flags to this executor's
+//! daemon). Targets: 1,000 tasks within 1.1x of the ideal; 10,000 within 1.25x and under
 //! 512 MB.
 
 use serde_json::{Value, json};
@@ -64,9 +65,19 @@ fn main() {
             target: 1.25,
         },
     ];
-    let small = std::env::var("TETHER_INFLIGHT").is_ok_and(|v| v == "small");
+    let only = std::env::var("TETHER_INFLIGHT").unwrap_or_default();
+    let flags = std::env::var("TETHER_INFLIGHT_FLAGS").unwrap_or_default();
+    let flags: Vec<&str> = flags.split_whitespace().collect();
     let old = old_worker();
-    for w in workloads.iter().take(if small { 1 } else { 2 }) {
+    let chosen = workloads
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| match only.as_str() {
+            "small" => *i == 0,
+            "large" => *i == 1,
+            _ => true,
+        });
+    for (_, w) in chosen {
         println!(
             "{} tasks, each 3 model calls of {} ms and 1 tool call of {} ms (ideal: {:.1} s)",
             w.tasks,
@@ -74,7 +85,7 @@ fn main() {
             w.tool_ms,
             w.ideal().as_secs_f64()
         );
-        let new = run(env!("CARGO_BIN_EXE_worker"), w, &provider, &[]);
+        let new = run(env!("CARGO_BIN_EXE_worker"), w, &provider, &flags);
         report("  this executor (worker run)      ", w, &new);
         println!(
             "    target {:.2}x: {}",
@@ -378,9 +389,16 @@ fn answer(path: &str, body: &[u8]) -> (u64, String) {
         let order = json!({"order_status": "delivered", "total_cents": 5000, "refunded_cents": 0});
         return (ms, order.to_string());
     }
-    // The turn: how many answers of ours the conversation already holds.
+    // The turn, from the conversation the daemon sends (the task's last turn and its state):
+    // none yet, the plan just accepted, or the tool's result.
     let text = String::from_utf8_lossy(body);
-    let turn = text.matches("\"role\":\"assistant\"").count();
+    let turn = if !text.contains("\"role\":\"assistant\"") {
+        0
+    } else if text.contains("plan_accepted") {
+        1
+    } else {
+        2
+    };
     let (name, args) = match turn {
         0 => (
             "propose_plan",

@@ -73,8 +73,9 @@ pub struct Trace {
 impl Trace {
     pub fn new(first_id: u32) -> Trace {
         Trace {
-            // A run of a few steps makes a dozen spans: room for them from the start.
-            spans: Vec::with_capacity(16),
+            // Room for a step's spans from the start, no more: thousands of runs wait at once,
+            // each holding its trace.
+            spans: Vec::with_capacity(4),
             first_id,
             taken: 0,
             touched: Vec::new(),

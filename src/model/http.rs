@@ -109,6 +109,12 @@ impl HttpModel {
         }
     }
 
+    /// The body as sent: one copy of its exact size, shared by every attempt (a waiting task
+    /// holds it).
+    fn body_bytes(&self, req: &ModelRequest<'_>) -> bytes::Bytes {
+        bytes::Bytes::from(self.body(req).to_string().into_bytes().into_boxed_slice())
+    }
+
     fn parse(&self, step: u32, text: &str) -> Result<Parsed, ModelError> {
         match self.profile.api {
             Api::OpenAi => super::openai::parse(&self.prompt, step, text),
@@ -122,7 +128,7 @@ impl HttpModel {
     async fn send(&self, req: &ModelRequest<'_>, key: Option<&str>) -> Result<Parsed, ModelError> {
         let start = Instant::now();
         let budget = Duration::from_millis(req.timeout_ms);
-        let body = self.body(req).to_string();
+        let body = self.body_bytes(req);
         let url = self.url();
         let client = crate::net::client::pooled().map_err(ModelError::Fatal)?;
         let mut attempt = 0;

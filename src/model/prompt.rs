@@ -5,7 +5,8 @@
 //! adapters (`openai`, `anthropic`) put these into their own protocol.
 
 use serde_json::{Map, Value, json};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Weak};
 
 use super::profile::{FinalAnswer, ToolCalling, text_digest};
 use crate::kernel::catalog::Access;
@@ -45,19 +46,78 @@ pub struct Function {
 /// What a task's model is told, fixed for the task's run.
 #[derive(Clone, Debug)]
 pub struct Prompt {
-    pub system: String,
+    pub system: Arc<str>,
     /// The functions offered (none with [`ToolCalling::Json`]).
-    pub functions: Vec<Function>,
+    pub functions: Arc<[Function]>,
     pub calling: ToolCalling,
     pub final_answer: FinalAnswer,
     /// Recorded with each reply: the rules' version and a digest of the instructions.
     pub id: String,
     /// Tools whose own schema has a `plan_step` argument: it is theirs, not the kernel's.
-    own_plan_step: BTreeSet<String>,
+    own_plan_step: Arc<BTreeSet<String>>,
+    /// Keeps this prompt's entry of the shared ones alive.
+    _shared: Option<Arc<Shared>>,
 }
+
+/// What prompts of the same catalog, calling and instructions share: thousands of tasks in
+/// flight on one profile hold one copy of its system prompt and functions, not one each.
+#[derive(Debug)]
+struct Shared {
+    system: Arc<str>,
+    functions: Arc<[Function]>,
+    own_plan_step: Arc<BTreeSet<String>>,
+}
+
+/// The prompts alive in this process, by a digest of what they are made of; an entry lives
+/// as long as a prompt holds it.
+static SHARED: std::sync::Mutex<BTreeMap<String, Weak<Shared>>> =
+    std::sync::Mutex::new(BTreeMap::new());
 
 impl Prompt {
     pub fn new(
+        catalog: &Catalog,
+        calling: ToolCalling,
+        final_answer: FinalAnswer,
+        profile_instructions: Option<&str>,
+        task_instructions: Option<&str>,
+    ) -> Prompt {
+        let made = Self::build(
+            catalog,
+            calling,
+            final_answer,
+            profile_instructions,
+            task_instructions,
+        );
+        let key = format!(
+            "{}:{}:{}",
+            made.id,
+            made.system.len(),
+            text_digest(&format!("{}\u{0}{:?}", made.system, made.functions))
+        );
+        let mut cache = SHARED.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(shared) = cache.get(&key).and_then(Weak::upgrade) {
+            return Prompt {
+                system: Arc::clone(&shared.system),
+                functions: Arc::clone(&shared.functions),
+                own_plan_step: Arc::clone(&shared.own_plan_step),
+                _shared: Some(shared),
+                ..made
+            };
+        }
+        if cache.len() >= 1024 {
+            cache.retain(|_, w| w.strong_count() > 0);
+        }
+        let shared = Arc::new(Shared {
+            system: Arc::clone(&made.system),
+            functions: Arc::clone(&made.functions),
+            own_plan_step: Arc::clone(&made.own_plan_step),
+        });
+        cache.insert(key, Arc::downgrade(&shared));
+        // The entry lives while a prompt holds one of its parts.
+        made.keep(shared)
+    }
+
+    fn build(
         catalog: &Catalog,
         calling: ToolCalling,
         final_answer: FinalAnswer,
@@ -121,13 +181,19 @@ impl Prompt {
             id.push_str(&text_digest(&instructions));
         }
         Prompt {
-            system,
-            functions,
+            system: system.into(),
+            functions: functions.into(),
             calling,
             final_answer,
             id,
-            own_plan_step,
+            own_plan_step: Arc::new(own_plan_step),
+            _shared: None,
         }
+    }
+
+    fn keep(mut self, shared: Arc<Shared>) -> Prompt {
+        self._shared = Some(shared);
+        self
     }
 
     /// The system prompt and functions as the number of characters they add to every request
@@ -463,97 +529,4 @@ pub fn json_objects(text: &str) -> Vec<Value> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn prompt(calling: ToolCalling) -> Prompt {
-        Prompt::new(
-            &Catalog::demo(),
-            calling,
-            FinalAnswer::Function,
-            Some("You are a support agent."),
-            None,
-        )
-    }
-
-    #[test]
-    fn one_object_is_found_in_prose_and_fences() {
-        let t = "Here is my next move:\n```json\n{\"type\": \"final\", \"text\": \"a {b}\"}\n```";
-        assert_eq!(
-            json_objects(t),
-            vec![json!({"type": "final", "text": "a {b}"})]
-        );
-        assert_eq!(json_objects("no braces").len(), 0);
-        assert_eq!(json_objects("{\"a\": 1} and {\"b\": 2}").len(), 2);
-        assert_eq!(json_objects("{\"a\": 1, \"a\": 2}").len(), 0);
-        assert_eq!(json_objects(&"{".repeat(100_000)).len(), 0);
-    }
-
-    /// Review finding: a `final_answer` without an outcome (or with another one) ended the
-    /// task done with its plan pending; it is an invalid reply, which the model is told.
-    #[test]
-    fn a_final_answer_needs_one_of_the_two_outcomes() {
-        let p = prompt(ToolCalling::Native);
-        let call = |args: Value| TurnCall {
-            id: "c1".into(),
-            name: FINAL_FN.into(),
-            arguments: args,
-        };
-        for args in [
-            json!({"text": "Refunded."}),
-            json!({"outcome": "bogus", "text": "x"}),
-            json!({"outcome": 7, "text": "x"}),
-        ] {
-            let RawReply::Invalid(why) = p.move_of_call(&call(args.clone())) else {
-                panic!("{args} is not a final answer");
-            };
-            assert!(why.contains("needs \"outcome\""), "{why}");
-        }
-        for outcome in ["completed", "cannot_complete"] {
-            assert_eq!(
-                p.move_of_call(&call(json!({"outcome": outcome, "text": "t"}))),
-                RawReply::Json(json!({"type": "final", "outcome": outcome, "text": "t"}))
-            );
-        }
-    }
-
-    #[test]
-    fn json_mode_wants_exactly_one_object() {
-        let p = prompt(ToolCalling::Json);
-        assert!(p.functions.is_empty());
-        assert!(p.system.contains("- get_order:"), "{}", p.system);
-        assert!(matches!(
-            p.move_of_text("Sure! {\"type\": \"plan\", \"steps\": []}"),
-            RawReply::Json(_)
-        ));
-        let RawReply::Invalid(why) = p.move_of_text("{\"a\": 1} {\"b\": 2}") else {
-            panic!("two objects are not one move");
-        };
-        assert!(why.contains("2 JSON objects"), "{why}");
-    }
-
-    #[test]
-    fn a_tool_call_names_its_plan_step_by_argument() {
-        let p = prompt(ToolCalling::Native);
-        assert_eq!(p.functions[0].name, PLAN_FN);
-        assert_eq!(p.functions.last().map(|f| f.name.as_str()), Some(FINAL_FN));
-        assert!(p.id.starts_with("native-1+"), "{}", p.id);
-        let call = TurnCall {
-            id: "call_1".into(),
-            name: "get_order".into(),
-            arguments: json!({"order_id": "ord_1", "plan_step": "s1"}),
-        };
-        assert_eq!(
-            p.move_of_call(&call),
-            RawReply::Json(json!({"type": "tool", "name": "get_order",
-                "args": {"order_id": "ord_1"}, "plan_step": "s1"}))
-        );
-        let bad = TurnCall {
-            arguments: Value::String("{\"order_id\": ".into()),
-            ..call
-        };
-        assert!(
-            matches!(p.move_of_call(&bad), RawReply::Invalid(w) if w.contains("not a JSON object"))
-        );
-    }
-}
+mod tests;

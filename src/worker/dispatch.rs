@@ -85,28 +85,54 @@ impl Spawner {
     fn spawn(&self, rec: TaskRecord) {
         let (ctx, live) = (Arc::clone(&self.ctx), Arc::clone(&self.live));
         let done = Done(self.done.clone());
-        let executor = self.executor.clone();
         self.executor.spawn(async move {
             // Reported when the chain ends, however it ends.
             let _done = done;
-            let mut next = Some(rec);
+            // Boxed: the chain's future holds a pointer while its run waits, not a record.
+            let mut next = Some(Box::new(rec));
             while let Some(rec) = next.take() {
                 let claim = Claim::new(&live, &rec);
                 // A panic (a bug) ends this run only: the claim leaves the live set, so the task
                 // is recovered from its last commit when its lease expires (or at once by the
                 // next daemon).
                 let id = rec.id.clone();
-                let ctx = Arc::clone(&ctx);
-                let stats = Arc::clone(&ctx.stats);
-                let run = executor.spawn(async move { driver::run(&ctx, rec).await });
-                next = run.await.unwrap_or_else(|_| {
-                    stats.abandoned.fetch_add(1, Ordering::Relaxed);
+                next = CatchUnwind(start(&ctx, *rec)).await.map(|n| n.map(Box::new)).unwrap_or_else(|_| {
+                    ctx.stats.abandoned.fetch_add(1, Ordering::Relaxed);
                     tracing::error!(task = %id, "the run panicked; its claim is dropped and the task will be recovered from its last commit when its lease expires");
                     None
                 });
                 drop(claim);
             }
         });
+    }
+}
+
+type Run<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Option<TaskRecord>> + Send + 'a>>;
+
+/// One run, boxed: a function, not inline in the chain's future, so the chain's future holds a
+/// pointer to the run's, not the run's itself (rustc keeps a future made inside an async
+/// block in its state, and every waiting task would weigh twice).
+fn start(ctx: &driver::Context, rec: TaskRecord) -> Run<'_> {
+    Box::pin(driver::run(ctx, rec))
+}
+
+/// A run whose panic ends it with `Err`, as a task's panic would end its task, without a task
+/// of its own.
+struct CatchUnwind<'a>(Run<'a>);
+
+impl std::future::Future for CatchUnwind<'_> {
+    type Output = std::thread::Result<Option<TaskRecord>>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let run = &mut self.0;
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run.as_mut().poll(cx))) {
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Ok(std::task::Poll::Ready(next)) => std::task::Poll::Ready(Ok(next)),
+            Err(panic) => std::task::Poll::Ready(Err(panic)),
+        }
     }
 }
 

@@ -65,16 +65,16 @@ impl Io<'_> {
                 }
                 Need::Model(req) => {
                     pass(self.ctx, Point::Model)?;
-                    self.model_call(&id, &req).await?
+                    Box::pin(self.model_call(&id, &req)).await?
                 }
                 Need::Call { key } => Answer::Call(self.call_record(&id, key)?),
                 Need::Commit(c) => {
                     pass(self.ctx, Point::Commit)?;
-                    Answer::Committed(Box::new(self.commit(&id, c, now).await?))
+                    Answer::Committed(Box::new(Box::pin(self.commit(&id, c, now)).await?))
                 }
                 Need::Send(send) => {
                     pass(self.ctx, Point::Send)?;
-                    Answer::Sent(self.send(&id, send).await?)
+                    Answer::Sent(Box::pin(self.send(&id, send)).await?)
                 }
                 Need::CompleteCancel => Answer::Cancelled(self.complete_cancel(&id, now)),
                 Need::Ended(e) => Answer::Ended(e),

@@ -326,12 +326,15 @@ async fn drive(ctx: &Context, rec: TaskRecord) -> Result<(Ended, Option<TaskReco
     }
     let (model, rate) = task_model(ctx, &rec, &catalog);
     let input = model.input();
+    // The record goes to the machine; the routes keep copies of the little they need.
+    let (scope, latency_ms) = (rec.store_scope.clone(), rec.tool_latency_ms.clone());
+    let model_label = rec.model.label().to_string();
     let routes = Routed {
         unavailable: &unavailable,
         demo: super::routes::DemoRoute {
             shop: ctx.demo.as_deref(),
-            scope: &rec.store_scope,
-            latency_ms: &rec.tool_latency_ms,
+            scope: &scope,
+            latency_ms: &latency_ms,
         },
         http: HttpTools { catalog: &catalog },
         mcp: McpTools {
@@ -346,10 +349,12 @@ async fn drive(ctx: &Context, rec: TaskRecord) -> Result<(Ended, Option<TaskReco
         model,
         routes,
         capacity: super::rate::Capacity::new(rate),
-        model_label: rec.model.label().to_string(),
+        model_label,
         next: None,
     };
-    let mut machine = Machine::new(rec.clone(), ctx.store.db_id(), &catalog, input);
+    // Boxed, as every large part of a run waiting on its model: a waiting task holds only
+    // what it needs (the executor's task holds the future).
+    let mut machine = Box::new(Machine::new(rec, ctx.store.db_id(), &catalog, input));
     let ended = io.run(&mut machine).await?;
     Ok((ended, io.next.take()))
 }

@@ -1,16 +1,17 @@
-//! The daemon: a bounded pool of threads, each running one task at a time, fed through bounded
-//! crossbeam channels, with one committer thread that groups the commits of all threads into
-//! shared write transactions (group commit: each step stays atomic, many steps share an fsync).
+//! The daemon: an executor (tokio, one thread per core) whose tasks each drive one claimed task's
+//! durable machine, up to `max_in_flight` at once, with one committer thread that groups the
+//! commits of all runs into shared write transactions (group commit: each step stays atomic,
+//! many steps share an fsync). A run waiting on its model or a tool holds no thread.
 //!
-//! Life of a task here: the dispatcher claims it with a lease and a fencing token, only when a
-//! thread is free to start it at once; a worker thread drives its kernel
-//! session; before a write is sent its intent is committed; at every step end the state, spans,
+//! Life of a task here: the dispatcher claims it with a lease and a fencing token when there is
+//! room in flight and starts it on the executor, where its `Io` drives the machine; before a
+//! write is sent its intent is committed; at every step end the state, spans,
 //! reply, call-key record and lease renewal are committed together; at the end the stop reason
-//! decides whether it is finished, suspended or held. On SIGINT/SIGTERM each thread commits the
+//! decides whether it is finished, suspended or held. On SIGINT/SIGTERM each run commits the
 //! step in progress, releases its lease and the daemon exits. Expired leases, and leases of
 //! processes that are gone, are recovered on start and periodically, never this process's own
 //! live claims. Every commit carries its claim's token; a superseded claim's commits are
-//! refused by the store, so a stale thread can never move a task's state.
+//! refused by the store, so a stale run can never move a task's state.
 
 mod callbacks;
 mod committer;
@@ -138,8 +139,9 @@ pub fn run(store: Arc<dyn Backend>, cfg: &Config, shutdown: Arc<AtomicBool>) -> 
     let claims = dispatch::Claims::new(&*store, me.owner());
     claims.recover_at_start(&*store)?;
     let executor = executor()?;
-    // Each run has at most one commit waiting: the channel never makes a run wait to hand one.
-    let (commit_tx, commit_rx) = bounded::<committer::CommitRequest>(cfg.max_in_flight.max(1));
+    // Each run has at most one commit waiting, so the queue is bounded by the runs in flight;
+    // unbounded, it never makes a run wait and takes memory only for the commits it holds.
+    let (commit_tx, commit_rx) = crossbeam_channel::unbounded::<committer::CommitRequest>();
     // A file gains from sharing transactions; a server with a connection per commit commits
     // in parallel (and groups the flushes itself).
     let (route, committer) = if store.groups_commits() {
