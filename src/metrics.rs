@@ -150,7 +150,7 @@ fn build() -> prometheus::Result<Metrics> {
         )?,
         rate_limited: counters(
             "tether_rate_limit_waits_total",
-            "Model calls a shared rate limit made wait (the task yielded its thread), by limit and cause (window: no room in the window; 429: the provider asked to slow down).",
+            "Model calls a shared rate limit made wait (the task went back to the queue meanwhile), by limit and cause (window: no room in the window; 429: the provider asked to slow down).",
             &["limit", "cause"],
         )?,
         model_seconds: histograms(
@@ -179,7 +179,7 @@ fn build() -> prometheus::Result<Metrics> {
         )?,
         claims_by: counters(
             "tether_tasks_claimed_total",
-            "Tasks this daemon claimed, by what led it to look: start (at start or right after a claim), enqueued (an enqueue or decision through this daemon), watch (another process's write), run_ended, due (a delayed task, schedule or recovery time), poll (the fallback poll; a wake-up was missed).",
+            "Tasks this daemon claimed, by what led it to look: start (at start or right after a claim), enqueued (an enqueue or decision through this daemon), watch (a write seen by the watch on the file or by NOTIFY; the daemon's own writes show there too), run_ended, due (a delayed task, schedule or recovery time), poll (the fallback poll; a wake-up was missed).",
             &["by"],
         )?,
         auto_settled: counter(

@@ -43,7 +43,7 @@ pub enum LogFormat {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Run the daemon: claim tasks and run them on a pool of threads.
+    /// Run the daemon: claim tasks and run thousands at once while they wait on models and tools.
     #[command(
         after_help = "Example:\n  RUST_LOG=info worker run                    # until SIGINT/SIGTERM\n  worker run --drain                          # until the queue is empty\n  worker run --console 127.0.0.1:8080         # with the web console and the HTTP API\n  worker run --shared                         # beside other daemons on the same file\n\nOn a file, the daemon is its only writer (unless --shared) and serves a local API on a Unix\nsocket beside it (worker.redb.sock, mode 0600): while it runs, `worker enqueue`, the\ndecisions (approve, reject, reconcile, cancel), `memory add|forget`, `purge` and the\nschedules' changes go through it. It holds worker.redb.lock, which names its pid; a second\ndaemon on the file is refused. Daemons started with --shared share the file, and the one\nholding the lock serves the socket."
     )]

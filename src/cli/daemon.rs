@@ -36,7 +36,7 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
             .map_err(|e| CliError::op(format!("cannot install the signal handler: {e}")))?;
     }
     let cfg = Config {
-        max_in_flight: a.max_in_flight,
+        max_in_flight: open_files_for(a.max_in_flight),
         drain: a.drain,
         lease_ms: a.lease_ms,
         time_scale: a.time_scale,
@@ -57,7 +57,6 @@ pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
     if let Some((listen, access)) = console {
         console_in_daemon(cli, a, listen, access, &store, &shutdown)?;
     }
-    open_files_for(a.max_in_flight);
     tracing::info!(db = %store.describe(), max_in_flight = cfg.max_in_flight, drain = cfg.drain, "worker started");
     let local = serve_api(cli, &store, sole)?;
     let reporting = drain_progress(&store, cfg.drain);

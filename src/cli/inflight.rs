@@ -15,8 +15,9 @@ pub(super) fn workers_retired(given: &Option<String>, instead: &str) -> CliResul
 }
 
 /// Raises this process's limit of open files to its hard limit: every task waiting on a
-/// provider holds a connection. Warns when the most tasks in flight may not fit.
-pub(super) fn open_files_for(max_in_flight: usize) {
+/// provider holds a connection. Returns the most tasks in flight that fit (fewer than asked,
+/// with a warning, when the limit is too low).
+pub(super) fn open_files_for(max_in_flight: usize) -> usize {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -24,7 +25,7 @@ pub(super) fn open_files_for(max_in_flight: usize) {
     // SAFETY: getrlimit and setrlimit read and write only the struct given.
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
-            return;
+            return max_in_flight;
         }
         if lim.rlim_cur < lim.rlim_max {
             let raised = libc::rlimit {
@@ -36,12 +37,39 @@ pub(super) fn open_files_for(max_in_flight: usize) {
             }
         }
     }
-    let open_files = lim.rlim_cur;
-    if (max_in_flight as u64).saturating_add(256) > open_files {
-        tracing::warn!(
-            max_in_flight,
-            open_files,
-            "the limit of open files may be too low for the tasks in flight: each one waiting on a provider holds a connection; raise it (ulimit -n) or lower --max-in-flight"
-        );
+    fitting(max_in_flight, lim.rlim_cur)
+}
+
+/// Files a daemon keeps open besides its tasks' connections (its database, sockets, logs, a
+/// write's own connection, the blocking routes).
+const OPEN_FILES_RESERVED: u64 = 256;
+
+/// The most tasks in flight whose connections fit in `open_files`: a task that found no file
+/// for its connection would fail its model call, so the daemon holds fewer, and says so.
+fn fitting(max_in_flight: usize, open_files: u64) -> usize {
+    let room = open_files.saturating_sub(OPEN_FILES_RESERVED).max(1);
+    if (max_in_flight as u64) <= room {
+        return max_in_flight;
+    }
+    let fits = usize::try_from(room).unwrap_or(usize::MAX);
+    tracing::warn!(
+        max_in_flight,
+        open_files,
+        runs = fits,
+        "the limit of open files is too low for --max-in-flight: each task waiting on a provider holds a connection, so this daemon runs at most {fits} at once; raise the limit (ulimit -n) to run more"
+    );
+    fits
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fitting;
+
+    #[test]
+    fn the_tasks_in_flight_fit_the_open_files() {
+        assert_eq!(fitting(10_000, 1_048_576), 10_000);
+        assert_eq!(fitting(10_000, 1_024), 768);
+        assert_eq!(fitting(500, 756), 500);
+        assert_eq!(fitting(500, 200), 1);
     }
 }

@@ -382,6 +382,8 @@ impl<'a> Dispatch<'a> {
     /// left under the most runs in flight.
     fn turn(&mut self, shutdown: &AtomicBool) -> Result<Turn> {
         if shutdown.load(Ordering::SeqCst) {
+            // Runs waiting on their model drop the wait and hand their tasks back.
+            self.spawner.ctx.stopping.notify_waiters();
             return Ok(Turn::Shutdown);
         }
         while self.done_rx.try_recv().is_ok() {

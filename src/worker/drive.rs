@@ -38,6 +38,8 @@ enum Answer {
     Reply(Option<RecordedReply>),
     Model(ModelReply, Option<String>),
     Deferred(u64),
+    /// The daemon began stopping while the model was asked.
+    Dropped,
     Call(Result<Option<CallRecord>, Damaged>),
     Committed(Box<CommitOutcome>),
     Sent(ToolReply),
@@ -98,6 +100,7 @@ impl Io<'_> {
                     pause(self.ctx.time_scale, latency).await;
                 }
                 Answer::Deferred(until) => m.on_model_deferred(until),
+                Answer::Dropped => m.on_model_dropped(),
                 Answer::Call(c) => m.on_call(c, now),
                 Answer::Committed(o) => m.on_committed(&o, now),
                 Answer::Sent(reply) => m.on_sent(reply, now),
@@ -169,7 +172,9 @@ impl Io<'_> {
             }
         }
         pass(ctx, Point::ModelCall)?;
-        let reply = self.model.ask(req).await;
+        let Some(reply) = unless_stopping(ctx, self.model.ask(req)).await else {
+            return Ok(Answer::Dropped);
+        };
         observe_model(id, req.step, &self.model_label, &reply);
         let busy = self.model.busy();
         if let Some(cap) = self.capacity.as_mut() {
@@ -265,4 +270,26 @@ fn store_io<T>(store: &dyn crate::store::Backend, f: impl FnOnce() -> T) -> T {
     } else {
         super::blocking(f)
     }
+}
+
+/// `work`, unless the daemon begins stopping first (`None`). For waits that hold nothing
+/// durable (a model call, its retries' backoffs): at shutdown they are dropped, not waited for.
+async fn unless_stopping<T>(
+    ctx: &Context,
+    work: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    let mut stopping = std::pin::pin!(ctx.stopping.notified());
+    // Registered before the flag is read: a stop signalled in between is not missed.
+    stopping.as_mut().enable();
+    if ctx.shutdown.load(Ordering::SeqCst) {
+        return None;
+    }
+    let mut work = std::pin::pin!(work);
+    std::future::poll_fn(|cx| {
+        if let std::task::Poll::Ready(v) = work.as_mut().poll(cx) {
+            return std::task::Poll::Ready(Some(v));
+        }
+        stopping.as_mut().poll(cx).map(|()| None)
+    })
+    .await
 }

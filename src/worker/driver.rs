@@ -97,6 +97,9 @@ pub struct Context {
     pub heartbeat_ttl_ms: u64,
     pub time_scale: f64,
     pub shutdown: Arc<AtomicBool>,
+    /// Woken when the daemon begins stopping (after `shutdown` is set): runs waiting on their
+    /// model drop the wait and hand their task back.
+    pub stopping: Arc<tokio::sync::Notify>,
     pub stats: Arc<Stats>,
     /// A shared rate limit for the scripted models (which have no profile to name one): the
     /// seeded simulation runs its tasks under one. `None` in the daemon.

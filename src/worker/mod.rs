@@ -139,6 +139,9 @@ pub fn run(store: Arc<dyn Backend>, cfg: &Config, shutdown: Arc<AtomicBool>) -> 
     let claims = dispatch::Claims::new(&*store, me.owner());
     claims.recover_at_start(&*store)?;
     let executor = executor()?;
+    // The HTTP clients made now, not by the first call: a call's rate-limit reservation is
+    // followed by its request at once, so the provider sees the window the daemon keeps.
+    let _ = (crate::net::client::pooled(), crate::net::client::gated());
     // Each run has at most one commit waiting, so the queue is bounded by the runs in flight;
     // unbounded, it never makes a run wait and takes memory only for the commits it holds.
     let (commit_tx, commit_rx) = crossbeam_channel::unbounded::<committer::CommitRequest>();
@@ -269,6 +272,7 @@ fn context(
         heartbeat_ttl_ms: cfg.heartbeat_ttl_ms.max(HEARTBEAT_TTL_MS_MIN),
         time_scale: cfg.time_scale,
         shutdown: Arc::clone(shutdown),
+        stopping: Arc::default(),
         stats: Arc::clone(stats),
         scripted_rate: None,
     }

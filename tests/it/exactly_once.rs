@@ -1113,6 +1113,7 @@ fn test_context(
         heartbeat_ttl_ms: u64::MAX / 4,
         time_scale: 0.0,
         shutdown: Arc::new(AtomicBool::new(false)),
+        stopping: Default::default(),
         stats: Arc::new(tether::worker::Stats::default()),
         scripted_rate: None,
     }

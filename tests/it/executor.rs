@@ -179,7 +179,9 @@ impl Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        signal(self.0.id(), "-TERM");
+        if let Ok(None) = self.0.try_wait() {
+            signal(self.0.id(), "-TERM");
+        }
         let _ = self.0.wait();
     }
 }
@@ -228,6 +230,34 @@ conformance! {
         all_done(d, 120);
         drop(daemon);
         assert_eq!(provider.seen(), (40, 120), "(most open at once, answered)");
+    }
+
+    /// From the review: at SIGTERM a run waiting on its model dropped nothing and waited for
+    /// the answer (a provider that never answers held the daemon for the tasks' whole active
+    /// time, 600 s, and the tasks ended `deadline`). The wait holds nothing durable: the runs
+    /// drop it, hand their tasks back, and the daemon exits 0.
+    fn sigterm_drops_the_waits_on_a_model_and_hands_the_tasks_back(d) {
+        let provider = Provider::start(usize::MAX, Duration::from_secs(3600));
+        setup(d, &provider.url, "", 20, json!({}));
+        let mut daemon = Daemon::start(d);
+        let give_up = Instant::now() + Duration::from_secs(60);
+        while provider.seen().1 < 20 {
+            assert!(Instant::now() < give_up, "the 20 requests never reached the provider");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        signal(daemon.0.id(), "-TERM");
+        let exited = loop {
+            if let Some(status) = daemon.0.try_wait().expect("wait") {
+                break status;
+            }
+            let log = std::fs::read_to_string(d.join("daemon.log")).unwrap_or_default();
+            assert!(Instant::now() < give_up + Duration::from_secs(60), "the daemon still waits for its model calls:\n{log}");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(exited.success(), "{exited}");
+        let list = json(d, &["list", "--json", "--limit", "100"]);
+        let queued = list.as_array().expect("a list").iter().filter(|t| t["status"] == "queued").count();
+        assert_eq!(queued, 20, "every task handed back:\n{list}");
     }
 
     /// Must-show "every wake-up lands": 20 tasks handed one at a time to an idle daemon

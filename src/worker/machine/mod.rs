@@ -430,13 +430,29 @@ impl<'c> Machine<'c> {
             return unexpected_answer("a deferral");
         }
         tracing::info!(task = %self.rec.id, until_ms, "waiting for the model's capacity; the task yields its worker");
+        self.hand_back(Some(until_ms), Ended::Yielded);
+    }
+
+    /// The daemon is stopping while the model is asked: the wait holds nothing durable, so the
+    /// task goes back to the queue as its last step commit left it (its next run asks again),
+    /// and the run ends released.
+    pub fn on_model_dropped(&mut self) {
+        if !matches!(self.phase, Phase::Model) {
+            return unexpected_answer("a dropped model call");
+        }
+        tracing::info!(task = %self.rec.id, "stopping: the model call is dropped and the task goes back to the queue");
+        self.hand_back(None, Ended::Released);
+    }
+
+    /// The task back in the queue as its last step commit left it.
+    fn hand_back(&mut self, until_ms: Option<u64>, ended: Ended) {
         let (state, next) = self
             .boundary
             .take()
             .unwrap_or_else(|| (self.rec.state.clone(), self.rec.next_span_id));
         self.commit(
-            Commit::release(state, next, Some(until_ms)),
-            commit::After::Ended(Ended::Yielded),
+            Commit::release(state, next, until_ms),
+            commit::After::Ended(ended),
         );
     }
 

@@ -86,6 +86,7 @@ impl Worker {
             heartbeat_ttl_ms: u64::MAX / 4,
             time_scale: 0.0,
             shutdown: Arc::new(AtomicBool::new(false)),
+            stopping: Default::default(),
             stats: Arc::new(Stats::default()),
             scripted_rate: None,
         };
