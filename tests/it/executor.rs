@@ -269,7 +269,9 @@ conformance! {
             r#"{"type": "final", "outcome": "completed", "text": "Done."}"#,
         )
         .expect("script");
-        let (mut child, addr, _logs) = crate::metrics::start(d);
+        let (child, addr, _logs) = crate::metrics::start(d);
+        // Ended when the test ends, however it ends.
+        let daemon = Daemon(child);
         for _ in 0..20 {
             // The daemon goes idle between two: it waits for a wake-up, not a poll.
             std::thread::sleep(Duration::from_millis(50));
@@ -277,8 +279,7 @@ conformance! {
         }
         let (_, text) = crate::metrics::get(&addr, "/metrics");
         let claims = crate::metrics::samples(&text);
-        let _ = child.kill();
-        let _ = child.wait();
+        drop(daemon);
         let by = |cause: &str| claims.get(&format!("tether_tasks_claimed_total{{by=\"{cause}\"}}")).copied().unwrap_or(0.0);
         assert_eq!(crate::metrics::total(&claims, "tether_tasks_claimed_total"), 20.0, "{text}");
         assert_eq!(by("poll"), 0.0, "the fallback poll started a task:\n{text}");
