@@ -16,7 +16,8 @@
 //!   record rewritten by every step) would have written the same commits: for the Policy, and
 //!   for tasks sharing a 2 MB script.
 //!
-//! Run with `cargo bench --bench durable`. Figures are printed with their ratios.
+//! Run with `cargo bench --bench durable` (`TETHER_DURABLE=one`: the one-task figures only).
+//! Figures are printed with their ratios.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -430,6 +431,11 @@ fn main() {
         median(sole_disk.clone()),
         listed(&sole_disk)
     );
+    // `TETHER_DURABLE=one`: the one-task figures only (a change to a step's path, measured
+    // quickly).
+    if std::env::var("TETHER_DURABLE").as_deref() == Ok("one") {
+        return;
+    }
     let (p1, pt1, _, _) = durable("policy-1", &policy, 100, 1);
     println!(
         "1 thread,  Policy tasks    : {p1:.0} steps/s, {pt1:.0} tasks/s  ({:.2}x the raw commit rate)",

@@ -118,7 +118,11 @@ pub fn replay(
     keys: Keys,
 ) -> ReplayReport {
     // The task's own catalog (its schema and fact fields).
-    let catalog = rec.catalog.clone().unwrap_or_else(Catalog::demo);
+    let catalog = rec
+        .catalog
+        .as_deref()
+        .cloned()
+        .unwrap_or_else(Catalog::demo);
     let mut tools = Source::of(rec, &replies, &catalog);
     let mut initial = TaskState::new(&rec.id, &rec.state.user_id, &rec.state.goal);
     initial.remembered = rec.state.remembered.clone();

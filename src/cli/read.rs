@@ -191,7 +191,7 @@ fn print_table(page: &Page, now: u64) -> CliResult {
 pub(super) fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
     let store = open_reader(cli)?;
     let r = store.task(&store.resolve(&a.task)?)?;
-    let catalog = r.catalog.clone().unwrap_or_else(Catalog::demo);
+    let catalog = r.catalog.as_deref().cloned().unwrap_or_else(Catalog::demo);
     let closing = closing_message(&r.state, &catalog);
     let b = &r.budget;
     if a.json {
@@ -391,7 +391,8 @@ fn replay_input(
         .map(|m| {
             let catalog = rec
                 .catalog
-                .clone()
+                .as_deref()
+                .cloned()
                 .unwrap_or_else(crate::kernel::Catalog::demo);
             m.build(&catalog, rec.instructions.as_deref())
         });

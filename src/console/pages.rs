@@ -218,7 +218,7 @@ impl TaskPage {
     pub fn new(frame: Frame, d: &TaskDetail, csrf: String, flash: Option<String>) -> TaskPage {
         let r = &d.record;
         let st = &r.state;
-        let catalog = r.catalog.clone().unwrap_or_else(Catalog::demo);
+        let catalog = r.catalog.as_deref().cloned().unwrap_or_else(Catalog::demo);
         let held = st.pending.as_ref().map(|p| HeldView {
             tool: p.name.clone(),
             args: Value::Object(p.args.clone()).to_string(),

@@ -89,9 +89,10 @@ pub struct TaskRecord {
     /// Latency overrides of the demo store's tools for this task (simulated milliseconds).
     #[serde(default)]
     pub tool_latency_ms: BTreeMap<String, u64>,
-    /// The task's tool catalog (from the config file); `None` for the demo shop.
+    /// The task's tool catalog (from the config file); `None` for the demo shop. Shared: the
+    /// tasks of one catalog read from the database hold one copy ([`super::rows::shared_catalog`]).
     #[serde(default)]
-    pub catalog: Option<crate::kernel::Catalog>,
+    pub catalog: Option<std::sync::Arc<crate::kernel::Catalog>>,
     /// The demo store tenant this task's orders belong to (empty: the shared book).
     #[serde(default)]
     pub store_scope: String,
@@ -427,7 +428,7 @@ pub(crate) fn new_record(
         model: t.model.clone(),
         tool_latency_ms: t.tool_latency_ms.clone(),
         store_scope: t.store_scope.clone(),
-        catalog: t.catalog.clone(),
+        catalog: t.catalog.clone().map(std::sync::Arc::new),
         state,
         next_span_id: 0,
         created_at_ms: now_ms,
@@ -487,7 +488,7 @@ fn differs(rec: &TaskRecord, t: &NewTask) -> Option<&'static str> {
         Some("concurrency key")
     } else if rec.instructions != t.instructions {
         Some("instructions")
-    } else if rec.catalog != t.catalog {
+    } else if rec.catalog.as_deref() != t.catalog.as_ref() {
         Some("tool catalog")
     } else if rec.store_scope != t.store_scope || rec.tool_latency_ms != t.tool_latency_ms {
         Some("tool settings")

@@ -104,6 +104,8 @@ pub struct Context {
     /// A shared rate limit for the scripted models (which have no profile to name one): the
     /// seeded simulation runs its tasks under one. `None` in the daemon.
     pub scripted_rate: Option<(String, RateLimit)>,
+    /// The resolved catalogs of the runs in flight, shared by the runs of one catalog.
+    pub catalogs: super::catalogs::Catalogs,
 }
 
 /// Runs the task until it ends, suspends, is released at shutdown, or its claim is superseded,
@@ -320,31 +322,32 @@ pub(super) fn pass(ctx: &Context, point: Point) -> Result<(), CommitFail> {
 async fn drive(ctx: &Context, rec: TaskRecord) -> Result<(Ended, Option<TaskRecord>), CommitFail> {
     let token = rec.lease.as_ref().map_or(0, |l| l.token);
     // What the task's tools and model mean here is the daemon's config's to say.
+    let resolved = ctx.catalogs.resolve(&ctx.trusted, rec.catalog.as_ref());
     let crate::config::Resolved {
         catalog,
         unavailable,
-    } = ctx.trusted.catalog_for(rec.catalog.as_ref());
-    for (tool, why) in &unavailable {
+    } = &*resolved;
+    for (tool, why) in unavailable {
         tracing::warn!(task = %rec.id, tool = %tool, reason = %why, "tool unavailable to this worker");
     }
-    let (model, rate) = task_model(ctx, &rec, &catalog);
+    let (model, rate) = task_model(ctx, &rec, catalog);
     let input = model.input();
     // The record goes to the machine; the routes keep copies of the little they need.
     let (scope, latency_ms) = (rec.store_scope.clone(), rec.tool_latency_ms.clone());
     let model_label = rec.model.label().to_string();
     let routes = Routed {
-        unavailable: &unavailable,
+        unavailable,
         demo: super::routes::DemoRoute {
             shop: ctx.demo.as_deref(),
             scope: &scope,
             latency_ms: &latency_ms,
         },
-        http: HttpTools { catalog: &catalog },
+        http: HttpTools { catalog },
         mcp: McpTools {
             mcp: ctx.mcp.as_deref(),
-            catalog: &catalog,
+            catalog,
         },
-        catalog: &catalog,
+        catalog,
     };
     let mut io = super::drive::Io {
         ctx,
@@ -357,7 +360,7 @@ async fn drive(ctx: &Context, rec: TaskRecord) -> Result<(Ended, Option<TaskReco
     };
     // Boxed, as every large part of a run waiting on its model: a waiting task holds only
     // what it needs (the executor's task holds the future).
-    let mut machine = Box::new(Machine::new(rec, ctx.store.db_id(), &catalog, input));
+    let mut machine = Box::new(Machine::new(rec, ctx.store.db_id(), catalog, input));
     let ended = io.run(&mut machine).await?;
     Ok((ended, io.next.take()))
 }

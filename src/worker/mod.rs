@@ -14,6 +14,7 @@
 //! refused by the store, so a stale run can never move a task's state.
 
 mod callbacks;
+pub mod catalogs;
 mod committer;
 mod dispatch;
 mod drive;
@@ -275,6 +276,7 @@ fn context(
         stopping: Arc::default(),
         stats: Arc::clone(stats),
         scripted_rate: None,
+        catalogs: Default::default(),
     }
 }
 

@@ -1116,6 +1116,7 @@ fn test_context(
         stopping: Default::default(),
         stats: Arc::new(tether::worker::Stats::default()),
         scripted_rate: None,
+        catalogs: Default::default(),
     }
 }
 

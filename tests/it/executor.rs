@@ -286,3 +286,49 @@ conformance! {
         assert!(by("enqueued") + by("watch") >= 15.0, "{text}");
     }
 }
+
+conformance! {
+    /// A task's tool catalog is one copy in memory for all the tasks of that catalog read from
+    /// the database (ten thousand waiting tasks of one catalog hold one, not ten thousand).
+    fn the_tasks_of_one_catalog_share_one_copy_in_memory(d) {
+        std::fs::write(
+            d.join("tools.toml"),
+            "version = 1\n[[tools]]\nname = \"work\"\naccess = \"read\"\n\
+             http = { url = \"http://127.0.0.1:9/work\" }\n",
+        )
+        .expect("catalog");
+        std::fs::write(d.join("worker.toml"), "[tools]\ncatalog = \"tools.toml\"\n").expect("config");
+        for user in ["u1", "u2"] {
+            ok(d, &["--config", "worker.toml", "enqueue", "--user", user, "--goal", "look", "--model", "policy"]);
+        }
+        let db: Box<dyn tether::store::Backend> = match db_url(d) {
+            Some(url) => Box::new(
+                tether::store::pg::PgStore::open(&url, false, 1, Duration::from_secs(5))
+                    .expect("open"),
+            ),
+            None => Box::new(
+                tether::store::RedbStore::open(&d.join("worker.redb"), false).expect("open"),
+            ),
+        };
+        let now = tether::clock::now_ms();
+        let lease = tether::store::Lease {
+            owner: "test:1:1".into(),
+            host: "test".into(),
+            pid: 1,
+            start_ticks: 1,
+            expires_at_ms: now + 60_000,
+            token: 0,
+        };
+        let claimed = db.claim(&lease, 10, now).expect("claim");
+        assert_eq!(claimed.len(), 2, "both tasks claimed");
+        let (a, b) = (
+            claimed[0].catalog.as_ref().expect("a catalog"),
+            claimed[1].catalog.as_ref().expect("a catalog"),
+        );
+        assert_eq!(a.tools[0].name, "work");
+        assert!(Arc::ptr_eq(a, b), "one copy of the catalog for both tasks");
+        // Read again while a task holds it: still the same copy.
+        let again = db.task(&claimed[0].id).expect("read").catalog.expect("a catalog");
+        assert!(Arc::ptr_eq(a, &again));
+    }
+}

@@ -129,7 +129,16 @@ pub fn from_row_at(r: &Row, o: usize) -> Result<TaskRecord> {
         runs: u32::try_from(r.get::<_, i64>(4 + o)).unwrap_or(u32::MAX),
         model: spec.model,
         tool_latency_ms: spec.tool_latency_ms,
-        catalog: spec.catalog,
+        // One copy in memory for the tasks of one catalog (see `shared_catalog`).
+        catalog: match spec.catalog {
+            Some(c) => Some(
+                crate::store::rows::shared_catalog(&crate::store::rows::catalog_digest(&c), || {
+                    Ok(c)
+                })
+                .map_err(Error::Corrupt)?,
+            ),
+            None => None,
+        },
         store_scope: spec.store_scope,
         key_ns: spec.key_ns,
         enqueued_budget: spec.enqueued_budget,
@@ -148,7 +157,7 @@ pub fn spec_of(rec: &TaskRecord) -> Result<Value> {
         &Spec {
             model: rec.model.clone(),
             tool_latency_ms: rec.tool_latency_ms.clone(),
-            catalog: rec.catalog.clone(),
+            catalog: rec.catalog.as_deref().cloned(),
             store_scope: rec.store_scope.clone(),
             key_ns: rec.key_ns.clone(),
             enqueued_budget: rec.enqueued_budget,

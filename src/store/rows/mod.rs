@@ -11,6 +11,8 @@
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, Weak};
 
 mod reply;
 mod spec;
@@ -293,18 +295,44 @@ fn model_of(m: ModelRow, blob: &mut dyn FnMut(&str) -> R<Blob>) -> R<ModelProfil
     })
 }
 
-/// A spec's catalog, read from its blob.
-fn catalog_of(digest: Option<&str>, blob: &mut dyn FnMut(&str) -> R<Blob>) -> R<Option<Catalog>> {
-    Ok(match digest {
-        None => None,
-        Some(d) => match blob(d)? {
-            Blob::Catalog(text) => Some(
-                serde_json::from_value::<Catalog>(text.value()?)
-                    .map_err(|e| format!("blob {d}: not a tool catalog: {e}"))?,
-            ),
-            Blob::Replies(_) => return Err(format!("blob {d} is not a catalog")),
-        },
+/// A spec's catalog, read from its blob (once for all the tasks in memory that share it).
+fn catalog_of(
+    digest: Option<&str>,
+    blob: &mut dyn FnMut(&str) -> R<Blob>,
+) -> R<Option<Arc<Catalog>>> {
+    let Some(d) = digest else { return Ok(None) };
+    shared_catalog(d, || match blob(d)? {
+        Blob::Catalog(text) => serde_json::from_value::<Catalog>(text.value()?)
+            .map_err(|e| format!("blob {d}: not a tool catalog: {e}")),
+        Blob::Replies(_) => Err(format!("blob {d} is not a catalog")),
     })
+    .map(Some)
+}
+
+/// The catalog of `digest` as held in memory: the copy tasks already hold, if any; otherwise
+/// `read`'s, kept for the next task of that catalog while one holds it. Ten thousand tasks of
+/// one catalog in flight hold one copy, not ten thousand.
+pub fn shared_catalog(digest: &str, read: impl FnOnce() -> R<Catalog>) -> R<Arc<Catalog>> {
+    static HELD: Mutex<BTreeMap<String, Weak<Catalog>>> = Mutex::new(BTreeMap::new());
+    if let Some(c) = lock(&HELD).get(digest).and_then(Weak::upgrade) {
+        return Ok(c);
+    }
+    let c = Arc::new(read()?);
+    let mut held = lock(&HELD);
+    // Catalogs no task holds any more are forgotten here, at the next one read.
+    held.retain(|_, w| w.strong_count() > 0);
+    held.insert(digest.to_string(), Arc::downgrade(&c));
+    Ok(c)
+}
+
+/// The digest a catalog is stored under (the blob of its canonical JSON).
+pub fn catalog_digest(c: &Catalog) -> String {
+    let text = serde_json::to_value(c).map_or_else(|_| Json("null".into()), |v| Json::of(&v));
+    Blob::Catalog(text).digest()
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Puts a task record together from its rows; `blob` finds a blob by digest.

@@ -360,6 +360,14 @@ impl DemoShop {
         *shop = Some(Arc::clone(&opened));
         Ok(opened)
     }
+
+    /// Whether the shop is open on a local file, whose reads take microseconds (a read may
+    /// then run in place on an executor's thread; one to a database server may not).
+    pub fn is_open_locally(&self) -> bool {
+        let shop = self.shop.lock().unwrap_or_else(|e| e.into_inner());
+        shop.as_ref()
+            .is_some_and(|s| matches!(s.inner, Inner::Redb(_)))
+    }
 }
 
 /// The durable store as the tools of one task, with that task's latency overrides.

@@ -89,6 +89,7 @@ impl Worker {
             stopping: Default::default(),
             stats: Arc::new(Stats::default()),
             scripted_rate: None,
+            catalogs: Default::default(),
         };
         Worker {
             ctx,
