@@ -5,7 +5,9 @@
 //! sees, and 408, 409, 425, 429, 5xx and a lost connection are transient: a read or an
 //! idempotent write is tried again under the same key as the tool's `retry` policy says,
 //! inside the task's remaining active time; any other write's outcome is then unknown. A
-//! redirect is never followed.
+//! connection that could not be made sent nothing: any call, a write that is not idempotent
+//! too, is tried again, and its last failure is an error (`not_sent`), never an unknown
+//! outcome. A redirect is never followed.
 
 use serde_json::{Map, Value, json};
 use std::sync::Arc;
@@ -105,7 +107,9 @@ async fn call_tool(spec: &ToolSpec, req: &ToolRequest<'_>, write: bool) -> Value
             .max(Duration::from_millis(1));
         let (result, transient) =
             send(spec, http, req, &body, approval.as_deref(), write, timeout).await;
-        let Some(t) = transient.filter(|_| repeatable && attempt < http.retry.attempts) else {
+        let Some(t) =
+            transient.filter(|t| (repeatable || t.unsent) && attempt < http.retry.attempts)
+        else {
             return result;
         };
         let wait = Duration::from_millis(backoff_ms(&http.retry, attempt))
@@ -138,10 +142,55 @@ fn backoff_ms(p: &RetryPolicy, n: u32) -> u64 {
     base - crate::net::jitter(base / 4)
 }
 
-/// A failure worth another try: what failed, and the wait the service asked for.
+/// A request that got no answer: what the call's result is, and whether it is worth another
+/// try.
+fn not_answered(e: &reqwest::Error, refused: bool, write: bool) -> (Value, Option<Transient>) {
+    let transient = |cause: &str, unsent| {
+        Some(Transient {
+            cause: cause.into(),
+            retry_after: None,
+            unsent,
+        })
+    };
+    if refused {
+        // The write's proof refused it before its first byte: nothing left, nothing to retry.
+        let detail = client::error_text(e);
+        (
+            json!({"status": "error", "code": "not_sent", "detail": detail}),
+            None,
+        )
+    } else if e.is_connect() && !e.is_timeout() {
+        // No connection was made (refused, unreachable, a failed TLS handshake): nothing of
+        // the request left, so it is tried again under its key whatever the call, and a write
+        // is never held as unknown for it.
+        let detail = format!(
+            "the connection to the tool could not be made, so nothing was sent: {}",
+            client::error_text(e)
+        );
+        let result = json!({"status": "error", "code": "not_sent", "detail": detail});
+        (result, transient("connect", true))
+    } else if e.is_timeout() {
+        let detail = "no answer within the timeout".to_string();
+        (
+            outcome_unknown(write, "timeout", detail),
+            transient("timeout", false),
+        )
+    } else {
+        let detail = client::error_text(e);
+        (
+            outcome_unknown(write, "transport", detail),
+            transient("transport", false),
+        )
+    }
+}
+
+/// A failure worth another try: what failed, the wait the service asked for, and whether any
+/// of the request may have left (a connection never made sent nothing: any call may be tried
+/// again, a write that is not idempotent too).
 struct Transient {
     cause: String,
     retry_after: Option<Duration>,
+    unsent: bool,
 }
 
 /// The statuses a result may carry as it is (see `docs/tools.md`); any other `status` of a
@@ -213,28 +262,9 @@ async fn send(
         }
     };
     let r = request(client, http, req.key, approval, timeout);
-    let transient = |cause: String, retry_after| Some(Transient { cause, retry_after });
     let resp = match client::send(r.body(body.to_string()), gate).await {
         Ok(resp) => resp,
-        // The write's proof refused it before its first byte: nothing left, nothing to retry.
-        Err(e) if refused.load(Ordering::SeqCst) => {
-            return (
-                json!({"status": "error", "code": "not_sent", "detail": client::error_text(&e)}),
-                None,
-            );
-        }
-        Err(e) if e.is_timeout() => {
-            return (
-                outcome_unknown(write, "timeout", "no answer within the timeout".into()),
-                transient("timeout".into(), None),
-            );
-        }
-        Err(e) => {
-            return (
-                outcome_unknown(write, "transport", client::error_text(&e)),
-                transient("transport".into(), None),
-            );
-        }
+        Err(e) => return not_answered(&e, refused.load(Ordering::SeqCst), write),
     };
     let status = resp.status().as_u16();
     if (200..300).contains(&status) {
@@ -305,6 +335,7 @@ fn answer(
                 Some(Transient {
                     cause: code.clone(),
                     retry_after,
+                    unsent: false,
                 }),
             )
         }

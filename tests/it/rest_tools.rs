@@ -1011,3 +1011,112 @@ fn a_key_in_flight_is_tried_again_under_the_same_key() {
     assert_eq!(answered, [409, 201], "{tries:?}");
     assert_eq!(tries[0].key, tries[1].key, "one key: {tries:?}");
 }
+
+/// Issue 52: a write whose connection was refused sent nothing, so it is not held: the daemon
+/// tries it again under its key (the tool is not idempotent), and once the service listens the
+/// write lands once and the task ends `done`.
+#[test]
+fn a_refused_connection_on_a_write_is_tried_again_and_applied_once() {
+    use std::io::{BufRead, BufReader};
+    let dir = TempDir::new("rest-refused");
+    let d = dir.path();
+    // A port nobody listens on yet.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("a port")
+        .local_addr()
+        .expect("its address")
+        .port();
+    std::fs::write(
+        d.join("tools.toml"),
+        format!(
+            "version = 1\n[[tools]]\nname = \"add_memo\"\naccess = \"write\"\nidempotent = false\n\
+             http = {{ url = \"http://127.0.0.1:{port}/memos\", timeout_ms = 5000, \
+             retry = {{ attempts = 10, backoff_ms = 200, max_backoff_ms = 1000 }} }}\n\
+             args.text = {{ type = \"string\", required = true }}\n"
+        ),
+    )
+    .expect("catalog");
+    std::fs::write(d.join("worker.toml"), "[tools]\ncatalog = \"tools.toml\"\n").expect("config");
+    let id = task(
+        d,
+        "memo",
+        &[
+            json!({"type": "plan", "steps": [{"id": "s1", "tool": "add_memo"}]}),
+            call("add_memo", "s1", json!({"text": "call back"})),
+            done(),
+        ],
+    );
+    let mut daemon = std::process::Command::new(bin())
+        .args(["--config", "worker.toml", "run", "--drain"])
+        .current_dir(d)
+        .env_remove("WORKER_DB")
+        .env_remove("WORKER_CONFIG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the daemon");
+    let guard = KillOnDrop(daemon.id());
+    // The service starts listening only once the daemon has found the port closed.
+    let mut log = BufReader::new(daemon.stderr.take().expect("stderr"));
+    let (mut line, mut seen) = (String::new(), String::new());
+    loop {
+        line.clear();
+        let n = log.read_line(&mut line).expect("the daemon's log");
+        seen.push_str(&line);
+        assert!(
+            n > 0,
+            "the daemon ended before it tried the write again: {seen}"
+        );
+        if line.contains("trying again under the same key") {
+            assert!(line.contains("connect"), "{line}");
+            break;
+        }
+    }
+    let arrivals = memo_service(port);
+    // The rest of the log is drained so the daemon never blocks on it.
+    std::thread::spawn(move || for _ in log.lines() {});
+    let status = daemon.wait().expect("the daemon ends");
+    // Reaped: its pid is no longer ours to signal.
+    std::mem::forget(guard);
+    assert!(status.success(), "the daemon exited {status}");
+    let t = jsonc(d, &["show", &id, "--json"]);
+    assert_eq!(t["stop"], "done", "{t}");
+    let keys = arrivals.lock().expect("lock").clone();
+    assert_eq!(keys.len(), 1, "the write arrived once: {keys:?}");
+    assert!(!keys[0].is_empty(), "under its call key");
+    assert!(t["state"]["pending"].is_null(), "nothing held: {t}");
+}
+
+/// A service at `port` that creates a memo (201) for each request; the keys that arrived.
+fn memo_service(port: u16) -> Arc<Mutex<Vec<String>>> {
+    let server = tiny_http::Server::http(format!("127.0.0.1:{port}")).expect("listen");
+    let arrivals = Arc::new(Mutex::new(Vec::<String>::new()));
+    let seen = Arc::clone(&arrivals);
+    std::thread::spawn(move || {
+        for req in server.incoming_requests() {
+            let key = req
+                .headers()
+                .iter()
+                .find(|h| h.field.equiv("Idempotency-Key"))
+                .map(|h| h.value.to_string())
+                .unwrap_or_default();
+            seen.lock().expect("lock").push(key);
+            let _ = req.respond(
+                tiny_http::Response::from_string("{\"id\": \"m1\"}").with_status_code(201),
+            );
+        }
+    });
+    arrivals
+}
+
+/// Kills a process when dropped (a failing test leaves no daemon behind).
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        // SAFETY: sending a signal to a pid has no memory effects.
+        unsafe {
+            libc::kill(self.0 as i32, libc::SIGKILL);
+        }
+    }
+}
