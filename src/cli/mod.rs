@@ -64,7 +64,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use crate::kernel::report::{closing_message, span_table};
+use crate::kernel::report::{closing_explained, span_table};
 use crate::kernel::{Catalog, StopReason};
 use crate::operator::task_effects;
 use crate::operator::{Extension, Settlement};

@@ -192,7 +192,7 @@ pub(super) fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
     let store = open_reader(cli)?;
     let r = store.task(&store.resolve(&a.task)?)?;
     let catalog = r.catalog.as_deref().cloned().unwrap_or_else(Catalog::demo);
-    let closing = closing_message(&r.state, &catalog);
+    let closing = closing_explained(&r.state, &r.budget, &catalog);
     let b = &r.budget;
     if a.json {
         let mut v = record_json(&r);
@@ -200,6 +200,8 @@ pub(super) fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
         v["budget"] = serde_json::to_value(b).unwrap_or(Value::Null);
         v["model"] = serde_json::to_value(&r.model).unwrap_or(Value::Null);
         v["closing_message"] = Value::String(closing);
+        // Why it stopped, in plain words (null when the stop reason says it all).
+        v["cause"] = json!(crate::kernel::report::cause(&r.state, b));
         v["calls"] = match store.calls(&r.id) {
             Ok(calls) => serde_json::to_value(calls).unwrap_or(Value::Null),
             Err(e) => json!({"error": e.to_string()}),
@@ -307,9 +309,80 @@ pub(super) fn cmd_postmortem(cli: &Cli, a: &TaskArgs) -> CliResult {
     if a.json {
         print_json(&serde_json::to_value(&pm).unwrap_or(Value::Null))?;
     } else {
-        outln!("{}", pm.to_python());
+        out!("{}", postmortem_text(&r, &pm));
     }
     Ok(())
+}
+
+/// The post-mortem for people: what the task did, why it stopped, and what to do next.
+fn postmortem_text(r: &TaskRecord, pm: &crate::kernel::report::Postmortem) -> String {
+    use crate::kernel::report::cause;
+    let st = &r.state;
+    let stop = stop_shown(st.stop, st.outcome.as_deref());
+    let mut out = format!("task {}: {stop} after {} step(s)\n", r.id, pm.steps);
+    if let Some(why) = cause(st, &r.budget) {
+        out.push_str(&format!("{:18} {why}\n", "why"));
+    }
+    let first_error = match &pm.first_error {
+        Some((tool, status)) => format!("{tool} ({status})"),
+        None => "none".into(),
+    };
+    out.push_str(&format!("{:18} {first_error}\n", "first tool error"));
+    if let Some((step, why)) = &pm.first_model_error {
+        out.push_str(&format!(
+            "{:18} step {step}: {}\n",
+            "first model error",
+            crate::limits::one_line(why)
+        ));
+    }
+    if let Some(((tool, args), n)) = &pm.most_repeated {
+        out.push_str(&format!(
+            "{:18} {tool} {args}, {n} time(s)\n",
+            "most repeated call"
+        ));
+    }
+    out.push_str(&format!(
+        "{:18} model {:.1} s, tools {:.1} s\n",
+        "time",
+        pm.model_ms as f64 / 1000.0,
+        pm.tool_ms as f64 / 1000.0
+    ));
+    out.push_str(&format!("{:18} {}\n", "next", next_action(r)));
+    out
+}
+
+/// What an operator can do about a task that stopped this way.
+fn next_action(r: &TaskRecord) -> String {
+    use crate::kernel::StopReason as S;
+    let (id, st) = (&r.id, &r.state);
+    let settle = format!(
+        "find out whether the write took effect, then settle it: `worker reconcile {id} --applied` or `--not-applied` (the task goes on from there)"
+    );
+    match st.stop {
+        None => format!("nothing yet: it is still running (`worker wait {id}`)"),
+        Some(S::Done) if st.outcome.as_deref().is_none_or(|o| o == "completed") => {
+            "nothing: the task is complete".into()
+        }
+        Some(S::Done) => "read its answer (`worker show`); enqueue a new task if the goal still stands".into(),
+        Some(S::NeedsApproval) => format!(
+            "approve or reject the held call: `worker approve {id}` (`--extend` grants more budget) or `worker reject {id}`"
+        ),
+        Some(S::UnknownOutcome) => settle,
+        Some(S::Cancelled | S::TimedOut) if st.unknown_write().is_some() => settle,
+        Some(S::Cancelled | S::TimedOut | S::ApprovalExpired) => {
+            "nothing is held; enqueue the goal again if it still stands".into()
+        }
+        Some(S::Expired) => "nothing ran; enqueue it again, with a longer --ttl if it waited too long".into(),
+        Some(S::MaxSteps | S::MaxToolCalls | S::MaxTokens | S::Deadline) => {
+            "enqueue the goal again with a larger budget (`worker enqueue --budget NAME=VALUE`), or look at where the steps went (`worker trace`)".into()
+        }
+        Some(S::RepeatedCall | S::NoProgress) => {
+            "look at what the model answered (`worker trace`, `worker show --json`): its instructions, its model or the tools' descriptions may need a change before the goal is enqueued again".into()
+        }
+        Some(S::ModelFailed) => {
+            "fix what the model's error says (its key, its address, its limits), then enqueue the goal again".into()
+        }
+    }
 }
 
 pub(super) fn cmd_replay(cli: &Cli, a: &ReplayArgs) -> CliResult {

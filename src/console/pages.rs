@@ -6,7 +6,7 @@ use askama::Template;
 use serde_json::Value;
 
 use crate::clock::{ago, now_ms, rfc3339};
-use crate::kernel::report::closing_message;
+use crate::kernel::report::closing_explained;
 use crate::kernel::{Catalog, SpanKind};
 use crate::operator::{HeldWrite, TaskDetail};
 use crate::store::QueueStatus;
@@ -255,7 +255,7 @@ impl TaskPage {
                 runs: r.runs,
                 created: rfc3339(r.created_at_ms),
                 updated: rfc3339(r.updated_at_ms),
-                closing: closing_message(st, &catalog),
+                closing: closing_explained(st, &r.budget, &catalog),
                 seen: r.updated_at_ms,
             },
             flash,

@@ -5,6 +5,7 @@
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use super::budget::Budget;
 use super::catalog::Catalog;
 use super::json::{dumps, py_repr, py_str_repr};
 use super::state::{StepStatus, StopReason, TaskState};
@@ -12,7 +13,79 @@ use super::trace::{Span, SpanKind};
 
 /// A closing message for the customer or operator, from state alone.
 pub fn closing_message(state: &TaskState, catalog: &Catalog) -> String {
-    let lead = lead(state);
+    closing(lead(state), state, catalog)
+}
+
+/// The closing message with the cause of the stop in plain words after its first sentence
+/// ([`cause`]): what `worker show` and the console print.
+pub fn closing_explained(state: &TaskState, budget: &Budget, catalog: &Catalog) -> String {
+    let lead = match cause(state, budget) {
+        Some(why) => format!("{} {why}", lead(state)),
+        None => lead(state),
+    };
+    closing(lead, state, catalog)
+}
+
+/// Why the run stopped, in plain words, where the stop reason alone does not say: the budget
+/// that ran out and by how much, the model's last reply that could not be used, the error the
+/// last call came back with. `None` when the message's first sentence says it all.
+pub fn cause(state: &TaskState, budget: &Budget) -> Option<String> {
+    let b = budget;
+    Some(match state.stop? {
+        StopReason::MaxSteps => format!(
+            "It took {} steps, all that its budget allows (steps_max {}).",
+            state.step, b.steps_max
+        ),
+        StopReason::MaxToolCalls => format!(
+            "It made {} tool calls, all that its budget allows (tool_calls_max {}).",
+            state.tool_calls, b.tool_calls_max
+        ),
+        StopReason::MaxTokens => format!(
+            "It used {} of its {} tokens (tokens_max); the {} left would not hold another model call with up to {} output tokens (output_tokens_max).",
+            state.tokens,
+            b.tokens_max,
+            b.tokens_max.saturating_sub(state.tokens),
+            b.output_tokens_max
+        ),
+        StopReason::Deadline => format!(
+            "It spent {:.1} s working, and its limit is {:.1} s (deadline_ms {}).",
+            state.elapsed_ms as f64 / 1000.0,
+            b.deadline_ms as f64 / 1000.0,
+            b.deadline_ms
+        ),
+        StopReason::RepeatedCall => format!(
+            "The model asked for one tool call with the same arguments more than {} times (repeat_max); the answer would not change.",
+            b.repeat_max
+        ),
+        StopReason::NoProgress => no_progress(state, b),
+        _ => return None,
+    })
+}
+
+/// What the steps that made no progress were: the last result the task got says why.
+fn no_progress(state: &TaskState, b: &Budget) -> String {
+    let steps = format!(
+        "In its last {} steps (stalls_max {}) it learned no new fact and finished no plan step",
+        state.stalls, b.stalls_max
+    );
+    let last = state.last_result.as_ref();
+    let text = |k: &str| last.and_then(|r| r.get(k)).and_then(Value::as_str);
+    match (text("code"), text("detail")) {
+        (Some("invalid_reply"), Some(d)) => {
+            format!("{steps}; the model's last reply could not be used: {d}.")
+        }
+        (Some("unknown_tool"), _) => {
+            format!(
+                "{steps}; the model's last call named a tool that is not in the task's catalog."
+            )
+        }
+        (Some(code), Some(d)) => format!("{steps}; the last result was an error ({code}): {d}."),
+        (Some(code), None) => format!("{steps}; the last result was an error ({code})."),
+        _ => format!("{steps}."),
+    }
+}
+
+fn closing(lead: String, state: &TaskState, catalog: &Catalog) -> String {
     if state.plan.is_empty() {
         let calls = match state.tool_calls {
             0 => "no tool calls were made".to_string(),
@@ -32,13 +105,7 @@ fn lead(state: &TaskState) -> String {
     let args = |call: &super::state::ToolCall| dumps(&Value::Object(call.args.clone()));
     match state.stop {
         None => "The task is still running.".to_string(),
-        Some(StopReason::Done) => match state.outcome.as_deref() {
-            Some("completed") | None => "The task is complete.".to_string(),
-            Some(other) => format!(
-                "The task ended without completing ({other}): {}",
-                state.answer.as_deref().unwrap_or("no reason given")
-            ),
-        },
+        Some(StopReason::Done) => done_lead(state),
         Some(StopReason::MaxSteps) => "The task stopped at its step limit.".into(),
         Some(StopReason::MaxToolCalls) => "The task stopped at its tool-call limit.".into(),
         Some(StopReason::MaxTokens) => "The task stopped at its token budget.".into(),
@@ -104,6 +171,27 @@ fn lead(state: &TaskState) -> String {
                 "The task stopped because its wall-clock deadline passed before it finished.".into()
             }
         },
+    }
+}
+
+/// How a task that gave its final answer ended: complete, or not and why (the model's words
+/// end their sentence before the message's next one begins).
+fn done_lead(state: &TaskState) -> String {
+    match state.outcome.as_deref() {
+        Some("completed") | None => "The task is complete.".to_string(),
+        Some(other) => {
+            let why = state
+                .answer
+                .as_deref()
+                .unwrap_or("no reason given")
+                .trim_end();
+            let stop = if why.ends_with(['.', '!', '?']) {
+                ""
+            } else {
+                "."
+            };
+            format!("The task ended without completing ({other}): {why}{stop}")
+        }
     }
 }
 

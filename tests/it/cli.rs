@@ -33,7 +33,8 @@ fn enqueue_run_show_trace() {
     assert_eq!(ok(d, &["trace", "t1"]), fixture("trace"));
     let pm = ok(d, &["postmortem", "t1"]);
     assert!(
-        pm.starts_with("{'stop': 'done', 'steps': 5, 'first_error': None"),
+        pm.starts_with("task t1: done after 5 step(s)\n")
+            && pm.contains("nothing: the task is complete"),
         "{pm}"
     );
     let ledger = json(d, &["store", "ledger", "--json"]);

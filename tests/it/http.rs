@@ -320,9 +320,13 @@ fn malformed_refused_truncated_and_rate_limited_replies_are_kernel_errors() {
         .filter(|s| s["kind"] == "model")
         .filter_map(|s| s["status"].as_str())
         .collect();
-    // Prose without a move and a reply cut off are replies the model is told about (their
-    // spans ok, the step's result an invalid_reply); a refusal is recorded as one.
-    assert_eq!(statuses, ["ok", "refused", "ok", "ok"]);
+    // Prose without a move and a reply cut off are replies the model is told about (the step's
+    // result an invalid_reply) and, in the trace, error spans that say so (issue 52); a
+    // refusal is recorded as one.
+    assert_eq!(
+        statuses,
+        ["invalid_reply", "refused", "invalid_reply", "ok"]
+    );
     // The cut-off reply's span says why the provider stopped.
     let cut = otlp_spans(d, "t1")
         .into_iter()
@@ -331,10 +335,15 @@ fn malformed_refused_truncated_and_rate_limited_replies_are_kernel_errors() {
                 == Some(json!({"arrayValue": {"values": [{"stringValue": "length"}]}}))
         })
         .expect("a span with finish reason length");
+    assert_eq!(
+        cut["status"]["code"], 2,
+        "an unusable reply is an error span: {cut}"
+    );
     let refused = otlp_spans(d, "t1")
         .into_iter()
-        .find(|s| s["status"]["code"] == 2)
-        .expect("the refused call's span is an error");
+        .find(|s| attr(s, "tether.status") == Some(json!({"stringValue": "refused"})))
+        .expect("the refused call's span");
+    assert_eq!(refused["status"]["code"], 2, "{refused}");
     assert!(
         refused["status"]["message"]
             .as_str()
@@ -785,7 +794,8 @@ fn a_deeply_nested_reply_fails_its_step_and_every_task_stays_readable() {
         .filter(|s| s["kind"] == "model")
         .filter_map(|s| s["status"].as_str())
         .collect();
-    assert_eq!(model_statuses, ["ok", "ok"], "{trace}");
+    // The refused reply's model call is an error span (issue 52); the next one is fine.
+    assert_eq!(model_statuses, ["invalid_reply", "ok"], "{trace}");
     // The other task ran, and every verb still reads the database.
     assert_eq!(json(d, &["show", "t2", "--json"])["status"], "finished");
     json(d, &["list", "--json", "--limit", "10000"]);

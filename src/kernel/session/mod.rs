@@ -435,6 +435,8 @@ impl<'c> Session<'c> {
         };
         let stop = match parsed {
             Err(detail) => {
+                // The call answered, but with nothing the task could use: an error span.
+                self.trace.get_mut(self.model_span).status = "invalid_reply".into();
                 self.set_result(
                     json!({"status": "error", "code": "invalid_reply", "detail": detail}),
                 );
