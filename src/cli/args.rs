@@ -270,7 +270,8 @@ pub enum MemoryCommand {
 }
 
 const ENQUEUE_HELP: &str = "Models (--model): policy | policy:ORDER:AMOUNT_CENTS[:LATENCY_MS] | same_call | new_ids |
-search_loop (each with optional :LATENCY_MS) | script:FILE.jsonl (one reply per line).
+search_loop | script:FILE.jsonl (one reply per line); each with optional :LATENCY_MS, the
+simulated time a reply takes (default 1500), which counts against deadline_ms.
 Budgets (--budget NAME=VALUE): steps_max, tool_calls_max, tokens_max, output_tokens_max,
 deadline_ms, repeat_max, stalls_max, plan_steps_max, replans_max.
 
@@ -547,9 +548,10 @@ pub struct TraceArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum ToolsCommand {
-    /// Every tool a task may call, as the worker resolves it: the demo shop's, the catalog's
-    /// HTTP tools and each MCP server's (discovered with `tools/list`), with the access,
-    /// idempotency, approval rule and retry policy the worker gives it.
+    /// Every tool a task may call, as the worker resolves it: the catalog's HTTP tools and
+    /// each MCP server's (discovered with `tools/list`), or the demo shop's when the config
+    /// names no tools of its own (or sets `[demo.tools]` rules), with the access, idempotency,
+    /// approval rule and retry policy the worker gives it.
     List {
         /// How long each server may take to start and answer.
         #[arg(long, default_value_t = 30_000)]

@@ -2,6 +2,7 @@
 //! through the durable worker) and `worker demo-store` (the demo shop over HTTP).
 
 use super::inflight::{open_files_for, workers_retired};
+use super::sole::{claim_sole, open_sole};
 use super::*;
 
 pub(super) fn cmd_run(cli: &Cli, a: &RunArgs) -> CliResult {
@@ -147,47 +148,6 @@ fn serve_api(
     Ok(Some(api))
 }
 
-/// The sole writer's lock of the file, or a refusal naming the daemon that has it.
-fn claim_sole(db: &str) -> Result<std::fs::File, CliError> {
-    match crate::local::claim(Path::new(db)).map_err(CliError::op)? {
-        crate::local::Claim::Held(lock) => Ok(lock),
-        crate::local::Claim::Elsewhere(pid) => {
-            let who = pid.map_or_else(
-                || "another daemon".to_string(),
-                |p| format!("the daemon with pid {p}"),
-            );
-            Err(CliError::op(format!(
-                "{who} already runs on {db}; a daemon is its file's only one unless every daemon on it is started with --shared"
-            ))
-            .hint("stop that daemon first (SIGTERM lets it finish its steps), run this one on another file, or start every daemon on the file with --shared"))
-        }
-    }
-}
-
-/// The file opened (created if need be) as its only writer. Verbs that share
-/// the file for writing hold it for a moment each: the open waits for them, up to 10 s;
-/// anything that holds it longer (a daemon started with --shared, a `worker console`)
-/// is named in the refusal.
-fn open_sole(db: &str) -> Result<Db, CliError> {
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        match RedbStore::open_as(Path::new(db), true, store::Sharing::Sole) {
-            Ok(s) => return Ok(Arc::new(s)),
-            Err(store::Error::InUse(_)) if std::time::Instant::now() < until => {
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-            Err(store::Error::InUse(path)) => {
-                return Err(CliError::op(format!(
-                    "{} stayed open for writing in another process for 10 s, so this daemon cannot be its only writer",
-                    path.display()
-                ))
-                .hint("a daemon started with --shared, or a `worker console`, shares the file for writing: stop it, or start this daemon with --shared too"));
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-}
-
 /// On a redb file: the local socket that `worker enqueue` hands its tasks to while this daemon
 /// runs, unless another daemon on the file serves it. Without it the verbs open the file
 /// themselves, as they do when no daemon runs, so a socket that cannot be served is a warning.
@@ -214,15 +174,13 @@ fn serve_local(cli: &Cli, store: &Db) -> Option<crate::local::LocalApi> {
     }
 }
 
-/// The daemon's own config, refused when a secret it names is missing.
+/// The daemon's own config, refused when the callbacks' secret is missing. A model profile
+/// whose key is missing is said at start: its tasks stop (`model_failed`, naming the variable)
+/// without sending anything, and the daemon runs every other task.
 fn trusted_config(cli: &Cli) -> Result<crate::config::Config, CliError> {
     let trusted = super::enqueue::load_config(cli)?.unwrap_or_default();
-    // A profile whose key variable is missing would send every request without a key: refused
-    // now, before any task is claimed.
-    if let Some((name, why)) = trusted.missing_keys().into_iter().next() {
-        return Err(CliError::usage(format!("model profile {name}: {why}")).hint(
-            "export the variable before starting the worker, or remove api_key_env from the profile if the endpoint needs no key",
-        ));
+    for (name, why) in trusted.missing_keys() {
+        tracing::warn!(profile = %name, "model profile {name}: {why}; its tasks stop (model_failed) without sending anything, the others run; export the variable and restart the worker to run them");
     }
     // The callbacks' signing secret, likewise: no callback goes out unsigned.
     if let Some(c) = &trusted.callbacks

@@ -44,6 +44,7 @@ mod progress;
 mod read;
 pub mod reference;
 mod schedule;
+mod sole;
 mod stores;
 mod wait;
 

@@ -109,10 +109,12 @@ fn task_of(cli: &Cli, add: &AddArgs) -> Result<Value, CliError> {
     }
     let mut req = super::enqueue::request_of(&a)?;
     // A script file is read when each tick's task is made, by a daemon elsewhere.
-    if let Some(file) = req.model.as_deref().and_then(|m| m.strip_prefix("script:")) {
+    if let Some(arg) = req.model.as_deref().and_then(|m| m.strip_prefix("script:")) {
+        let (file, latency) = crate::model::script_file(arg);
         let abs = std::fs::canonicalize(file)
             .map_err(|e| CliError::usage(format!("--model script:{file}: {e}")))?;
-        req.model = Some(format!("script:{}", abs.display()));
+        let latency = latency.map_or(String::new(), |ms| format!(":{ms}"));
+        req.model = Some(format!("script:{}{latency}", abs.display()));
     }
     let cfg = super::enqueue::enqueue_config(cli)?;
     crate::operator::submit::new_task(

@@ -357,8 +357,13 @@ pub(super) fn cmd_tools(cli: &Cli, c: &ToolsCommand) -> CliResult {
         }
         v
     };
-    for t in &cfg.demo_catalog().tools {
-        rows.push(row("demo", t));
+    // The demo shop's tools serve the demo models: listed when the config names no tools of
+    // its own (or sets rules for the demo's), not beside a user's catalog.
+    let demo = (cfg.catalog.is_none() && cfg.mcp.servers.is_empty()) || !cfg.demo.tools.is_empty();
+    if demo {
+        for t in &cfg.demo_catalog().tools {
+            rows.push(row("demo", t));
+        }
     }
     for t in cfg.catalog.iter().flat_map(|c| c.tools.iter()) {
         rows.push(row("http", t));

@@ -80,7 +80,44 @@ pub fn parse_catalog(text: &str, path: &Path) -> Result<Catalog, String> {
             }
         }
     }
+    for overlap in overlapping_facts(&file.tools) {
+        tracing::warn!("{}: {overlap}", path.display());
+    }
     Ok(Catalog { tools: file.tools })
+}
+
+/// Facts two tools would both record under one name (the same `fact_prefix_arg` and a field
+/// in both `fact_fields`): the one called last overwrites the other's. It may be meant (two
+/// tools reporting one order's status), so it is said, not refused.
+fn overlapping_facts(tools: &[crate::kernel::ToolSpec]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, a) in tools.iter().enumerate() {
+        for b in &tools[i + 1..] {
+            if a.fact_prefix_arg != b.fact_prefix_arg {
+                continue;
+            }
+            let shared: Vec<&str> = a
+                .fact_fields
+                .iter()
+                .filter(|f| b.fact_fields.contains(f))
+                .map(String::as_str)
+                .collect();
+            if shared.is_empty() {
+                continue;
+            }
+            let by = match a.fact_prefix_arg.as_str() {
+                "" => "with no fact_prefix_arg".to_string(),
+                arg => format!("for the same {arg}"),
+            };
+            out.push(format!(
+                "tools {:?} and {:?} both record the fact(s) {} {by}: whichever is called last overwrites the other's value (rename a field in one fact_fields, or give one tool another fact_prefix_arg, if they mean different things)",
+                a.name,
+                b.name,
+                shared.join(", ")
+            ));
+        }
+    }
+    out
 }
 
 /// What is wrong with one tool of a catalog file, on its own.

@@ -78,6 +78,13 @@ impl Budget {
             .trim()
             .parse()
             .map_err(|_| format!("budget {name}: {value:?} is not a whole number"))?;
+        if parsed == 0
+            && let Some(why) = zero_cannot_work(name)
+        {
+            return Err(format!(
+                "budget {name}: 0 cannot work ({why}); give at least 1"
+            ));
+        }
         let small =
             || u32::try_from(parsed).map_err(|_| format!("budget {name}: {parsed} is too large"));
         match name {
@@ -99,4 +106,18 @@ impl Budget {
         }
         Ok(())
     }
+}
+
+/// Why a limit of 0 cannot work, for the limits where it cannot (`None`: 0 is a real choice,
+/// as `tool_calls_max = 0` for a task that must answer without tools).
+fn zero_cannot_work(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "steps_max" => "the task would stop before its first model call",
+        "tokens_max" => "no model call fits in no tokens",
+        "output_tokens_max" => "the model could not answer anything",
+        "deadline_ms" => "the task would have no time to work",
+        "stalls_max" => "the task would stop as making no progress after any step",
+        "repeat_max" => "every tool call would count as a repeat and stop the task",
+        _ => return None,
+    })
 }

@@ -190,8 +190,9 @@ impl ModelProfile {
     }
 
     /// Parses the `--model` argument: `policy[:ORDER:AMOUNT[:LATENCY_MS]]`, `same_call`,
-    /// `new_ids`, `search_loop` (each with an optional `:LATENCY_MS`), or `script:FILE.jsonl`
-    /// (the file is read by the caller and passed as `script_text`).
+    /// `new_ids`, `search_loop` (each with an optional `:LATENCY_MS`), or
+    /// `script:FILE.jsonl[:LATENCY_MS]` (the file is read by the caller and passed as
+    /// `script_text`; see [`script_file`]).
     pub fn parse(spec: &str, script_text: Option<&str>) -> Result<ModelProfile, String> {
         let parts: Vec<&str> = spec.split(':').collect();
         let latency = |s: Option<&&str>| -> Result<u64, String> {
@@ -230,13 +231,30 @@ impl ModelProfile {
                 let text = script_text.ok_or("script:FILE needs the file's text")?;
                 Ok(ModelProfile::Script {
                     replies: parse_script(text)?,
-                    latency_ms: DEFAULT_LATENCY_MS,
+                    latency_ms: latency(parts.get(1))?,
                 })
             }
             other => Err(format!(
                 "unknown model {other:?}; known: policy, same_call, new_ids, search_loop, script:FILE"
             )),
         }
+    }
+}
+
+/// `script:`'s argument split into the file and its simulated latency per reply:
+/// `FILE[:LATENCY_MS]`, a trailing `:` and digits being the latency (as the other demo models
+/// take theirs).
+pub fn script_file(arg: &str) -> (&str, Option<u64>) {
+    match arg.rsplit_once(':') {
+        Some((file, ms))
+            if !file.is_empty() && !ms.is_empty() && ms.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            match ms.parse() {
+                Ok(ms) => (file, Some(ms)),
+                Err(_) => (arg, None),
+            }
+        }
+        _ => (arg, None),
     }
 }
 

@@ -99,10 +99,12 @@ fn check_name(field: &str, v: &str) -> Result<(), String> {
 }
 
 fn parse_model(spec: &str) -> Result<ModelProfile, String> {
-    if let Some(file) = spec.strip_prefix("script:") {
+    if let Some(arg) = spec.strip_prefix("script:") {
+        let (file, latency) = crate::model::script_file(arg);
         let text = limits::read_file(Path::new(file), limits::SCRIPT_BYTES_MAX)
             .map_err(|e| format!("--model script:{file}: {e}"))?;
-        return ModelProfile::parse("script", Some(&text))
+        let kind = latency.map_or("script".to_string(), |ms| format!("script:{ms}"));
+        return ModelProfile::parse(&kind, Some(&text))
             .map_err(|e| format!("--model script:{file}: {e}"));
     }
     ModelProfile::parse(spec, None).map_err(|e| format!("--model {spec}: {e}"))

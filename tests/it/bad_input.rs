@@ -125,6 +125,19 @@ fn cli_arguments() {
         (&["--budget", "steps_max=99999999999"], "too large"),
         (&["--budget", "steps_max=3.5"], "whole number"),
         (&["--budget", "wings=3"], "wings"),
+        // Issue 52: a limit of 0 where it cannot work is refused, saying why.
+        (
+            &["--budget", "steps_max=0"],
+            "steps_max: 0 cannot work (the task would stop before its first model call)",
+        ),
+        (&["--budget", "tokens_max=0"], "tokens_max: 0 cannot work"),
+        (&["--budget", "deadline_ms=0"], "deadline_ms: 0 cannot work"),
+        (
+            &["--budget", "output_tokens_max=0"],
+            "output_tokens_max: 0 cannot work",
+        ),
+        (&["--budget", "stalls_max=0"], "stalls_max: 0 cannot work"),
+        (&["--budget", "repeat_max=0"], "repeat_max: 0 cannot work"),
         (
             &["--budget", "tokens_max=18446744073709551616"],
             "whole number",

@@ -546,3 +546,83 @@ fn the_daemon_asks_for_no_huge_pages() {
         advised.len()
     );
 }
+
+/// Issue 52: a script's simulated latency per reply is set like the other demo models'
+/// (`script:FILE:MS`), so a long script need not run out of active time; without it a reply
+/// takes the demo's 1,500 ms.
+#[test]
+fn a_scripts_latency_is_set_like_the_other_demo_models() {
+    let dir = TempDir::new("script-latency");
+    let d = dir.path();
+    let done = r#"{"type": "final", "outcome": "cannot_complete", "text": "no order"}"#;
+    std::fs::write(d.join("s.jsonl"), done).expect("script");
+    for (model, elapsed) in [
+        ("script:s.jsonl", 1.5),
+        ("script:s.jsonl:0", 0.0),
+        ("script:s.jsonl:250", 0.25),
+    ] {
+        let id = ok(
+            d,
+            &["enqueue", "--user", "u", "--goal", "g", "--model", model],
+        );
+        ok(d, &["run", "--drain"]);
+        let t = json(d, &["show", id.trim(), "--json"]);
+        assert_eq!(t["stop"], "done", "{model}: {t}");
+        assert_eq!(t["elapsed_s"], elapsed, "{model}: {t}");
+        assert!(
+            t["closing_message"]
+                .as_str()
+                .is_some_and(|m| m.contains("(cannot_complete): no order. No plan was set")),
+            "a sentence ends before the next begins: {t}"
+        );
+    }
+    let (code, err) = fails(
+        d,
+        &[
+            "enqueue",
+            "--user",
+            "u",
+            "--goal",
+            "g",
+            "--model",
+            "script:s.jsonl:x",
+        ],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("s.jsonl:x"),
+        "a file of that name is looked for: {err}"
+    );
+}
+
+/// Issue 52: two tools that would record one fact under one name (the same fact_prefix_arg,
+/// a field in both fact_fields) are named in a warning when the catalog is read.
+#[test]
+fn overlapping_facts_are_a_warning_at_catalog_load() {
+    let dir = TempDir::new("facts-overlap");
+    let d = dir.path();
+    let tool = |name: &str, fields: &str| {
+        format!(
+            "[[tools]]\nname = \"{name}\"\naccess = \"read\"\nfact_fields = [{fields}]\n\
+             fact_prefix_arg = \"order_id\"\nhttp = {{ url = \"http://127.0.0.1:9/{name}\" }}\n\
+             args.order_id = {{ type = \"string\", required = true }}\n"
+        )
+    };
+    let catalog = [
+        "version = 1\n".to_string(),
+        tool("get_order", "\"status\", \"total\""),
+        tool("get_shipment", "\"status\", \"carrier\""),
+        tool("get_invoice", "\"due\""),
+    ]
+    .concat();
+    std::fs::write(d.join("tools.toml"), catalog).expect("catalog");
+    std::fs::write(d.join("worker.toml"), "[tools]\ncatalog = \"tools.toml\"\n").expect("config");
+    let out = worker(d, &["--config", "worker.toml", "tools", "list"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("tools \"get_order\" and \"get_shipment\" both record the fact(s) status for the same order_id"),
+        "{err}"
+    );
+    assert!(!err.contains("get_invoice"), "{err}");
+}

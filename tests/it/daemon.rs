@@ -252,3 +252,69 @@ fn an_idle_daemon_on_the_file_is_woken_by_an_enqueue() {
     assert_eq!(status, "finished", "the idle daemon never started {id}");
     daemon.join().expect("daemon");
 }
+
+/// Issue 52: a daemon started while its killed predecessor is still being ended by the system
+/// (which keeps the file's lock until then) waits for the lock, says so in its log, and runs,
+/// instead of refusing as if the predecessor still ran.
+#[test]
+fn a_daemon_started_as_its_killed_predecessor_ends_waits_for_its_lock() {
+    let dir = TempDir::new("lock-wait");
+    let d = dir.path();
+    enqueue(d, &[]);
+    // The predecessor takes the lock, writes its pid and ends at once; a process of its own
+    // keeps the lock a moment longer, as the system keeps a killed daemon's while it ends it.
+    let held = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import fcntl, os, sys, time\n\
+             f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX)\n\
+             f.truncate(0); f.write('%d\\n' % os.getpid()); f.flush()\n\
+             if os.fork() == 0:\n    time.sleep(1.5); os._exit(0)\n\
+             os._exit(0)",
+            "worker.redb.lock",
+        ])
+        .current_dir(d)
+        .status()
+        .expect("python3");
+    assert!(held.success());
+    let out = worker(d, &["run", "--drain"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("has not yet let go of its lock; waiting"),
+        "{err}"
+    );
+    assert!(ok(d, &["show", "t1"]).contains("stop      done"));
+}
+
+/// The other side: a daemon that still runs holds the file, and a second is refused at once,
+/// naming it.
+#[test]
+fn a_daemon_beside_a_running_one_is_refused_at_once() {
+    let dir = TempDir::new("lock-live");
+    let d = dir.path();
+    let mut first = command(d)
+        .args(["run"])
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the first daemon");
+    let socket = d.join("worker.redb.sock");
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while !socket.exists() {
+        assert!(
+            std::time::Instant::now() < until,
+            "the first daemon never served"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (code, err) = fails(d, &["run"]);
+    let _ = first.kill();
+    let _ = first.wait();
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(&format!("the daemon with pid {} already runs", first.id())),
+        "{err}"
+    );
+    // A live daemon is not waited for: the refusal comes without the wait's log line.
+    assert!(!err.contains("waiting"), "{err}");
+}

@@ -1126,3 +1126,55 @@ fn cannot_complete_is_told_apart_from_completed() {
         "{task}"
     );
 }
+
+/// Issue 52: a daemon whose environment lacks one profile's key variable starts, says so, and
+/// runs every other task; that profile's tasks stop `model_failed` naming the variable, with
+/// nothing sent.
+#[test]
+fn a_missing_key_stops_only_its_profiles_tasks() {
+    let dir = TempDir::new("missing-key");
+    let d = dir.path();
+    std::fs::write(
+        d.join("worker.toml"),
+        format!(
+            "[models.agent]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\nmodel = \"gpt-4o\"\napi_key_env = \"{KEY_VAR}\"\n"
+        ),
+    )
+    .expect("config");
+    let enqueue = |model: &str| {
+        let out = command(d)
+            .args(["--config", "worker.toml", "enqueue", "--user", "cu_ana"])
+            .args([
+                "--goal",
+                "refund the damaged item on order ord_1001",
+                "--model",
+                model,
+            ])
+            .env(KEY_VAR, KEY)
+            .output()
+            .expect("enqueue");
+        succeeded(out, &["enqueue", model]).trim().to_string()
+    };
+    let (agent, demo) = (enqueue("agent"), enqueue("policy"));
+    let out = command(d)
+        .args(["--config", "worker.toml", "run", "--drain"])
+        .env_remove(KEY_VAR)
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!(
+            "model profile agent: the API key variable {KEY_VAR} is not set"
+        )),
+        "{err}"
+    );
+    assert_eq!(json(d, &["show", &demo, "--json"])["stop"], "done");
+    let t = json(d, &["show", &agent, "--json"]);
+    assert_eq!(t["stop"], "model_failed", "{t}");
+    let closing = t["closing_message"].as_str().unwrap_or("");
+    assert!(
+        closing.contains(KEY_VAR) && closing.contains("nothing was sent"),
+        "{closing}"
+    );
+}

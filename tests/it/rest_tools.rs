@@ -873,8 +873,8 @@ fn an_approval_rule_holds_a_demo_shop_write_before_it_is_sent() {
     );
 }
 
-/// `worker tools list` shows the whole catalog: the demo shop's tools, the catalog's HTTP
-/// tools, each with its kind, approval rule and retry policy.
+/// `worker tools list` shows the whole catalog: the catalog's HTTP tools, each with its kind,
+/// approval rule and retry policy (and the demo shop's only without a catalog of one's own).
 #[test]
 fn tools_list_shows_the_whole_catalog() {
     let dir = TempDir::new("rest-tools-list");
@@ -889,8 +889,23 @@ fn tools_list_shows_the_whole_catalog() {
             .cloned()
             .unwrap_or_else(|| panic!("no {name} in {rows}"))
     };
-    assert_eq!(row("issue_refund")["source"], "demo");
-    assert_eq!(row("issue_refund")["requires"], "any_step");
+    // Issue 52: the demo shop's tools are not listed beside a catalog of one's own.
+    assert!(
+        rows.as_array()
+            .expect("rows")
+            .iter()
+            .all(|r| r["source"] != "demo"),
+        "{rows}"
+    );
+    let demo = json(d, &["tools", "list", "--json"]);
+    let refund = demo
+        .as_array()
+        .expect("rows")
+        .iter()
+        .find(|r| r["name"] == "issue_refund")
+        .expect("without a config, the demo shop's tools");
+    assert_eq!(refund["source"], "demo");
+    assert_eq!(refund["requires"], "any_step");
     let r = row("refund_customer");
     assert_eq!(r["source"], "http", "{r}");
     assert_eq!(r["access"], "write", "{r}");
