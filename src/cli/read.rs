@@ -200,8 +200,8 @@ pub(super) fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
         v["budget"] = serde_json::to_value(b).unwrap_or(Value::Null);
         v["model"] = serde_json::to_value(&r.model).unwrap_or(Value::Null);
         v["closing_message"] = Value::String(closing);
-        // Why it stopped, in plain words (null when the stop reason says it all).
-        v["cause"] = json!(crate::kernel::report::cause(&r.state, b));
+        // Why it stopped, in plain words (null while it runs and once it completed).
+        v["cause"] = json!(crate::kernel::report::why_stopped(&r.state, b));
         v["calls"] = match store.calls(&r.id) {
             Ok(calls) => serde_json::to_value(calls).unwrap_or(Value::Null),
             Err(e) => json!({"error": e.to_string()}),
@@ -316,11 +316,11 @@ pub(super) fn cmd_postmortem(cli: &Cli, a: &TaskArgs) -> CliResult {
 
 /// The post-mortem for people: what the task did, why it stopped, and what to do next.
 fn postmortem_text(r: &TaskRecord, pm: &crate::kernel::report::Postmortem) -> String {
-    use crate::kernel::report::cause;
+    use crate::kernel::report::why_stopped;
     let st = &r.state;
     let stop = stop_shown(st.stop, st.outcome.as_deref());
     let mut out = format!("task {}: {stop} after {} step(s)\n", r.id, pm.steps);
-    if let Some(why) = cause(st, &r.budget) {
+    if let Some(why) = why_stopped(st, &r.budget) {
         out.push_str(&format!("{:18} {why}\n", "why"));
     }
     let first_error = match &pm.first_error {

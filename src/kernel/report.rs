@@ -26,6 +26,19 @@ pub fn closing_explained(state: &TaskState, budget: &Budget, catalog: &Catalog) 
     closing(lead, state, catalog)
 }
 
+/// Why the run stopped, in plain words: the closing message's first sentence and, where it
+/// does not say it all, the [`cause`]. `None` while it runs and once it completed: what an API
+/// result, `worker show --json` and the post-mortem give as `cause`.
+pub fn why_stopped(state: &TaskState, budget: &Budget) -> Option<String> {
+    match (state.stop?, state.outcome.as_deref()) {
+        (StopReason::Done, Some("completed") | None) => None,
+        _ => Some(match cause(state, budget) {
+            Some(why) => format!("{} {why}", lead(state)),
+            None => lead(state),
+        }),
+    }
+}
+
 /// Why the run stopped, in plain words, where the stop reason alone does not say: the budget
 /// that ran out and by how much, the model's last reply that could not be used, the error the
 /// last call came back with. `None` when the message's first sentence says it all.

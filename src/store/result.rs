@@ -101,7 +101,7 @@ pub fn result_json(db_id: &str, rec: &TaskRecord) -> Value {
         "stop": st.stop.filter(|_| settled).map(StopReason::as_str),
         "outcome": st.outcome.as_ref().filter(|_| settled),
         "answer": st.answer.as_ref().filter(|_| settled),
-        "cause": crate::kernel::report::cause(st, &rec.budget).filter(|_| settled),
+        "cause": crate::kernel::report::why_stopped(st, &rec.budget).filter(|_| settled),
         "waiting_for": waiting_for(rec),
         "held_call": held.map(|p| json!({
             "tool": p.name,

@@ -731,14 +731,36 @@ fn the_guides_generated_client_script_runs_as_written() {
     );
     std::fs::write(d.join("refund.py"), script).expect("write the script");
     let python = generator.with_file_name("python");
-    let out = Command::new(python)
-        .arg("refund.py")
-        .env("TETHER_URL", &server.base)
-        .env("TETHER_TOKEN", OPS)
-        .current_dir(d)
-        .output()
-        .expect("run the script");
+    let run = |env: &[(&str, &str)]| {
+        Command::new(&python)
+            .arg("refund.py")
+            .env("TETHER_URL", &server.base)
+            .env("TETHER_TOKEN", OPS)
+            .envs(env.iter().copied())
+            .current_dir(d)
+            .output()
+            .expect("run the script")
+    };
+    let out = run(&[]);
+    // Issue 52: with another agent, a task that ends without an answer prints why, not
+    // "None: None".
+    let other = run(&[
+        ("TETHER_MODEL", "new_ids"),
+        ("TETHER_GOAL", "look up a new order every step"),
+        ("TETHER_KEY", "new-ids-1"),
+    ]);
     drop(server);
+    let said = String::from_utf8_lossy(&other.stdout);
+    assert!(
+        other.status.success(),
+        "{said}\n{}",
+        String::from_utf8_lossy(&other.stderr)
+    );
+    assert!(
+        said.contains("no_progress: The task stopped because its last steps made no progress."),
+        "{said}"
+    );
+    assert!(!said.contains("None"), "{said}");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

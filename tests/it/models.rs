@@ -1178,3 +1178,47 @@ fn a_missing_key_stops_only_its_profiles_tasks() {
         "{closing}"
     );
 }
+
+/// Issue 52: a model that stumbles once (a reply cut off at the output limit) and then reads
+/// new data (the policy, three questions, a tool without fact_fields) is making progress: each
+/// successful read the task had not made before counts, so the task is not stopped
+/// `no_progress` with the default stalls_max of 3; a read repeated with the same arguments
+/// still counts as nothing new.
+#[test]
+fn reads_of_new_data_are_progress_for_a_real_model() {
+    let Some(py) = python() else { return };
+    let search = |q: &str| json!({"call": "search_policy", "args": {"q": q}});
+    let cut =
+        json!({"finish": "length", "call": "get_order", "raw_args": "{\"order_id\": \"ord_10"});
+    let (t, _, _) = zoo_case(
+        &py,
+        "new-reads",
+        &[
+            cut.clone(),
+            search("refunds for damaged items"),
+            search("refund time limits"),
+            search("who pays return shipping"),
+            final_answer(),
+        ],
+        "",
+        &[],
+    );
+    assert_eq!(t["stop"], "done", "{t}");
+    // The same read again and again is no progress: three stalls in a row stop it.
+    let (t, _, _) = zoo_case(
+        &py,
+        "same-reads",
+        &[
+            cut,
+            search("refunds for damaged items"),
+            search("refunds for damaged items"),
+            search("refunds for damaged items"),
+            search("refunds for damaged items"),
+            final_answer(),
+        ],
+        "",
+        // (Not stopped first as a repeated call.)
+        &["--budget", "repeat_max=5"],
+    );
+    assert_eq!(t["stop"], "no_progress", "{t}");
+}

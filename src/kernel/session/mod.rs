@@ -96,6 +96,10 @@ pub struct Session<'c> {
     turn_answer: Option<Value>,
     /// Consecutive steps of this run whose model call failed.
     model_failures: u32,
+    /// This step's read was one the task had not made before and it succeeded: progress for
+    /// a model that takes messages (a real agent reading one customer after another), though
+    /// no fact or plan step changed. The design reference's models keep its rule.
+    new_read: bool,
 }
 
 impl<'c> Session<'c> {
@@ -245,6 +249,7 @@ impl<'c> Session<'c> {
             input: InputStyle::View,
             turn_answer: None,
             model_failures: 0,
+            new_read: false,
         }
     }
 
@@ -533,9 +538,12 @@ impl<'c> Session<'c> {
     fn end_step(&mut self, mut stop: Option<StopReason>) {
         self.answer_turn();
         self.progress_now_text();
+        let new_read = std::mem::take(&mut self.new_read);
         if self.progress_now != self.progress {
             self.state.stalls = 0;
             std::mem::swap(&mut self.progress, &mut self.progress_now);
+        } else if new_read {
+            self.state.stalls = 0;
         } else {
             self.state.stalls += 1;
         }

@@ -263,6 +263,18 @@ impl Session<'_> {
         }
     }
 
+    /// Whether `call`, which succeeded, is a read the task had not made before (another tool,
+    /// or other arguments), for a model that takes messages: the design reference's rule
+    /// (progress is a new fact or a plan step moved) stays its models' (see `docs/models.md`).
+    fn counts_as_new_read(&self, call: &ToolCall) -> bool {
+        matches!(self.input, crate::kernel::io::InputStyle::Messages { .. })
+            && self
+                .catalog
+                .get(&call.name)
+                .is_some_and(|s| s.access == Access::Read)
+            && self.state.seen.get(&call.digest()).copied() == Some(1)
+    }
+
     /// What a tool's answer does to the plan, the facts and the held call; the stop it asks
     /// for, if any.
     fn apply_status(
@@ -283,6 +295,7 @@ impl Session<'_> {
                 }
                 self.state.failed_writes.retain(|t| *t != call.name);
                 self.record_facts(&call, result);
+                self.new_read |= self.counts_as_new_read(&call);
             }
             "needs_approval" => {
                 self.state.pending = Some(call);
