@@ -174,13 +174,16 @@ fn serve_local(cli: &Cli, store: &Db) -> Option<crate::local::LocalApi> {
     }
 }
 
-/// The daemon's own config, refused when the callbacks' secret is missing. A model profile
-/// whose key is missing is said at start: its tasks stop (`model_failed`, naming the variable)
-/// without sending anything, and the daemon runs every other task.
+/// The daemon's own config, refused when a secret it names is missing.
 fn trusted_config(cli: &Cli) -> Result<crate::config::Config, CliError> {
     let trusted = super::enqueue::load_config(cli)?.unwrap_or_default();
-    for (name, why) in trusted.missing_keys() {
-        tracing::warn!(profile = %name, "model profile {name}: {why}; its tasks stop (model_failed) without sending anything, the others run; export the variable and restart the worker to run them");
+    // A profile whose key variable is missing could not run its tasks: refused now, before
+    // any task is claimed, so that its tasks stay queued for a worker that has the key (a
+    // daemon that started anyway ended them model_failed, lost to one misconfigured host).
+    if let Some((name, why)) = trusted.missing_keys().into_iter().next() {
+        return Err(CliError::usage(format!("model profile {name}: {why}")).hint(
+            "export the variable before starting the worker, or remove api_key_env from the profile if the endpoint needs no key",
+        ));
     }
     // The callbacks' signing secret, likewise: no callback goes out unsigned.
     if let Some(c) = &trusted.callbacks

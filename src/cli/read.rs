@@ -201,7 +201,8 @@ pub(super) fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
         v["model"] = serde_json::to_value(&r.model).unwrap_or(Value::Null);
         v["closing_message"] = Value::String(closing);
         // Why it stopped, in plain words (null while it runs and once it completed).
-        v["cause"] = json!(crate::kernel::report::why_stopped(&r.state, b));
+        v["cause"] =
+            json!(crate::kernel::report::why_stopped(&r.state, b).filter(|_| settled(r.status)));
         v["calls"] = match store.calls(&r.id) {
             Ok(calls) => serde_json::to_value(calls).unwrap_or(Value::Null),
             Err(e) => json!({"error": e.to_string()}),
@@ -320,7 +321,7 @@ fn postmortem_text(r: &TaskRecord, pm: &crate::kernel::report::Postmortem) -> St
     let st = &r.state;
     let stop = stop_shown(st.stop, st.outcome.as_deref());
     let mut out = format!("task {}: {stop} after {} step(s)\n", r.id, pm.steps);
-    if let Some(why) = why_stopped(st, &r.budget) {
+    if let Some(why) = why_stopped(st, &r.budget).filter(|_| settled(r.status)) {
         out.push_str(&format!("{:18} {why}\n", "why"));
     }
     let first_error = match &pm.first_error {
@@ -351,24 +352,41 @@ fn postmortem_text(r: &TaskRecord, pm: &crate::kernel::report::Postmortem) -> St
     out
 }
 
+/// Whether the task's stop stands: it is neither queued nor running (an approved task is
+/// queued again, and its last stop no longer says what it waits for).
+fn settled(status: QueueStatus) -> bool {
+    !matches!(status, QueueStatus::Queued | QueueStatus::Running)
+}
+
 /// What an operator can do about a task that stopped this way.
 fn next_action(r: &TaskRecord) -> String {
     use crate::kernel::StopReason as S;
     let (id, st) = (&r.id, &r.state);
-    let settle = format!(
-        "find out whether the write took effect, then settle it: `worker reconcile {id} --applied` or `--not-applied` (the task goes on from there)"
-    );
+    if !settled(r.status) {
+        return format!(
+            "nothing yet: it is {} (`worker wait {id}`)",
+            r.status.as_str()
+        );
+    }
+    let digest = st.pending.as_ref().map_or(String::new(), |p| p.digest());
+    let settle = |after: &str| {
+        format!(
+            "find out whether the write took effect, then settle it: `worker reconcile {id} --applied` or `--not-applied` ({after})"
+        )
+    };
     match st.stop {
-        None => format!("nothing yet: it is still running (`worker wait {id}`)"),
+        None => format!("nothing yet: it has not run (`worker wait {id}`)"),
         Some(S::Done) if st.outcome.as_deref().is_none_or(|o| o == "completed") => {
             "nothing: the task is complete".into()
         }
         Some(S::Done) => "read its answer (`worker show`); enqueue a new task if the goal still stands".into(),
         Some(S::NeedsApproval) => format!(
-            "approve or reject the held call: `worker approve {id}` (`--extend` grants more budget) or `worker reject {id}`"
+            "approve or reject the held call: `worker approve {id} --digest {digest}` (`--extend` grants more budget) or `worker reject {id} --digest {digest}`"
         ),
-        Some(S::UnknownOutcome) => settle,
-        Some(S::Cancelled | S::TimedOut) if st.unknown_write().is_some() => settle,
+        Some(S::UnknownOutcome) => settle("the task goes on from there"),
+        Some(S::Cancelled | S::TimedOut) if st.unknown_write().is_some() => {
+            settle("the task stays stopped")
+        }
         Some(S::Cancelled | S::TimedOut | S::ApprovalExpired) => {
             "nothing is held; enqueue the goal again if it still stands".into()
         }

@@ -30,11 +30,13 @@ pub(super) fn claim_sole(db: &str) -> Result<std::fs::File, CliError> {
     }
 }
 
-/// Whether process `pid` is ending or gone: no longer there, a zombie, or exiting (the kernel
-/// still releasing what it held). Where /proc cannot say, `false`.
+/// Whether process `pid` is ending: a zombie, or exiting (the kernel still releasing what it
+/// held, the file's lock among them). A process that cannot be seen (gone, in another pid
+/// namespace, hidden) is not taken for one: a lock held without a visible ending holder is
+/// someone else's, refused at once.
 fn ending(pid: u32) -> bool {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return std::path::Path::new("/proc/self").exists();
+        return false;
     };
     // After the command's closing parenthesis: state, ppid, pgrp, session, tty, tpgid, flags.
     let fields: Vec<&str> = stat

@@ -93,7 +93,8 @@ fn overlapping_facts(tools: &[crate::kernel::ToolSpec]) -> Vec<String> {
     let mut out = Vec::new();
     for (i, a) in tools.iter().enumerate() {
         for b in &tools[i + 1..] {
-            if a.fact_prefix_arg != b.fact_prefix_arg {
+            // Without a fact_prefix_arg a tool's facts are named after the tool: no clash.
+            if a.fact_prefix_arg != b.fact_prefix_arg || a.fact_prefix_arg.is_empty() {
                 continue;
             }
             let shared: Vec<&str> = a
@@ -105,15 +106,12 @@ fn overlapping_facts(tools: &[crate::kernel::ToolSpec]) -> Vec<String> {
             if shared.is_empty() {
                 continue;
             }
-            let by = match a.fact_prefix_arg.as_str() {
-                "" => "with no fact_prefix_arg".to_string(),
-                arg => format!("for the same {arg}"),
-            };
             out.push(format!(
-                "tools {:?} and {:?} both record the fact(s) {} {by}: whichever is called last overwrites the other's value (rename a field in one fact_fields, or give one tool another fact_prefix_arg, if they mean different things)",
+                "tools {:?} and {:?} both record the fact(s) {} for the same {}: whichever is called last overwrites the other's value (rename a field in one fact_fields, or give one tool another fact_prefix_arg, if they mean different things)",
                 a.name,
                 b.name,
-                shared.join(", ")
+                shared.join(", "),
+                a.fact_prefix_arg
             ));
         }
     }

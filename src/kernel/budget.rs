@@ -109,10 +109,10 @@ impl Budget {
 }
 
 /// Why a limit of 0 cannot work, for the limits where it cannot (`None`: 0 is a real choice,
-/// as `tool_calls_max = 0` for a task that must answer without tools).
+/// as `replans_max = 0` for a task whose first plan must hold).
 fn zero_cannot_work(name: &str) -> Option<&'static str> {
     Some(match name {
-        "steps_max" => "the task would stop before its first model call",
+        "steps_max" | "tool_calls_max" => "the task would stop before its first model call",
         "tokens_max" => "no model call fits in no tokens",
         "output_tokens_max" => "the model could not answer anything",
         "deadline_ms" => "the task would have no time to work",

@@ -54,16 +54,16 @@ pub fn cause(state: &TaskState, budget: &Budget) -> Option<String> {
             state.tool_calls, b.tool_calls_max
         ),
         StopReason::MaxTokens => format!(
-            "It used {} of its {} tokens (tokens_max); the {} left would not hold another model call with up to {} output tokens (output_tokens_max).",
+            "It used {} of its {} tokens (tokens_max); the {} left would not hold another model call: its input (the task so far) and up to {} output tokens (output_tokens_max).",
             state.tokens,
             b.tokens_max,
             b.tokens_max.saturating_sub(state.tokens),
             b.output_tokens_max
         ),
         StopReason::Deadline => format!(
-            "It spent {:.1} s working, and its limit is {:.1} s (deadline_ms {}).",
-            state.elapsed_ms as f64 / 1000.0,
-            b.deadline_ms as f64 / 1000.0,
+            "It spent {} working, and its limit is {} (deadline_ms {}).",
+            duration(state.elapsed_ms),
+            duration(b.deadline_ms),
             b.deadline_ms
         ),
         StopReason::RepeatedCall => format!(
@@ -73,6 +73,16 @@ pub fn cause(state: &TaskState, budget: &Budget) -> Option<String> {
         StopReason::NoProgress => no_progress(state, b),
         _ => return None,
     })
+}
+
+/// Milliseconds as people read them: `850 ms` below ten seconds' precision matters, else
+/// seconds with one decimal.
+fn duration(ms: u64) -> String {
+    if ms < 1_000 {
+        format!("{ms} ms")
+    } else {
+        format!("{:.1} s", ms as f64 / 1000.0)
+    }
 }
 
 /// What the steps that made no progress were: the last result the task got says why.

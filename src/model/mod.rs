@@ -243,8 +243,12 @@ impl ModelProfile {
 
 /// `script:`'s argument split into the file and its simulated latency per reply:
 /// `FILE[:LATENCY_MS]`, a trailing `:` and digits being the latency (as the other demo models
-/// take theirs).
+/// take theirs) unless the whole argument names a file.
 pub fn script_file(arg: &str) -> (&str, Option<u64>) {
+    // A file whose own name ends in `:` and digits is that file.
+    if std::path::Path::new(arg).is_file() {
+        return (arg, None);
+    }
     match arg.rsplit_once(':') {
         Some((file, ms))
             if !file.is_empty() && !ms.is_empty() && ms.bytes().all(|b| b.is_ascii_digit()) =>

@@ -139,6 +139,10 @@ fn cli_arguments() {
         (&["--budget", "stalls_max=0"], "stalls_max: 0 cannot work"),
         (&["--budget", "repeat_max=0"], "repeat_max: 0 cannot work"),
         (
+            &["--budget", "tool_calls_max=0"],
+            "tool_calls_max: 0 cannot work",
+        ),
+        (
             &["--budget", "tokens_max=18446744073709551616"],
             "whole number",
         ),

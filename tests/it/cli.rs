@@ -593,6 +593,22 @@ fn a_scripts_latency_is_set_like_the_other_demo_models() {
         err.contains("s.jsonl:x"),
         "a file of that name is looked for: {err}"
     );
+    // A file whose own name ends in `:` and digits is that file, not a latency.
+    std::fs::write(d.join("run:2024"), done).expect("script");
+    let id = ok(
+        d,
+        &[
+            "enqueue",
+            "--user",
+            "u",
+            "--goal",
+            "g",
+            "--model",
+            "script:run:2024",
+        ],
+    );
+    ok(d, &["run", "--drain"]);
+    assert_eq!(json(d, &["show", id.trim(), "--json"])["elapsed_s"], 1.5);
 }
 
 /// Issue 52: two tools that would record one fact under one name (the same fact_prefix_arg,
@@ -613,6 +629,13 @@ fn overlapping_facts_are_a_warning_at_catalog_load() {
         tool("get_order", "\"status\", \"total\""),
         tool("get_shipment", "\"status\", \"carrier\""),
         tool("get_invoice", "\"due\""),
+        // Without a fact_prefix_arg a tool's facts are named after it: these two never clash.
+        "[[tools]]\nname = \"get_ticket\"\naccess = \"read\"\nfact_fields = [\"state\"]\n\
+         http = { url = \"http://127.0.0.1:9/t\" }\n"
+            .to_string(),
+        "[[tools]]\nname = \"get_case\"\naccess = \"read\"\nfact_fields = [\"state\"]\n\
+         http = { url = \"http://127.0.0.1:9/c\" }\n"
+            .to_string(),
     ]
     .concat();
     std::fs::write(d.join("tools.toml"), catalog).expect("catalog");
@@ -625,4 +648,5 @@ fn overlapping_facts_are_a_warning_at_catalog_load() {
         "{err}"
     );
     assert!(!err.contains("get_invoice"), "{err}");
+    assert!(!err.contains("get_ticket"), "{err}");
 }

@@ -258,26 +258,39 @@ fn an_idle_daemon_on_the_file_is_woken_by_an_enqueue() {
 /// instead of refusing as if the predecessor still ran.
 #[test]
 fn a_daemon_started_as_its_killed_predecessor_ends_waits_for_its_lock() {
+    use std::io::BufRead;
     let dir = TempDir::new("lock-wait");
     let d = dir.path();
     enqueue(d, &[]);
-    // The predecessor takes the lock, writes its pid and ends at once; a process of its own
-    // keeps the lock a moment longer, as the system keeps a killed daemon's while it ends it.
-    let held = std::process::Command::new("python3")
+    // The predecessor: a process that has ended and is not yet reaped (the system's part of
+    // ending it is not done), named in the lock file; the lock itself is let go a moment later.
+    let mut ended = std::process::Command::new("true").spawn().expect("true");
+    let stat = format!("/proc/{}/stat", ended.id());
+    while !std::fs::read_to_string(&stat).is_ok_and(|s| s.contains(") Z ")) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut holder = std::process::Command::new("python3")
         .args([
             "-c",
-            "import fcntl, os, sys, time\n\
+            "import fcntl, sys, time\n\
              f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX)\n\
-             f.truncate(0); f.write('%d\\n' % os.getpid()); f.flush()\n\
-             if os.fork() == 0:\n    time.sleep(1.5); os._exit(0)\n\
-             os._exit(0)",
+             f.truncate(0); f.write(sys.argv[2] + '\\n'); f.flush()\n\
+             print('held', flush=True); time.sleep(1.5)",
             "worker.redb.lock",
+            &ended.id().to_string(),
         ])
         .current_dir(d)
-        .status()
+        .stdout(Stdio::piped())
+        .spawn()
         .expect("python3");
-    assert!(held.success());
+    let mut line = String::new();
+    std::io::BufReader::new(holder.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("the holder's word");
+    assert_eq!(line.trim(), "held");
     let out = worker(d, &["run", "--drain"]);
+    let _ = holder.wait();
+    let _ = ended.wait();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(

@@ -215,3 +215,44 @@ fn a_task_stopped_by_unusable_replies_says_why_everywhere() {
     let result: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(result["cause"], cause, "{result}");
 }
+
+/// From the review: the next action is one that works (an approval names the held call's
+/// digest), and once a decision put the task back in the queue its old stop is no longer
+/// given as its cause.
+#[test]
+fn the_next_action_follows_the_tasks_status() {
+    let dir = TempDir::new("stops-next");
+    let d = dir.path();
+    ok(
+        d,
+        &[
+            "enqueue",
+            "--user",
+            "cu_ana",
+            "--goal",
+            "refund",
+            "--model",
+            "policy:ord_1004:8000",
+        ],
+    );
+    ok(d, &["run", "--drain"]);
+    let digest = held_digest(d, "t1");
+    let pm = ok(d, &["postmortem", "t1"]);
+    assert!(
+        pm.contains(&format!("`worker approve t1 --digest {digest}`")),
+        "{pm}"
+    );
+    ok(d, &["approve", "t1", "--digest", &digest]);
+    let t = json(d, &["show", "t1", "--json"]);
+    assert_eq!(t["status"], "queued", "{t}");
+    assert!(
+        t["cause"].is_null(),
+        "a queued task's old stop is not its cause: {t}"
+    );
+    let pm = ok(d, &["postmortem", "t1"]);
+    assert!(
+        pm.contains("nothing yet: it is queued (`worker wait t1`)"),
+        "{pm}"
+    );
+    assert!(!pm.contains("waiting for approval"), "{pm}");
+}
