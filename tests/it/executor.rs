@@ -301,15 +301,7 @@ conformance! {
         for user in ["u1", "u2"] {
             ok(d, &["--config", "worker.toml", "enqueue", "--user", user, "--goal", "look", "--model", "policy"]);
         }
-        let db: Box<dyn tether::store::Backend> = match db_url(d) {
-            Some(url) => Box::new(
-                tether::store::pg::PgStore::open(&url, false, 1, Duration::from_secs(5))
-                    .expect("open"),
-            ),
-            None => Box::new(
-                tether::store::RedbStore::open(&d.join("worker.redb"), false).expect("open"),
-            ),
-        };
+        let db = database(d);
         let now = tether::clock::now_ms();
         let lease = tether::store::Lease {
             owner: "test:1:1".into(),

@@ -44,12 +44,7 @@ fn service() -> (String, Arc<Mutex<Seen>>) {
                     .and_then(Value::as_str)
                     .unwrap_or("?")
                     .to_string();
-                let key = req
-                    .headers()
-                    .iter()
-                    .find(|h| h.field.equiv("Idempotency-Key"))
-                    .map(|h| h.value.to_string())
-                    .unwrap_or_default();
+                let key = idempotency_key(&req).unwrap_or_default();
                 let task = key.split(':').nth(1).unwrap_or("").to_string();
                 {
                     let mut g = s.lock().expect("lock");

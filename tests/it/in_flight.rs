@@ -28,12 +28,7 @@ fn service() -> Service {
     std::thread::spawn(move || {
         let mut open = Vec::new();
         for req in server.incoming_requests() {
-            let key = req
-                .headers()
-                .iter()
-                .find(|h| h.field.equiv("Idempotency-Key"))
-                .map(|h| h.value.to_string())
-                .unwrap_or_default();
+            let key = idempotency_key(&req).unwrap_or_default();
             log.lock().expect("lock").push(key);
             // Applied, never answered: the request stays open until the daemon dies.
             open.push(req);
@@ -164,18 +159,6 @@ conformance! {
         }
         okc(d, &["run", "--drain", "--no-auto-settle"]);
         held_beside(d, &svc, "timed_out");
-    }
-}
-
-/// The test directory's worker database, opened by this process.
-fn database(d: &Path) -> Box<dyn tether::store::Backend> {
-    match db_url(d) {
-        Some(url) => Box::new(
-            tether::store::pg::PgStore::open(&url, false, 1, Duration::from_secs(5)).expect("open"),
-        ),
-        None => {
-            Box::new(tether::store::RedbStore::open(&d.join("worker.redb"), false).expect("open"))
-        }
     }
 }
 

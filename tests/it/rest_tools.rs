@@ -47,12 +47,7 @@ fn service() -> Service {
             let mut body = String::new();
             let _ = req.as_reader().read_to_string(&mut body);
             let path = req.url().to_string();
-            let key = req
-                .headers()
-                .iter()
-                .find(|h| h.field.equiv("Idempotency-Key"))
-                .map(|h| h.value.to_string())
-                .unwrap_or_default();
+            let key = idempotency_key(&req).unwrap_or_default();
             let mut log = log2.lock().expect("lock");
             let earlier = log
                 .iter()
@@ -1109,12 +1104,7 @@ fn memo_service(port: u16) -> Arc<Mutex<Vec<String>>> {
     let seen = Arc::clone(&arrivals);
     std::thread::spawn(move || {
         for req in server.incoming_requests() {
-            let key = req
-                .headers()
-                .iter()
-                .find(|h| h.field.equiv("Idempotency-Key"))
-                .map(|h| h.value.to_string())
-                .unwrap_or_default();
+            let key = idempotency_key(&req).unwrap_or_default();
             seen.lock().expect("lock").push(key);
             let _ = req.respond(
                 tiny_http::Response::from_string("{\"id\": \"m1\"}").with_status_code(201),

@@ -310,15 +310,7 @@ conformance! {
         // A key taken all the same (by a raw write, or a database from before the rule).
         let t = crate::exactly_once::new_task("mallory", "take the tick", Some(&taken));
         {
-            let db: Box<dyn tether::store::Backend> = match db_url(d) {
-                Some(url) => Box::new(
-                    tether::store::pg::PgStore::open(&url, false, 1, Duration::from_secs(5))
-                        .expect("open"),
-                ),
-                None => Box::new(
-                    tether::store::RedbStore::open(&d.join("worker.redb"), false).expect("open"),
-                ),
-            };
+            let db = database(d);
             db.enqueue(&[t], tether::clock::now_ms()).expect("raw enqueue");
         }
         for k in 0..3 {

@@ -68,11 +68,7 @@ fn service() -> Service {
                 let _ = req.as_reader().read_to_string(&mut body);
                 let url = req.url().to_string();
                 let (path, query) = url.split_once('?').unwrap_or((&url, ""));
-                let header = req
-                    .headers()
-                    .iter()
-                    .find(|h| h.field.equiv("Idempotency-Key"))
-                    .map(|h| h.value.to_string());
+                let header = idempotency_key(&req);
                 let key = header
                     .or_else(|| query.strip_prefix("key=").map(percent_decoded))
                     .unwrap_or_default();

@@ -569,3 +569,25 @@ pub fn settle_with_oracle(d: &Path, seed: u64) {
     assert_sent_at_most_once(d, &[], seed);
     println!("after reconcile and approvals: {settled:?}");
 }
+
+/// A request's `Idempotency-Key` header, if it has one (the services of the tests log it).
+pub fn idempotency_key(req: &tiny_http::Request) -> Option<String> {
+    req.headers()
+        .iter()
+        .find(|h| h.field.equiv("Idempotency-Key"))
+        .map(|h| h.value.to_string())
+}
+
+/// The test directory's worker database, opened by this process: the PostgreSQL database its
+/// daemons share, or its redb file.
+pub fn database(d: &Path) -> Box<dyn tether::store::Backend> {
+    match db_url(d) {
+        Some(url) => Box::new(
+            tether::store::pg::PgStore::open(&url, false, 1, std::time::Duration::from_secs(5))
+                .expect("open"),
+        ),
+        None => {
+            Box::new(tether::store::RedbStore::open(&d.join("worker.redb"), false).expect("open"))
+        }
+    }
+}
