@@ -351,6 +351,12 @@ pub(super) fn cmd_tools(cli: &Cli, c: &ToolsCommand) -> CliResult {
         });
         if let Some(h) = &t.http {
             v["url"] = json!(h.url);
+            if let Some(api) = &h.api {
+                // A tool from an OpenAPI document: its operation's method and path.
+                v["source"] = json!("openapi");
+                v["url"] = json!(format!("{} {}{}", h.method, h.url, api.path));
+                v["operation"] = json!(api.operation);
+            }
             v["lookup_url"] = json!(h.lookup_url);
             v["auto_settle"] = json!(h.auto_settle && h.lookup_url.is_some());
             v["retry"] = serde_json::to_value(h.retry).unwrap_or(Value::Null);

@@ -13,7 +13,11 @@ use super::{CATALOG_VERSION, read};
 #[serde(deny_unknown_fields)]
 pub(super) struct CatalogFile {
     version: u32,
+    #[serde(default)]
     tools: Vec<crate::kernel::ToolSpec>,
+    /// OpenAPI documents whose operations are tools too.
+    #[serde(default)]
+    openapi: Vec<super::openapi::Source>,
 }
 
 /// What in a tool's approval rule cannot work: a bound on an argument the tool does not
@@ -45,7 +49,8 @@ pub fn load_catalog(path: &Path) -> Result<Catalog, String> {
 
 /// Parses a catalog file's text; `path` names it in errors.
 pub fn parse_catalog(text: &str, path: &Path) -> Result<Catalog, String> {
-    let file: CatalogFile = toml::from_str(text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut file: CatalogFile =
+        toml::from_str(text).map_err(|e| format!("{}: {e}", path.display()))?;
     if file.version > CATALOG_VERSION {
         return Err(format!(
             "{}: catalog version {} is newer than this build reads ({CATALOG_VERSION})",
@@ -54,6 +59,18 @@ pub fn parse_catalog(text: &str, path: &Path) -> Result<Catalog, String> {
         ));
     }
     let at = |e: String| format!("{}: {e}", path.display());
+    for t in &file.tools {
+        if t.http.as_ref().is_some_and(|h| h.api.is_some()) {
+            return Err(at(format!(
+                "tool {:?}: http.api is written by an [[openapi]] source, not by hand",
+                t.name
+            )));
+        }
+    }
+    for src in &file.openapi {
+        let tools = super::openapi::tools_of(src, path).map_err(at)?;
+        file.tools.extend(tools);
+    }
     let mut seen = std::collections::BTreeSet::new();
     for t in &file.tools {
         check_tool(t).map_err(at)?;
@@ -161,7 +178,7 @@ fn check_tool(t: &crate::kernel::ToolSpec) -> Result<(), String> {
         Some(p)
     } else if let Err(e) = h.retry.check() {
         Some(e)
-    } else if !matches!(h.method.as_str(), "POST" | "PUT") {
+    } else if h.api.is_none() && !matches!(h.method.as_str(), "POST" | "PUT") {
         Some("method must be POST or PUT".to_string())
     } else {
         None

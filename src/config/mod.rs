@@ -40,6 +40,7 @@ use crate::kernel::Catalog;
 
 pub mod callbacks;
 mod catalog;
+mod openapi;
 use crate::model::profile::{Api, HttpProfile};
 use crate::model::{ModelProfile, RunModel};
 pub use catalog::{load_catalog, parse_catalog};

@@ -324,6 +324,10 @@ pub struct HttpSpec {
     /// again, for a read or an idempotent write: see [`RetryPolicy`].
     #[serde(default, skip_serializing_if = "RetryPolicy::is_default")]
     pub retry: RetryPolicy,
+    /// A tool made from an OpenAPI operation: how its request is built from the arguments
+    /// (`url` is then the API's base URL). Set by the catalog's `[[openapi]]` sources only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api: Option<super::api::ApiCall>,
 }
 
 fn default_lookup_grace_ms() -> u64 {
@@ -389,6 +393,9 @@ pub fn check_args(spec: &ToolSpec, args: &Map<String, Value>, user_id: &str) -> 
     if let Some(m) = &spec.mcp {
         return check_mcp_args(spec, m, args, user_id);
     }
+    if let Some(api) = spec.http.as_ref().and_then(|h| h.api.as_ref()) {
+        return validate(&spec.name, &api.schema, &Value::Object(args.clone()));
+    }
     if spec.args.is_empty() {
         return Ok(());
     }
@@ -426,6 +433,9 @@ impl ToolSpec {
     pub fn input_schema(&self) -> Value {
         if let Some(m) = &self.mcp {
             return m.input_schema.clone();
+        }
+        if let Some(api) = self.http.as_ref().and_then(|h| h.api.as_ref()) {
+            return api.schema.clone();
         }
         if self.args.is_empty() {
             return serde_json::json!({"type": "object"});

@@ -6,6 +6,7 @@
 //! results in. Nothing here may import storage, worker, model, tool or network code (a test in
 //! `tests/it/kernel_purity.rs` checks this).
 
+pub mod api;
 pub mod budget;
 pub mod catalog;
 pub mod io;

@@ -69,7 +69,13 @@ async fn call_tool(spec: &ToolSpec, req: &ToolRequest<'_>, write: bool) -> Value
         return json!({"status": "error", "code": "not_http", "detail": "the tool has no URL"});
     };
     let start = Instant::now();
-    let body = json!({"user_id": req.user_id, "args": Value::Object(req.call.args.clone())});
+    let built = match super::request::build(http, req.user_id, &req.call.args) {
+        Ok(b) => b,
+        Err((code, detail)) => {
+            tracing::warn!(tool = %spec.name, key = req.key, code, detail = %detail, "call not sent");
+            return json!({"status": "error", "code": code, "detail": detail});
+        }
+    };
     let approval = match req.approval {
         None => None,
         // The worker held the call by the catalog's rule and an operator approved it; a
@@ -106,7 +112,7 @@ async fn call_tool(spec: &ToolSpec, req: &ToolRequest<'_>, write: bool) -> Value
             .min(left)
             .max(Duration::from_millis(1));
         let (result, transient) =
-            send(spec, http, req, &body, approval.as_deref(), write, timeout).await;
+            send(spec, http, req, &built, approval.as_deref(), write, timeout).await;
         let Some(t) =
             transient.filter(|t| (repeatable || t.unsent) && attempt < http.retry.attempts)
         else {
@@ -154,6 +160,13 @@ fn not_answered(e: &reqwest::Error, refused: bool, write: bool) -> (Value, Optio
     };
     if refused {
         // The write's proof refused it before its first byte: nothing left, nothing to retry.
+        let detail = client::error_text(e);
+        (
+            json!({"status": "error", "code": "not_sent", "detail": detail}),
+            None,
+        )
+    } else if e.is_builder() {
+        // The request could not be made: nothing of it left.
         let detail = client::error_text(e);
         (
             json!({"status": "error", "code": "not_sent", "detail": detail}),
@@ -213,27 +226,39 @@ fn gate_of(req: &ToolRequest<'_>) -> (Option<crate::net::Ready>, Arc<AtomicBool>
     (gate, refused)
 }
 
-/// The request of one try: the method, the timeout, the key and the approval.
+/// The request of one try: the built request with its timeout, the call key and the
+/// approval. A tool made from an OpenAPI operation carries the key on writes only (a read's
+/// `GET` is safe to repeat without one); a catalog tool's requests always carry it.
 fn request(
     client: &reqwest::Client,
-    http: &HttpSpec,
+    built: &super::request::Built,
     key: &str,
     approval: Option<&str>,
+    with_key: bool,
     timeout: Duration,
-) -> reqwest::RequestBuilder {
-    let r = if http.method == "PUT" {
-        client.put(&http.url)
-    } else {
-        client.post(&http.url)
-    };
-    let mut r = r
-        .timeout(timeout)
-        .header("Content-Type", "application/json")
-        .header("Idempotency-Key", key);
+) -> Result<reqwest::RequestBuilder, String> {
+    let method = reqwest::Method::from_bytes(built.method.as_bytes())
+        .map_err(|_| format!("{:?} is not an HTTP method", built.method))?;
+    let mut r = client.request(method, &built.url).timeout(timeout);
+    for (name, value) in &built.headers {
+        let name = http::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| format!("{name:?} is not a header name"))?;
+        let value = http::HeaderValue::from_str(value)
+            .map_err(|_| format!("the value of the header {name} cannot be sent in a header"))?;
+        r = r.header(name, value);
+    }
+    if with_key {
+        r = r.header("Idempotency-Key", key);
+    }
     if let Some(header) = approval {
         r = r.header(approval::HEADER, header);
     }
-    r
+    if let Some(body) = &built.body {
+        r = r
+            .header("Content-Type", "application/json")
+            .body(body.clone());
+    }
+    Ok(r)
 }
 
 /// One try of a call: its result, and whether the failure (if it is one) is transient. A
@@ -242,7 +267,7 @@ async fn send(
     spec: &ToolSpec,
     http: &HttpSpec,
     req: &ToolRequest<'_>,
-    body: &Value,
+    built: &super::request::Built,
     approval: Option<&str>,
     write: bool,
     timeout: Duration,
@@ -261,8 +286,17 @@ async fn send(
             );
         }
     };
-    let r = request(client, http, req.key, approval, timeout);
-    let resp = match client::send(r.body(body.to_string()), gate).await {
+    let with_key = http.api.is_none() || write;
+    let r = match request(client, built, req.key, approval, with_key, timeout) {
+        Ok(r) => r,
+        Err(e) => {
+            return (
+                json!({"status": "error", "code": "not_sent", "detail": e}),
+                None,
+            );
+        }
+    };
+    let resp = match client::send(r, gate).await {
         Ok(resp) => resp,
         Err(e) => return not_answered(&e, refused.load(Ordering::SeqCst), write),
     };
@@ -270,7 +304,7 @@ async fn send(
     if (200..300).contains(&status) {
         tracing::debug!(tool = %spec.name, key = req.key, status, "tool answered");
     } else {
-        tracing::warn!(tool = %spec.name, key = req.key, status, url = %http.url, "tool answered HTTP {status}");
+        tracing::warn!(tool = %spec.name, key = req.key, status, url = %built.url, "tool answered HTTP {status}");
     }
     let retry_after = crate::net::retry_after(resp.headers());
     let location = resp

@@ -243,4 +243,5 @@ impl Tools for DemoStore {
 pub mod approval;
 pub mod durable;
 pub mod http;
+pub mod request;
 pub mod service;

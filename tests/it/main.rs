@@ -30,6 +30,7 @@ mod mcp; // the MCP client against server-everything and the Python SDK server
 mod mcp_tasks; // tasks calling MCP tools: approvals, lost answers, changed definitions, kills
 pub(crate) mod metrics; // `promtool check metrics` and every figure against the database
 pub(crate) mod models; // real-model adapters against fakes built from the SDKs' types; the README's agent as written
+mod openapi_tools; // tools from the OpenAPI document of a FastAPI service, on both providers
 mod operator; // operators' decisions on both engines: bound to the reviewed call, audited, racing
 mod otlp; // live export to a receiver decoding with the official protobuf schema
 mod paused; // a daemon paused inside a write's slow part never sends after a takeover

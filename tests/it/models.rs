@@ -765,7 +765,7 @@ fn the_input_per_step_of_a_twenty_step_native_task_stays_flat() {
 
 /// The blocks of README's "Run your own agent": the fenced block whose first line is
 /// `# NAME` (TOML), or the first `sh` block of the section.
-fn readme_block(first_line: &str) -> String {
+pub(crate) fn readme_block(first_line: &str) -> String {
     let readme = std::fs::read_to_string(format!("{}/README.md", env!("CARGO_MANIFEST_DIR")))
         .expect("README");
     let section = readme
