@@ -460,7 +460,16 @@ mod tests {
                     .filter(|f| *f != "mcp")
                     .collect(),
             ),
-            ("`http`", fields_of::<crate::kernel::catalog::HttpSpec>()),
+            // `api` is written by an `[[openapi]]` source: a catalog file naming it is refused.
+            (
+                "`http`",
+                fields_of::<crate::kernel::catalog::HttpSpec>()
+                    .into_iter()
+                    .filter(|f| *f != "api")
+                    .collect(),
+            ),
+            ("`[[openapi]]`", fields_of::<openapi::Source>()),
+            ("`[openapi.tools.NAME]`", fields_of::<openapi::Overrides>()),
             (
                 "`http.retry`",
                 fields_of::<crate::kernel::catalog::RetryPolicy>(),

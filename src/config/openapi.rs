@@ -52,7 +52,7 @@ pub(super) struct Source {
 /// The options of a catalog tool that an operation's tool may set.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Overrides {
+pub(super) struct Overrides {
     description: Option<String>,
     access: Option<Access>,
     idempotent: Option<bool>,
