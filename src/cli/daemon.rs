@@ -174,16 +174,17 @@ fn serve_local(cli: &Cli, store: &Db) -> Option<crate::local::LocalApi> {
     }
 }
 
-/// The daemon's own config, refused when a secret it names is missing.
+/// The daemon's own config, refused when the callbacks' secret is missing; a profile whose
+/// key is missing is said, and its tasks are passed over.
 fn trusted_config(cli: &Cli) -> Result<crate::config::Config, CliError> {
     let trusted = super::enqueue::load_config(cli)?.unwrap_or_default();
-    // A profile whose key variable is missing could not run its tasks: refused now, before
-    // any task is claimed, so that its tasks stay queued for a worker that has the key (a
-    // daemon that started anyway ended them model_failed, lost to one misconfigured host).
-    if let Some((name, why)) = trusted.missing_keys().into_iter().next() {
-        return Err(CliError::usage(format!("model profile {name}: {why}")).hint(
-            "export the variable before starting the worker, or remove api_key_env from the profile if the endpoint needs no key",
-        ));
+    // A profile whose key variable is missing could not run its tasks: the daemon's claims
+    // pass them over (they keep their place for a daemon that has the key), and it says so.
+    for (name, why) in trusted.missing_keys() {
+        tracing::warn!(
+            profile = %name,
+            "model profile {name}: {why}; this daemon does not run the profile's tasks (they stay queued for a daemon that has the key): export the variable and restart it to run them here"
+        );
     }
     // The callbacks' signing secret, likewise: no callback goes out unsigned.
     if let Some(c) = &trusted.callbacks

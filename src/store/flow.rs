@@ -1,15 +1,21 @@
 //! Claim rules both engines apply: the concurrency limits of a daemon's `[concurrency]`
-//! config, by key or by key prefix (`"tenant:*" = 2`, `"tenant:acme" = 5`).
+//! config, by key or by key prefix (`"tenant:*" = 2`, `"tenant:acme" = 5`), and the model
+//! profiles whose tasks a daemon passes over (it lacks their API key).
 
 use std::collections::BTreeMap;
 
 /// How many tasks of a concurrency key may run at once, across every daemon that claims with
 /// these limits. A key no limit names runs unbounded.
+///
+/// A daemon's claims also pass over the tasks of the model profiles it cannot run (its
+/// environment lacks their key): they keep their place for a daemon that can.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ConcurrencyLimits {
     exact: BTreeMap<String, u32>,
     /// `(prefix, limit)` of the patterns ending in `*`, longest prefix first.
     prefixes: Vec<(String, u32)>,
+    /// Model profiles whose tasks these claims pass over.
+    passed_over: Vec<String>,
 }
 
 impl ConcurrencyLimits {
@@ -63,8 +69,28 @@ impl ConcurrencyLimits {
         self.prefixes.iter().map(|(k, n)| (k.as_str(), *n))
     }
 
+    /// These limits, with claims that pass over the tasks of these model profiles.
+    pub fn passing_over(mut self, profiles: Vec<String>) -> Self {
+        self.passed_over = profiles;
+        self
+    }
+
+    /// The model profiles whose tasks are passed over.
+    pub fn passed_over(&self) -> &[String] {
+        &self.passed_over
+    }
+
+    /// Whether a claim passes over a task of `model`.
+    pub fn passes_over(&self, model: &crate::model::ModelProfile) -> bool {
+        match model {
+            crate::model::ModelProfile::Profile { name } => self.passed_over.contains(name),
+            _ => false,
+        }
+    }
+
+    /// No limit and nothing passed over: every due task may be claimed.
     pub fn is_empty(&self) -> bool {
-        self.exact.is_empty() && self.prefixes.is_empty()
+        self.exact.is_empty() && self.prefixes.is_empty() && self.passed_over.is_empty()
     }
 }
 

@@ -475,7 +475,7 @@ impl<'a> Dispatch<'a> {
     fn drain(&self) -> Result<Drain> {
         let store = &**self.store;
         let waits = || -> Result<u64> {
-            let ready = store.ready_count()?;
+            let ready = runnable_queued(store, self.cfg)?;
             if ready > 0 || store.local_owners() {
                 return Ok(ready);
             }
@@ -492,7 +492,8 @@ impl<'a> Dispatch<'a> {
                 if self.cfg.auto_settle {
                     self.settler.pass(store, &self.cfg.trusted);
                 }
-                if store.ready_count().is_ok_and(|n| n == 0) {
+                if runnable_queued(store, self.cfg).is_ok_and(|n| n == 0) {
+                    left_for_others(store, self.cfg);
                     return Ok(Drain::Done);
                 }
                 Ok(Drain::Wait)
@@ -505,5 +506,63 @@ impl<'a> Dispatch<'a> {
             }
             Err(e) => Err(e),
         }
+    }
+}
+
+/// The queued tasks this daemon could run: every one, unless it passes over the tasks of a
+/// profile whose API key its environment lacks (those wait for a daemon that has it, and a
+/// drain does not wait for them).
+fn runnable_queued(store: &dyn Backend, cfg: &Config) -> Result<u64> {
+    let ready = store.ready_count()?;
+    let missing = cfg.trusted.missing_keys();
+    if ready == 0 || missing.is_empty() {
+        return Ok(ready);
+    }
+    Ok(ready.saturating_sub(passed_over(store, &missing)?.len() as u64))
+}
+
+/// The queued tasks of the profiles in `missing` (`(profile, why)`), by id.
+fn passed_over(store: &dyn Backend, missing: &[(String, String)]) -> Result<Vec<String>> {
+    use crate::store::list::{ListQuery, Listed};
+    let rules = crate::store::flow::ConcurrencyLimits::default()
+        .passing_over(missing.iter().map(|(n, _)| n.clone()).collect());
+    let mut out = Vec::new();
+    let mut q = ListQuery {
+        status: Some(crate::store::QueueStatus::Queued),
+        limit: 500,
+        ..Default::default()
+    };
+    loop {
+        let page = store.list(&q)?;
+        for l in &page.tasks {
+            if let Listed::Task(t) = l
+                && store.task(&t.id).is_ok_and(|r| rules.passes_over(&r.model))
+            {
+                out.push(t.id.clone());
+            }
+        }
+        match page.next {
+            Some(c) => q.before = Some(c),
+            None => return Ok(out),
+        }
+    }
+}
+
+/// Says, as a drain ends, which tasks it left queued for a daemon with their profile's key.
+fn left_for_others(store: &dyn Backend, cfg: &Config) {
+    let missing = cfg.trusted.missing_keys();
+    if missing.is_empty() {
+        return;
+    }
+    if let Ok(ids) = passed_over(store, &missing)
+        && !ids.is_empty()
+    {
+        let why: Vec<String> = missing.iter().map(|(n, w)| format!("{n}: {w}")).collect();
+        tracing::warn!(
+            tasks = ids.len(),
+            first = %ids[0],
+            "the drain ends with tasks left queued for a daemon that has their model profile's key ({})",
+            why.join("; ")
+        );
     }
 }

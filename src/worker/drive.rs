@@ -197,8 +197,11 @@ impl Io<'_> {
         now: u64,
     ) -> Result<CommitOutcome, CommitFail> {
         let ctx = self.ctx;
+        // A claim folded into a final commit takes the queue's head as it is: not made while
+        // the daemon passes over a profile's tasks (its key is missing).
         let claim_next = (matches!(c.kind, crate::store::CommitKind::Final(_))
-            && !ctx.shutdown.load(Ordering::SeqCst))
+            && !ctx.shutdown.load(Ordering::SeqCst)
+            && ctx.trusted.missing_keys().is_empty())
         .then(|| ctx.identity.lease(now, ctx.lease_ms));
         let commit = crate::store::Commit {
             task_id: id.to_string(),

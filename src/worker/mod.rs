@@ -128,7 +128,15 @@ pub struct Stats {
 /// threads and the settler start here; the dispatcher's loop (`dispatch`) runs in this thread
 /// and everything stops in the reverse order.
 pub fn run(store: Arc<dyn Backend>, cfg: &Config, shutdown: Arc<AtomicBool>) -> Result<Arc<Stats>> {
-    store.set_limits(cfg.trusted.concurrency.clone());
+    // The tasks of a profile whose API key this daemon's environment lacks stay queued, in
+    // their place, for a daemon that has it.
+    let passed_over: Vec<String> = cfg
+        .trusted
+        .missing_keys()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    store.set_limits(cfg.trusted.concurrency.clone().passing_over(passed_over));
     let me = Identity::current();
     let stats = Arc::new(Stats::default());
     let heartbeat = Arc::new(Heartbeat::start(

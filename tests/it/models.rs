@@ -1127,43 +1127,64 @@ fn cannot_complete_is_told_apart_from_completed() {
     );
 }
 
-/// A daemon whose environment lacks one profile's key variable does not start, naming the
-/// variable, and the profile's tasks stay queued for a worker that has the key (issue 52 asked
-/// the daemon to start and refuse only that profile's tasks; ending them `model_failed` lost
-/// them to one misconfigured host, and leaving them queued needs claims that pass them over).
-#[test]
-fn a_missing_key_is_refused_at_start_and_its_tasks_stay_queued() {
-    let dir = TempDir::new("missing-key");
-    let d = dir.path();
-    std::fs::write(
-        d.join("worker.toml"),
-        format!(
-            "[models.agent]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\nmodel = \"gpt-4o\"\napi_key_env = \"{KEY_VAR}\"\n"
-        ),
-    )
-    .expect("config");
-    let out = command(d)
-        .args(["--config", "worker.toml", "enqueue", "--user", "cu_ana"])
-        .args(["--goal", "look into order ord_1001", "--model", "agent"])
-        .env(KEY_VAR, KEY)
-        .output()
-        .expect("enqueue");
-    let agent = succeeded(out, &["enqueue"]).trim().to_string();
-    let out = command(d)
-        .args(["--config", "worker.toml", "run", "--drain"])
-        .env_remove(KEY_VAR)
-        .output()
-        .expect("run");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(
-        err.contains(&format!(
-            "model profile agent: the API key variable {KEY_VAR} is not set"
-        )),
-        "{err}"
-    );
-    let t = json(d, &["show", &agent, "--json"]);
-    assert_eq!(t["status"], "queued", "{t}");
+conformance! {
+    /// Issue 52: a daemon whose environment lacks one profile's key variable starts, says so
+    /// naming the variable, and passes over only that profile's tasks: they stay queued in
+    /// their place (nothing ended, nothing lost) while the others run, and a drain does not
+    /// wait for them; a daemon that has the key runs them.
+    fn a_missing_key_passes_over_only_its_profiles_tasks(d) {
+        std::fs::write(
+            d.join("worker.toml"),
+            format!(
+                "[models.agent]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\nmodel = \"gpt-4o\"\napi_key_env = \"{KEY_VAR}\"\n"
+            ),
+        )
+        .expect("config");
+        let enqueue = |model: &str| {
+            let out = command(d)
+                .args(["--config", "worker.toml", "enqueue", "--user", "cu_ana"])
+                .args(["--goal", "look into order ord_1004", "--model", model])
+                .env(KEY_VAR, KEY)
+                .output()
+                .expect("enqueue");
+            succeeded(out, &["enqueue"]).trim().to_string()
+        };
+        let agent = enqueue("agent");
+        let demo = enqueue("policy:ord_1004:3000:0");
+        let out = command(d)
+            .args(["--config", "worker.toml", "run", "--drain"])
+            .env_remove(KEY_VAR)
+            .output()
+            .expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        assert!(
+            err.contains(&format!(
+                "model profile agent: the API key variable {KEY_VAR} is not set; this daemon does not run the profile's tasks"
+            )),
+            "said at start: {err}"
+        );
+        assert!(err.contains("left queued for a daemon that has their model profile's key"), "{err}");
+        let show = |id: &str| {
+            let out = command(d).args(["--config", "worker.toml", "show", id, "--json"]).output().expect("show");
+            serde_json::from_str::<Value>(&succeeded(out, &["show"])).expect("json")
+        };
+        let t = show(&agent);
+        assert_eq!(t["status"], "queued", "passed over, not ended: {t}");
+        assert_eq!(t["runs"], 0, "never claimed: {t}");
+        assert_eq!(show(&demo)["stop"], "done", "the other task ran");
+        // With the key, the profile's task is claimed (its endpoint is down: it ends on the
+        // model's failure, which is the daemon trying it).
+        let out = command(d)
+            .args(["--config", "worker.toml", "run", "--drain"])
+            .env(KEY_VAR, KEY)
+            .output()
+            .expect("run");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let t = show(&agent);
+        assert_eq!(t["runs"], 1, "{t}");
+        assert_ne!(t["status"], "queued", "{t}");
+    }
 }
 
 /// Issue 52: a model that stumbles once (a reply cut off at the output limit) and then reads

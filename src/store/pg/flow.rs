@@ -44,6 +44,8 @@ fn claim_limited_sql(look: usize) -> String {
              (SELECT p.c FROM unnest($9::text[], $10::int[]) WITH ORDINALITY AS p(k, c, o) \
               WHERE starts_with(t.concurrency_key, p.k) ORDER BY p.o LIMIT 1)) END AS cap) lim \
            WHERE t.status = 'queued' AND (t.not_before_ms IS NULL OR t.not_before_ms <= {now}) \
+           AND NOT (t.spec -> 'model' ->> 'kind' = 'profile' \
+                AND t.spec -> 'model' ->> 'name' = ANY($11::text[])) \
            AND (lim.cap IS NULL OR COALESCE((SELECT s.running FROM {{s}}.slots s \
                 WHERE s.key = t.concurrency_key), 0) < lim.cap) \
            ORDER BY t.priority DESC, t.ready_seq LIMIT {look} FOR UPDATE OF t SKIP LOCKED), \
@@ -72,7 +74,8 @@ impl PgStore {
         std::sync::Arc::clone(&self.limits.read().unwrap_or_else(|p| p.into_inner()))
     }
 
-    /// A claim under `limits`: due tasks in order, passing over those whose key is at its
+    /// A claim under `limits`: due tasks in order, passing over those of a model profile the
+    /// limits pass over, and those whose key is at its
     /// limit; a task of a limited key is taken only with one of its key's slots.
     pub(super) fn claim_limited(
         &self,
@@ -89,6 +92,7 @@ impl PgStore {
             limits.exact().map(|(k, n)| (k, cap(n))).unzip();
         let (prefixes, prefix_caps): (Vec<&str>, Vec<i32>) =
             limits.prefixes().map(|(k, n)| (k, cap(n))).unzip();
+        let passed_over: Vec<&str> = limits.passed_over().iter().map(String::as_str).collect();
         let (max, marker) = (i64_of(max as u64), random_i64());
         self.run_claim(
             &claim,
@@ -103,6 +107,7 @@ impl PgStore {
                 &key_caps,
                 &prefixes,
                 &prefix_caps,
+                &passed_over,
             ],
             marker,
         )

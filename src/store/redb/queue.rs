@@ -320,7 +320,7 @@ pub(super) fn claim_in(
     let mut running = w.open_table(RUNNING)?;
     let mut damaged = w.open_table(DAMAGED)?;
     let mut idx = Indexes::open(w)?;
-    let taken = pick(&ready, &flow, max, limits)?;
+    let taken = pick(&ready, &flow, &tables, max, limits)?;
     // Entries taken and found stale (the task was cancelled while queued) are removed too.
     let changed = moved || !taken.is_empty();
     for (k, id, slot) in taken {
@@ -369,10 +369,12 @@ pub(super) fn claim_in(
 type Picked = ((i64, u64), String, Option<String>);
 
 /// The ready tasks a claim of `max` takes, in queue order: `(ready key, id, the key whose slot
-/// it takes)`, passing over those whose concurrency key is at its limit.
+/// it takes)`, passing over those whose concurrency key is at its limit and those of a model
+/// profile the limits pass over (a record that cannot be read is taken, to be quarantined).
 fn pick(
     ready: &redb::Table<(i64, u64), &str>,
     flow: &Flow,
+    tables: &tasks::Tables,
     max: usize,
     limits: &ConcurrencyLimits,
 ) -> Result<Vec<Picked>> {
@@ -384,6 +386,12 @@ fn pick(
         }
         let (k, v) = entry?;
         let id = v.value().to_string();
+        if !limits.passed_over().is_empty()
+            && let Ok(Some(rec)) = tables.get(&id)
+            && limits.passes_over(&rec.model)
+        {
+            continue;
+        }
         let limited = match flow.key_of(&id)? {
             Some(key) => limits.limit_of(&key).map(|l| (key, u64::from(l))),
             None => None,
