@@ -93,7 +93,14 @@ fn no_progress(state: &TaskState, b: &Budget) -> String {
     );
     let last = state.last_result.as_ref();
     let text = |k: &str| last.and_then(|r| r.get(k)).and_then(Value::as_str);
-    match (text("code"), text("detail")) {
+    // A detail is a sentence, or a list of problems (a refused plan's).
+    let listed = last
+        .and_then(|r| r.get("detail"))
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join("; "))
+        .filter(|s| !s.is_empty());
+    let detail = text("detail").map(str::to_string).or(listed);
+    match (text("code"), detail.as_deref()) {
         (Some("invalid_reply"), Some(d)) => {
             format!("{steps}; the model's last reply could not be used: {d}.")
         }

@@ -1230,3 +1230,60 @@ fn reads_of_new_data_are_progress_for_a_real_model() {
     );
     assert_eq!(t["stop"], "no_progress", "{t}");
 }
+
+/// Issue 52, the zoo as one table: a model that stumbles once in each way a real provider's
+/// model does (prose without a call, arguments that are not JSON, a reply cut off at the
+/// output limit, a refusal, a plan naming tools that do not exist) and then reads new data
+/// (three reads of a tool without fact_fields) ends `done`, never `no_progress`; a model
+/// that keeps stumbling ends with its cause in plain words in `worker show`.
+#[test]
+fn the_zoo_recovers_from_each_stumble_and_names_the_cause_when_it_does_not() {
+    let Some(py) = python() else { return };
+    let search = |q: &str| json!({"call": "search_policy", "args": {"q": q}});
+    let stumbles = [
+        ("prose", json!({"text": "I will look into the order now."})),
+        (
+            "bad-json",
+            json!({"call": "get_order", "raw_args": "{order_id: ord_1001"}),
+        ),
+        (
+            "cut-off",
+            json!({"finish": "length", "call": "get_order", "raw_args": "{\"order_id\": \"ord_10"}),
+        ),
+        ("refusal", json!({"refusal": "I can't help with that."})),
+        (
+            "unknown-tools",
+            json!({"call": "propose_plan", "args": {"steps": [
+            {"id": "s1", "tool": "lookup_customer", "depends_on": []}]}}),
+        ),
+    ];
+    for (name, stumble) in &stumbles {
+        let script = [
+            stumble.clone(),
+            search("refunds for damaged items"),
+            search("refund time limits"),
+            search("who pays return shipping"),
+            final_answer(),
+        ];
+        let (t, _, _) = zoo_case(&py, name, &script, "", &[]);
+        assert_eq!(t["stop"], "done", "{name}: {t}");
+        assert_eq!(t["state"]["outcome"], "completed", "{name}: {t}");
+    }
+    // A model that only ever stumbles: the stop's cause says how, in words.
+    for (name, stumble, words) in [
+        ("prose-only", &stumbles[0].1, "text without a function call"),
+        ("bad-json-only", &stumbles[1].1, "not a JSON object"),
+        ("unknown-tools-only", &stumbles[4].1, "lookup_customer"),
+    ] {
+        let (t, _, pm) = zoo_case(&py, name, std::slice::from_ref(stumble), "", &[]);
+        assert_ne!(t["stop"], "done", "{name}: {t}");
+        let cause = t["cause"].as_str().unwrap_or_default();
+        assert!(
+            cause.contains(words),
+            "{name}: the cause {cause:?} names {words:?}"
+        );
+        let closing = t["closing_message"].as_str().unwrap_or_default();
+        assert!(closing.contains(words), "{name}: {closing}");
+        assert!(!pm.starts_with('{'), "postmortem is text: {pm}");
+    }
+}
