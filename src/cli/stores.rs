@@ -356,6 +356,7 @@ pub(super) fn cmd_tools(cli: &Cli, c: &ToolsCommand) -> CliResult {
                 v["source"] = json!("openapi");
                 v["url"] = json!(format!("{} {}{}", h.method, h.url, api.path));
                 v["operation"] = json!(api.operation);
+                v["schema"] = api.schema.clone();
             }
             v["lookup_url"] = json!(h.lookup_url);
             v["auto_settle"] = json!(h.auto_settle && h.lookup_url.is_some());

@@ -79,7 +79,9 @@ pub fn parse_catalog(text: &str, path: &Path) -> Result<Catalog, String> {
         }
     }
     if file.tools.is_empty() {
-        return Err(at("the catalog declares no tools".into()));
+        return Err(at(
+            "the catalog declares no tools: add [[tools]] tables, or an [[openapi]] source".into(),
+        ));
     }
     for t in &file.tools {
         if let crate::kernel::catalog::Requires::Tools(names) = &t.requires {
@@ -186,5 +188,51 @@ fn check_tool(t: &crate::kernel::ToolSpec) -> Result<(), String> {
     match problem {
         Some(p) => Err(format!("tool {name:?}: {p}")),
         None => Ok(()),
+    }
+}
+
+/// Where a tool's lookup is, how long it may take, and what it carries, as the config's
+/// catalog says.
+impl super::Config {
+    /// The lookup URL of `tool` in this config's catalog, when the daemon is to ask it by
+    /// itself for a held write (`auto_settle`, on by default).
+    pub fn auto_settle_url(&self, tool: &str) -> Option<&str> {
+        let h = self.catalog.as_ref()?.get(tool)?.http.as_ref()?;
+        h.lookup_url.as_deref().filter(|_| h.auto_settle)
+    }
+
+    /// How long a lookup of `tool` may take: the tool's own `timeout_ms` (5 s without one).
+    pub fn lookup_timeout(&self, tool: &str) -> std::time::Duration {
+        let ms = self
+            .catalog
+            .as_ref()
+            .and_then(|c| c.get(tool))
+            .and_then(|t| t.http.as_ref())
+            .map_or(5_000, |h| h.timeout_ms);
+        std::time::Duration::from_millis(ms)
+    }
+
+    /// The headers a lookup of `tool` carries: those its API's requests carry from the
+    /// daemon's environment (an API key, a bearer token), for a tool from an OpenAPI document.
+    pub fn lookup_auth(&self, tool: &str) -> Vec<(String, String)> {
+        let api = self
+            .catalog
+            .as_ref()
+            .and_then(|c| c.get(tool))
+            .and_then(|t| t.http.as_ref())
+            .and_then(|h| h.api.as_ref());
+        api.and_then(|a| crate::tools::request::auth_headers(a).ok())
+            .unwrap_or_default()
+    }
+
+    /// The lookup URL of `tool` in this config's catalog.
+    pub fn lookup_url(&self, tool: &str) -> Option<&str> {
+        self.catalog
+            .as_ref()?
+            .get(tool)?
+            .http
+            .as_ref()?
+            .lookup_url
+            .as_deref()
     }
 }

@@ -241,35 +241,6 @@ impl Config {
         }
         c
     }
-
-    /// The lookup URL of `tool` in this config's catalog, when the daemon is to ask it by
-    /// itself for a held write (`auto_settle`, on by default).
-    pub fn auto_settle_url(&self, tool: &str) -> Option<&str> {
-        let h = self.catalog.as_ref()?.get(tool)?.http.as_ref()?;
-        h.lookup_url.as_deref().filter(|_| h.auto_settle)
-    }
-
-    /// How long a lookup of `tool` may take: the tool's own `timeout_ms` (5 s without one).
-    pub fn lookup_timeout(&self, tool: &str) -> std::time::Duration {
-        let ms = self
-            .catalog
-            .as_ref()
-            .and_then(|c| c.get(tool))
-            .and_then(|t| t.http.as_ref())
-            .map_or(5_000, |h| h.timeout_ms);
-        std::time::Duration::from_millis(ms)
-    }
-
-    /// The lookup URL of `tool` in this config's catalog.
-    pub fn lookup_url(&self, tool: &str) -> Option<&str> {
-        self.catalog
-            .as_ref()?
-            .get(tool)?
-            .http
-            .as_ref()?
-            .lookup_url
-            .as_deref()
-    }
 }
 
 /// The catalog format this build reads.
@@ -424,6 +395,9 @@ mod tests {
     #[test]
     fn the_reference_lists_every_key_the_parser_reads() {
         use crate::testing::{code_names, fields_of, page, tables};
+        let without = |fields: Vec<&'static str>, f: &str| -> Vec<&'static str> {
+            fields.into_iter().filter(|x| *x != f).collect()
+        };
         let parsed: Vec<(&str, Vec<&str>)> = vec![
             ("Top level", fields_of::<ConfigFile>()),
             (
@@ -455,18 +429,12 @@ mod tests {
             // `mcp` is a task's snapshot of an MCP tool: a catalog file naming it is refused.
             (
                 "`[[tools]]`",
-                fields_of::<crate::kernel::ToolSpec>()
-                    .into_iter()
-                    .filter(|f| *f != "mcp")
-                    .collect(),
+                without(fields_of::<crate::kernel::ToolSpec>(), "mcp"),
             ),
             // `api` is written by an `[[openapi]]` source: a catalog file naming it is refused.
             (
                 "`http`",
-                fields_of::<crate::kernel::catalog::HttpSpec>()
-                    .into_iter()
-                    .filter(|f| *f != "api")
-                    .collect(),
+                without(fields_of::<crate::kernel::catalog::HttpSpec>(), "api"),
             ),
             ("`[[openapi]]`", fields_of::<openapi::Source>()),
             ("`[openapi.tools.NAME]`", fields_of::<openapi::Overrides>()),

@@ -97,7 +97,12 @@ fn no_progress(state: &TaskState, b: &Budget) -> String {
     let listed = last
         .and_then(|r| r.get("detail"))
         .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join("; "))
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .collect::<Vec<_>>()
+                .join("; ")
+        })
         .filter(|s| !s.is_empty());
     let detail = text("detail").map(str::to_string).or(listed);
     match (text("code"), detail.as_deref()) {

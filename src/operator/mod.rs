@@ -219,7 +219,12 @@ pub fn ask_tool(
             }
         }
         Some(Some(_)) => match config.lookup_url(tool) {
-            Some(url) => lookup(url, key, config.lookup_timeout(tool)),
+            Some(url) => lookup(
+                url,
+                key,
+                config.lookup_timeout(tool),
+                &config.lookup_auth(tool),
+            ),
             None if config.catalog.is_none() => Lookup::Unknown(format!(
                 "no tool catalog to find tool {tool}'s lookup_url in: pass --config with the catalog the task runs with"
             )),

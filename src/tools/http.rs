@@ -484,10 +484,13 @@ pub enum Lookup {
     Unknown(String),
 }
 
-/// `GET {lookup_url}?key=K`, answered `{"applied": true, "result": {...}}` or
-/// `{"applied": false}`.
-pub fn lookup(url: &str, key: &str, timeout: Duration) -> Lookup {
-    let r = agent(timeout).get(url).query("key", key);
+/// `GET {lookup_url}?key=K` (with the `headers` the tool's API asks of every request),
+/// answered `{"applied": true, "result": {...}}` or `{"applied": false}`.
+pub fn lookup(url: &str, key: &str, timeout: Duration, headers: &[(String, String)]) -> Lookup {
+    let mut r = agent(timeout).get(url).query("key", key);
+    for (name, value) in headers {
+        r = r.header(name.as_str(), value.as_str());
+    }
     match r.call() {
         Ok(mut resp) => {
             let status = resp.status().as_u16();

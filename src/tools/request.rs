@@ -106,7 +106,7 @@ fn from_operation(
 }
 
 /// The headers filled from the daemon's environment (an API key, a bearer token).
-fn auth_headers(api: &ApiCall) -> Result<Vec<(String, String)>, Refusal> {
+pub fn auth_headers(api: &ApiCall) -> Result<Vec<(String, String)>, Refusal> {
     let mut headers = Vec::new();
     for a in &api.auth {
         let value = std::env::var(&a.env).ok().filter(|s| !s.is_empty()).ok_or_else(|| {

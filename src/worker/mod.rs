@@ -123,20 +123,25 @@ pub struct Stats {
     pub abandoned: AtomicU64,
 }
 
-/// Runs the daemon until `shutdown` is set (or, with `drain`, until nothing is runnable):
-/// the heartbeat, the exporter, recovery of what dead claims left, the committer, the worker
-/// threads and the settler start here; the dispatcher's loop (`dispatch`) runs in this thread
-/// and everything stops in the reverse order.
-pub fn run(store: Arc<dyn Backend>, cfg: &Config, shutdown: Arc<AtomicBool>) -> Result<Arc<Stats>> {
-    // The tasks of a profile whose API key this daemon's environment lacks stay queued, in
-    // their place, for a daemon that has it.
-    let passed_over: Vec<String> = cfg
+/// What this daemon's claims apply: the config's concurrency limits, and passing over the
+/// tasks of a profile whose API key its environment lacks (they stay queued, in their place,
+/// for a daemon that has it).
+fn claim_rules(cfg: &Config) -> crate::store::flow::ConcurrencyLimits {
+    let passed_over = cfg
         .trusted
         .missing_keys()
         .into_iter()
         .map(|(n, _)| n)
         .collect();
-    store.set_limits(cfg.trusted.concurrency.clone().passing_over(passed_over));
+    cfg.trusted.concurrency.clone().passing_over(passed_over)
+}
+
+/// Runs the daemon until `shutdown` is set (or, with `drain`, until nothing is runnable):
+/// the heartbeat, the exporter, recovery of what dead claims left, the committer, the worker
+/// threads and the settler start here; the dispatcher's loop (`dispatch`) runs in this thread
+/// and everything stops in the reverse order.
+pub fn run(store: Arc<dyn Backend>, cfg: &Config, shutdown: Arc<AtomicBool>) -> Result<Arc<Stats>> {
+    store.set_limits(claim_rules(cfg));
     let me = Identity::current();
     let stats = Arc::new(Stats::default());
     let heartbeat = Arc::new(Heartbeat::start(

@@ -727,7 +727,7 @@ fn config_and_catalog_files() {
     let good_tool =
         "[[tools]]\nname = \"t\"\naccess = \"read\"\nhttp = { url = \"http://127.0.0.1:1/t\" }\n";
     let catalogs: Vec<(String, &str)> = vec![
-        ("version = 1\n".into(), "missing field `tools`"),
+        ("version = 1\n".into(), "the catalog declares no tools"),
         ("version = 1\ntools = []\n".into(), "declares no tools"),
         ("version = 99\n".to_string() + good_tool, "newer than this build"),
         ("version = 1\n[[tools]]\nname = \"\"\naccess = \"read\"\nhttp = { url = \"http://h/t\" }\n".into(), "must not be empty"),

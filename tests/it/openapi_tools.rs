@@ -359,7 +359,7 @@ fn what_cannot_be_mapped_is_named_at_start() {
             ),
             "operations = [\"read_b\"]\n",
             vec![
-                "no exposed operation is called \"read_b\"",
+                "no operation is called \"read_b\"",
                 "its operations: read_a",
             ],
         ),
@@ -373,6 +373,82 @@ fn what_cannot_be_mapped_is_named_at_start() {
             "openapi: 3.1.0\ninfo: {title: t}\n".to_string(),
             "",
             vec!["it is YAML"],
+        ),
+        // Options and exclusions must name operations.
+        (
+            doc(json!({"/a": {"get": op("read.a", json!({}))}})),
+            "exclude = [\"read-a\"]\n",
+            vec![
+                "no operation is called \"read-a\"",
+                "its operations: read.a",
+            ],
+        ),
+        // Two operations that make one tool name.
+        (
+            doc(
+                json!({"/a": {"get": op("get.item", json!({}))}, "/b": {"get": op("get_item", json!({}))}}),
+            ),
+            "",
+            vec!["\"get.item\" and \"get_item\" both make the tool \"get_item\""],
+        ),
+        // The model never sets a header that frames the request.
+        (
+            doc(
+                json!({"/a": {"get": op("read_a", json!({"parameters": [{"name": "Host", "in": "header", "required": true, "schema": {"type": "string"}}]}))}}),
+            ),
+            "",
+            vec![
+                "\"read_a\"",
+                "the header \"Host\" is set by the worker or the connection",
+            ],
+        ),
+        // A path whose template names no parameter, or that does not start with '/'.
+        (
+            doc(
+                json!({"/a/{id}/b/{other}": {"get": op("read_a", json!({"parameters": [{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}]}))}}),
+            ),
+            "",
+            vec!["{other} is no path parameter"],
+        ),
+        (
+            doc(
+                json!({"{p}/x": {"get": op("read_a", json!({"parameters": [{"name": "p", "in": "path", "required": true, "schema": {"type": "string"}}]}))}}),
+            ),
+            "",
+            vec!["does not start with '/'"],
+        ),
+        // A GET that requires a body.
+        (
+            doc(json!({"/a": {"get": op("read_a", json_body(json!({"type": "object"})))}})),
+            "",
+            vec!["requires a request body on a GET"],
+        ),
+        // $refs that grow exponentially once written out, and a schema too deep to store.
+        (
+            refs_doc(30, |next| {
+                json!({"type": "object", "properties": {
+                "a": {"$ref": next}, "b": {"$ref": next}, "c": {"$ref": next}}})
+            }),
+            "",
+            vec!["grows past 20000 values"],
+        ),
+        (
+            refs_doc(
+                30,
+                |next| json!({"allOf": [{"type": "object", "properties": {"a": {"$ref": next}}}]}),
+            ),
+            "",
+            vec!["\"add\"", "nests", "a task can store at most 27"],
+        ),
+        (
+            "{\"openapi\": 3.1, \"paths\": {}}".to_string(),
+            "",
+            vec!["version is 3.1, not a string"],
+        ),
+        (
+            doc(json!({"/a": {"get": 5}})),
+            "",
+            vec!["GET /a: an operation is an object, not 5"],
         ),
         (
             json!({"swagger": "2.0", "paths": {}}).to_string(),
@@ -405,4 +481,75 @@ fn what_cannot_be_mapped_is_named_at_start() {
             assert!(!err.contains("panicked"), "{err}");
         }
     }
+}
+
+/// A document whose `POST /add` body is `S0`, each `S{i}` made by `schema` with a `$ref` to
+/// `S{i+1}`, the last one a string.
+fn refs_doc(n: usize, schema: impl Fn(&str) -> Value) -> String {
+    let mut schemas = serde_json::Map::new();
+    for i in 0..n {
+        schemas.insert(
+            format!("S{i}"),
+            schema(&format!("#/components/schemas/S{}", i + 1)),
+        );
+    }
+    schemas.insert(format!("S{n}"), json!({"type": "string"}));
+    json!({"openapi": "3.0.3", "info": {"title": "t", "version": "1"},
+           "servers": [{"url": "http://127.0.0.1:9"}],
+           "paths": {"/add": {"post": {"operationId": "add", "responses": {"200": {"description": "ok"}},
+               "requestBody": {"required": true, "content": {"application/json": {
+                   "schema": {"$ref": "#/components/schemas/S0"}}}}}}},
+           "components": {"schemas": schemas}})
+    .to_string()
+}
+
+/// What a mapped document becomes: options found by operationId, OpenAPI 3.0's `nullable`
+/// (beside a type, and around a `$ref`) as a null the schema accepts, and a property named
+/// `nullable` kept as a property.
+#[test]
+fn documents_map_as_documented() {
+    let dir = TempDir::new("openapi-map");
+    let d = dir.path();
+    let doc = json!({"openapi": "3.0.3", "info": {"title": "t", "version": "1"},
+        "servers": [{"url": "http://127.0.0.1:9/v1"}],
+        "paths": {"/items/{id}": {"patch": {"operationId": "items.update",
+            "parameters": [{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}],
+            "requestBody": {"required": true, "content": {"application/json": {"schema": {
+                "type": "object", "properties": {
+                    "note": {"type": "string", "nullable": true},
+                    "kind": {"allOf": [{"$ref": "#/components/schemas/Kind"}], "nullable": true},
+                    "nullable": {"type": "boolean"}}}}}},
+            "responses": {"200": {"description": "ok"}}}}},
+        "components": {"schemas": {"Kind": {"type": "string", "enum": ["a", "b"]}}}});
+    std::fs::write(d.join("api.json"), doc.to_string()).expect("document");
+    std::fs::write(d.join("worker.toml"), "[tools]\ncatalog = \"tools.toml\"\n").expect("config");
+    std::fs::write(
+        d.join("tools.toml"),
+        "version = 1\n[[openapi]]\ndocument = \"api.json\"\n[openapi.tools.\"items.update\"]\napproval = \"always\"\n",
+    )
+    .expect("catalog");
+    let out = Command::new(bin())
+        .args(["--config", "worker.toml", "tools", "list", "--json"])
+        .current_dir(d)
+        .output()
+        .expect("worker");
+    let listed: Value = serde_json::from_str(&succeeded(out, &["tools", "list"])).expect("json");
+    let t = &listed[0];
+    assert_eq!(t["name"], "items_update", "{t}");
+    assert_eq!(
+        t["approval"], "always",
+        "options named by operationId apply: {t}"
+    );
+    let schema = jsonschema::validator_for(&t["schema"]).expect("the listed schema compiles");
+    for ok in [
+        json!({"id": "7", "note": null, "kind": null, "nullable": true}),
+        json!({"id": "7", "note": "x", "kind": "a"}),
+    ] {
+        assert!(schema.is_valid(&ok), "{ok} against {}", t["schema"]);
+    }
+    assert!(
+        !schema.is_valid(&json!({"id": "7", "kind": "c"})),
+        "{}",
+        t["schema"]
+    );
 }
