@@ -358,3 +358,31 @@ fn tool_name(op: &Value, method: &str, path: &str) -> Result<String, String> {
     }
     Ok(name)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn relative_servers_resolve_against_the_documents_url() {
+        let doc_url = "http://127.0.0.1:9/api/doc.json";
+        for (server, want) in [
+            (Some("v2"), "http://127.0.0.1:9/api/v2"),
+            (Some("/v1/"), "http://127.0.0.1:9/v1"),
+            (Some("//other.test:8/base"), "http://other.test:8/base"),
+            (Some("https://x.test/{ver}"), "https://x.test/3"),
+            (None, "http://127.0.0.1:9"),
+        ] {
+            let src: Source = toml::from_str(&format!("document = \"{doc_url}\"")).expect("src");
+            let doc = match server {
+                Some(s) => json!({"servers": [{"url": s, "variables": {"ver": {"default": "3"}}}]}),
+                None => json!({}),
+            };
+            assert_eq!(base_url(&src, &doc).as_deref(), Ok(want), "{server:?}");
+        }
+        let src: Source = toml::from_str("document = \"api.json\"").expect("src");
+        let e = base_url(&src, &json!({"servers": [{"url": "/v1"}]})).expect_err("a file");
+        assert!(e.contains("set base_url"), "{e}");
+    }
+}
