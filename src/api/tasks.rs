@@ -226,12 +226,34 @@ impl Api {
             Some(Ok(d)) => Some(d),
             Some(Err(e)) => return problem(400, "invalid_query", &e),
         };
+        let how = match param(req, "until") {
+            Ok(None) => crate::operator::Until::Settled,
+            Ok(Some(u)) if u == "settled" => crate::operator::Until::Settled,
+            Ok(Some(u)) if u == "finished" => crate::operator::Until::Finished,
+            Ok(Some(u)) => {
+                return problem(
+                    400,
+                    "invalid_query",
+                    &format!(
+                        "until={:?}: settled (the default) or finished",
+                        crate::limits::printable(&u)
+                    ),
+                );
+            }
+            Err(r) => return r,
+        };
         let rec = match self.readable(caller, name) {
             Ok(r) => r,
             Err(r) => return r,
         };
+        let waits = match how {
+            crate::operator::Until::Settled => {
+                matches!(rec.status, QueueStatus::Queued | QueueStatus::Running)
+            }
+            crate::operator::Until::Finished => rec.status != QueueStatus::Finished,
+        };
         let rec = match wait {
-            Some(d) if matches!(rec.status, QueueStatus::Queued | QueueStatus::Running) => {
+            Some(d) if waits => {
                 let _held = match self
                     .polls
                     .enter(&caller.name, caller.role == Role::Operator)
@@ -244,6 +266,8 @@ impl Api {
                     self.watch(),
                     &rec.id,
                     Some(Instant::now() + d),
+                    how,
+                    &mut |_| {},
                 ) {
                     Ok(
                         crate::operator::Waited::Settled(r, _)

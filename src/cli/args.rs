@@ -450,6 +450,10 @@ pub struct EnqueueArgs {
     /// Default: no limit.
     #[arg(long, value_name = "DURATION", requires = "wait", value_parser = crate::clock::parse_duration_ms)]
     pub timeout: Option<u64>,
+    /// With --wait: settled (default) returns when the task finishes or starts waiting on a
+    /// person; finished waits through approvals and held writes to its end.
+    #[arg(long, value_enum, default_value_t = UntilArg::Settled)]
+    pub until: UntilArg,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
@@ -465,7 +469,8 @@ settles). The exit code says how the task stands:
   4  stopped by a budget or a loop check (max_steps, max_tool_calls, max_tokens,
      deadline, repeated_call, no_progress), by its model (model_failed) or by its
      wall-clock deadline (timed_out)
-  5  waiting on a person: an approval (worker approve) or a held write (worker reconcile)
+  5  waiting on a person: an approval (worker approve) or a held write (worker reconcile);
+     never with --until finished, which waits on through it
   6  cancelled, its approval wait ran out, or it expired unstarted (expired)
   7  --timeout passed while it was still queued or running (it goes on)
   1  an operational error (the database cannot be read); 2  a usage error
@@ -473,6 +478,7 @@ settles). The exit code says how the task stands:
 Examples:
   worker wait t3
   worker wait key:job-42 --timeout 10m --json
+  worker wait t3 --until finished             # through approvals, to the final answer
   answer=$(worker enqueue --user cu_ana --goal 'refund ord_1001' --key job-42 --wait)";
 
 #[derive(Args, Debug)]
@@ -483,6 +489,11 @@ pub struct WaitArgs {
     /// limit.
     #[arg(long, value_name = "DURATION", value_parser = crate::clock::parse_duration_ms)]
     pub timeout: Option<u64>,
+    /// settled: return when the task finishes or starts waiting on a person (exit 5);
+    /// finished: wait through approvals and held writes to its end (saying on stderr what it
+    /// waits for).
+    #[arg(long, value_enum, default_value_t = UntilArg::Settled)]
+    pub until: UntilArg,
     /// Print the whole result as JSON.
     #[arg(long)]
     pub json: bool,

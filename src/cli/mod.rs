@@ -47,6 +47,7 @@ mod schedule;
 mod sole;
 mod stores;
 mod wait;
+pub use wait::UntilArg;
 
 pub use args::*;
 pub use args_decide::*;

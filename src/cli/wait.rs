@@ -1,5 +1,5 @@
 //! `worker wait` and `worker enqueue --wait`: block until a task finishes or starts waiting on
-//! a person, print its answer (or the whole result as JSON), and exit with the code of
+//! a person (with `--until finished`, through its waits on people to its end), print its answer (or the whole result as JSON), and exit with the code of
 //! [`crate::store::result`]'s table.
 
 use super::*;
@@ -9,10 +9,28 @@ use crate::store::result::{EXIT_TIMED_OUT, Ending, result_json};
 use crate::store::watch::Watch;
 use std::time::{Duration, Instant};
 
+/// How far `worker wait` (and `enqueue --wait`) waits.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UntilArg {
+    /// Until the task finishes or starts waiting on a person (exit 5).
+    Settled,
+    /// Until the task finishes, through its approvals and held writes.
+    Finished,
+}
+
+impl UntilArg {
+    pub fn until(self) -> crate::operator::Until {
+        match self {
+            UntilArg::Settled => crate::operator::Until::Settled,
+            UntilArg::Finished => crate::operator::Until::Finished,
+        }
+    }
+}
+
 pub(super) fn cmd_wait(cli: &Cli, a: &WaitArgs) -> CliResult {
     let store = open_reader(cli)?;
     let id = store.resolve(&a.task)?;
-    wait_and_report(store.as_ref(), &id, a.timeout, a.json)
+    wait_and_report(store.as_ref(), &id, a.timeout, a.json, a.until)
 }
 
 /// Waits for task `id` (at most `timeout_ms`), then prints and exits as `worker wait` does.
@@ -21,13 +39,23 @@ pub(super) fn wait_and_report(
     id: &str,
     timeout_ms: Option<u64>,
     json: bool,
+    how: UntilArg,
 ) -> CliResult {
     let watch = Watch::new(store, Watched::Settled);
     if !watch.is_woken() {
         tracing::info!("this database gives no wake-ups here: the wait polls");
     }
     let until = timeout_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
-    let (rec, code) = match wait(store, &watch, id, until)? {
+    // Waiting through a person: said once per wait, with what the person does.
+    let mut on_person = |rec: &TaskRecord| {
+        let line = how_it_stands(store, rec, 5);
+        let line = line.replace("; exit 5", "");
+        eprintln!(
+            "{}; waiting on until it finishes",
+            crate::limits::printable(&line)
+        );
+    };
+    let (rec, code) = match wait(store, &watch, id, until, how.until(), &mut on_person)? {
         Waited::Settled(rec, ending) => (rec, ending.exit_code()),
         Waited::TimedOut(rec) => (rec, EXIT_TIMED_OUT),
     };

@@ -21,7 +21,7 @@ pub use decide::{
     reject,
 };
 pub use review::{Extension, Reviewed, Settlement};
-pub use wait::{Waited, wait};
+pub use wait::{Until, Waited, wait};
 
 use serde::Serialize;
 use serde_json::Value;

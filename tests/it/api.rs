@@ -592,6 +592,61 @@ fn a_long_poll_returns_when_the_task_finishes() {
     assert_eq!(done["outcome"], "completed", "{done}");
 }
 
+/// Issue 53: `?wait=&until=finished` waits through a wait on a person: a long poll on a task
+/// suspended for an approval returns once an operator approved it and a daemon finished it,
+/// where the default returns at once with the task waiting; an unknown `until` is a 400.
+#[test]
+fn a_long_poll_until_finished_goes_through_an_approval() {
+    let dir = TempDir::new("api_wait_through");
+    let d = dir.path();
+    let server = served(d);
+    let api = format!("{}/api/v1", server.base);
+    let (_, _, t) = post(
+        &format!("{api}/tasks"),
+        OPS,
+        &json!({"user": "cu_ana", "goal": GOAL, "model": "policy:ord_1004:8000"}),
+    );
+    let id = t["id"].as_str().expect("an id").to_string();
+    ok(d, &["run", "--shared", "--drain", "--time-scale", "0.01"]);
+    let (s, _, now) = call(
+        "GET",
+        &format!("{api}/tasks/{id}?wait=5s"),
+        Some(OPS),
+        &[],
+        None,
+    );
+    assert_eq!(
+        (s, now["status"].as_str()),
+        (200, Some("suspended")),
+        "{now}"
+    );
+    let (s, _, p) = call(
+        "GET",
+        &format!("{api}/tasks/{id}?wait=5s&until=later"),
+        Some(OPS),
+        &[],
+        None,
+    );
+    assert_eq!(s, 400, "{p}");
+    let url = format!("{api}/tasks/{id}?wait=60s&until=finished");
+    let poll = std::thread::spawn(move || call("GET", &url, Some(OPS), &[], None));
+    let shown = json(d, &["show", &id, "--json"]);
+    let digest = shown["held"]["digest"]
+        .as_str()
+        .expect("digest")
+        .to_string();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    ok(d, &["approve", &id, "--digest", &digest, "--by", "alice"]);
+    ok(d, &["run", "--shared", "--drain", "--time-scale", "0.01"]);
+    let (s, _, done) = poll.join().expect("the poll answers");
+    assert_eq!(s, 200, "{done}");
+    assert_eq!(
+        done["status"], "finished",
+        "the poll waited through the approval: {done}"
+    );
+    assert_eq!(done["outcome"], "completed", "{done}");
+}
+
 /// Review 48, hole 4: a submit token holding 128 long polls made every operator request,
 /// decision, console page, `/healthz` and `/metrics` get 503: a long poll is inside its
 /// handler, where the server cannot make room. Long polls are bounded per token and in total

@@ -101,6 +101,47 @@ conformance! {
         assert!(stderr.contains("t1 completed"), "{stderr}");
     }
 
+    /// Issue 53: `--until finished` waits through a wait on a person. A waiter started before
+    /// anything ran sees the task suspended for an approval, says once on stderr what it
+    /// waits for (the approve command with its digest) and goes on waiting; once an operator
+    /// approved and a daemon finished the task, it prints the answer and exits 0. Without the
+    /// flag the same wait ends there with exit 5.
+    fn a_wait_until_finished_goes_through_an_approval(d) {
+        enqueue(d, &["--model", "policy:ord_1004:8000", "--key", "big"]);
+        let log_path = d.join("waiter.log");
+        let log = std::fs::File::create(&log_path).expect("the waiter's log");
+        let mut waiter = spawn_wait_into(d, &["key:big", "--until", "finished", "--json"], Stdio::from(log));
+        ok(d, &["run", "--drain", "--time-scale", "0.002"]);
+        let t = json(d, &["show", "t1", "--json"]);
+        assert_eq!(t["status"], "suspended", "{t}");
+        let digest = t["held"]["digest"].as_str().expect("digest").to_string();
+        let settled = worker(d, &["wait", "t1"]);
+        assert_eq!(settled.status.code(), Some(5), "the default still ends at the person");
+        // The waiter says what it waits for, and does not end.
+        let said = format!("worker approve t1 --digest {digest}");
+        let mut log_text = String::new();
+        for _ in 0..300 {
+            log_text = std::fs::read_to_string(&log_path).unwrap_or_default();
+            if log_text.contains(&said) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(log_text.contains(&said) && log_text.contains("waiting on until it finishes"), "{log_text}");
+        assert!(waiter.try_wait().expect("the waiter").is_none(), "it waits on: {log_text}");
+        ok(d, &["approve", "t1", "--digest", &digest, "--by", "alice"]);
+        ok(d, &["run", "--drain", "--time-scale", "0.002"]);
+        let (out, stdout, _) = finish(waiter);
+        let log_text = std::fs::read_to_string(&log_path).unwrap_or_default();
+        assert_eq!(out.status.code(), Some(0), "{log_text}");
+        let v: serde_json::Value = serde_json::from_str(&stdout).expect("JSON on stdout");
+        assert_eq!((v["status"].as_str(), v["outcome"].as_str()), (Some("finished"), Some("completed")), "{v}");
+        assert_eq!(log_text.matches("waiting on until it finishes").count(), 1, "said once: {log_text}");
+        // `--until` belongs to a wait.
+        let out = worker(d, &["enqueue", "--user", "u", "--goal", "g", "--model", "policy", "--until", "finished"]);
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+    }
+
     /// Every row of the exit-code table (`worker wait --help`), through `enqueue --wait` with a
     /// daemon running, and `worker wait` on a task that stays queued.
     fn the_exit_code_table_row_by_row(d) {
