@@ -247,9 +247,7 @@ impl Api {
             Err(r) => return r,
         };
         let waits = match how {
-            crate::operator::Until::Settled => {
-                matches!(rec.status, QueueStatus::Queued | QueueStatus::Running)
-            }
+            crate::operator::Until::Settled => !rec.status.is_settled(),
             crate::operator::Until::Finished => rec.status != QueueStatus::Finished,
         };
         let rec = match wait {

@@ -202,7 +202,7 @@ pub(super) fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
         v["closing_message"] = Value::String(closing);
         // Why it stopped, in plain words (null while it runs and once it completed).
         v["cause"] =
-            json!(crate::kernel::report::why_stopped(&r.state, b).filter(|_| settled(r.status)));
+            json!(crate::kernel::report::why_stopped(&r.state, b).filter(|_| r.status.is_settled()));
         v["calls"] = match store.calls(&r.id) {
             Ok(calls) => serde_json::to_value(calls).unwrap_or(Value::Null),
             Err(e) => json!({"error": e.to_string()}),
@@ -321,7 +321,7 @@ fn postmortem_text(r: &TaskRecord, pm: &crate::kernel::report::Postmortem) -> St
     let st = &r.state;
     let stop = stop_shown(st.stop, st.outcome.as_deref());
     let mut out = format!("task {}: {stop} after {} step(s)\n", r.id, pm.steps);
-    if let Some(why) = why_stopped(st, &r.budget).filter(|_| settled(r.status)) {
+    if let Some(why) = why_stopped(st, &r.budget).filter(|_| r.status.is_settled()) {
         out.push_str(&format!("{:18} {why}\n", "why"));
     }
     let first_error = match &pm.first_error {
@@ -354,15 +354,11 @@ fn postmortem_text(r: &TaskRecord, pm: &crate::kernel::report::Postmortem) -> St
 
 /// Whether the task's stop stands: it is neither queued nor running (an approved task is
 /// queued again, and its last stop no longer says what it waits for).
-fn settled(status: QueueStatus) -> bool {
-    !matches!(status, QueueStatus::Queued | QueueStatus::Running)
-}
-
 /// What an operator can do about a task that stopped this way.
 fn next_action(r: &TaskRecord) -> String {
     use crate::kernel::StopReason as S;
     let (id, st) = (&r.id, &r.state);
-    if !settled(r.status) {
+    if !r.status.is_settled() {
         return format!(
             "nothing yet: it is {} (`worker wait {id}`)",
             r.status.as_str()
@@ -406,7 +402,7 @@ fn next_action(r: &TaskRecord) -> String {
 pub(super) fn cmd_replay(cli: &Cli, a: &ReplayArgs) -> CliResult {
     let store = open_reader(cli)?;
     let rec = store.task(&store.resolve(&a.task)?)?;
-    if matches!(rec.status, QueueStatus::Queued | QueueStatus::Running) {
+    if !rec.status.is_settled() {
         return Err(CliError::op(format!(
             "task {} is {}; replay a task that has stopped",
             rec.id,

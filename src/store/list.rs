@@ -138,5 +138,5 @@ pub const STATUSES: [QueueStatus; 5] = [
 /// A task's stop reason as a list shows it: none while it is queued or running again (its
 /// state keeps the stop it resumes from, `needs_approval` after an approval).
 pub fn shown_stop(status: QueueStatus, stop: Option<StopReason>) -> Option<StopReason> {
-    stop.filter(|_| !matches!(status, QueueStatus::Queued | QueueStatus::Running))
+    stop.filter(|_| status.is_settled())
 }

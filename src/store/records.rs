@@ -27,6 +27,12 @@ pub enum QueueStatus {
 }
 
 impl QueueStatus {
+    /// Neither queued nor running: the task finished, or waits on a person. What a task
+    /// shows of its end (stop, outcome, answer, cause) is shown only then.
+    pub fn is_settled(self) -> bool {
+        !matches!(self, QueueStatus::Queued | QueueStatus::Running)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             QueueStatus::Queued => "queued",

@@ -92,7 +92,7 @@ pub fn waiting_for(rec: &TaskRecord) -> Option<&'static str> {
 /// names). The stop is shown only once the task is no longer queued or running.
 pub fn result_json(db_id: &str, rec: &TaskRecord) -> Value {
     let st = &rec.state;
-    let settled = !matches!(rec.status, QueueStatus::Queued | QueueStatus::Running);
+    let settled = rec.status.is_settled();
     let held = st.pending.as_ref().filter(|_| waiting_for(rec).is_some());
     json!({
         "id": rec.id,
