@@ -452,8 +452,8 @@ pub struct EnqueueArgs {
     pub timeout: Option<u64>,
     /// With --wait: settled (default) returns when the task finishes or starts waiting on a
     /// person; finished waits through approvals and held writes to its end.
-    #[arg(long, value_enum, default_value_t = UntilArg::Settled)]
-    pub until: UntilArg,
+    #[arg(long, value_enum, requires = "wait")]
+    pub until: Option<UntilArg>,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
@@ -472,7 +472,8 @@ settles). The exit code says how the task stands:
   5  waiting on a person: an approval (worker approve) or a held write (worker reconcile);
      never with --until finished, which waits on through it
   6  cancelled, its approval wait ran out, or it expired unstarted (expired)
-  7  --timeout passed while it was still queued or running (it goes on)
+  7  --timeout passed while it was still queued or running, or, with --until finished,
+     waiting on a person (it goes on)
   1  an operational error (the database cannot be read); 2  a usage error
 
 Examples:

@@ -167,11 +167,6 @@ pub(super) fn request_of(a: &EnqueueArgs) -> Result<TaskRequest, CliError> {
 }
 
 pub(super) fn cmd_enqueue(cli: &Cli, a: &EnqueueArgs) -> CliResult {
-    if a.until != UntilArg::Settled && !a.wait {
-        return Err(CliError::usage(
-            "--until says how far --wait waits; add --wait".to_string(),
-        ));
-    }
     let cfg = enqueue_config(cli)?;
     let tasks = match &a.file {
         Some(path) => read_batch(path, cfg.as_ref(), a.model.as_deref())?,
@@ -213,7 +208,13 @@ pub(super) fn cmd_enqueue(cli: &Cli, a: &EnqueueArgs) -> CliResult {
                 " (already enqueued with this key)"
             }
         );
-        return super::wait::wait_and_report(store.as_ref(), &e.id, a.timeout, a.json, a.until);
+        return super::wait::wait_and_report(
+            store.as_ref(),
+            &e.id,
+            a.timeout,
+            a.json,
+            a.until.unwrap_or(UntilArg::Settled),
+        );
     }
     if a.json {
         let v: Vec<Value> = out

@@ -201,8 +201,9 @@ pub(super) fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
         v["model"] = serde_json::to_value(&r.model).unwrap_or(Value::Null);
         v["closing_message"] = Value::String(closing);
         // Why it stopped, in plain words (null while it runs and once it completed).
-        v["cause"] =
-            json!(crate::kernel::report::why_stopped(&r.state, b).filter(|_| r.status.is_settled()));
+        v["cause"] = json!(
+            crate::kernel::report::why_stopped(&r.state, b).filter(|_| r.status.is_settled())
+        );
         v["calls"] = match store.calls(&r.id) {
             Ok(calls) => serde_json::to_value(calls).unwrap_or(Value::Null),
             Err(e) => json!({"error": e.to_string()}),

@@ -51,7 +51,7 @@ pub(super) fn wait_and_report(
         let line = how_it_stands(store, rec, 5);
         let line = line.replace("; exit 5", "");
         eprintln!(
-            "{}; waiting on until it finishes",
+            "{}; the wait goes on until it finishes",
             crate::limits::printable(&line)
         );
     };

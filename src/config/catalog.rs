@@ -214,15 +214,25 @@ impl super::Config {
 
     /// The headers a lookup of `tool` carries: those its API's requests carry from the
     /// daemon's environment (an API key, a bearer token), for a tool from an OpenAPI document.
+    /// Only to a lookup on the API's own origin: a key is never sent to another host.
     pub fn lookup_auth(&self, tool: &str) -> Vec<(String, String)> {
-        let api = self
+        let Some(h) = self
             .catalog
             .as_ref()
             .and_then(|c| c.get(tool))
             .and_then(|t| t.http.as_ref())
-            .and_then(|h| h.api.as_ref());
-        api.and_then(|a| crate::tools::request::auth_headers(a).ok())
-            .unwrap_or_default()
+        else {
+            return Vec::new();
+        };
+        let origin = |u: &str| reqwest::Url::parse(u).ok().map(|u| u.origin());
+        let same = h
+            .lookup_url
+            .as_deref()
+            .is_some_and(|l| origin(l).is_some() && origin(l) == origin(&h.url));
+        match &h.api {
+            Some(a) if same => crate::tools::request::auth_headers(a).unwrap_or_default(),
+            _ => Vec::new(),
+        }
     }
 
     /// The lookup URL of `tool` in this config's catalog.

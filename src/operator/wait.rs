@@ -48,7 +48,12 @@ pub fn wait(
         tracing::debug!(task = %id, reads, status = rec.status.as_str(), "wait: read the task");
         match Ending::of(&rec) {
             Some(Ending::Waiting) if how == Until::Finished => {
-                let now = (rec.status, rec.state.pending.as_ref().map(|p| p.digest()));
+                // Each held call once: its call key (a second hold of the same arguments at
+                // a later step is another call, with a key of its own).
+                let now = (
+                    rec.status,
+                    rec.state.pending.as_ref().map(|p| db.call_key(&rec, p)),
+                );
                 if told.as_ref() != Some(&now) {
                     on_person(&rec);
                     told = Some(now);

@@ -518,6 +518,9 @@ fn documents_map_as_documented() {
                 "type": "object", "properties": {
                     "note": {"type": "string", "nullable": true},
                     "kind": {"allOf": [{"$ref": "#/components/schemas/Kind"}], "nullable": true},
+                    "code": {"type": "string", "const": "x", "nullable": true},
+                    "kind2": {"$ref": "#/components/schemas/Kind", "nullable": true},
+                    "plain": {"type": "string", "nullable": false},
                     "nullable": {"type": "boolean"}}}}}},
             "responses": {"200": {"description": "ok"}}}}},
         "components": {"schemas": {"Kind": {"type": "string", "enum": ["a", "b"]}}}});
@@ -542,14 +545,76 @@ fn documents_map_as_documented() {
     );
     let schema = jsonschema::validator_for(&t["schema"]).expect("the listed schema compiles");
     for ok in [
-        json!({"id": "7", "note": null, "kind": null, "nullable": true}),
+        json!({"id": "7", "note": null, "kind": null, "nullable": true, "code": null, "kind2": null}),
+        json!({"id": "7", "code": "x", "kind2": "b", "plain": "p"}),
         json!({"id": "7", "note": "x", "kind": "a"}),
     ] {
         assert!(schema.is_valid(&ok), "{ok} against {}", t["schema"]);
     }
+    for bad in [
+        json!({"id": "7", "kind": "c"}),
+        json!({"id": "7", "kind2": "c"}),
+        json!({"id": "7", "code": "y"}),
+        json!({"id": "7", "plain": null}),
+    ] {
+        assert!(!schema.is_valid(&bad), "{bad} against {}", t["schema"]);
+    }
     assert!(
-        !schema.is_valid(&json!({"id": "7", "kind": "c"})),
-        "{}",
+        !t["schema"].to_string().contains("\"nullable\":false"),
+        "OpenAPI's keyword is not passed on: {}",
         t["schema"]
+    );
+}
+
+/// A write whose answer came after its timeout is held with an unknown outcome; the daemon
+/// settles it from the tool's lookup, which carries the API's key like every request of the
+/// API (the lookup is on the API's own origin), and the task goes on: the create arrived once.
+#[test]
+fn a_held_write_is_settled_by_a_lookup_that_carries_the_apis_key() {
+    let Some(py) = python() else { return };
+    let dir = TempDir::new("openapi-lookup");
+    let d = dir.path();
+    let desk = Desk::start(&py, d);
+    let script = [
+        json!({"call": "propose_plan", "args": {"steps": [
+            {"id": "s1", "tool": "create_ticket", "depends_on": []}]}}),
+        json!({"call": "create_ticket", "args": {"customer_id": "cu_ana", "title": "slow", "severity": "low"}}),
+        json!({"call": "final_answer", "args": {"outcome": "completed", "text": "Opened."}}),
+    ];
+    let fake = Fake::start(&py, d, "openai", &script);
+    setup(d, &desk, "openai", &format!("{}/v1", fake.url));
+    let url = &desk.url;
+    std::fs::write(
+        d.join("tools.toml"),
+        format!(
+            "version = 1\n[[openapi]]\ndocument = \"{url}/openapi.json\"\nexclude = [\"admin_reset\", \"lookup_ticket\"]\napi_key_env = \"DESK_API_KEY\"\n\
+             [openapi.tools.create_ticket]\ntimeout_ms = 1000\nretry = {{ attempts = 1 }}\nlookup_url = \"{url}/tickets/lookup\"\nlookup_grace_ms = 1000\n"
+        ),
+    )
+    .expect("catalog");
+    ok(
+        d,
+        &["enqueue", "--user", "cu_ana", "--goal", "Open a ticket."],
+    );
+    for _ in 0..3 {
+        ok(d, &["run", "--drain"]);
+        if shown(d, "t1")["stop"] == "done" {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
+    let t = shown(d, "t1");
+    assert_eq!(t["stop"], "done", "{t}");
+    let arrivals = desk.arrivals();
+    let creates = arrivals.iter().filter(|a| a["method"] == "POST").count();
+    assert_eq!(creates, 1, "sent once: {arrivals:?}");
+    let lookups: Vec<&Value> = arrivals
+        .iter()
+        .filter(|a| a["raw_path"] == "/tickets/lookup")
+        .collect();
+    assert!(!lookups.is_empty(), "the lookup was asked: {arrivals:?}");
+    assert!(
+        lookups.iter().all(|a| a["api_key"] == API_KEY),
+        "with the API's key: {lookups:?}"
     );
 }

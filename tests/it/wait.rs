@@ -127,7 +127,7 @@ conformance! {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        assert!(log_text.contains(&said) && log_text.contains("waiting on until it finishes"), "{log_text}");
+        assert!(log_text.contains(&said) && log_text.contains("the wait goes on until it finishes"), "{log_text}");
         assert!(waiter.try_wait().expect("the waiter").is_none(), "it waits on: {log_text}");
         ok(d, &["approve", "t1", "--digest", &digest, "--by", "alice"]);
         ok(d, &["run", "--drain", "--time-scale", "0.002"]);
@@ -136,10 +136,50 @@ conformance! {
         assert_eq!(out.status.code(), Some(0), "{log_text}");
         let v: serde_json::Value = serde_json::from_str(&stdout).expect("JSON on stdout");
         assert_eq!((v["status"].as_str(), v["outcome"].as_str()), (Some("finished"), Some("completed")), "{v}");
-        assert_eq!(log_text.matches("waiting on until it finishes").count(), 1, "said once: {log_text}");
+        assert_eq!(log_text.matches("the wait goes on until it finishes").count(), 1, "said once: {log_text}");
         // `--until` belongs to a wait.
         let out = worker(d, &["enqueue", "--user", "u", "--goal", "g", "--model", "policy", "--until", "finished"]);
         assert_eq!(out.status.code(), Some(2), "{out:?}");
+    }
+
+    /// A second hold of the same arguments at a later step is another call: the waiter says
+    /// it again (found by review: the line was keyed on the arguments' digest).
+    fn a_wait_until_finished_says_each_held_call(d) {
+        let refund = r#"{"type": "tool", "name": "issue_refund", "args": {"order_id": "ord_1004", "amount_cents": 6000, "reason": "damaged"}, "plan_step": "STEP"}"#;
+        let script = [
+            r#"{"type": "plan", "steps": [{"id": "s1", "tool": "get_order", "depends_on": []}, {"id": "s2", "tool": "issue_refund", "depends_on": ["s1"]}, {"id": "s3", "tool": "issue_refund", "depends_on": ["s2"]}]}"#.to_string(),
+            r#"{"type": "tool", "name": "get_order", "args": {"order_id": "ord_1004"}, "plan_step": "s1"}"#.to_string(),
+            refund.replace("STEP", "s2"),
+            refund.replace("STEP", "s3"),
+            r#"{"type": "final", "outcome": "completed", "text": "Refunded twice."}"#.to_string(),
+        ];
+        std::fs::write(d.join("twice.jsonl"), script.join("\n")).expect("script");
+        enqueue(d, &["--model", "script:twice.jsonl:0"]);
+        let log_path = d.join("waiter.log");
+        let log = std::fs::File::create(&log_path).expect("the waiter's log");
+        let waiter = spawn_wait_into(d, &["t1", "--until", "finished"], Stdio::from(log));
+        for round in 1..=2 {
+            ok(d, &["run", "--drain"]);
+            let t = json(d, &["show", "t1", "--json"]);
+            assert_eq!(t["status"], "suspended", "{t}");
+            let digest = t["held"]["digest"].as_str().expect("digest").to_string();
+            // The waiter says this hold before it is approved.
+            let mut said = String::new();
+            for _ in 0..300 {
+                said = std::fs::read_to_string(&log_path).unwrap_or_default();
+                if said.matches("the wait goes on").count() >= round {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            assert_eq!(said.matches("the wait goes on").count(), round, "hold {round}: {said}");
+            ok(d, &["approve", "t1", "--digest", &digest, "--by", "alice"]);
+        }
+        ok(d, &["run", "--drain"]);
+        let (out, _, _) = finish(waiter);
+        let said = std::fs::read_to_string(&log_path).unwrap_or_default();
+        assert_eq!(out.status.code(), Some(0), "{said}");
+        assert_eq!(said.matches("the wait goes on until it finishes").count(), 2, "{said}");
     }
 
     /// Every row of the exit-code table (`worker wait --help`), through `enqueue --wait` with a

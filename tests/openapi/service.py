@@ -7,7 +7,8 @@ arrivals log (one JSON object per line: method, raw path as sent, query, the hea
 matter, body), before routing, so a request that matches no route is logged too.
 
 Operations: read a customer (path and query parameters), open a ticket (201, honours
-`Idempotency-Key`: a repeated key gets the first answer and does nothing), update a ticket
+`Idempotency-Key`: a repeated key gets the first answer and does nothing; a ticket titled
+"slow" is answered 3 s late), look up whether a key was applied, update a ticket
 (PATCH), delete a ticket (DELETE, 204), and an admin route no tool may reach. Every route
 needs the `X-API-Key` header.
 
@@ -19,6 +20,7 @@ import json
 import socket
 import sys
 import threading
+import time
 from typing import Literal, Optional
 
 import uvicorn
@@ -103,7 +105,20 @@ def create_ticket(customer_id: str, ticket: TicketIn,
         TICKETS[t.ticket_id] = t
         if idempotency_key:
             BY_KEY[idempotency_key] = t
-        return t
+    if ticket.title == "slow":
+        # Done, but answered after the caller's timeout: its outcome is unknown to it.
+        time.sleep(3)
+    return t
+
+
+@app.get("/tickets/lookup", operation_id="lookup_ticket", summary="Whether a key was applied",
+         dependencies=[Depends(checked)])
+def lookup_ticket(key: str):
+    with LOCK:
+        t = BY_KEY.get(key)
+    if t is None:
+        return {"applied": False}
+    return {"applied": True, "result": t.model_dump()}
 
 
 @app.patch("/tickets/{ticket_id}", operation_id="update_ticket", summary="Change a ticket",

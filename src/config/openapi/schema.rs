@@ -102,18 +102,15 @@ impl Resolver<'_> {
         self.stack.push(r.to_string());
         let mut out = self.schema(target)?;
         self.stack.pop();
-        let siblings: Map<String, Value> = m
-            .iter()
-            .filter(|(k, _)| *k != "$ref")
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        // The keywords beside the `$ref` (a `description`, OpenAPI 3.0's `nullable`), each
+        // resolved on its own, then `nullable` applied to the whole.
+        let mut siblings = Map::new();
+        for (k, v) in m.iter().filter(|(k, _)| *k != "$ref") {
+            siblings.insert(k.clone(), self.schema(v)?);
+        }
         if siblings.is_empty() {
             return Ok(out);
         }
-        let siblings = match self.schema(&Value::Object(siblings))? {
-            Value::Object(o) => o,
-            _ => Map::new(),
-        };
         if let Value::Object(o) = &mut out {
             o.extend(siblings);
             return Ok(nullable(std::mem::take(o)));
@@ -123,12 +120,16 @@ impl Resolver<'_> {
 }
 
 /// A schema with OpenAPI 3.0's `nullable: true` written as JSON Schema: a `"null"` type
-/// beside a single type (and `null` among its `enum`), else `anyOf` the schema or null.
+/// beside a single type (and `null` among its `enum` or `const`), else `anyOf` the schema or
+/// null.
 fn nullable(mut s: Map<String, Value>) -> Value {
-    if s.get("nullable") != Some(&Value::Bool(true)) {
+    // `nullable` is OpenAPI's keyword, not JSON Schema's: never passed on.
+    if s.remove("nullable") != Some(Value::Bool(true)) {
         return Value::Object(s);
     }
-    s.remove("nullable");
+    if let Some(c) = s.remove("const") {
+        s.insert("enum".into(), Value::Array(vec![c]));
+    }
     if let Some(Value::Array(values)) = s.get_mut("enum")
         && !values.contains(&Value::Null)
     {
