@@ -299,17 +299,35 @@ pub fn one_line(s: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// Why a file could not be read whole.
+#[derive(Debug)]
+pub enum ReadError {
+    /// It could not be opened or read (missing, a directory, no permission, not UTF-8).
+    Unreadable(std::io::Error),
+    /// It is over the limit, in bytes.
+    TooBig(usize),
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadError::Unreadable(e) => write!(f, "cannot read it: {e}"),
+            ReadError::TooBig(max) => write!(f, "it is over the limit of {max} bytes"),
+        }
+    }
+}
+
 /// Reads a whole file of at most `max_bytes` (checked before reading, and while reading, so
 /// a file that grows meanwhile is still bounded).
-pub fn read_file(path: &std::path::Path, max_bytes: usize) -> Result<String, String> {
+pub fn read_file(path: &std::path::Path, max_bytes: usize) -> Result<String, ReadError> {
     use std::io::Read;
-    let f = std::fs::File::open(path).map_err(|e| format!("cannot read it: {e}"))?;
+    let f = std::fs::File::open(path).map_err(ReadError::Unreadable)?;
     let mut text = String::new();
     f.take(max_bytes as u64 + 1)
         .read_to_string(&mut text)
-        .map_err(|e| format!("cannot read it: {e}"))?;
+        .map_err(ReadError::Unreadable)?;
     if text.len() > max_bytes {
-        return Err(format!("it is over the limit of {max_bytes} bytes"));
+        return Err(ReadError::TooBig(max_bytes));
     }
     Ok(text)
 }

@@ -35,13 +35,10 @@ pub(super) fn load_config(cli: &Cli) -> Result<Option<crate::config::Config>, Cl
         Some(p) => crate::config::load(p).map(Some).map_err(|e| {
             // A file that is not there is a wrong argument (as for --file); one that cannot
             // be read for another reason is operational.
-            let code = if e.starts_with("cannot read") && p.is_file() {
-                1
-            } else {
-                2
-            };
+            let unreadable = matches!(e, crate::config::LoadError::Unreadable(_));
+            let code = if unreadable && p.is_file() { 1 } else { 2 };
             CliError {
-                message: e,
+                message: e.to_string(),
                 cause: None,
                 hint: Some(
                     "the format: docs/models.md (profiles), docs/catalog.md (tools), data/worker.toml (an example)".into(),

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use crate::kernel::Catalog;
 
-use super::{CATALOG_VERSION, read};
+use super::CATALOG_VERSION;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -41,10 +41,6 @@ fn approval_problem(t: &crate::kernel::ToolSpec) -> Option<String> {
 /// An http:// or https:// URL with a host (see [`crate::net::check_url`]).
 fn is_url(u: &str) -> bool {
     crate::net::check_url(u).is_ok()
-}
-
-pub fn load_catalog(path: &Path) -> Result<Catalog, String> {
-    parse_catalog(&read(path)?, path)
 }
 
 /// Parses a catalog file's text; `path` names it in errors.

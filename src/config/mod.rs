@@ -43,7 +43,7 @@ mod catalog;
 mod openapi;
 use crate::model::profile::{Api, HttpProfile};
 use crate::model::{ModelProfile, RunModel};
-pub use catalog::{load_catalog, parse_catalog};
+pub use catalog::parse_catalog;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -246,12 +246,23 @@ impl Config {
 /// The catalog format this build reads.
 pub const CATALOG_VERSION: u32 = 1;
 
-pub fn load(path: &Path) -> Result<Config, String> {
-    parse(&read(path)?, path)
+pub fn load(path: &Path) -> Result<Config, LoadError> {
+    parse_config(&read_config_file(path)?, path)
 }
 
 /// Parses a config file's text; `path` names it in errors and anchors a relative catalog path.
 pub fn parse(text: &str, path: &Path) -> Result<Config, String> {
+    parse_config(text, path).map_err(|e| e.to_string())
+}
+
+impl From<String> for LoadError {
+    fn from(m: String) -> Self {
+        LoadError::Invalid(m)
+    }
+}
+
+/// [`parse`], telling a catalog file that cannot be read from what is wrong in one.
+fn parse_config(text: &str, path: &Path) -> Result<Config, LoadError> {
     let file: ConfigFile = toml::from_str(text).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut models = BTreeMap::new();
     for (name, m) in file.models {
@@ -270,7 +281,8 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, String> {
             } else {
                 models.keys().cloned().collect::<Vec<_>>().join(", ")
             }
-        ));
+        )
+        .into());
     }
     let catalog = match file.tools {
         Some(t) => {
@@ -279,7 +291,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, String> {
             } else {
                 path.parent().unwrap_or(Path::new(".")).join(t.catalog)
             };
-            Some(load_catalog(&p)?)
+            Some(parse_catalog(&read_config_file(&p)?, &p)?)
         }
         None => None,
     };
@@ -370,18 +382,30 @@ fn callbacks_of(
     Ok(callbacks)
 }
 
-/// A config or catalog file, at most [`crate::limits::CONFIG_BYTES_MAX`] bytes.
-fn read(path: &Path) -> Result<String, String> {
-    crate::limits::read_file(path, crate::limits::CONFIG_BYTES_MAX).map_err(|e| {
-        if e.starts_with("cannot read") {
-            format!(
-                "cannot read {}: {}",
-                path.display(),
-                e.trim_start_matches("cannot read it: ")
-            )
-        } else {
-            format!("{}: {e}", path.display())
+/// Why a config could not be loaded: its file could not be read, or what it says is wrong.
+#[derive(Debug)]
+pub enum LoadError {
+    Unreadable(String),
+    Invalid(String),
+}
+
+impl std::fmt::Display for LoadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LoadError::Unreadable(m) | LoadError::Invalid(m) => f.write_str(m),
         }
+    }
+}
+
+/// A config or catalog file's text (at most [`crate::limits::CONFIG_BYTES_MAX`] bytes), or
+/// why it cannot be read (naming the file).
+fn read_config_file(path: &Path) -> Result<String, LoadError> {
+    use crate::limits::ReadError;
+    crate::limits::read_file(path, crate::limits::CONFIG_BYTES_MAX).map_err(|e| match e {
+        ReadError::Unreadable(e) => {
+            LoadError::Unreadable(format!("cannot read {}: {e}", path.display()))
+        }
+        e => LoadError::Invalid(format!("{}: {e}", path.display())),
     })
 }
 

@@ -189,6 +189,13 @@ impl ModelProfile {
         }
     }
 
+    /// Whether `spec` names one of the demo models (its kind before any `:`), well formed or
+    /// not: anything else is a profile's name, or unknown.
+    pub fn names_a_demo_model(spec: &str) -> bool {
+        let kind = spec.split(':').next().unwrap_or("");
+        ["policy", "same_call", "new_ids", "search_loop", "script"].contains(&kind)
+    }
+
     /// Parses the `--model` argument: `policy[:ORDER:AMOUNT[:LATENCY_MS]]`, `same_call`,
     /// `new_ids`, `search_loop` (each with an optional `:LATENCY_MS`), or
     /// `script:FILE.jsonl[:LATENCY_MS]` (the file is read by the caller and passed as

@@ -143,14 +143,11 @@ fn resolve_model(
             "a script model reads a file on the daemon's machine: it cannot be named over the API"
                 .into(),
         ),
-        None => match parse_model(name) {
-            Ok(m) => Ok((m, Budget::default())),
-            Err(e) if e.contains("unknown model") => Err(format!(
-                "unknown model {name:?}: {}; the demo models: {DEMO_MODELS}",
-                profiles(cfg)
-            )),
-            Err(e) => Err(e),
-        },
+        None if !ModelProfile::names_a_demo_model(name) => Err(format!(
+            "unknown model {name:?}: {}; the demo models: {DEMO_MODELS}",
+            profiles(cfg)
+        )),
+        None => parse_model(name).map(|m| (m, Budget::default())),
     }
 }
 
