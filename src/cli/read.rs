@@ -188,6 +188,29 @@ fn print_table(page: &Page, now: u64) -> CliResult {
     Ok(())
 }
 
+/// `worker show --json`: the task's record with its state, budget, model, closing message,
+/// cause, calls and held call.
+fn show_json(store: &dyn Backend, r: &TaskRecord, closing: String) -> Value {
+    let b = &r.budget;
+    let mut v = record_json(r);
+    v["state"] = serde_json::from_str(&r.state.to_json()).unwrap_or(Value::Null);
+    v["budget"] = serde_json::to_value(b).unwrap_or(Value::Null);
+    v["model"] = serde_json::to_value(&r.model).unwrap_or(Value::Null);
+    v["closing_message"] = Value::String(closing);
+    // Why it stopped, in plain words (null while it runs and once it completed).
+    v["cause"] =
+        json!(crate::kernel::report::why_stopped(&r.state, b).filter(|_| r.status.is_settled()));
+    v["calls"] = match store.calls(&r.id) {
+        Ok(calls) => serde_json::to_value(calls).unwrap_or(Value::Null),
+        Err(e) => json!({"error": e.to_string()}),
+    };
+    if let Some(p) = &r.state.pending {
+        v["held"] = json!({"tool": p.name, "args": p.args,
+            "key": store.call_key(r, p), "digest": p.digest()});
+    }
+    v
+}
+
 pub(super) fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
     let store = open_reader(cli)?;
     let r = store.task(&store.resolve(&a.task)?)?;
@@ -195,25 +218,7 @@ pub(super) fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
     let closing = closing_explained(&r.state, &r.budget, &catalog);
     let b = &r.budget;
     if a.json {
-        let mut v = record_json(&r);
-        v["state"] = serde_json::from_str(&r.state.to_json()).unwrap_or(Value::Null);
-        v["budget"] = serde_json::to_value(b).unwrap_or(Value::Null);
-        v["model"] = serde_json::to_value(&r.model).unwrap_or(Value::Null);
-        v["closing_message"] = Value::String(closing);
-        // Why it stopped, in plain words (null while it runs and once it completed).
-        v["cause"] = json!(
-            crate::kernel::report::why_stopped(&r.state, b).filter(|_| r.status.is_settled())
-        );
-        v["calls"] = match store.calls(&r.id) {
-            Ok(calls) => serde_json::to_value(calls).unwrap_or(Value::Null),
-            Err(e) => json!({"error": e.to_string()}),
-        };
-        if let Some(p) = &r.state.pending {
-            v["held"] = json!({"tool": p.name, "args": p.args,
-                "key": store.call_key(&r, p), "digest": p.digest()});
-        }
-        print_json(&v)?;
-        return Ok(());
+        return print_json(&show_json(store.as_ref(), &r, closing));
     }
     let st = &r.state;
     outln!(

@@ -89,25 +89,7 @@ pub(super) fn tools_of(src: &Source, catalog: &Path) -> Result<Vec<ToolSpec>, St
         .as_object()
         .ok_or_else(|| at("it has no paths".into()))?;
     let all = operations(&doc, paths).map_err(at)?;
-    // Every name a list or an option gives must be an operation's (by tool name or id).
-    let known = |n: &String| all.iter().any(|o| o.name == *n || o.id == *n);
-    let lists = src.operations.iter().flatten().chain(&src.exclude);
-    let unknown: Vec<&String> = lists
-        .chain(src.tools.keys())
-        .filter(|n| !known(n))
-        .collect();
-    if !unknown.is_empty() {
-        let there: Vec<&str> = all.iter().map(|o| o.id.as_str()).collect();
-        return Err(at(format!(
-            "no operation is called {} (its operations: {})",
-            unknown
-                .iter()
-                .map(|n| format!("{n:?}"))
-                .collect::<Vec<_>>()
-                .join(", "),
-            there.join(", ")
-        )));
-    }
+    names_known(src, &all).map_err(at)?;
     let mut tools = Vec::new();
     for o in &all {
         let named = |list: &[String]| list.iter().any(|w| *w == o.id || *w == o.name);
@@ -154,6 +136,27 @@ pub(super) fn tools_of(src: &Source, catalog: &Path) -> Result<Vec<ToolSpec>, St
         return Err(at("no operation is left to expose".into()));
     }
     Ok(tools)
+}
+
+/// Every name `operations`, `exclude` or an option gives must be an operation's (by tool
+/// name or id): an error lists the ones that are not, and the operations there are.
+fn names_known(src: &Source, all: &[Found]) -> Result<(), String> {
+    let known = |n: &String| all.iter().any(|o| o.name == *n || o.id == *n);
+    let lists = src.operations.iter().flatten().chain(&src.exclude);
+    let unknown: Vec<String> = lists
+        .chain(src.tools.keys())
+        .filter(|n| !known(n))
+        .map(|n| format!("{n:?}"))
+        .collect();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    let there: Vec<&str> = all.iter().map(|o| o.id.as_str()).collect();
+    Err(format!(
+        "no operation is called {} (its operations: {})",
+        unknown.join(", "),
+        there.join(", ")
+    ))
 }
 
 /// One operation of the document: its path item, the operation, and its names.
