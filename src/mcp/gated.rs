@@ -22,7 +22,7 @@ use rmcp::transport::streamable_http_client::{
 };
 
 use crate::net::Ready;
-use crate::net::client::{GateLayer, SEND_GATE};
+use crate::net::gate::{GateLayer, SEND_GATE};
 
 /// The `_meta` key that carries a call's gate id from `Mcp::call_gated` to the client.
 pub(super) const GATE_META_KEY: &str = "tether.dev/send-gate";

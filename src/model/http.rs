@@ -17,8 +17,8 @@ use crate::kernel::{
 };
 use crate::limits;
 use crate::model::Model;
-use crate::net::client::{self, read_body};
 use crate::net::clip;
+use crate::net::h1;
 
 /// A provider's response, read by its adapter.
 #[derive(Debug, PartialEq)]
@@ -130,44 +130,35 @@ impl HttpModel {
         let budget = Duration::from_millis(req.timeout_ms);
         let body = self.body_bytes(req);
         let url = self.url();
-        let client = crate::net::client::pooled().map_err(ModelError::Fatal)?;
         let mut attempt = 0;
         loop {
             let left = budget.saturating_sub(start.elapsed());
             if left.is_zero() {
                 return Err(ModelError::Timeout);
             }
-            let sent = self
-                .request(client, &url, left, key)
-                .body(body.clone())
-                .send()
-                .await;
+            let sent = match self.request(&url, left, key) {
+                Ok(r) => h1::send(r.body(body.clone()), limits::REPLY_BYTES_MAX).await,
+                Err(e) => Err(e),
+            };
             let (status, wait_asked, text) = match sent {
-                Ok(resp) => {
-                    let status = resp.status().as_u16();
-                    let wait = crate::net::retry_after(resp.headers());
-                    match read_body(resp, limits::REPLY_BYTES_MAX).await {
-                        Ok(t) => (status, wait, t),
-                        Err(_) if start.elapsed() >= budget => return Err(ModelError::Timeout),
-                        Err(e) => {
-                            return Err(ModelError::Failed(format!("HTTP {status}: {e}")));
-                        }
-                    }
+                Ok(resp) => answered(resp, start.elapsed() >= budget)?,
+                Err(h1::Error::Timeout) => return Err(ModelError::Timeout),
+                Err(h1::Error::Invalid(e)) => {
+                    return Err(ModelError::Fatal(format!(
+                        "the request to {url} cannot be sent: {e}"
+                    )));
                 }
-                Err(e) if e.is_timeout() => return Err(ModelError::Timeout),
                 Err(e) => {
                     let wait = jittered(attempt);
                     if attempt < self.profile.max_retries && start.elapsed() + wait < budget {
-                        let e = client::error_text(&e);
                         tracing::warn!(model = %self.profile.model, error = %e, attempt = attempt + 1, wait_ms = wait.as_millis() as u64, "model request failed; retrying");
                         tokio::time::sleep(wait).await;
                         attempt += 1;
                         continue;
                     }
                     return Err(ModelError::Failed(format!(
-                        "the request to {url} failed after {} attempts: {}",
+                        "the request to {url} failed after {} attempts: {e}",
                         attempt + 1,
-                        client::error_text(&e)
                     )));
                 }
             };
@@ -209,24 +200,21 @@ impl HttpModel {
     /// A POST of the provider's API to `url`, with its key and version headers.
     fn request(
         &self,
-        client: &reqwest::Client,
         url: &str,
         left: Duration,
         key: Option<&str>,
-    ) -> reqwest::RequestBuilder {
-        let mut r = client
-            .post(url)
-            .timeout(left)
-            .header("Content-Type", "application/json");
+    ) -> Result<h1::Request, h1::Error> {
+        let mut r =
+            h1::Request::new("POST", url, left)?.header("Content-Type", "application/json")?;
         match (self.profile.api, key) {
-            (Api::OpenAi, Some(k)) => r = r.header("Authorization", format!("Bearer {k}")),
-            (Api::Anthropic, Some(k)) => r = r.header("x-api-key", k),
+            (Api::OpenAi, Some(k)) => r = r.header("Authorization", &format!("Bearer {k}"))?,
+            (Api::Anthropic, Some(k)) => r = r.header("x-api-key", k)?,
             (_, None) => {}
         }
         if self.profile.api == Api::Anthropic {
-            r = r.header("anthropic-version", super::anthropic::VERSION);
+            r = r.header("anthropic-version", super::anthropic::VERSION)?;
         }
-        r
+        Ok(r)
     }
 
     /// The reply to `req`: the exchange, timed, or why nothing was sent.
@@ -385,6 +373,20 @@ pub fn error_of(text: &str) -> (Option<String>, Option<String>) {
         .or_else(|| e["type"].as_str())
         .map(str::to_string);
     (message, code)
+}
+
+/// An answer's status, the wait it asks for and its body; a body that could not be read
+/// fails the request (as a timeout when the request's time is used up).
+fn answered(
+    resp: h1::Response,
+    timed_out: bool,
+) -> Result<(u16, Option<Duration>, String), ModelError> {
+    let wait = crate::net::retry_after(&resp.headers);
+    match resp.body {
+        Ok(text) => Ok((resp.status, wait, text)),
+        Err(_) if timed_out => Err(ModelError::Timeout),
+        Err(e) => Err(ModelError::Failed(format!("HTTP {}: {e}", resp.status))),
+    }
 }
 
 #[cfg(test)]

@@ -4,7 +4,9 @@
 //! ([`client`]); the check every configured URL passes, the retry backoff, bounded body reads
 //! and clipped error texts.
 
-pub mod client;
+pub mod gate;
+pub mod h1;
+pub mod route;
 
 use std::time::Duration;
 

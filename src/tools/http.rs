@@ -11,13 +11,12 @@
 
 use serde_json::{Map, Value, json};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::kernel::catalog::{Access, HttpSpec, RetryPolicy, ToolSpec};
 use crate::kernel::{Catalog, ToolReply, ToolRequest};
 use crate::limits;
-use crate::net::{agent, client, clip, read_body};
+use crate::net::{agent, clip, h1, read_body};
 use crate::tools::approval;
 
 /// Tools called over HTTP: `POST url` with `{"user_id", "args"}` and the call key in the
@@ -150,7 +149,7 @@ fn backoff_ms(p: &RetryPolicy, n: u32) -> u64 {
 
 /// A request that got no answer: what the call's result is, and whether it is worth another
 /// try.
-fn not_answered(e: &reqwest::Error, refused: bool, write: bool) -> (Value, Option<Transient>) {
+fn not_answered(e: h1::Error, write: bool) -> (Value, Option<Transient>) {
     let transient = |cause: &str, unsent| {
         Some(Transient {
             cause: cause.into(),
@@ -158,42 +157,33 @@ fn not_answered(e: &reqwest::Error, refused: bool, write: bool) -> (Value, Optio
             unsent,
         })
     };
-    if refused {
-        // The write's proof refused it before its first byte: nothing left, nothing to retry.
-        let detail = client::error_text(e);
-        (
+    match e {
+        // The request could not be made, or the write's proof refused it before its first
+        // byte: nothing of it left, nothing to retry.
+        h1::Error::Invalid(detail) | h1::Error::Refused(detail) => (
             json!({"status": "error", "code": "not_sent", "detail": detail}),
             None,
-        )
-    } else if e.is_builder() {
-        // The request could not be made: nothing of it left.
-        let detail = client::error_text(e);
-        (
-            json!({"status": "error", "code": "not_sent", "detail": detail}),
-            None,
-        )
-    } else if e.is_connect() && !e.is_timeout() {
+        ),
         // No connection was made (refused, unreachable, a failed TLS handshake): nothing of
         // the request left, so it is tried again under its key whatever the call, and a write
         // is never held as unknown for it.
-        let detail = format!(
-            "the connection to the tool could not be made, so nothing was sent: {}",
-            client::error_text(e)
-        );
-        let result = json!({"status": "error", "code": "not_sent", "detail": detail});
-        (result, transient("connect", true))
-    } else if e.is_timeout() {
-        let detail = "no answer within the timeout".to_string();
-        (
-            outcome_unknown(write, "timeout", detail),
-            transient("timeout", false),
-        )
-    } else {
-        let detail = client::error_text(e);
-        (
+        h1::Error::Connect(e) => {
+            let detail =
+                format!("the connection to the tool could not be made, so nothing was sent: {e}");
+            let result = json!({"status": "error", "code": "not_sent", "detail": detail});
+            (result, transient("connect", true))
+        }
+        h1::Error::Timeout => {
+            let detail = "no answer within the timeout".to_string();
+            (
+                outcome_unknown(write, "timeout", detail),
+                transient("timeout", false),
+            )
+        }
+        h1::Error::Lost(detail) => (
             outcome_unknown(write, "transport", detail),
             transient("transport", false),
-        )
+        ),
     }
 }
 
@@ -210,59 +200,43 @@ struct Transient {
 /// success is the service's own and is kept as `service_status`.
 const RESULT_STATUSES: [&str; 5] = ["ok", "error", "needs_approval", "rejected", "unknown"];
 
-/// A write's send gate as the connector asks it, and the flag it sets when it refuses.
-fn gate_of(req: &ToolRequest<'_>) -> (Option<crate::net::Ready>, Arc<AtomicBool>) {
-    let refused = Arc::new(AtomicBool::new(false));
-    let gate = req.gate.map(|gate| {
-        let (gate, refused) = (gate.clone(), refused.clone());
-        Arc::new(move || {
-            let ready = gate.ready();
-            if ready.is_err() {
-                refused.store(true, Ordering::SeqCst);
-            }
-            ready
-        }) as crate::net::Ready
-    });
-    (gate, refused)
-}
-
 /// The request of one try: the built request with its timeout, the call key and the
 /// approval. A tool made from an OpenAPI operation carries the key on writes only (a read's
-/// `GET` is safe to repeat without one); a catalog tool's requests always carry it.
+/// `GET` is safe to repeat without one); a catalog tool's requests always carry it. A write
+/// goes on a connection of its own, which asks the call's send gate once made.
 fn request(
-    client: &reqwest::Client,
+    req: &ToolRequest<'_>,
     built: &super::request::Built,
-    key: &str,
     approval: Option<&str>,
-    with_key: bool,
+    (with_key, write): (bool, bool),
     timeout: Duration,
-) -> Result<reqwest::RequestBuilder, String> {
-    let method = reqwest::Method::from_bytes(built.method.as_bytes())
-        .map_err(|_| format!("{:?} is not an HTTP method", built.method))?;
-    let mut r = client.request(method, &built.url).timeout(timeout);
+) -> Result<h1::Request, h1::Error> {
+    let mut r = h1::Request::new(&built.method, &built.url, timeout)?;
     for (name, value) in &built.headers {
-        let name = http::HeaderName::from_bytes(name.as_bytes())
-            .map_err(|_| format!("{name:?} is not a header name"))?;
-        let value = http::HeaderValue::from_str(value)
-            .map_err(|_| format!("the value of the header {name} cannot be sent in a header"))?;
-        r = r.header(name, value);
+        r = r.header(name, value)?;
     }
     if with_key {
-        r = r.header("Idempotency-Key", key);
+        r = r.header("Idempotency-Key", req.key)?;
     }
     if let Some(header) = approval {
-        r = r.header(approval::HEADER, header);
+        r = r.header(approval::HEADER, header)?;
     }
     if let Some(body) = &built.body {
         r = r
-            .header("Content-Type", "application/json")
-            .body(body.clone());
+            .header("Content-Type", "application/json")?
+            .body(body.clone().into());
+    }
+    if write || req.gate.is_some() {
+        let gate = req.gate.map(|gate| {
+            let gate = gate.clone();
+            Arc::new(move || gate.ready()) as crate::net::Ready
+        });
+        r = r.write(gate);
     }
     Ok(r)
 }
 
-/// One try of a call: its result, and whether the failure (if it is one) is transient. A
-/// write with a gate goes through the gated client: its connection asks the gate once made.
+/// One try of a call: its result, and whether the failure (if it is one) is transient.
 async fn send(
     spec: &ToolSpec,
     http: &HttpSpec,
@@ -272,50 +246,31 @@ async fn send(
     write: bool,
     timeout: Duration,
 ) -> (Value, Option<Transient>) {
-    let (gate, refused) = gate_of(req);
-    let client = match gate {
-        Some(_) => client::gated(),
-        None => client::pooled(),
-    };
-    let client = match client {
-        Ok(c) => c,
-        Err(e) => {
-            return (
-                json!({"status": "error", "code": "not_sent", "detail": e}),
-                None,
-            );
-        }
-    };
     let with_key = http.api.is_none() || write;
-    let r = match request(client, built, req.key, approval, with_key, timeout) {
-        Ok(r) => r,
-        Err(e) => {
-            return (
-                json!({"status": "error", "code": "not_sent", "detail": e}),
-                None,
-            );
-        }
+    let sent = match request(req, built, approval, (with_key, write), timeout) {
+        Ok(r) => h1::send(r, limits::TOOL_RESULT_BYTES_MAX).await,
+        Err(e) => Err(e),
     };
-    let resp = match client::send(r, gate).await {
+    let resp = match sent {
         Ok(resp) => resp,
-        Err(e) => return not_answered(&e, refused.load(Ordering::SeqCst), write),
+        Err(e) => return not_answered(e, write),
     };
-    let status = resp.status().as_u16();
+    let status = resp.status;
     if (200..300).contains(&status) {
         tracing::debug!(tool = %spec.name, key = req.key, status, "tool answered");
     } else {
         tracing::warn!(tool = %spec.name, key = req.key, status, url = %built.url, "tool answered HTTP {status}");
     }
-    let retry_after = crate::net::retry_after(resp.headers());
+    let retry_after = crate::net::retry_after(&resp.headers);
     let location = resp
-        .headers()
+        .headers
         .get("location")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_string();
     // A body that cannot be read leaves a success unusable; an error answer is still told by
     // its status, with the reason in its detail.
-    let text = match client::read_body(resp, limits::TOOL_RESULT_BYTES_MAX).await {
+    let text = match resp.body {
         Ok(t) => t,
         Err(e) if (200..300).contains(&status) => {
             return (outcome_unknown(write, "invalid_result", e), None);

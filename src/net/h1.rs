@@ -1,0 +1,486 @@
+//! The asynchronous HTTP/1.1 client of the daemon's executor: model requests and tool calls
+//! wait here without holding a thread, and without holding much memory either. Ten thousand
+//! tasks waiting on a model are ten thousand requests in flight, each on a connection of its
+//! own; a general client's connection carries about 25 KB of buffers and channels while it
+//! waits, this one a socket and the request's state (the read buffer is made when the answer
+//! begins). Everything else it needs is small: a request written once, an answer's head read
+//! with `httparse`, its body by `Content-Length`, chunks or the connection's end, within a
+//! limit and the request's timeout.
+//!
+//! - A request that may be repeated (a model request, a tool's read) goes on an idle
+//!   connection to its origin when one is kept, and is sent again on a new one if that
+//!   connection turns out closed before any answer; its connection is kept afterwards.
+//! - A write opens a connection of its own, kept by no one, and asks its send gate once the
+//!   connection is made (TCP, a proxy's tunnel, TLS), so that the proof of its claim is the
+//!   last thing before its first byte (see `worker::driver::Proof`).
+//!
+//! Redirects are answers, never followed (see [`super::agent`] for why). Where requests go
+//! (proxies, TLS, idle connections) is [`super::route`].
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::Instant;
+
+use super::Ready;
+use super::route::{self, Conn, Origin};
+
+/// Why a request got no answer. What of it may have left decides what its caller may do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Error {
+    /// The request cannot be made as given (a header, the URL, a proxy setting): nothing sent.
+    Invalid(String),
+    /// No connection was made (name, TCP, proxy, TLS): nothing of the request was sent.
+    Connect(String),
+    /// The write's send gate refused once connected: nothing sent.
+    Refused(String),
+    /// No answer within the request's timeout: some of it may have been sent.
+    Timeout,
+    /// The connection failed or closed after the request began: it may have arrived.
+    Lost(String),
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::Invalid(e) | Error::Connect(e) | Error::Refused(e) | Error::Lost(e) => {
+                f.write_str(e)
+            }
+            Error::Timeout => f.write_str("no answer within the timeout"),
+        }
+    }
+}
+
+/// A request: its method, URL and headers, written once; its body, shared by the tries.
+pub struct Request {
+    method: String,
+    uri: http::Uri,
+    headers: String,
+    body: Option<bytes::Bytes>,
+    timeout: Duration,
+    write: Option<Option<Ready>>,
+}
+
+impl Request {
+    /// A `method` request to the absolute `url`, to be answered within `timeout`.
+    pub fn new(method: &str, url: &str, timeout: Duration) -> Result<Request, Error> {
+        if method.is_empty() || !method.bytes().all(|b| b.is_ascii_alphabetic()) {
+            return Err(Error::Invalid(format!("{method:?} is not an HTTP method")));
+        }
+        super::check_url(url).map_err(Error::Invalid)?;
+        let uri: http::Uri = url
+            .parse()
+            .map_err(|e| Error::Invalid(format!("{url:?} is not a URL: {e}")))?;
+        Ok(Request {
+            method: method.to_ascii_uppercase(),
+            uri,
+            headers: String::new(),
+            body: None,
+            timeout,
+            write: None,
+        })
+    }
+
+    /// Adds a header; `Err` when it cannot be sent as given.
+    pub fn header(mut self, name: &str, value: &str) -> Result<Request, Error> {
+        http::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| Error::Invalid(format!("{name:?} is not a header name")))?;
+        http::HeaderValue::from_str(value).map_err(|_| {
+            Error::Invalid(format!(
+                "the value of the header {name} cannot be sent in a header"
+            ))
+        })?;
+        for part in [name, ": ", value, "\r\n"] {
+            self.headers.push_str(part);
+        }
+        Ok(self)
+    }
+
+    /// The request's body.
+    pub fn body(mut self, body: bytes::Bytes) -> Request {
+        self.body = Some(body);
+        self
+    }
+
+    /// Marks the request a write: a connection of its own, never kept nor reused, and
+    /// `gate` (if any) asked once it is made.
+    pub fn write(mut self, gate: Option<Ready>) -> Request {
+        self.write = Some(gate);
+        self
+    }
+
+    /// The head as sent on `origin`'s connection (through `proxy` for plain HTTP: the
+    /// absolute URL as the target, and the proxy's credentials).
+    fn head(&self, origin: &Origin, proxy: Option<&route::Proxy>) -> Vec<u8> {
+        let path = self.uri.path_and_query().map_or("/", |p| p.as_str());
+        let via_proxy = proxy.filter(|_| !origin.tls);
+        let target = match via_proxy {
+            Some(_) => format!(
+                "{}://{}{path}",
+                if origin.tls { "https" } else { "http" },
+                origin.authority()
+            ),
+            None => path.to_string(),
+        };
+        let mut head = format!(
+            "{} {target} HTTP/1.1\r\nHost: {}\r\n",
+            self.method,
+            origin.authority()
+        );
+        if let Some(auth) = via_proxy.and_then(|p| p.auth.as_deref()) {
+            head.push_str(&format!("Proxy-Authorization: {auth}\r\n"));
+        }
+        head.push_str(&self.headers);
+        let len = self.body.as_ref().map_or(0, |b| b.len());
+        if len > 0 || matches!(self.method.as_str(), "POST" | "PUT" | "PATCH") {
+            head.push_str(&format!("Content-Length: {len}\r\n"));
+        }
+        if self.write.is_some() {
+            head.push_str("Connection: close\r\n");
+        }
+        head.push_str("\r\n");
+        head.into_bytes()
+    }
+}
+
+/// Reads the environment's proxies and this machine's TLS roots now rather than at the
+/// first request.
+pub fn prepare() {
+    route::proxies();
+    let _ = route::tls();
+}
+
+/// An answer: its status, its headers and its body as text (or why the body could not be
+/// read: over `max_body`, cut off, past the timeout, not UTF-8).
+pub struct Response {
+    pub status: u16,
+    pub headers: http::HeaderMap,
+    pub body: Result<String, String>,
+}
+
+/// Sends `req` and reads its answer, the body at most `max_body` bytes.
+pub async fn send(req: Request, max_body: usize) -> Result<Response, Error> {
+    send_via(req, max_body, route::proxies()).await
+}
+
+/// [`send`], through the proxies `proxies` names.
+async fn send_via(
+    req: Request,
+    max_body: usize,
+    proxies: &route::Proxies,
+) -> Result<Response, Error> {
+    let deadline = Instant::now() + req.timeout;
+    let origin = Origin::of(&req.uri).map_err(Error::Invalid)?;
+    let proxy = proxies.route(&origin).map_err(Error::Invalid)?;
+    let head = req.head(&origin, proxy);
+    let exchange = async {
+        if req.write.is_none()
+            && let Some(conn) = route::take_idle(&origin)
+        {
+            match exchange(conn, &head, &req, true).await {
+                Err(Tried::Stale) => {}
+                done => return done.map_err(Tried::into_error),
+            }
+        }
+        let conn = route::open(&origin, proxy).await.map_err(Error::Connect)?;
+        if let Some(Some(gate)) = &req.write {
+            let gate = gate.clone();
+            tokio::task::spawn_blocking(move || gate())
+                .await
+                .unwrap_or_else(|e| Err(format!("the send gate failed: {e}")))
+                .map_err(Error::Refused)?;
+        }
+        exchange(conn, &head, &req, false)
+            .await
+            .map_err(Tried::into_error)
+    };
+    let (mut wire, status, headers) = tokio::time::timeout_at(deadline, exchange)
+        .await
+        .map_err(|_| Error::Timeout)??;
+    let body = match tokio::time::timeout_at(deadline, wire.body(&req, status, &headers, max_body))
+        .await
+    {
+        Ok(body) => body,
+        Err(_) => Err("the response body did not arrive within the timeout".into()),
+    };
+    let body = body.and_then(|b| {
+        String::from_utf8(b).map_err(|_| "the response body is not UTF-8 text".to_string())
+    });
+    if body.is_ok() && req.write.is_none() && wire.reusable(&headers) {
+        route::keep_idle(&origin, wire.conn);
+    }
+    Ok(Response {
+        status,
+        headers,
+        body,
+    })
+}
+
+/// How one try on a connection failed.
+enum Tried {
+    /// A kept connection was closed before any of the answer: try a new one.
+    Stale,
+    Lost(String),
+}
+
+impl Tried {
+    fn into_error(self) -> Error {
+        match self {
+            Tried::Stale => Error::Lost("the connection closed before an answer".into()),
+            Tried::Lost(e) => Error::Lost(e),
+        }
+    }
+}
+
+/// Writes the request on `conn` and reads the head of its answer (after any `1xx`). A
+/// `reused` connection that turns out closed before any answer is [`Tried::Stale`].
+async fn exchange(
+    mut conn: Conn,
+    head: &[u8],
+    req: &Request,
+    reused: bool,
+) -> Result<(Wire, u16, http::HeaderMap), Tried> {
+    let failed = |e: std::io::Error| {
+        if reused {
+            Tried::Stale
+        } else {
+            Tried::Lost(format!(
+                "the connection failed while the request was sent: {e}"
+            ))
+        }
+    };
+    let written = async {
+        conn.write_all(head).await?;
+        if let Some(body) = &req.body {
+            conn.write_all(body).await?;
+        }
+        conn.flush().await
+    };
+    written.await.map_err(failed)?;
+    conn.readable().await.map_err(failed)?;
+    let mut wire = Wire {
+        conn,
+        buf: Vec::new(),
+        at: 0,
+        ended: false,
+        http10: false,
+    };
+    loop {
+        let (status, headers) = wire.head().await.map_err(|e| match e {
+            Read::Closed if reused => Tried::Stale,
+            e => Tried::Lost(e.text("the answer's head")),
+        })?;
+        if !(100..200).contains(&status) || status == 101 {
+            return Ok((wire, status, headers));
+        }
+    }
+}
+
+/// Why reading failed.
+enum Read {
+    /// The connection ended before the first byte of what was read.
+    Closed,
+    Failed(String),
+}
+
+impl Read {
+    fn text(self, what: &str) -> String {
+        match self {
+            Read::Closed => format!("the connection closed before {what}"),
+            Read::Failed(e) => e,
+        }
+    }
+}
+
+/// The largest answer head read.
+const HEAD_MAX: usize = 64 * 1024;
+
+/// A connection being read: what arrived and is not yet taken.
+struct Wire {
+    conn: Conn,
+    buf: Vec<u8>,
+    at: usize,
+    ended: bool,
+    /// The answer is HTTP/1.0's, whose connection closes after it.
+    http10: bool,
+}
+
+impl Wire {
+    /// Reads more; `false` at the connection's end.
+    async fn fill(&mut self) -> Result<bool, Read> {
+        if self.at > 0 && self.at == self.buf.len() {
+            self.buf.clear();
+            self.at = 0;
+        }
+        if self.buf.capacity() - self.buf.len() < 1024 {
+            self.buf.reserve(4096);
+        }
+        let n = self
+            .conn
+            .read_buf(&mut self.buf)
+            .await
+            .map_err(|e| Read::Failed(format!("the connection failed: {e}")))?;
+        self.ended |= n == 0;
+        Ok(n > 0)
+    }
+
+    fn unread(&self) -> &[u8] {
+        &self.buf[self.at..]
+    }
+
+    /// An answer's head: its status and headers.
+    async fn head(&mut self) -> Result<(u16, http::HeaderMap), Read> {
+        let began = self.unread().len();
+        loop {
+            let mut slots = [httparse::EMPTY_HEADER; 100];
+            let mut r = httparse::Response::new(&mut slots);
+            let parsed = match r.parse(&self.buf[self.at..]) {
+                Ok(httparse::Status::Complete(n)) => n,
+                Ok(httparse::Status::Partial) if self.unread().len() > HEAD_MAX => {
+                    return Err(Read::Failed("the answer's head is over 64 KB".into()));
+                }
+                Ok(httparse::Status::Partial) => 0,
+                Err(e) => {
+                    return Err(Read::Failed(format!("the answer is not HTTP/1.1: {e}")));
+                }
+            };
+            if parsed > 0 {
+                let mut headers = http::HeaderMap::with_capacity(r.headers.len());
+                for h in r.headers.iter() {
+                    if let (Ok(name), Ok(value)) = (
+                        http::HeaderName::from_bytes(h.name.as_bytes()),
+                        http::HeaderValue::from_bytes(h.value),
+                    ) {
+                        headers.append(name, value);
+                    }
+                }
+                let (status, http10) = (r.code.unwrap_or(0), r.version == Some(0));
+                self.at += parsed;
+                self.http10 = http10;
+                return Ok((status, headers));
+            }
+            if !self.fill().await? {
+                return Err(match self.unread().len() == began && began == 0 {
+                    true => Read::Closed,
+                    false => Read::Failed("the connection closed in the answer's head".into()),
+                });
+            }
+        }
+    }
+
+    /// The answer's body, at most `max` bytes.
+    async fn body(
+        &mut self,
+        req: &Request,
+        status: u16,
+        headers: &http::HeaderMap,
+        max: usize,
+    ) -> Result<Vec<u8>, String> {
+        if req.method == "HEAD" || matches!(status, 204 | 304) {
+            return Ok(Vec::new());
+        }
+        let header = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
+        let over = || format!("the response body is over the limit of {max} bytes");
+        if header("transfer-encoding").is_some_and(|t| t.to_ascii_lowercase().contains("chunked")) {
+            return self.chunked(max).await;
+        }
+        if let Some(len) = header("content-length") {
+            let len: usize = len
+                .trim()
+                .parse()
+                .map_err(|_| format!("the answer's Content-Length {len:?} is not a number"))?;
+            if len > max {
+                return Err(over());
+            }
+            return self.exact(len).await.map_err(|e| e.text("the body's end"));
+        }
+        // Neither: the body ends with the connection.
+        while !self.ended {
+            if self.unread().len() > max {
+                return Err(over());
+            }
+            self.fill().await.map_err(|e| e.text("the body's end"))?;
+        }
+        if self.unread().len() > max {
+            return Err(over());
+        }
+        Ok(self.take(self.unread().len()))
+    }
+
+    /// The next `n` bytes.
+    async fn exact(&mut self, n: usize) -> Result<Vec<u8>, Read> {
+        while self.unread().len() < n {
+            if !self.fill().await? {
+                return Err(Read::Failed(
+                    "the connection closed before the body's end".into(),
+                ));
+            }
+        }
+        Ok(self.take(n))
+    }
+
+    fn take(&mut self, n: usize) -> Vec<u8> {
+        let taken = self.unread()[..n].to_vec();
+        self.at += n;
+        taken
+    }
+
+    /// A line (without its CRLF), for the chunked coding's sizes and trailers.
+    async fn line(&mut self) -> Result<String, String> {
+        loop {
+            if let Some(end) = self.unread().windows(2).position(|w| w == b"\r\n") {
+                let line = String::from_utf8_lossy(&self.unread()[..end]).into_owned();
+                self.at += end + 2;
+                return Ok(line);
+            }
+            if self.unread().len() > 8 * 1024 {
+                return Err("a chunk's size line is over 8 KB".into());
+            }
+            if !self.fill().await.map_err(|e| e.text("the body's end"))? {
+                return Err("the connection closed before the body's end".into());
+            }
+        }
+    }
+
+    /// A body in the chunked coding (RFC 9112, section 7.1), trailers read and dropped.
+    async fn chunked(&mut self, max: usize) -> Result<Vec<u8>, String> {
+        let mut body = Vec::new();
+        loop {
+            let line = self.line().await?;
+            let size = line.split(';').next().unwrap_or_default().trim();
+            let size = usize::from_str_radix(size, 16)
+                .map_err(|_| format!("a chunk's size {size:?} is not a hex number"))?;
+            if size == 0 {
+                while !self.line().await?.is_empty() {}
+                return Ok(body);
+            }
+            if body.len() + size > max {
+                return Err(format!(
+                    "the response body is over the limit of {max} bytes"
+                ));
+            }
+            let chunk = self
+                .exact(size)
+                .await
+                .map_err(|e| e.text("a chunk's end"))?;
+            body.extend_from_slice(&chunk);
+            if !self.line().await?.is_empty() {
+                return Err("a chunk is longer than its size says".into());
+            }
+        }
+    }
+
+    /// Whether the connection may carry the next request: the answer read to its end,
+    /// nothing after it, and neither side asked to close.
+    fn reusable(&self, headers: &http::HeaderMap) -> bool {
+        let close = headers.get_all("connection").iter().any(|v| {
+            v.to_str()
+                .is_ok_and(|v| v.to_ascii_lowercase().contains("close"))
+        });
+        !close && !self.http10 && !self.ended && self.unread().is_empty()
+    }
+}
+
+#[cfg(test)]
+#[path = "h1_tests.rs"]
+mod tests;
