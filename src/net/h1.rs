@@ -315,11 +315,12 @@ impl Wire {
         if self.buf.capacity() - self.buf.len() < 1024 {
             self.buf.reserve(4096);
         }
-        let n = self
-            .conn
-            .read_buf(&mut self.buf)
-            .await
-            .map_err(|e| Read::Failed(format!("the connection failed: {e}")))?;
+        let n = match self.conn.read_buf(&mut self.buf).await {
+            Ok(n) => n,
+            // A TLS peer that closes without its close_notify: the end, as for TCP.
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => 0,
+            Err(e) => return Err(Read::Failed(format!("the connection failed: {e}"))),
+        };
         self.ended |= n == 0;
         Ok(n > 0)
     }

@@ -1,8 +1,9 @@
 //! HTTP shared by the model and tool adapters: the blocking client (ureq) of the threads that
 //! are not the executor's (the settler's lookups, the callback sender, the span exporter), an
-//! agent bounded by a timeout that never follows redirects; the executor's asynchronous client
-//! ([`client`]); the check every configured URL passes, the retry backoff, bounded body reads
-//! and clipped error texts.
+//! agent bounded by a timeout that never follows redirects; the executor's asynchronous
+//! HTTP/1.1 client ([`h1`], its routes, proxies and idle connections in [`route`]); the send
+//! gate of MCP's client ([`gate`]); the check every configured URL passes, the retry backoff,
+//! bounded body reads and clipped error texts.
 
 pub mod gate;
 pub mod h1;

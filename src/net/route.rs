@@ -362,13 +362,29 @@ pub fn take_idle(origin: &Origin) -> Option<Conn> {
     kept.pop().map(|(conn, _)| conn)
 }
 
-/// Keeps `conn` for the next request to `origin`.
+/// Keeps `conn` for the next request to `origin`; once per [`IDLE_FOR`], drops the
+/// connections kept past it for every origin (one asked once is not kept open for ever).
 pub fn keep_idle(origin: &Origin, conn: Conn) {
-    if let Ok(mut idle) = idle().lock() {
-        idle.entry(origin.clone())
-            .or_default()
-            .push((conn, Instant::now()));
+    static SWEPT: Mutex<Option<Instant>> = Mutex::new(None);
+    let Ok(mut idle) = idle().lock() else {
+        return;
+    };
+    let due = SWEPT.lock().is_ok_and(|mut at| {
+        let due = at.is_none_or(|t| t.elapsed() >= IDLE_FOR);
+        if due {
+            *at = Some(Instant::now());
+        }
+        due
+    });
+    if due {
+        idle.retain(|_, kept| {
+            kept.retain(|(_, since)| since.elapsed() < IDLE_FOR);
+            !kept.is_empty()
+        });
     }
+    idle.entry(origin.clone())
+        .or_default()
+        .push((conn, Instant::now()));
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@ mod executor; // 500 tasks of a profile waiting at once on a newcomer's daemon; 
 mod figures; // the design document's tables, byte for byte
 mod flow; // delayed starts, concurrency keys, time limits
 mod http; // the demo shop over HTTP with writes in flight, redirects, approvals, the edge's limits
+mod http_client; // model requests over TLS with the machine's roots and through a proxy's CONNECT tunnel
 mod in_flight; // a write in flight when its daemon died stays held whatever ends its task
 mod kernel; // the kernel's own scenarios and edge cases
 mod kernel_purity; // the kernel names only an allow-list of paths

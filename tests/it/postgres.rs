@@ -4,6 +4,7 @@
 
 use crate::common;
 use common::pg::PgCluster;
+use common::tls::{has_openssl, make_certs, openssl};
 use common::*;
 use postgres::fallible_iterator::FallibleIterator;
 use std::time::{Duration, Instant};
@@ -140,20 +141,6 @@ fn an_idle_daemon_is_woken_by_notify() {
     daemon.join().expect("daemon");
 }
 
-/// Runs `openssl ARGS` in `dir`, which must succeed.
-fn openssl(dir: &std::path::Path, args: &[&str]) {
-    let out = std::process::Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("openssl");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// Review item 9: there was no TLS to PostgreSQL: `sslmode=require` could not connect
 /// ("error performing TLS handshake"), `sslmode=prefer` sent everything in clear, and the
 /// server's refusals printed as a bare "db error". Against a server that takes TLS
@@ -162,15 +149,7 @@ fn openssl(dir: &std::path::Path, args: &[&str]) {
 /// server.
 #[test]
 fn hole_9_tls_to_postgresql_with_libpqs_sslmodes() {
-    if std::process::Command::new("openssl")
-        .arg("version")
-        .output()
-        .is_err()
-    {
-        missing(
-            "openssl (to make the test's certificates)",
-            "Debian's openssl package",
-        );
+    if !has_openssl() {
         return;
     }
     let Some(pg) = PgCluster::start("tls") else {
@@ -179,78 +158,7 @@ fn hole_9_tls_to_postgresql_with_libpqs_sslmodes() {
     let dir = TempDir::new("pg-tls");
     let d = dir.path();
     // A certificate authority, and the server's certificate for the name localhost.
-    openssl(
-        d,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=test ca",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-        ],
-    );
-    openssl(
-        d,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=other ca",
-            "-keyout",
-            "other.key",
-            "-out",
-            "other.pem",
-        ],
-    );
-    openssl(
-        d,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            "/CN=localhost",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-        ],
-    );
-    std::fs::write(d.join("san.ext"), "subjectAltName=DNS:localhost\n").expect("ext");
-    openssl(
-        d,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-extfile",
-            "san.ext",
-            "-out",
-            "server.crt",
-        ],
-    );
+    make_certs(d);
     let data = pg.data_dir();
     for f in ["server.crt", "server.key"] {
         std::fs::copy(d.join(f), data.join(f)).expect("copy");

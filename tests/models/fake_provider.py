@@ -8,7 +8,8 @@ what the provider sends, not a copy of it written here. Every request is appende
 
 Usage: fake_provider.py --api openai|anthropic --script FILE --log FILE
                         [--limit-requests N] [--limit-tokens T] [--window-ms W]
-Prints `listening on http://127.0.0.1:PORT` when ready.
+                        [--tls CERT KEY]
+Prints `listening on http://127.0.0.1:PORT` when ready (`https://localhost:PORT` with --tls).
 
 With limits it is rate limited as a provider is: a request that would take the requests it
 accepted in the last W ms past N, or their billed tokens past T, is answered 429 with
@@ -148,6 +149,8 @@ def main():
     ap.add_argument("--limit-requests", type=int)
     ap.add_argument("--limit-tokens", type=int)
     ap.add_argument("--window-ms", type=int, default=60000)
+    ap.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"),
+                    help="serve HTTPS with this certificate chain and key, as localhost")
     a = ap.parse_args()
     script = [json.loads(l) for l in open(a.script) if l.strip()]
     served = [0]
@@ -227,7 +230,14 @@ def main():
                 super().handle_error(request, client_address)
 
     srv = Server(("127.0.0.1", 0), Handler)
-    print(f"listening on http://127.0.0.1:{srv.server_address[1]}", flush=True)
+    if a.tls:
+        import ssl
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(*a.tls)
+        srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+        print(f"listening on https://localhost:{srv.server_address[1]}", flush=True)
+    else:
+        print(f"listening on http://127.0.0.1:{srv.server_address[1]}", flush=True)
     srv.serve_forever()
 
 

@@ -8,6 +8,7 @@ pub mod pg;
 pub mod proxy;
 pub mod serve;
 pub mod shop;
+pub mod tls;
 pub mod webdriver;
 
 pub struct TempDir(pub PathBuf);
