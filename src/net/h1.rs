@@ -19,10 +19,11 @@
 
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
 use super::Ready;
+use super::answer::{Read, Wire};
 use super::route::{self, Conn, Origin};
 
 /// Why a request got no answer. What of it may have left decides what its caller may do.
@@ -56,6 +57,8 @@ pub struct Request {
     method: String,
     uri: http::Uri,
     headers: String,
+    /// The caller named what it accepts (else `Accept: */*`, as clients send).
+    accept: bool,
     body: Option<bytes::Bytes>,
     timeout: Duration,
     write: Option<Option<Ready>>,
@@ -75,6 +78,7 @@ impl Request {
             method: method.to_ascii_uppercase(),
             uri,
             headers: String::new(),
+            accept: false,
             body: None,
             timeout,
             write: None,
@@ -90,6 +94,7 @@ impl Request {
                 "the value of the header {name} cannot be sent in a header"
             ))
         })?;
+        self.accept |= name.eq_ignore_ascii_case("accept");
         for part in [name, ": ", value, "\r\n"] {
             self.headers.push_str(part);
         }
@@ -131,6 +136,9 @@ impl Request {
             head.push_str(&format!("Proxy-Authorization: {auth}\r\n"));
         }
         head.push_str(&self.headers);
+        if !self.accept {
+            head.push_str("Accept: */*\r\n");
+        }
         let len = self.body.as_ref().map_or(0, |b| b.len());
         if len > 0 || matches!(self.method.as_str(), "POST" | "PUT" | "PATCH") {
             head.push_str(&format!("Content-Length: {len}\r\n"));
@@ -182,14 +190,28 @@ async fn send_via(
                 done => return done.map_err(Tried::into_error),
             }
         }
-        let conn = route::open(&origin, proxy).await.map_err(Error::Connect)?;
-        if let Some(Some(gate)) = &req.write {
-            let gate = gate.clone();
-            tokio::task::spawn_blocking(move || gate())
-                .await
-                .unwrap_or_else(|e| Err(format!("the send gate failed: {e}")))
-                .map_err(Error::Refused)?;
-        }
+        // Until the gate lets the request go, nothing of it has left: running out of time
+        // there is a connection not made, not a request without an answer.
+        let connected = async {
+            let conn = route::open(&origin, proxy).await.map_err(Error::Connect)?;
+            if let Some(Some(gate)) = &req.write {
+                let gate = gate.clone();
+                tokio::task::spawn_blocking(move || gate())
+                    .await
+                    .unwrap_or_else(|e| Err(format!("the send gate failed: {e}")))
+                    .map_err(Error::Refused)?;
+            }
+            Ok(conn)
+        };
+        let conn = match tokio::time::timeout_at(deadline, connected).await {
+            Ok(conn) => conn?,
+            Err(_) => {
+                return Err(Error::Connect(format!(
+                    "no connection to {} within the timeout, so nothing was sent",
+                    origin.authority()
+                )));
+            }
+        };
         exchange(conn, &head, &req, false)
             .await
             .map_err(Tried::into_error)
@@ -197,17 +219,19 @@ async fn send_via(
     let (mut wire, status, headers) = tokio::time::timeout_at(deadline, exchange)
         .await
         .map_err(|_| Error::Timeout)??;
-    let body = match tokio::time::timeout_at(deadline, wire.body(&req, status, &headers, max_body))
-        .await
-    {
-        Ok(body) => body,
-        Err(_) => Err("the response body did not arrive within the timeout".into()),
-    };
+    let no_body = req.method == "HEAD";
+    let body =
+        match tokio::time::timeout_at(deadline, wire.body(no_body, status, &headers, max_body))
+            .await
+        {
+            Ok(body) => body,
+            Err(_) => Err("the response body did not arrive within the timeout".into()),
+        };
     let body = body.and_then(|b| {
         String::from_utf8(b).map_err(|_| "the response body is not UTF-8 text".to_string())
     });
     if body.is_ok() && req.write.is_none() && wire.reusable(&headers) {
-        route::keep_idle(&origin, wire.conn);
+        route::keep_idle(&origin, wire.into_conn());
     }
     Ok(Response {
         status,
@@ -257,14 +281,7 @@ async fn exchange(
         conn.flush().await
     };
     written.await.map_err(failed)?;
-    conn.readable().await.map_err(failed)?;
-    let mut wire = Wire {
-        conn,
-        buf: Vec::new(),
-        at: 0,
-        ended: false,
-        http10: false,
-    };
+    let mut wire = Wire::new(conn);
     loop {
         let (status, headers) = wire.head().await.map_err(|e| match e {
             Read::Closed if reused => Tried::Stale,
@@ -273,212 +290,6 @@ async fn exchange(
         if !(100..200).contains(&status) || status == 101 {
             return Ok((wire, status, headers));
         }
-    }
-}
-
-/// Why reading failed.
-enum Read {
-    /// The connection ended before the first byte of what was read.
-    Closed,
-    Failed(String),
-}
-
-impl Read {
-    fn text(self, what: &str) -> String {
-        match self {
-            Read::Closed => format!("the connection closed before {what}"),
-            Read::Failed(e) => e,
-        }
-    }
-}
-
-/// The largest answer head read.
-const HEAD_MAX: usize = 64 * 1024;
-
-/// A connection being read: what arrived and is not yet taken.
-struct Wire {
-    conn: Conn,
-    buf: Vec<u8>,
-    at: usize,
-    ended: bool,
-    /// The answer is HTTP/1.0's, whose connection closes after it.
-    http10: bool,
-}
-
-impl Wire {
-    /// Reads more; `false` at the connection's end.
-    async fn fill(&mut self) -> Result<bool, Read> {
-        if self.at > 0 && self.at == self.buf.len() {
-            self.buf.clear();
-            self.at = 0;
-        }
-        if self.buf.capacity() - self.buf.len() < 1024 {
-            self.buf.reserve(4096);
-        }
-        let n = match self.conn.read_buf(&mut self.buf).await {
-            Ok(n) => n,
-            // A TLS peer that closes without its close_notify: the end, as for TCP.
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => 0,
-            Err(e) => return Err(Read::Failed(format!("the connection failed: {e}"))),
-        };
-        self.ended |= n == 0;
-        Ok(n > 0)
-    }
-
-    fn unread(&self) -> &[u8] {
-        &self.buf[self.at..]
-    }
-
-    /// An answer's head: its status and headers.
-    async fn head(&mut self) -> Result<(u16, http::HeaderMap), Read> {
-        let began = self.unread().len();
-        loop {
-            let mut slots = [httparse::EMPTY_HEADER; 100];
-            let mut r = httparse::Response::new(&mut slots);
-            let parsed = match r.parse(&self.buf[self.at..]) {
-                Ok(httparse::Status::Complete(n)) => n,
-                Ok(httparse::Status::Partial) if self.unread().len() > HEAD_MAX => {
-                    return Err(Read::Failed("the answer's head is over 64 KB".into()));
-                }
-                Ok(httparse::Status::Partial) => 0,
-                Err(e) => {
-                    return Err(Read::Failed(format!("the answer is not HTTP/1.1: {e}")));
-                }
-            };
-            if parsed > 0 {
-                let mut headers = http::HeaderMap::with_capacity(r.headers.len());
-                for h in r.headers.iter() {
-                    if let (Ok(name), Ok(value)) = (
-                        http::HeaderName::from_bytes(h.name.as_bytes()),
-                        http::HeaderValue::from_bytes(h.value),
-                    ) {
-                        headers.append(name, value);
-                    }
-                }
-                let (status, http10) = (r.code.unwrap_or(0), r.version == Some(0));
-                self.at += parsed;
-                self.http10 = http10;
-                return Ok((status, headers));
-            }
-            if !self.fill().await? {
-                return Err(match self.unread().len() == began && began == 0 {
-                    true => Read::Closed,
-                    false => Read::Failed("the connection closed in the answer's head".into()),
-                });
-            }
-        }
-    }
-
-    /// The answer's body, at most `max` bytes.
-    async fn body(
-        &mut self,
-        req: &Request,
-        status: u16,
-        headers: &http::HeaderMap,
-        max: usize,
-    ) -> Result<Vec<u8>, String> {
-        if req.method == "HEAD" || matches!(status, 204 | 304) {
-            return Ok(Vec::new());
-        }
-        let header = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
-        let over = || format!("the response body is over the limit of {max} bytes");
-        if header("transfer-encoding").is_some_and(|t| t.to_ascii_lowercase().contains("chunked")) {
-            return self.chunked(max).await;
-        }
-        if let Some(len) = header("content-length") {
-            let len: usize = len
-                .trim()
-                .parse()
-                .map_err(|_| format!("the answer's Content-Length {len:?} is not a number"))?;
-            if len > max {
-                return Err(over());
-            }
-            return self.exact(len).await.map_err(|e| e.text("the body's end"));
-        }
-        // Neither: the body ends with the connection.
-        while !self.ended {
-            if self.unread().len() > max {
-                return Err(over());
-            }
-            self.fill().await.map_err(|e| e.text("the body's end"))?;
-        }
-        if self.unread().len() > max {
-            return Err(over());
-        }
-        Ok(self.take(self.unread().len()))
-    }
-
-    /// The next `n` bytes.
-    async fn exact(&mut self, n: usize) -> Result<Vec<u8>, Read> {
-        while self.unread().len() < n {
-            if !self.fill().await? {
-                return Err(Read::Failed(
-                    "the connection closed before the body's end".into(),
-                ));
-            }
-        }
-        Ok(self.take(n))
-    }
-
-    fn take(&mut self, n: usize) -> Vec<u8> {
-        let taken = self.unread()[..n].to_vec();
-        self.at += n;
-        taken
-    }
-
-    /// A line (without its CRLF), for the chunked coding's sizes and trailers.
-    async fn line(&mut self) -> Result<String, String> {
-        loop {
-            if let Some(end) = self.unread().windows(2).position(|w| w == b"\r\n") {
-                let line = String::from_utf8_lossy(&self.unread()[..end]).into_owned();
-                self.at += end + 2;
-                return Ok(line);
-            }
-            if self.unread().len() > 8 * 1024 {
-                return Err("a chunk's size line is over 8 KB".into());
-            }
-            if !self.fill().await.map_err(|e| e.text("the body's end"))? {
-                return Err("the connection closed before the body's end".into());
-            }
-        }
-    }
-
-    /// A body in the chunked coding (RFC 9112, section 7.1), trailers read and dropped.
-    async fn chunked(&mut self, max: usize) -> Result<Vec<u8>, String> {
-        let mut body = Vec::new();
-        loop {
-            let line = self.line().await?;
-            let size = line.split(';').next().unwrap_or_default().trim();
-            let size = usize::from_str_radix(size, 16)
-                .map_err(|_| format!("a chunk's size {size:?} is not a hex number"))?;
-            if size == 0 {
-                while !self.line().await?.is_empty() {}
-                return Ok(body);
-            }
-            if body.len() + size > max {
-                return Err(format!(
-                    "the response body is over the limit of {max} bytes"
-                ));
-            }
-            let chunk = self
-                .exact(size)
-                .await
-                .map_err(|e| e.text("a chunk's end"))?;
-            body.extend_from_slice(&chunk);
-            if !self.line().await?.is_empty() {
-                return Err("a chunk is longer than its size says".into());
-            }
-        }
-    }
-
-    /// Whether the connection may carry the next request: the answer read to its end,
-    /// nothing after it, and neither side asked to close.
-    fn reusable(&self, headers: &http::HeaderMap) -> bool {
-        let close = headers.get_all("connection").iter().any(|v| {
-            v.to_str()
-                .is_ok_and(|v| v.to_ascii_lowercase().contains("close"))
-        });
-        !close && !self.http10 && !self.ended && self.unread().is_empty()
     }
 }
 

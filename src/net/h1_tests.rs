@@ -243,3 +243,92 @@ fn a_proxy_that_refuses_a_tunnel_is_a_connection_not_made() {
             .starts_with("CONNECT api.example.test:443 HTTP/1.1\r\n")
     );
 }
+
+#[test]
+fn a_chunk_size_past_the_limit_is_refused_before_it_is_read() {
+    let (url, _) = server(vec![
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\nffffffffffffffff\r\nxx",
+    ]);
+    let r = run(send(get(&url), 1000)).unwrap();
+    assert!(r.body.unwrap_err().contains("over the limit of 1000 bytes"));
+    let (url, _) = server(vec![
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10000000000000000\r\nxx",
+    ]);
+    let r = run(send(get(&url), 1000)).unwrap();
+    assert!(r.body.unwrap_err().contains("not a hex number"));
+}
+
+#[test]
+fn lengths_that_disagree_or_are_not_digits_are_not_a_body() {
+    for (head, why) in [
+        ("Content-Length: 5\r\nContent-Length: 6", "two different"),
+        ("Content-Length: +5", "not a number"),
+        ("Content-Length: 5, 6", "two different"),
+    ] {
+        let answer: &'static str =
+            Box::leak(format!("HTTP/1.1 200 OK\r\n{head}\r\n\r\nhello").into_boxed_str());
+        let (url, _) = server(vec![answer]);
+        let r = run(send(get(&url), 100)).unwrap();
+        assert!(r.body.unwrap_err().contains(why), "{head}");
+    }
+    // Both framings: the chunks tell, and the connection is not used again.
+    let (url, seen) = server(vec![
+        "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+        OK,
+    ]);
+    run(async {
+        assert_eq!(send(get(&url), 100).await.unwrap().body.unwrap(), "ok");
+        assert_eq!(send(get(&url), 100).await.unwrap().body.unwrap(), "hello");
+    });
+    let conns: Vec<usize> = seen.lock().unwrap().iter().map(|(n, _)| *n).collect();
+    assert_eq!(conns, [0, 1]);
+    assert!(seen.lock().unwrap()[0].1.contains("Accept: */*\r\n"));
+}
+
+#[test]
+fn bytes_nobody_asked_for_on_a_kept_connection_are_never_the_next_answer() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for (n, conn) in listener.incoming().enumerate() {
+            let mut conn = conn.unwrap();
+            std::thread::spawn(move || {
+                while read_request(&mut conn).is_some() {
+                    let body = if n == 0 { "first" } else { "fresh" };
+                    let answer = format!("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n{body}");
+                    conn.write_all(answer.as_bytes()).unwrap();
+                    if n == 0 {
+                        // A late answer to nothing, as a confused server sends.
+                        std::thread::sleep(Duration::from_millis(100));
+                        let _ =
+                            conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nINJECTED");
+                    }
+                }
+            });
+        }
+    });
+    run(async {
+        assert_eq!(send(get(&url), 100).await.unwrap().body.unwrap(), "first");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(send(get(&url), 100).await.unwrap().body.unwrap(), "fresh");
+    });
+}
+
+#[test]
+fn running_out_of_time_before_the_gate_lets_a_write_go_is_a_connection_not_made() {
+    let (url, seen) = server(vec![OK]);
+    let gate: Ready = Arc::new(|| {
+        std::thread::sleep(Duration::from_millis(600));
+        Ok(())
+    });
+    let post = Request::new("POST", &url, Duration::from_millis(200))
+        .unwrap()
+        .write(Some(gate));
+    let e = run(send(post, 100)).err().unwrap();
+    assert!(
+        matches!(&e, Error::Connect(t) if t.contains("nothing was sent")),
+        "{e:?}"
+    );
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(seen.lock().unwrap().is_empty());
+}

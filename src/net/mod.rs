@@ -5,6 +5,7 @@
 //! gate of MCP's client ([`gate`]); the check every configured URL passes, the retry backoff,
 //! bounded body reads and clipped error texts.
 
+pub mod answer;
 pub mod gate;
 pub mod h1;
 pub mod route;

@@ -152,7 +152,9 @@ fn parse_proxy(text: &str) -> Result<Proxy, String> {
     } else {
         format!("http://{text}")
     };
-    let shown = crate::limits::printable(&full);
+    // Shown without its credentials: an error's text may reach a log, a task's result, and
+    // from there a model.
+    let shown = crate::limits::printable(&redacted(&full)).into_owned();
     let (scheme, rest) = full.split_once("://").unwrap_or(("http", &full));
     if !scheme.eq_ignore_ascii_case("http") {
         return Err(format!(
@@ -177,6 +179,16 @@ fn parse_proxy(text: &str) -> Result<Proxy, String> {
         )
     });
     Ok(Proxy { at, auth })
+}
+
+/// A URL with its user name and password (if any) replaced by `***`.
+fn redacted(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..end].rfind('@') {
+        Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
+        None => url.to_string(),
+    }
 }
 
 /// `%XX` escapes of a URL's user name and password, decoded.
@@ -216,13 +228,22 @@ pub enum Conn {
 }
 
 impl Conn {
-    /// Waits until the connection has bytes to read (or is closed), without a buffer: a
-    /// waiting request holds no read buffer until its answer begins.
-    pub async fn readable(&self) -> std::io::Result<()> {
+    /// Waits until the socket has bytes to read (or is closed), without a buffer: a waiting
+    /// request holds no read buffer until its answer begins. (For TLS, the bytes may be
+    /// TLS's own records; the reader tries again.)
+    pub async fn wait_readable(&self) -> std::io::Result<()> {
         match self {
             Conn::Plain(s) => s.readable().await,
-            Conn::Tls(_) => Ok(()),
+            Conn::Tls(s) => s.get_ref().0.readable().await,
         }
+    }
+
+    /// Whether a kept connection may carry a request: open, and with nothing unasked for
+    /// waiting on it (a late answer, or a server's farewell, would be read as the next
+    /// request's).
+    fn quiet(&mut self) -> bool {
+        let mut probe = Vec::with_capacity(1);
+        super::answer::try_read(self, &mut probe).is_pending()
     }
 }
 
@@ -359,32 +380,47 @@ pub fn take_idle(origin: &Origin) -> Option<Conn> {
     let mut idle = idle().lock().ok()?;
     let kept = idle.get_mut(origin)?;
     kept.retain(|(_, since)| since.elapsed() < IDLE_FOR);
-    kept.pop().map(|(conn, _)| conn)
+    while let Some((mut conn, _)) = kept.pop() {
+        if conn.quiet() {
+            return Some(conn);
+        }
+    }
+    None
 }
 
-/// Keeps `conn` for the next request to `origin`; once per [`IDLE_FOR`], drops the
-/// connections kept past it for every origin (one asked once is not kept open for ever).
+/// Keeps `conn` for the next request to `origin`. The first one kept starts a sweeper that
+/// closes, every few seconds, the connections idle past [`IDLE_FOR`] or closed by their
+/// server, whatever the traffic does after.
 pub fn keep_idle(origin: &Origin, conn: Conn) {
-    static SWEPT: Mutex<Option<Instant>> = Mutex::new(None);
-    let Ok(mut idle) = idle().lock() else {
-        return;
-    };
-    let due = SWEPT.lock().is_ok_and(|mut at| {
-        let due = at.is_none_or(|t| t.elapsed() >= IDLE_FOR);
-        if due {
-            *at = Some(Instant::now());
-        }
-        due
+    static SWEEPER: OnceLock<()> = OnceLock::new();
+    SWEEPER.get_or_init(|| {
+        let _ = std::thread::Builder::new()
+            .name("http-idle".into())
+            .spawn(|| {
+                loop {
+                    std::thread::sleep(SWEEP_EVERY);
+                    sweep();
+                }
+            });
     });
-    if due {
+    if let Ok(mut idle) = idle().lock() {
+        idle.entry(origin.clone())
+            .or_default()
+            .push((conn, Instant::now()));
+    }
+}
+
+/// How often the idle connections are looked over.
+const SWEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// Closes the idle connections kept past [`IDLE_FOR`] or closed by their server.
+fn sweep() {
+    if let Ok(mut idle) = idle().lock() {
         idle.retain(|_, kept| {
-            kept.retain(|(_, since)| since.elapsed() < IDLE_FOR);
+            kept.retain_mut(|(conn, since)| since.elapsed() < IDLE_FOR && conn.quiet());
             !kept.is_empty()
         });
     }
-    idle.entry(origin.clone())
-        .or_default()
-        .push((conn, Instant::now()));
 }
 
 #[cfg(test)]
