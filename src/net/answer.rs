@@ -62,7 +62,16 @@ impl Wire {
             self.buf = Vec::new();
             self.at = 0;
         }
+        // TLS may hold plaintext it read already: try it first. A plain socket is read once
+        // it says it is readable.
+        let mut readable = self.conn.is_tls();
         loop {
+            if !readable {
+                self.conn
+                    .wait_readable()
+                    .await
+                    .map_err(|e| Read::Failed(format!("the connection failed: {e}")))?;
+            }
             if self.buf.capacity() - self.buf.len() < 1024 {
                 self.buf.reserve(4096);
             }
@@ -86,10 +95,7 @@ impl Wire {
                     if self.buf.is_empty() {
                         self.buf = Vec::new();
                     }
-                    self.conn
-                        .wait_readable()
-                        .await
-                        .map_err(|e| Read::Failed(format!("the connection failed: {e}")))?;
+                    readable = false;
                 }
             }
         }
