@@ -199,6 +199,15 @@ impl Wire {
         Ok(self.take(n))
     }
 
+    /// Drops what was taken from the buffer once it is large, so a body read in chunks is
+    /// not held twice.
+    fn compact(&mut self) {
+        if self.at >= 16 * 1024 {
+            self.buf.drain(..self.at);
+            self.at = 0;
+        }
+    }
+
     fn take(&mut self, n: usize) -> Vec<u8> {
         let taken = self.unread()[..n].to_vec();
         self.at += n;
@@ -246,6 +255,7 @@ impl Wire {
                 .await
                 .map_err(|e| e.text("a chunk's end"))?;
             body.extend_from_slice(&chunk);
+            self.compact();
             if !self.line().await?.is_empty() {
                 return Err("a chunk is longer than its size says".into());
             }

@@ -182,14 +182,23 @@ async fn send_via(
     let proxy = proxies.route(&origin).map_err(Error::Invalid)?;
     let head = req.head(&origin, proxy);
     let exchange = async {
+        // A kept connection that closed under the request may have delivered it: a new
+        // connection that then cannot be made is not "nothing sent".
+        let mut tried_kept = false;
         if req.write.is_none()
             && let Some(conn) = route::take_idle(&origin)
         {
             match exchange(conn, &head, &req, true).await {
-                Err(Tried::Stale) => {}
+                Err(Tried::Stale) => tried_kept = true,
                 done => return done.map_err(Tried::into_error),
             }
         }
+        let not_made = |e: Error| match e {
+            Error::Connect(e) if tried_kept => Error::Lost(format!(
+                "the kept connection closed under the request, and a new one failed: {e}"
+            )),
+            e => e,
+        };
         // Until the gate lets the request go, nothing of it has left: running out of time
         // there is a connection not made, not a request without an answer.
         let connected = async {
@@ -204,12 +213,12 @@ async fn send_via(
             Ok(conn)
         };
         let conn = match tokio::time::timeout_at(deadline, connected).await {
-            Ok(conn) => conn?,
+            Ok(conn) => conn.map_err(not_made)?,
             Err(_) => {
-                return Err(Error::Connect(format!(
+                return Err(not_made(Error::Connect(format!(
                     "no connection to {} within the timeout, so nothing was sent",
                     origin.authority()
-                )));
+                ))));
             }
         };
         exchange(conn, &head, &req, false)

@@ -332,3 +332,22 @@ fn running_out_of_time_before_the_gate_lets_a_write_go_is_a_connection_not_made(
     std::thread::sleep(Duration::from_millis(600));
     assert!(seen.lock().unwrap().is_empty());
 }
+
+#[test]
+fn a_kept_connection_that_took_the_request_and_closed_is_not_nothing_sent() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        read_request(&mut conn).unwrap();
+        conn.write_all(OK.as_bytes()).unwrap();
+        // No new connection from here on; the next request arrives, and gets no answer.
+        drop(listener);
+        read_request(&mut conn).unwrap();
+    });
+    run(async {
+        assert_eq!(send(get(&url), 100).await.unwrap().body.unwrap(), "hello");
+        let e = send(get(&url), 100).await.err().unwrap();
+        assert!(matches!(&e, Error::Lost(t) if t.contains("kept connection closed")), "{e:?}");
+    });
+}

@@ -382,13 +382,18 @@ fn idle() -> &'static Mutex<Idle> {
 /// (the ones looked at and found otherwise are closed; the older ones are the sweeper's).
 /// Taking one looks at the newest only: ten thousand kept connections cost nothing here.
 pub fn take_idle(origin: &Origin) -> Option<Conn> {
+    // Connections found unusable are closed after the lock is let go.
+    let mut closing = Vec::new();
     let mut idle = idle().lock().ok()?;
     let kept = idle.get_mut(origin)?;
     while let Some((mut conn, since)) = kept.pop() {
         if since.elapsed() < IDLE_FOR && conn.quiet() {
             return Some(conn);
         }
+        closing.push(conn);
     }
+    drop(idle);
+    drop(closing);
     None
 }
 
@@ -419,12 +424,24 @@ const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
 /// Closes the idle connections kept past [`IDLE_FOR`] or closed by their server.
 fn sweep() {
+    // Taken out under the lock, closed after it (ten thousand closes would hold up every
+    // request meanwhile).
+    let mut closing = Vec::new();
     if let Ok(mut idle) = idle().lock() {
-        idle.retain(|_, kept| {
-            kept.retain_mut(|(conn, since)| since.elapsed() < IDLE_FOR && conn.quiet());
-            !kept.is_empty()
-        });
+        for kept in idle.values_mut() {
+            let mut keep = Vec::with_capacity(kept.len());
+            for (mut conn, since) in std::mem::take(kept) {
+                if since.elapsed() < IDLE_FOR && conn.quiet() {
+                    keep.push((conn, since));
+                } else {
+                    closing.push(conn);
+                }
+            }
+            *kept = keep;
+        }
+        idle.retain(|_, kept| !kept.is_empty());
     }
+    drop(closing);
 }
 
 #[cfg(test)]
