@@ -348,6 +348,9 @@ fn a_kept_connection_that_took_the_request_and_closed_is_not_nothing_sent() {
     run(async {
         assert_eq!(send(get(&url), 100).await.unwrap().body.unwrap(), "hello");
         let e = send(get(&url), 100).await.err().unwrap();
-        assert!(matches!(&e, Error::Lost(t) if t.contains("kept connection closed")), "{e:?}");
+        assert!(
+            matches!(&e, Error::Lost(t) if t.contains("kept connection closed")),
+            "{e:?}"
+        );
     });
 }
