@@ -61,7 +61,10 @@ pub struct Request {
     accept: bool,
     body: Option<bytes::Bytes>,
     timeout: Duration,
-    write: Option<Option<Ready>>,
+    /// A write: a connection of its own, never kept nor reused.
+    write: bool,
+    /// A write's send gate, asked once its connection is made.
+    gate: Option<Ready>,
 }
 
 impl Request {
@@ -81,7 +84,8 @@ impl Request {
             accept: false,
             body: None,
             timeout,
-            write: None,
+            write: false,
+            gate: None,
         })
     }
 
@@ -110,7 +114,8 @@ impl Request {
     /// Marks the request a write: a connection of its own, never kept nor reused, and
     /// `gate` (if any) asked once it is made.
     pub fn write(mut self, gate: Option<Ready>) -> Request {
-        self.write = Some(gate);
+        self.write = true;
+        self.gate = gate;
         self
     }
 
@@ -143,7 +148,7 @@ impl Request {
         if len > 0 || matches!(self.method.as_str(), "POST" | "PUT" | "PATCH") {
             head.push_str(&format!("Content-Length: {len}\r\n"));
         }
-        if self.write.is_some() {
+        if self.write {
             head.push_str("Connection: close\r\n");
         }
         head.push_str("\r\n");
@@ -185,7 +190,7 @@ async fn send_via(
         // A kept connection that closed under the request may have delivered it: a new
         // connection that then cannot be made is not "nothing sent".
         let mut tried_kept = false;
-        if req.write.is_none()
+        if !req.write
             && let Some(conn) = route::take_idle(&origin)
         {
             match exchange(conn, &head, &req, true).await {
@@ -193,34 +198,14 @@ async fn send_via(
                 done => return done.map_err(Tried::into_error),
             }
         }
-        let not_made = |e: Error| match e {
-            Error::Connect(e) if tried_kept => Error::Lost(format!(
-                "the kept connection closed under the request, and a new one failed: {e}"
-            )),
-            e => e,
-        };
-        // Until the gate lets the request go, nothing of it has left: running out of time
-        // there is a connection not made, not a request without an answer.
-        let connected = async {
-            let conn = route::open(&origin, proxy).await.map_err(Error::Connect)?;
-            if let Some(Some(gate)) = &req.write {
-                let gate = gate.clone();
-                tokio::task::spawn_blocking(move || gate())
-                    .await
-                    .unwrap_or_else(|e| Err(format!("the send gate failed: {e}")))
-                    .map_err(Error::Refused)?;
-            }
-            Ok(conn)
-        };
-        let conn = match tokio::time::timeout_at(deadline, connected).await {
-            Ok(conn) => conn.map_err(not_made)?,
-            Err(_) => {
-                return Err(not_made(Error::Connect(format!(
-                    "no connection to {} within the timeout, so nothing was sent",
-                    origin.authority()
-                ))));
-            }
-        };
+        let conn = connect(&req, &origin, proxy, deadline)
+            .await
+            .map_err(|e| match e {
+                Error::Connect(e) if tried_kept => Error::Lost(format!(
+                    "the kept connection closed under the request, and a new one failed: {e}"
+                )),
+                e => e,
+            })?;
         exchange(conn, &head, &req, false)
             .await
             .map_err(Tried::into_error)
@@ -239,7 +224,7 @@ async fn send_via(
     let body = body.and_then(|b| {
         String::from_utf8(b).map_err(|_| "the response body is not UTF-8 text".to_string())
     });
-    if body.is_ok() && req.write.is_none() && wire.reusable(&headers) {
+    if body.is_ok() && !req.write && wire.reusable(&headers) {
         route::keep_idle(&origin, wire.into_conn());
     }
     Ok(Response {
@@ -247,6 +232,36 @@ async fn send_via(
         headers,
         body,
     })
+}
+
+/// A new connection for `req`, its gate (if any) asked once it is made. Until the gate lets
+/// the request go nothing of it has left: running out of time here is a connection not made,
+/// not a request without an answer.
+async fn connect(
+    req: &Request,
+    origin: &Origin,
+    proxy: Option<&route::Proxy>,
+    deadline: Instant,
+) -> Result<Conn, Error> {
+    let connected = async {
+        let conn = route::open(origin, proxy).await.map_err(Error::Connect)?;
+        if let Some(gate) = &req.gate {
+            let gate = gate.clone();
+            tokio::task::spawn_blocking(move || gate())
+                .await
+                .unwrap_or_else(|e| Err(format!("the send gate failed: {e}")))
+                .map_err(Error::Refused)?;
+        }
+        Ok(conn)
+    };
+    tokio::time::timeout_at(deadline, connected)
+        .await
+        .unwrap_or_else(|_| {
+            Err(Error::Connect(format!(
+                "no connection to {} within the timeout, so nothing was sent",
+                origin.authority()
+            )))
+        })
 }
 
 /// How one try on a connection failed.

@@ -172,7 +172,8 @@ fn parse_proxy(text: &str) -> Result<Proxy, String> {
     let at = Origin::of(&uri).map_err(|e| format!("{shown:?}: {e}"))?;
     let auth = userinfo.map(|u| {
         use base64::Engine as _;
-        let decoded = percent_decode(u);
+        // `+` is itself in a user name or password, not a space.
+        let decoded = crate::httpd::percent_decode(&u.replace('+', "%2B"));
         format!(
             "Basic {}",
             base64::engine::general_purpose::STANDARD.encode(decoded)
@@ -189,29 +190,6 @@ fn redacted(url: &str) -> String {
         Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
         None => url.to_string(),
     }
-}
-
-/// `%XX` escapes of a URL's user name and password, decoded.
-fn percent_decode(s: &str) -> Vec<u8> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = b
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok());
-        match (b[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
-            (b'%', Some(v)) => {
-                out.push(v);
-                i += 3;
-            }
-            (c, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    out
 }
 
 /// The environment's proxies, read at the first request.

@@ -153,9 +153,8 @@ pub fn run(store: Arc<dyn Backend>, cfg: &Config, shutdown: Arc<AtomicBool>) -> 
     let claims = dispatch::Claims::new(&*store, me.owner());
     claims.recover_at_start(&*store)?;
     let executor = executor()?;
-    // The HTTP client's proxies and TLS roots read now, not by the first call: a call's
-    // rate-limit reservation is followed by its request at once, so the provider sees the
-    // window the daemon keeps.
+    // Proxies and TLS roots read now, not by the first call: a rate-limit reservation is
+    // followed by its request at once, so the provider sees the window the daemon keeps.
     crate::net::h1::prepare();
     // Each run has at most one commit waiting, so the queue is bounded by the runs in flight;
     // unbounded, it never makes a run wait and takes memory only for the commits it holds.
