@@ -14,7 +14,8 @@
 //! every request must arrive whole within `request_timeout` of its first byte (408 after), so
 //! a client sending a few bytes at a time holds one connection for a bounded time and never a
 //! handler that others wait for. An idle keep-alive connection is closed after
-//! `idle_timeout`.
+//! `idle_timeout`. A streamed answer (`Reply::Stream`, the API's Server-Sent Events) keeps its
+//! connection's thread until its body ends, then closes the connection.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -49,6 +50,10 @@ impl Default for Limits {
 
 const HEADERS_MAX: usize = 64;
 
+mod reply;
+pub use reply::{Reply, StreamBody};
+use reply::{stream_reply, write_reply};
+
 /// A request, read whole.
 #[derive(Debug)]
 pub struct Request {
@@ -75,79 +80,6 @@ impl Request {
             let (k, v) = kv.split_once('=')?;
             (k == name).then(|| percent_decode(v))
         })
-    }
-}
-
-/// What a handler answers.
-pub enum Reply {
-    Response {
-        status: u16,
-        headers: Vec<(&'static str, String)>,
-        body: Vec<u8>,
-    },
-    /// A broken answer, then the connection closes: the client cannot tell whether the request
-    /// took effect (fault injection).
-    Lose,
-}
-
-impl Reply {
-    /// An HTML page.
-    pub fn html(status: u16, body: String) -> Reply {
-        Reply::Response {
-            status,
-            headers: vec![
-                ("Content-Type", "text/html; charset=utf-8".into()),
-                // The console's pages: no framing by other sites, no inline script.
-                ("X-Frame-Options", "DENY".into()),
-                (
-                    "Content-Security-Policy",
-                    "default-src 'self'; style-src 'self' 'unsafe-inline'; script-src 'none'; form-action 'self'; frame-ancestors 'none'".into(),
-                ),
-                ("Cache-Control", "no-store".into()),
-            ],
-            body: body.into_bytes(),
-        }
-    }
-
-    /// A redirect after a form (303: the browser follows it with a GET).
-    pub fn see_other(location: &str) -> Reply {
-        Reply::Response {
-            status: 303,
-            headers: vec![("Location", location.to_string())],
-            body: Vec::new(),
-        }
-    }
-
-    /// An error of the server itself (a request it could not read, too many connections):
-    /// RFC 9457 problem details, with the detail also under `error`.
-    pub fn problem(status: u16, detail: &str) -> Reply {
-        let body = serde_json::json!({
-            "type": "about:blank",
-            "title": reason(status),
-            "status": status,
-            "detail": detail,
-            "error": detail,
-        });
-        Reply::Response {
-            status,
-            headers: vec![("Content-Type", "application/problem+json".into())],
-            body: body.to_string().into_bytes(),
-        }
-    }
-
-    pub fn json(status: u16, body: &serde_json::Value) -> Reply {
-        Reply::Response {
-            status,
-            headers: vec![("Content-Type", "application/json".into())],
-            body: body.to_string().into_bytes(),
-        }
-    }
-
-    pub fn with_header(mut self, name: &'static str, value: &str) -> Reply {
-        if let Reply::Response { headers, .. } = &mut self {
-            headers.push((name, value.to_string()));
-        }
-        self
     }
 }
 
@@ -319,9 +251,16 @@ fn connection(
             Ok((req, keep_alive)) => {
                 waits.busy();
                 let reply = handler(&req);
-                if matches!(reply, Reply::Lose) {
-                    let _ = s.write_all(b"HTTP/1.1 2\r\n\r\n");
-                    return;
+                match reply {
+                    Reply::Lose => {
+                        let _ = s.write_all(b"HTTP/1.1 2\r\n\r\n");
+                        return;
+                    }
+                    Reply::Stream { headers, body } => {
+                        let _ = stream_reply(&mut s, &headers, body, stop);
+                        return;
+                    }
+                    Reply::Response { .. } => {}
                 }
                 if write_reply(&mut s, reply, keep_alive).is_err() || !keep_alive {
                     return;
@@ -513,54 +452,6 @@ fn read_some(s: &mut TcpStream, buf: &mut Vec<u8>, until: Instant) -> std::io::R
     let n = s.read(&mut chunk)?;
     buf.extend_from_slice(&chunk[..n]);
     Ok(n)
-}
-
-fn write_reply(s: &mut TcpStream, reply: Reply, keep_alive: bool) -> std::io::Result<()> {
-    let Reply::Response {
-        status,
-        headers,
-        body,
-    } = reply
-    else {
-        return Ok(());
-    };
-    let mut out = format!("HTTP/1.1 {status} {}\r\n", reason(status));
-    for (n, v) in &headers {
-        out.push_str(&format!("{n}: {v}\r\n"));
-    }
-    out.push_str(&format!("Content-Length: {}\r\n", body.len()));
-    if !keep_alive {
-        out.push_str("Connection: close\r\n");
-    }
-    out.push_str("\r\n");
-    let mut bytes = out.into_bytes();
-    bytes.extend_from_slice(&body);
-    s.write_all(&bytes)?;
-    s.flush()
-}
-
-fn reason(status: u16) -> &'static str {
-    match status {
-        200 => "OK",
-        201 => "Created",
-        204 => "No Content",
-        303 => "See Other",
-        400 => "Bad Request",
-        401 => "Unauthorized",
-        403 => "Forbidden",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        408 => "Request Timeout",
-        409 => "Conflict",
-        411 => "Length Required",
-        413 => "Content Too Large",
-        415 => "Unsupported Media Type",
-        422 => "Unprocessable Content",
-        431 => "Request Header Fields Too Large",
-        500 => "Internal Server Error",
-        503 => "Service Unavailable",
-        _ => "",
-    }
 }
 
 /// `%XX` and `+` decoded; invalid sequences kept as they are.
