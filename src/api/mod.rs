@@ -18,6 +18,7 @@
 mod decide;
 mod polls;
 mod problem;
+mod stream;
 mod tasks;
 
 pub use polls::{LONG_POLLS_MAX, LONG_POLLS_PER_CALLER_MAX};
@@ -30,6 +31,7 @@ use std::sync::{Arc, OnceLock};
 use crate::httpd::{Reply, Request, percent_decode};
 use crate::store::watch::Watch;
 use crate::store::{Backend, Watched};
+use stream::wants_stream;
 
 /// The OpenAPI document, as committed.
 pub const DOCUMENT: &str = include_str!("../../docs/openapi.json");
@@ -137,7 +139,7 @@ pub struct Api {
     tools_target: String,
     watch: OnceLock<Watch>,
     /// The long polls open now (bounded: see `polls`).
-    polls: polls::LongPolls,
+    polls: Arc<polls::LongPolls>,
 }
 
 /// The schemas of the document's components, compiled once.
@@ -158,7 +160,7 @@ impl Api {
             enqueue_config: OnceLock::new(),
             tools_target,
             watch: OnceLock::new(),
-            polls: polls::LongPolls::default(),
+            polls: Arc::default(),
         }
     }
 
@@ -219,6 +221,7 @@ impl Api {
             "createTask" => self.create(req, caller),
             "listTasks" => self.list(req, caller),
             "getTask" => self.get(req, caller, task),
+            "listTaskEvents" if wants_stream(req) => self.task_stream(req, caller, task),
             "listTaskEvents" => self.task_events(caller, task),
             "listEvents" => self.events(req, caller),
             verb => self.decide(req, caller, task, verb),

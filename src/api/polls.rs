@@ -10,7 +10,7 @@
 //! answers (at most a minute), even when its client went away meanwhile.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crate::httpd::Reply;
 
@@ -29,9 +29,9 @@ pub(super) struct LongPolls {
     open: Mutex<HashMap<String, usize>>,
 }
 
-/// One long poll's place, given back when it is dropped.
-pub(super) struct Held<'a> {
-    polls: &'a LongPolls,
+/// One long poll's place (or an event stream's), given back when it is dropped.
+pub(super) struct Held {
+    polls: Arc<LongPolls>,
     caller: String,
 }
 
@@ -40,7 +40,7 @@ impl LongPolls {
     /// [`LONG_POLLS_PER_CALLER_MAX`] open or, for a submit token, the submitters together
     /// [`LONG_POLLS_MAX`] (an operator's are bounded by the first alone, so submitters never
     /// keep an operator's long poll out).
-    pub(super) fn enter(&self, caller: &str, operator: bool) -> Result<Held<'_>, Reply> {
+    pub(super) fn enter(self: &Arc<Self>, caller: &str, operator: bool) -> Result<Held, Reply> {
         let refused = |detail: String| {
             super::problem(429, "too_many_long_polls", &detail).with_header("Retry-After", "1")
         };
@@ -72,13 +72,13 @@ impl LongPolls {
         }
         *open.entry(key.clone()).or_insert(0) += 1;
         Ok(Held {
-            polls: self,
+            polls: Arc::clone(self),
             caller: key,
         })
     }
 }
 
-impl Drop for Held<'_> {
+impl Drop for Held {
     fn drop(&mut self) {
         if let Ok(mut open) = self.polls.open.lock()
             && let Some(n) = open.get_mut(&self.caller)
@@ -97,15 +97,15 @@ mod tests {
 
     #[test]
     fn long_polls_are_bounded_per_caller_and_in_total_and_given_back() {
-        let polls = LongPolls::default();
-        let mine: Vec<Held<'_>> = (0..LONG_POLLS_PER_CALLER_MAX)
+        let polls = Arc::new(LongPolls::default());
+        let mine: Vec<Held> = (0..LONG_POLLS_PER_CALLER_MAX)
             .map(|_| polls.enter("job", false).ok().expect("a place"))
             .collect();
         assert!(polls.enter("job", false).is_err(), "one caller's bound");
         drop(mine);
         assert!(polls.enter("job", false).is_ok(), "given back");
         let callers: Vec<String> = (0..LONG_POLLS_MAX).map(|i| format!("c{i}")).collect();
-        let all: Vec<Held<'_>> = callers
+        let all: Vec<Held> = callers
             .iter()
             .map(|c| polls.enter(c, false).ok().expect("a place"))
             .collect();
@@ -113,7 +113,7 @@ mod tests {
             polls.enter("other", false).is_err(),
             "the submitters' bound"
         );
-        let ops: Vec<Held<'_>> = (0..LONG_POLLS_PER_CALLER_MAX)
+        let ops: Vec<Held> = (0..LONG_POLLS_PER_CALLER_MAX)
             .map(|_| polls.enter("ops", true).ok().expect("an operator's place"))
             .collect();
         assert!(polls.enter("ops", true).is_err(), "an operator's own bound");

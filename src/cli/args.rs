@@ -125,6 +125,9 @@ pub enum Command {
     /// and compare its final state and effects with the stored ones (exit 1 if they differ).
     #[command(after_help = "Example:\n  worker replay t1 --json")]
     Replay(ReplayArgs),
+    /// Follow a task's events (steps, model moves, tool calls, decisions) until it finishes.
+    #[command(after_help = super::watch::WATCH_HELP)]
+    Watch(super::watch::WatchArgs),
     /// The audit log (who, what, when, why), of one task when given.
     #[command(after_help = "Example:\n  worker events t7")]
     Events(EventsArgs),

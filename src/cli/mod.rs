@@ -47,6 +47,7 @@ mod schedule;
 mod sole;
 mod stores;
 mod wait;
+mod watch;
 pub use wait::UntilArg;
 
 pub use args::*;
@@ -231,6 +232,7 @@ pub fn run(cli: Cli) -> CliResult {
         Command::Cancel(a) => cmd_cancel(&cli, a),
         Command::Replay(a) => cmd_replay(&cli, a),
         Command::Events(a) => cmd_events(&cli, a),
+        Command::Watch(a) => watch::cmd_watch(&cli, a),
         Command::Memory(c) => cmd_memory(&cli, c),
         Command::Check(a) => cmd_check(&cli, a),
         Command::Purge(a) => cmd_purge(&cli, a),

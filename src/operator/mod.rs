@@ -13,6 +13,7 @@
 mod decide;
 mod review;
 pub mod schedule;
+pub mod stream;
 pub mod submit;
 mod wait;
 

@@ -46,4 +46,5 @@ mod settle; // the daemon settling held writes by their lookups
 mod several_hosts; // three hosts on PostgreSQL, killed, cut off, the server restarted
 mod simulation; // 2,000 seeded schedules of workers, crashes, pauses and operators, invariants after every step
 mod stops; // every stop reason explained in plain words: show, the closing message, postmortem
+mod stream; // a task's events over SSE (httpx-sse reconnecting through a kill and an approval) and `worker watch`
 mod wait; // `worker wait` and its exit codes, waiters woken not polling

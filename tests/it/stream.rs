@@ -1,0 +1,210 @@
+//! Issue 53's live event stream, on both backends: `GET /api/v1/tasks/{id}/events` as
+//! Server-Sent Events read by a client written by others (httpx-sse) that goes away mid-task
+//! and comes back with `Last-Event-ID` while a daemon is killed and another finishes the task
+//! through an approval: it misses nothing and sees nothing twice. `worker watch` follows a
+//! task in a terminal and resumes with `--after`.
+
+use crate::common;
+use common::serve::serve;
+use common::*;
+
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const OPS: &str = "0123456789abcdef-ops";
+
+fn daemon(d: &Path, extra: &[&str]) -> Child {
+    command(d)
+        .args([
+            "run",
+            "--shared",
+            "--max-in-flight",
+            "2",
+            "--time-scale",
+            "0.3",
+        ])
+        .args(["--heartbeat-ttl-ms", "3000", "--recover-every-ms", "200"])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the daemon")
+}
+
+/// The httpx-sse peer (tests/stream/client.py), in the venv `.ci/test` makes.
+fn sse_client() -> Option<std::path::PathBuf> {
+    let py = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/mcp-venv/bin/python");
+    let ok = Command::new(&py)
+        .args(["-c", "import httpx_sse"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        missing(
+            "the Python package httpx-sse",
+            ".ci/test installs it in target/mcp-venv",
+        );
+        return None;
+    }
+    Some(py)
+}
+
+/// An event as it is durable: (its place in its log, kind, data): a step event's place is
+/// the step events up to it, a decision's its audit number. The two logs are each in order;
+/// between them a live reader sees them as they came, one from the start steps first, and
+/// the status part of an id says only what the reader had seen.
+fn durable(e: &Value) -> Option<(u64, String, Value)> {
+    let kind = e["event"].as_str()?.to_string();
+    if kind == "status" || kind == "finished" {
+        return None;
+    }
+    let mut id = e["id"].as_str()?.split('.');
+    let steps = id.next()?.parse().ok()?;
+    let audit = id.next()?.parse().ok()?;
+    let place = if kind == "decision" { audit } else { steps };
+    Some((place, kind, e["data"].clone()))
+}
+
+/// The durable events of `events`, step events first, then decisions, each log in its order.
+fn by_log(events: &[Value]) -> Vec<(u64, String, Value)> {
+    let all: Vec<_> = events.iter().filter_map(durable).collect();
+    let (decisions, steps): (Vec<_>, Vec<_>) = all.into_iter().partition(|e| e.1 == "decision");
+    [steps, decisions].concat()
+}
+
+/// `worker watch TASK --json ARGS`: its events, and its exit code.
+fn watch(d: &Path, task: &str, args: &[&str]) -> (Vec<Value>, Option<i32>) {
+    let out = worker(d, &[&["watch", task, "--json"], args].concat());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let events = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    (events, out.status.code())
+}
+
+conformance! {
+    /// The client reads three events and goes away; meanwhile a daemon is killed mid-run, a
+    /// second one runs the task to an approval; the client comes back with the last id it
+    /// got and reads on through the approval to the end. What it got over both connections
+    /// is exactly the task's recorded events (every step, model move, tool call and decision,
+    /// once each, in order), and the statuses it saw include the wait on the person and the
+    /// end. Asked again after the end, the stream answers 204.
+    fn an_sse_client_that_reconnects_misses_nothing(d) {
+        let Some(py) = sse_client() else { return };
+        let tokens = d.join("tokens.txt");
+        std::fs::write(&tokens, format!("ops {OPS} operator\n")).expect("tokens");
+        let server = serve(d, &["--token-file", tokens.to_str().expect("path")]);
+        enqueue(d, &["--model", "policy:ord_1004:8000"]);
+        let (gap, out) = (d.join("gap"), d.join("events.jsonl"));
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/stream/client.py");
+        let mut client = Command::new(&py)
+            .arg(&script)
+            .args([&server.base, OPS, "t1", "3"])
+            .args([&gap, &out])
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the SSE client");
+        let mut first = daemon(d, &[]);
+        std::thread::sleep(Duration::from_millis(1200));
+        first.kill().expect("SIGKILL the daemon");
+        first.wait().expect("reap it");
+        ok(d, &["run", "--shared", "--drain", "--time-scale", "0.01", "--recover-every-ms", "200", "--heartbeat-ttl-ms", "3000"]);
+        let shown = json(d, &["show", "t1", "--json"]);
+        assert_eq!(shown["status"], "suspended", "{shown}");
+        // The client comes back: what happened while it was away is recorded.
+        std::fs::write(&gap, "").expect("the gap file");
+        std::thread::sleep(Duration::from_millis(500));
+        let digest = shown["held"]["digest"].as_str().expect("digest");
+        ok(d, &["approve", "t1", "--digest", digest, "--by", "alice", "--reason", "checked"]);
+        ok(d, &["run", "--shared", "--drain", "--time-scale", "0.01"]);
+        let status = client.wait().expect("the client ends");
+        let mut stderr = String::new();
+        if let Some(mut e) = client.stderr.take() {
+            use std::io::Read;
+            let _ = e.read_to_string(&mut stderr);
+        }
+        assert!(status.success(), "the SSE client failed: {stderr}");
+        let lines: Vec<Value> = std::fs::read_to_string(&out)
+            .expect("the client's events")
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("JSON"))
+            .collect();
+        let (end, got) = lines.split_last().expect("lines");
+        assert_eq!(end["after_end"], 204, "after the end: {end}");
+        let by = |c: u64| got.iter().filter(|e| e["connection"] == c).collect::<Vec<_>>();
+        assert_eq!(by(1).len(), 3, "three events before going away: {got:?}");
+        assert!(!by(2).is_empty(), "{got:?}");
+
+        // Everything recorded, once, in order: the same as a reader from the start after the
+        // end (`worker watch`), compared on what is durable.
+        let (all, code) = watch(d, "t1", &[]);
+        assert_eq!(code, Some(0));
+        let want = by_log(&all);
+        let seen = by_log(got);
+        assert_eq!(seen, want, "the client's events against the recorded ones");
+        let kinds = |k: &str| want.iter().filter(|e| e.1 == k).count();
+        assert!(kinds("step") >= 5 && kinds("model") >= 5 && kinds("tool") >= 3, "{want:?}");
+        // Step events are numbered without a gap: 1, 2, 3, ... (and decisions keep theirs).
+        let steps: Vec<u64> = want.iter().filter(|e| e.1 != "decision").map(|e| e.0).collect();
+        assert_eq!(steps, (1..=steps.len() as u64).collect::<Vec<_>>());
+        let decision = want.iter().find(|e| e.1 == "decision").expect("the approval");
+        assert_eq!((decision.2["verb"].as_str(), decision.2["by"].as_str()), (Some("approve"), Some("alice")), "{decision:?}");
+        // No id twice over the two connections.
+        let mut ids: Vec<&str> = got.iter().filter_map(|e| e["id"].as_str()).collect();
+        let n = ids.len();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), n, "an event sent twice: {got:?}");
+        // The statuses the client saw: the wait on the person, then the end.
+        let statuses: Vec<&str> = got
+            .iter()
+            .filter(|e| e["event"] == "status" || e["event"] == "finished")
+            .filter_map(|e| e["data"]["status"].as_str())
+            .collect();
+        let at = |s: &str| statuses.iter().position(|x| *x == s);
+        assert!(at("suspended").is_some() && at("suspended") < at("finished"), "{statuses:?}");
+        let last = got.last().expect("an event");
+        assert_eq!((last["event"].as_str(), last["data"]["outcome"].as_str()), (Some("finished"), Some("completed")), "{last}");
+        let held = got.iter().find(|e| e["data"]["status"] == "suspended").expect("held");
+        assert_eq!(held["data"]["held_call"]["tool"], "issue_refund", "{held}");
+    }
+
+    /// `worker watch` started before any daemon follows the task to its end and exits 0;
+    /// `--after ID` prints exactly what came after that event; a task stopped by a budget
+    /// exits 4, as `worker wait` does; a bad id is a usage error.
+    fn worker_watch_follows_a_task_and_resumes_after_an_id(d) {
+        enqueue(d, &[]);
+        let watcher = command(d)
+            .args(["watch", "t1"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start worker watch");
+        std::thread::sleep(Duration::from_millis(300));
+        let mut drain = daemon(d, &["--drain"]);
+        let out = watcher.wait_with_output().expect("the watcher ends");
+        assert!(drain.wait().expect("drain").success());
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
+        assert!(text.contains("model: plans 3 step(s): get_order, issue_refund, send_status_email"), "{text}");
+        assert!(text.contains("tool:  issue_refund"), "{text}");
+        assert!(text.trim_end().ends_with("finished  done: Refund issued and confirmation sent."), "{text}");
+
+        let (all, _) = watch(d, "t1", &[]);
+        let fifth = all[4]["id"].as_str().expect("an id");
+        let (rest, code) = watch(d, "t1", &["--after", fifth]);
+        assert_eq!(code, Some(0));
+        assert_eq!(rest, all[5..].to_vec(), "after {fifth}");
+
+        enqueue(d, &["--budget", "steps_max=2"]);
+        ok(d, &["run", "--drain", "--time-scale", "0.01"]);
+        let (events, code) = watch(d, "t2", &[]);
+        assert_eq!(code, Some(4), "a stopped task: {events:?}");
+        assert_eq!(events.last().expect("an event")["data"]["stop"], "max_steps");
+        let (code, stderr) = fails(d, &["watch", "t1", "--after", "12-running"]);
+        assert_eq!(code, 2, "{stderr}");
+        assert!(stderr.contains("--after") && stderr.contains("12.40.running"), "{stderr}");
+    }
+}
