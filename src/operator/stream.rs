@@ -107,6 +107,18 @@ pub fn status_tag(rec: &TaskRecord) -> String {
 /// The events of task `id` after `after`, in order: new step events, then new decisions, then
 /// the status if it changed. `submitter`: decisions are shown as a submit token sees them.
 pub fn read(db: &dyn Backend, id: &str, after: &Cursor, submitter: bool) -> Result<Batch> {
+    read_if(db, id, after, submitter, &|_| true).map(|(b, _)| b)
+}
+
+/// [`read`], reading the audit log (all of it, on redb) only when `audit` says so of the task
+/// as it now stands, or once it has finished; also returns whether it was read.
+fn read_if(
+    db: &dyn Backend,
+    id: &str,
+    after: &Cursor,
+    submitter: bool,
+    audit: &dyn Fn(&TaskRecord) -> bool,
+) -> Result<(Batch, Option<(String, u64)>)> {
     let rec = db.task(id)?;
     let spans = db.spans(id)?;
     let mut cursor = after.clone();
@@ -135,7 +147,14 @@ pub fn read(db: &dyn Backend, id: &str, after: &Cursor, submitter: bool) -> Resu
             }
         }
     }
-    for e in db.events(Some(id))? {
+    let finished = rec.status == QueueStatus::Finished;
+    let read_audit = finished || audit(&rec);
+    let events_read = if read_audit {
+        db.events(Some(id))?
+    } else {
+        Vec::new()
+    };
+    for e in events_read {
         if e.seq <= after.audit {
             continue;
         }
@@ -159,7 +178,7 @@ pub fn read(db: &dyn Backend, id: &str, after: &Cursor, submitter: bool) -> Resu
         });
     }
     let tag = status_tag(&rec);
-    let finished = rec.status == QueueStatus::Finished;
+    let seen = read_audit.then(|| (tag.clone(), rec.updated_at_ms));
     if tag != after.status {
         cursor.status = tag;
         events.push(Event {
@@ -168,11 +187,14 @@ pub fn read(db: &dyn Backend, id: &str, after: &Cursor, submitter: bool) -> Resu
             data: result_json(db.db_id(), &rec),
         });
     }
-    Ok(Batch {
-        events,
-        cursor,
-        finished,
-    })
+    Ok((
+        Batch {
+            events,
+            cursor,
+            finished,
+        },
+        seen,
+    ))
 }
 
 /// The ended step spans, oldest first, each with its ended model and tool spans. A step's
@@ -319,6 +341,10 @@ pub enum Out<'a> {
 /// How often a follower with nothing to send says it is still there.
 pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
+/// The longest a follower goes without reading the audit log while its task's record stays
+/// as it was.
+const AUDIT_EVERY: Duration = Duration::from_secs(5);
+
 /// The longest a follower sleeps before reading again: PostgreSQL wakes waiters when a task
 /// settles, not at each step, so steps reach a follower there within this.
 const LOOK_EVERY: Duration = Duration::from_secs(1);
@@ -336,9 +362,23 @@ pub fn follow(
     out: &mut dyn FnMut(Out<'_>) -> std::io::Result<()>,
 ) -> std::result::Result<Cursor, FollowError> {
     let mut said = Instant::now();
+    // The audit log is read whole (on redb), so a follower reads it when the task's record
+    // moved since it last did (a decision writes the record with its event), and at least
+    // every AUDIT_EVERY in case one did not.
+    let mut audited: Option<((String, u64), Instant)> = None;
     loop {
         let generation = watch.generation();
-        let batch = read(db, id, &cursor, submitter).map_err(FollowError::Store)?;
+        let due = |rec: &TaskRecord| match &audited {
+            None => true,
+            Some(((tag, at), when)) => {
+                *tag != status_tag(rec) || *at != rec.updated_at_ms || when.elapsed() >= AUDIT_EVERY
+            }
+        };
+        let (batch, seen) =
+            read_if(db, id, &cursor, submitter, &due).map_err(FollowError::Store)?;
+        if let Some(seen) = seen {
+            audited = Some((seen, Instant::now()));
+        }
         for e in &batch.events {
             out(Out::Event(e)).map_err(FollowError::Gone)?;
             said = Instant::now();
