@@ -208,3 +208,104 @@ conformance! {
         assert!(stderr.contains("--after") && stderr.contains("12.40.running"), "{stderr}");
     }
 }
+
+/// One request on a new connection: the status line and headers, and the body up to its
+/// first event (a stream is left open: the connection is returned with what was read).
+fn raw(base: &str, path: &str, headers: &[&str], max: usize) -> (String, std::net::TcpStream) {
+    use std::io::{Read, Write};
+    let addr = base.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for h in headers {
+        req.push_str(&format!("{h}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).expect("send");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while got.len() < max {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+        let text = String::from_utf8_lossy(&got);
+        if let Some(head_end) = text.find("\r\n\r\n")
+            && (text.starts_with("HTTP/1.1 4") || text[head_end + 4..].contains("\n\n"))
+        {
+            break;
+        }
+    }
+    (String::from_utf8_lossy(&got).into_owned(), s)
+}
+
+/// The stream's rules over HTTP: only with `Accept: text/event-stream` (the same path without
+/// it answers the audit events as JSON); a bad `Last-Event-ID` is a 400 problem that says what
+/// an id looks like; a submit token streams only the tasks it created (404 otherwise); streams
+/// count as long polls, so a token's 17th open stream is refused with 429 and `Retry-After`.
+#[test]
+fn the_stream_answers_by_the_apis_rules() {
+    let dir = TempDir::new("stream_rules");
+    let d = dir.path();
+    let tokens = d.join("tokens.txt");
+    let job = "0123456789abcdef-job";
+    std::fs::write(&tokens, format!("ops {OPS} operator\njob {job} submit\n")).expect("tokens");
+    let server = serve(d, &["--token-file", tokens.to_str().expect("path")]);
+    enqueue(d, &[]);
+    let path = "/api/v1/tasks/t1/events";
+    let ops = format!("Authorization: Bearer {OPS}");
+    let sse = "Accept: text/event-stream";
+
+    let (json, _) = raw(&server.base, path, &[&ops], 1 << 16);
+    assert!(
+        json.starts_with("HTTP/1.1 200")
+            && json.contains("application/json")
+            && json.trim_end().ends_with("[]"),
+        "{json}"
+    );
+    let (bad, _) = raw(
+        &server.base,
+        path,
+        &[&ops, sse, "Last-Event-ID: 12-running"],
+        1 << 16,
+    );
+    assert!(
+        bad.starts_with("HTTP/1.1 400") && bad.contains("12.40.running"),
+        "{bad}"
+    );
+    let (theirs, _) = raw(
+        &server.base,
+        path,
+        &[&format!("Authorization: Bearer {job}"), sse],
+        1 << 16,
+    );
+    assert!(
+        theirs.starts_with("HTTP/1.1 404"),
+        "a task the submit token did not create: {theirs}"
+    );
+
+    let (first, open) = raw(&server.base, path, &[&ops, sse], 1 << 16);
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    assert!(
+        first.contains("Content-Type: text/event-stream") && first.contains("Connection: close"),
+        "{first}"
+    );
+    let mut streams = vec![open];
+    for _ in 1..16 {
+        let (head, s) = raw(&server.base, path, &[&ops, sse], 1 << 16);
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        streams.push(s);
+    }
+    let (refused, _) = raw(&server.base, path, &[&ops, sse], 1 << 16);
+    assert!(
+        refused.starts_with("HTTP/1.1 429") && refused.contains("Retry-After"),
+        "{refused}"
+    );
+    // The queued task's stream said where it stands, and waits for more.
+    assert!(
+        first.contains("event: status") && first.contains("\"status\":\"queued\""),
+        "{first}"
+    );
+    drop(streams);
+}
