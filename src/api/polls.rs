@@ -62,12 +62,12 @@ impl LongPolls {
         let mine = open.get(&key).copied().unwrap_or(0);
         if mine >= LONG_POLLS_PER_CALLER_MAX {
             return Err(refused(format!(
-                "this token ({caller}) has {mine} long polls open, the most one caller may: wait for one to return, or ask without `wait`"
+                "this token ({caller}) has {mine} long polls and event streams open, the most one caller may: wait for one to return or close a stream, or ask without `wait`"
             )));
         }
         if !operator && total >= LONG_POLLS_MAX {
             return Err(refused(format!(
-                "the server has {total} long polls open, the most it holds at once: try again in a second, or ask without `wait`"
+                "the server has {total} long polls and event streams open, the most it holds at once: try again in a second, or ask without `wait`"
             )));
         }
         *open.entry(key.clone()).or_insert(0) += 1;

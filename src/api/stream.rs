@@ -8,7 +8,6 @@
 
 use std::io::Write;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{Api, Caller, Role, problem};
 use crate::httpd::{Reply, Request};
@@ -30,7 +29,8 @@ pub(super) fn wants_stream(req: &Request) -> bool {
 /// The request's `Last-Event-ID`, if it sent one; a 400 when it is not an id of the stream.
 /// (The JSON answer has no use for it and reads none.)
 fn last_event_id(req: &Request) -> Result<Option<Cursor>, Reply> {
-    let Some(id) = req.header("Last-Event-ID") else {
+    // An empty one means none (a client that has seen no event yet may send it so).
+    let Some(id) = req.header("Last-Event-ID").filter(|v| !v.is_empty()) else {
         return Ok(None);
     };
     std::str::from_utf8(id)
@@ -79,7 +79,7 @@ impl Api {
                 // Proxies that buffer answers (nginx) pass this one through as it comes.
                 ("X-Accel-Buffering", "no".into()),
             ],
-            body: Box::new(move |w: &mut dyn Write, stop: &AtomicBool| {
+            body: Box::new(move |w: &mut dyn Write, stop: &dyn Fn() -> bool| {
                 let _held = held;
                 // A client that reconnects waits a second, not the default three (said with
                 // the first event: a block of `retry` alone is an empty event to some clients).
@@ -90,7 +90,7 @@ impl Api {
                     &id,
                     cursor,
                     submitter,
-                    &|| stop.load(Ordering::SeqCst),
+                    stop,
                     &mut |out| {
                         if let (Some(r), Out::Event(_)) = (retry, &out) {
                             w.write_all(r.as_bytes())?;

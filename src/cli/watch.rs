@@ -17,8 +17,9 @@ Examples:
   worker watch key:job-42 --json            # one JSON object per event: id, event, data
   worker watch t3 --json --after 12.40.running
 
-Each line is one event: a step, its model's move, a tool call and its result, a decision
-(approve, reject, reconcile, cancel), a change of status. On a terminal a status line below
+Each line is one event: a step once it is recorded (at its end), its model's move, a tool
+call and its result, a held call sent after a person's decision, a decision (approve,
+reject, reconcile, cancel), a change of status. On a terminal a status line below
 them shows the task's status, step, tool calls and active time. Ends when the task finishes,
 with `worker wait`'s exit codes (0 completed, 3 could not complete, 4 stopped, 6 cancelled).";
 
@@ -109,7 +110,13 @@ fn describe(e: &Event) -> String {
     let s = |k: &str| d.get(k).and_then(Value::as_str).unwrap_or("").to_string();
     let step = d.get("step").and_then(Value::as_u64).unwrap_or(0);
     match e.kind {
-        "step" => format!("step {step:<3} begun at {} s", d["started_s"]),
+        "step" => format!(
+            "step {step:<3} {} (active {} s to {} s)",
+            s("status"),
+            d["started_s"],
+            d["ended_s"]
+        ),
+        "resume" => format!("resumed   {} -> {}", s("what"), s("status")),
         "model" => format!(
             "step {step:<3} model: {} ({} tokens in, {} out)",
             d["move"]["summary"].as_str().unwrap_or("-"),
@@ -117,7 +124,12 @@ fn describe(e: &Event) -> String {
             d["tokens_out"]
         ),
         "tool" => format!(
-            "step {step:<3} tool:  {} {} -> {} ({} s)",
+            "{} tool:  {} {} -> {} ({} s)",
+            if d["step"].is_null() {
+                "resumed  ".to_string()
+            } else {
+                format!("step {step:<3}")
+            },
             s("tool"),
             d["args"],
             s("result"),
@@ -176,7 +188,7 @@ impl StatusLine {
                 self.step = d["steps"].as_u64().unwrap_or(self.step);
                 self.tools = d["tool_calls"].as_u64().unwrap_or(self.tools);
             }
-            "step" => {
+            "step" | "resume" => {
                 self.step = d["step"].as_u64().unwrap_or(self.step);
                 self.seconds = d["ended_s"].as_f64().unwrap_or(self.seconds);
             }

@@ -3,7 +3,7 @@
 
 use std::io::Write;
 use std::net::TcpStream;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// What a handler answers.
 pub enum Reply {
@@ -17,15 +17,17 @@ pub enum Reply {
     Lose,
     /// A 200 whose body is written as it comes (Server-Sent Events): the head, then `body`
     /// writes until it returns (or the client goes away), then the connection closes (the
-    /// body's end is the connection's end). `body` is told when the server stops.
+    /// body's end is the connection's end). `body` is told when the server stops or the
+    /// client closed its end.
     Stream {
         headers: Vec<(&'static str, String)>,
         body: Box<StreamBody>,
     },
 }
 
-/// What writes a [`Reply::Stream`]'s body: the connection, and the server's stop flag.
-pub type StreamBody = dyn FnOnce(&mut dyn Write, &AtomicBool) -> std::io::Result<()> + Send;
+/// What writes a [`Reply::Stream`]'s body: the connection, and a check that says when to stop
+/// (the server stops, or the client closed its end).
+pub type StreamBody = dyn FnOnce(&mut dyn Write, &dyn Fn() -> bool) -> std::io::Result<()> + Send;
 
 impl Reply {
     /// An HTML page.
@@ -105,7 +107,10 @@ pub(super) fn write_reply(
     for (n, v) in &headers {
         out.push_str(&format!("{n}: {v}\r\n"));
     }
-    out.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    // A 204 or 304 has no body and says no length (RFC 9110).
+    if status != 204 && status != 304 {
+        out.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
     if !keep_alive {
         out.push_str("Connection: close\r\n");
     }
@@ -130,8 +135,28 @@ pub(super) fn stream_reply(
     out.push_str("Connection: close\r\n\r\n");
     s.write_all(out.as_bytes())?;
     s.flush()?;
-    body(s, stop)?;
+    // A client that went away is seen at once (its end closed), not at the next write that
+    // fails: a stream holds a connection and a place among the long polls until then.
+    let peer = s.try_clone()?;
+    let _ = peer.set_read_timeout(Some(std::time::Duration::from_millis(1)));
+    let over = || stop.load(Ordering::SeqCst) || closed(&peer);
+    body(s, &over)?;
     s.flush()
+}
+
+/// Whether the client closed its end (or the connection failed): a peek that reads nothing.
+fn closed(peer: &TcpStream) -> bool {
+    let mut one = [0u8; 1];
+    match peer.peek(&mut one) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock
+                | std::io::ErrorKind::TimedOut
+                | std::io::ErrorKind::Interrupted
+        ),
+    }
 }
 
 fn reason(status: u16) -> &'static str {
@@ -151,6 +176,7 @@ fn reason(status: u16) -> &'static str {
         413 => "Content Too Large",
         415 => "Unsupported Media Type",
         422 => "Unprocessable Content",
+        429 => "Too Many Requests",
         431 => "Request Header Fields Too Large",
         500 => "Internal Server Error",
         503 => "Service Unavailable",

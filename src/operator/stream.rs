@@ -1,7 +1,8 @@
 //! A task's live events, as the HTTP API's Server-Sent Events stream
 //! (`GET /api/v1/tasks/{id}/events` with `Accept: text/event-stream`) and `worker watch` show
-//! them: each step (its model's move, its tool calls and their results), each decision a person
-//! took on it, and each change of its status, up to its end.
+//! them: each step once it is recorded (its model's move, its tool calls and their results), each
+//! held call sent after a person's decision (a resume), each decision a person took on it, and
+//! each change of its status, up to its end.
 //!
 //! Every event is read from what is durably recorded, never from a daemon's memory: the steps
 //! from their spans (a step's spans are committed with the step, once it ends), the decisions
@@ -43,7 +44,7 @@ impl Cursor {
         let bad = || {
             format!(
                 "`{}` is not an event id of this stream (they look like 12.40.running: the events seen, the last decision's number, the status seen)",
-                crate::limits::printable(id)
+                crate::limits::printable(&clip(id, 64))
             )
         };
         let number = |p: Option<&str>| -> Option<u64> {
@@ -79,7 +80,7 @@ impl Cursor {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Event {
     pub id: String,
-    /// `step`, `model`, `tool`, `decision`, `status` or `finished`.
+    /// `step`, `model`, `tool`, `resume`, `decision`, `status` or `finished`.
     pub kind: &'static str,
     pub data: Value,
 }
@@ -93,12 +94,13 @@ pub struct Batch {
     pub finished: bool,
 }
 
-/// The status as a cursor holds it: a wait on a person carries its step, so a second wait is
-/// a change even when the status reads the same.
+/// The status as a cursor holds it: a wait on a person carries its step and run, so a second
+/// wait is a change even when the status reads the same (a second hold at one step comes in
+/// a later run).
 pub fn status_tag(rec: &TaskRecord) -> String {
     match rec.status {
         QueueStatus::Suspended | QueueStatus::Held => {
-            format!("{}:{}", rec.status.as_str(), rec.state.step)
+            format!("{}:{}:{}", rec.status.as_str(), rec.state.step, rec.runs)
         }
         s => s.as_str().to_string(),
     }
@@ -120,62 +122,13 @@ fn read_if(
     audit: &dyn Fn(&TaskRecord) -> bool,
 ) -> Result<(Batch, Option<(String, u64)>)> {
     let rec = db.task(id)?;
-    let spans = db.spans(id)?;
     let mut cursor = after.clone();
     let mut events = Vec::new();
-    let mut seen = 0u64;
-    for (step, children) in ended_steps(&spans) {
-        let count = 1 + children.len() as u64;
-        if seen + count <= after.steps {
-            seen += count;
-            continue;
-        }
-        let number = step_number(step);
-        let reply = match number {
-            Some(n) => db.reply(id, n)?,
-            None => None,
-        };
-        for (kind, data) in step_events(step, number, &children, reply.as_ref()) {
-            seen += 1;
-            if seen > after.steps {
-                cursor.steps = seen;
-                events.push(Event {
-                    id: cursor.id(),
-                    kind,
-                    data,
-                });
-            }
-        }
-    }
+    step_events_after(db, id, &mut cursor, &mut events)?;
     let finished = rec.status == QueueStatus::Finished;
     let read_audit = finished || audit(&rec);
-    let events_read = if read_audit {
-        db.events(Some(id))?
-    } else {
-        Vec::new()
-    };
-    for e in events_read {
-        if e.seq <= after.audit {
-            continue;
-        }
-        cursor.audit = e.seq;
-        let detail = if submitter {
-            crate::store::callbacks::submitters_view(&e.verb, &e.detail)
-        } else {
-            e.detail.clone()
-        };
-        events.push(Event {
-            id: cursor.id(),
-            kind: "decision",
-            data: json!({
-                "seq": e.seq,
-                "at": crate::clock::rfc3339(e.at_ms),
-                "verb": e.verb,
-                "by": e.by,
-                "reason": e.reason,
-                "detail": detail,
-            }),
-        });
+    if read_audit {
+        decisions_after(db, id, submitter, &mut cursor, &mut events)?;
     }
     let tag = status_tag(&rec);
     let seen = read_audit.then(|| (tag.clone(), rec.updated_at_ms));
@@ -197,13 +150,84 @@ fn read_if(
     ))
 }
 
-/// The ended step spans, oldest first, each with its ended model and tool spans. A step's
-/// spans are committed with it, and steps end one after another, so this list only grows at
-/// its end.
-fn ended_steps(spans: &[Span]) -> Vec<(&Span, Vec<&Span>)> {
+/// Pushes the step events after `cursor` onto `events`, moving the cursor past each.
+fn step_events_after(
+    db: &dyn Backend,
+    id: &str,
+    cursor: &mut Cursor,
+    events: &mut Vec<Event>,
+) -> Result<()> {
+    let spans = db.spans(id)?;
+    let after = cursor.steps;
+    let mut seen = 0u64;
+    for (step, children) in ended_units(&spans) {
+        let count = 1 + children.len() as u64;
+        if seen + count <= after {
+            seen += count;
+            continue;
+        }
+        let number = step_number(step);
+        let reply = match number {
+            Some(n) => db.reply(id, n)?,
+            None => None,
+        };
+        for (kind, data) in step_events(step, number, &children, reply.as_ref()) {
+            seen += 1;
+            if seen > after {
+                cursor.steps = seen;
+                events.push(Event {
+                    id: cursor.id(),
+                    kind,
+                    data,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Pushes the task's audit events after `cursor` onto `events` (as a submit token sees them,
+/// for one), moving the cursor past each.
+fn decisions_after(
+    db: &dyn Backend,
+    id: &str,
+    submitter: bool,
+    cursor: &mut Cursor,
+    events: &mut Vec<Event>,
+) -> Result<()> {
+    for e in db.events(Some(id))? {
+        if e.seq <= cursor.audit {
+            continue;
+        }
+        cursor.audit = e.seq;
+        let detail = if submitter {
+            crate::store::callbacks::submitters_view(&e.verb, &e.detail)
+        } else {
+            e.detail.clone()
+        };
+        events.push(Event {
+            id: cursor.id(),
+            kind: "decision",
+            data: json!({
+                "seq": e.seq,
+                "at": crate::clock::rfc3339(e.at_ms),
+                "verb": e.verb,
+                "by": e.by,
+                "reason": e.reason,
+                "detail": detail,
+            }),
+        });
+    }
+    Ok(())
+}
+
+/// The ended step spans and resumes (a held call sent after a person's decision), oldest
+/// first, each with its ended model and tool spans. A unit's spans are committed with it, and
+/// units end one after another, so this list only grows at its end.
+fn ended_units(spans: &[Span]) -> Vec<(&Span, Vec<&Span>)> {
     let mut steps: Vec<&Span> = spans
         .iter()
-        .filter(|s| s.kind == SpanKind::Step && s.t1_ms.is_some())
+        .filter(|s| matches!(s.kind, SpanKind::Step | SpanKind::Resume) && s.t1_ms.is_some())
         .collect();
     steps.sort_by_key(|s| s.id);
     steps
@@ -228,7 +252,8 @@ fn step_number(step: &Span) -> Option<u32> {
     step.name.strip_prefix("step ")?.parse().ok()
 }
 
-/// A step's events: the step, then its model's move and its tool calls in the order made.
+/// A step's events: the step, then its model's move and its tool calls in the order made; a
+/// resume's: the resume, then the held call it sent.
 fn step_events(
     step: &Span,
     number: Option<u32>,
@@ -236,15 +261,27 @@ fn step_events(
     reply: Option<&RecordedReply>,
 ) -> Vec<(&'static str, Value)> {
     let secs = |ms: Option<u64>| ms.map(|ms| ms as f64 / 1000.0);
-    let mut out = vec![(
-        "step",
-        json!({
-            "step": number,
-            "status": step.status,
-            "started_s": secs(Some(step.t0_ms)),
-            "ended_s": secs(step.t1_ms),
-        }),
-    )];
+    let mut out = vec![if step.kind == SpanKind::Resume {
+        (
+            "resume",
+            json!({
+                "what": step.name,
+                "status": step.status,
+                "started_s": secs(Some(step.t0_ms)),
+                "ended_s": secs(step.t1_ms),
+            }),
+        )
+    } else {
+        (
+            "step",
+            json!({
+                "step": number,
+                "status": step.status,
+                "started_s": secs(Some(step.t0_ms)),
+                "ended_s": secs(step.t1_ms),
+            }),
+        )
+    }];
     for c in children {
         let data = match c.kind {
             SpanKind::Model => json!({
@@ -413,7 +450,7 @@ mod tests {
         let c = Cursor {
             steps: 12,
             audit: 40,
-            status: "suspended:3".into(),
+            status: "suspended:3:2".into(),
         };
         assert_eq!(Cursor::parse(&c.id()), Ok(c));
         assert_eq!(Cursor::parse("0.0.").map(|c| c.steps), Ok(0));

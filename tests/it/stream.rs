@@ -149,6 +149,11 @@ conformance! {
         // Step events are numbered without a gap: 1, 2, 3, ... (and decisions keep theirs).
         let steps: Vec<u64> = want.iter().filter(|e| e.1 != "decision").map(|e| e.0).collect();
         assert_eq!(steps, (1..=steps.len() as u64).collect::<Vec<_>>());
+        // The approved refund sent by the next run: a resume, then the call with its result.
+        let resume = want.iter().position(|e| e.1 == "resume").expect("the resume");
+        let sent = &want[resume + 1];
+        assert_eq!((sent.1.as_str(), sent.2["tool"].as_str(), sent.2["result"].as_str()), ("tool", Some("issue_refund"), Some("ok")), "{want:?}");
+        assert!(sent.2["step"].is_null(), "{sent:?}");
         let decision = want.iter().find(|e| e.1 == "decision").expect("the approval");
         assert_eq!((decision.2["verb"].as_str(), decision.2["by"].as_str()), (Some("approve"), Some("alice")), "{decision:?}");
         // No id twice over the two connections.
@@ -243,7 +248,9 @@ fn raw(base: &str, path: &str, headers: &[&str], max: usize) -> (String, std::ne
 /// The stream's rules over HTTP: only with `Accept: text/event-stream` (the same path without
 /// it answers the audit events as JSON); a bad `Last-Event-ID` is a 400 problem that says what
 /// an id looks like; a submit token streams only the tasks it created (404 otherwise); streams
-/// count as long polls, so a token's 17th open stream is refused with 429 and `Retry-After`.
+/// count as long polls, so a token's 17th open stream is refused with 429 and `Retry-After`,
+/// and streams whose clients closed give their places back at once; an empty
+/// `Last-Event-ID` is none.
 #[test]
 fn the_stream_answers_by_the_apis_rules() {
     let dir = TempDir::new("stream_rules");
@@ -307,5 +314,26 @@ fn the_stream_answers_by_the_apis_rules() {
         first.contains("event: status") && first.contains("\"status\":\"queued\""),
         "{first}"
     );
+    // Clients that close their end give their places back at once, not when a keep-alive
+    // (every 15 s) fails to reach them: a new stream is admitted well before the first one.
     drop(streams);
+    let since = std::time::Instant::now();
+    loop {
+        let (head, _) = raw(&server.base, path, &[&ops, sse], 1 << 16);
+        if head.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        assert!(head.starts_with("HTTP/1.1 429 Too Many Requests"), "{head}");
+        assert!(
+            since.elapsed() < Duration::from_secs(14),
+            "the places of closed streams were held: {head}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // An empty Last-Event-ID is none: the stream from the start.
+    let (empty, _) = raw(&server.base, path, &[&ops, sse, "Last-Event-ID:"], 1 << 16);
+    assert!(
+        empty.starts_with("HTTP/1.1 200") && empty.contains("event: status"),
+        "{empty}"
+    );
 }
