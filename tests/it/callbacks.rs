@@ -51,17 +51,7 @@ fn receiver(port: u16, log: &Path, fail_first: u32) -> Option<Listening> {
     .arg(log)
     .arg(SECRET)
     .args(["--fail-first", &fail_first.to_string()]);
-    let ok = Command::new(common::mcp::python()?)
-        .args(["-c", "import standardwebhooks"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        missing(
-            "the Python package standardwebhooks",
-            ".ci/test installs it in target/mcp-venv",
-        );
-        return None;
-    }
+    common::mcp::python_with("standardwebhooks", "standardwebhooks")?;
     Some(listen(cmd, port))
 }
 

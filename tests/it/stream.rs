@@ -33,21 +33,9 @@ fn daemon(d: &Path, extra: &[&str]) -> Child {
         .expect("start the daemon")
 }
 
-/// The httpx-sse peer (tests/stream/client.py), in the venv `.ci/test` makes.
+/// The httpx-sse peer's Python (tests/stream/client.py), in the venv `.ci/test` makes.
 fn sse_client() -> Option<std::path::PathBuf> {
-    let py = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/mcp-venv/bin/python");
-    let ok = Command::new(&py)
-        .args(["-c", "import httpx_sse"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        missing(
-            "the Python package httpx-sse",
-            ".ci/test installs it in target/mcp-venv",
-        );
-        return None;
-    }
-    Some(py)
+    common::mcp::python_with("httpx_sse", "httpx-sse")
 }
 
 /// An event as it is durable: (its place in its log, kind, data): a step event's place is

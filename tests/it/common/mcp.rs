@@ -27,6 +27,24 @@ pub fn python() -> Option<PathBuf> {
     Some(p)
 }
 
+/// The test venv's Python ([`python`]) when it also has `module`, the import name of the
+/// Python package `package`; `None`, said as missing, otherwise.
+pub fn python_with(module: &str, package: &str) -> Option<PathBuf> {
+    let py = python()?;
+    let ok = Command::new(&py)
+        .args(["-c", &format!("import {module}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        super::missing(
+            &format!("the Python package {package}"),
+            ".ci/test installs it in target/mcp-venv",
+        );
+        return None;
+    }
+    Some(py)
+}
+
 pub fn server_py() -> String {
     format!("{}/tests/mcp/server.py", env!("CARGO_MANIFEST_DIR"))
 }
