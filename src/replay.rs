@@ -222,6 +222,7 @@ impl<'a> Decisions<'a> {
         let result = ev.detail.get("result").cloned().unwrap_or(Value::Null);
         let held = state.stop == Some(StopReason::UnknownOutcome);
         let suspended = state.stop == Some(StopReason::NeedsApproval);
+        let asking = state.stop == Some(StopReason::NeedsAnswer);
         // Queued again by this decision, then cancelled before a worker ran it.
         let runs = !self.queued_cancel(i + 1);
         let cancel_next = self.running_cancel(i + 1);
@@ -243,6 +244,11 @@ impl<'a> Decisions<'a> {
                 };
                 go(Run::Settled(result), state, tools)
             }
+            "answer" if asking && runs => {
+                let text = ev.detail["answer"].as_str().unwrap_or_default();
+                let answer = crate::kernel::person::answer_result(text);
+                go(Run::Settled(answer), state, tools)
+            }
             "reconcile_applied" if held && runs => go(Run::Settled(result), state, tools),
             "reconcile_not_applied" if held && runs => go(Run::Resume, state, tools),
             // A write held when its task was cancelled, settled afterwards: recorded, not run.
@@ -251,7 +257,7 @@ impl<'a> Decisions<'a> {
             {
                 settled_after_cancel(state, ev.verb == "reconcile_applied", result)
             }
-            "cancel" if held || suspended || (ev.detail["was"] == "queued" && i == 0) => {
+            "cancel" if held || suspended || asking || (ev.detail["was"] == "queued" && i == 0) => {
                 let mut s = state;
                 if held && ev.detail["was"] != "queued" {
                     s.cancelled_from = s.stop;
@@ -259,6 +265,7 @@ impl<'a> Decisions<'a> {
                 stopped(s, StopReason::Cancelled)
             }
             "expire" if suspended => stopped(state, StopReason::ApprovalExpired),
+            "expire" if asking => stopped(state, StopReason::QuestionExpired),
             _ => state,
         }
     }

@@ -1,4 +1,5 @@
-//! The API's decisions: approve, reject, reconcile and cancel, each the operators' own function
+//! The API's decisions: approve, reject, reconcile, answer (a task's question to a person) and
+//! cancel, each the operators' own function
 //! (`crate::operator`), so each writes the same audit event as the CLI and the console, by the
 //! token's name. The answer is the task as the decision left it.
 
@@ -25,7 +26,43 @@ pub(super) struct DecisionBody {
     result: Option<serde_json::Value>,
 }
 
+/// An answer's body, checked against the `Answer` schema.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct AnswerBody {
+    text: String,
+    reason: Option<String>,
+}
+
 impl Api {
+    /// `POST /tasks/{task}/answer`: a person's answer to the task's question, by the token's
+    /// name; the answer is the task as it stands then (queued).
+    pub(super) fn answer(&self, req: &Request, caller: &Caller, name: &str) -> Reply {
+        if let Some(r) = Api::operator_only(caller, "an answer") {
+            return r;
+        }
+        let b: AnswerBody = match body(req, "Answer", false).map(serde_json::from_value) {
+            Ok(Ok(b)) => b,
+            Ok(Err(e)) => return problem(400, "invalid_body", &e.to_string()),
+            Err(r) => return r,
+        };
+        let rec = match self.readable(caller, name) {
+            Ok(r) => r,
+            Err(r) => return r,
+        };
+        let d = match operator::decision(&caller.name, b.reason.as_deref()) {
+            Ok(d) => d,
+            Err(e) => return problem(422, "invalid_decision", &e),
+        };
+        if let Err(e) = operator::answer(self.db.as_ref(), &rec.id, &b.text, &d) {
+            return super::problem::of_store(&e);
+        }
+        match self.db.task(&rec.id) {
+            Ok(rec) => Reply::json(200, &result_json(self.db.db_id(), &rec)),
+            Err(e) => super::problem::of_store(&e),
+        }
+    }
+
     pub(super) fn decide(&self, req: &Request, caller: &Caller, name: &str, op: &str) -> Reply {
         if let Some(r) = Api::operator_only(caller, "a decision") {
             return r;

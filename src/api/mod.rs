@@ -46,6 +46,7 @@ pub const ROUTES: &[(&str, &str, &str)] = &[
     ("POST", "/api/v1/tasks/{task}/approve", "approveTask"),
     ("POST", "/api/v1/tasks/{task}/reject", "rejectTask"),
     ("POST", "/api/v1/tasks/{task}/reconcile", "reconcileTask"),
+    ("POST", "/api/v1/tasks/{task}/answer", "answerTask"),
     ("POST", "/api/v1/tasks/{task}/cancel", "cancelTask"),
     ("GET", "/api/v1/events", "listEvents"),
 ];
@@ -224,6 +225,7 @@ impl Api {
             "listTaskEvents" if wants_stream(req) => self.task_stream(req, caller, task),
             "listTaskEvents" => self.task_events(caller, task),
             "listEvents" => self.events(req, caller),
+            "answerTask" => self.answer(req, caller, task),
             verb => self.decide(req, caller, task, verb),
         };
         reply.with_header("Cache-Control", "no-store")
@@ -426,6 +428,11 @@ mod tests {
         decisions.sort_unstable();
         decisions.dedup();
         assert_eq!(fields_of::<decide::DecisionBody>(), decisions, "decisions");
+        assert_eq!(
+            fields_of::<decide::AnswerBody>(),
+            properties("Answer"),
+            "Answer"
+        );
     }
 
     /// The document's enums of a task's stop, outcome and status are the code's lists
@@ -489,7 +496,14 @@ mod tests {
     /// Every request schema compiles, with formats checked.
     #[test]
     fn the_request_schemas_compile() {
-        for c in ["TaskCreate", "Approve", "Reject", "Reconcile", "Cancel"] {
+        for c in [
+            "TaskCreate",
+            "Approve",
+            "Reject",
+            "Reconcile",
+            "Answer",
+            "Cancel",
+        ] {
             let schema = &document()["components"]["schemas"][c];
             assert!(schema.is_object(), "{c}");
             jsonschema::options()

@@ -118,6 +118,12 @@ pub enum Command {
         after_help = "Examples:\n  worker reconcile                                  # list held writes, with keys and digests\n  worker reconcile t8 --applied --result '{\"status\": \"ok\", \"refunded_cents\": 3000}' --by bob --reason 'seen in the ledger'\n  worker reconcile t8 --not-applied --key 5f0c2a9e11d3:t8:s2 --by bob   # re-sent under the same key\n  worker reconcile t8 --not-applied --digest 54592ae224 --extend deadline_ms=10000"
     )]
     Reconcile(ReconcileArgs),
+    /// Answer the question a task asked a person (`ask_person`); the task is requeued and
+    /// goes on with the answer.
+    #[command(
+        after_help = "Examples:\n  worker show t9                 # the question, and the choices it offers\n  worker answer t9 --text office --by ana\n  worker answer t9 --text 'ord_1001, on the receipt' --reason 'called the customer'\n\nThe answer reaches the model as the person's words (at most 4,000 characters; one of the\nchoices, as written, when the question offers some). Who answered is recorded in the audit\nlog, not shown to the model."
+    )]
+    Answer(AnswerArgs),
     /// Cancel a queued, running (at its next step boundary), suspended or held task.
     #[command(after_help = "Example:\n  worker cancel t3 --reason 'customer withdrew the request'")]
     Cancel(DecideArgs),
@@ -183,35 +189,7 @@ pub struct JsonArgs {
     pub json: bool,
 }
 
-#[derive(Args, Debug)]
-pub struct PurgeArgs {
-    /// Only tasks finished (last updated) longer ago than this: 30d, 12h, 90m, 45s.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration_ms)]
-    pub finished_before: u64,
-    /// Tasks deleted per transaction.
-    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=10_000))]
-    pub batch: u64,
-    /// Who purges, as recorded in the audit log.
-    #[arg(long, env = "USER", default_value = "operator")]
-    pub by: String,
-    /// Why; recorded in the audit log.
-    #[arg(long)]
-    pub reason: Option<String>,
-    /// Print the result as JSON.
-    #[arg(long)]
-    pub json: bool,
-}
-
 pub use crate::clock::parse_duration_ms;
-
-#[derive(Args, Debug)]
-pub struct EventsArgs {
-    /// Only this task's events.
-    pub task: Option<String>,
-    /// Print the result as JSON.
-    #[arg(long)]
-    pub json: bool,
-}
 
 #[derive(Subcommand, Debug)]
 pub enum MemoryCommand {

@@ -1,5 +1,5 @@
-//! The arguments of the operators' decisions (approve, reject, reconcile, cancel): who and
-//! why, and the held call they are bound to.
+//! The arguments of the operators' verbs (approve, reject, reconcile, answer, cancel, purge,
+//! events): who and why, and the held call a decision is bound to.
 
 use clap::Args;
 
@@ -98,4 +98,42 @@ pub struct ReconcileArgs {
     pub json: bool,
     #[command(flatten)]
     pub shop: ShopArg,
+}
+
+#[derive(Args, Debug)]
+pub struct AnswerArgs {
+    #[command(flatten)]
+    pub decide: DecideArgs,
+    /// The answer, in plain words (one of the question's choices, as written, when it offers
+    /// some).
+    #[arg(long)]
+    pub text: String,
+}
+
+#[derive(Args, Debug)]
+pub struct PurgeArgs {
+    /// Only tasks finished (last updated) longer ago than this: 30d, 12h, 90m, 45s.
+    #[arg(long, value_name = "DURATION", value_parser = crate::clock::parse_duration_ms)]
+    pub finished_before: u64,
+    /// Tasks deleted per transaction.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub batch: u64,
+    /// Who purges, as recorded in the audit log.
+    #[arg(long, env = "USER", default_value = "operator")]
+    pub by: String,
+    /// Why; recorded in the audit log.
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct EventsArgs {
+    /// Only this task's events.
+    pub task: Option<String>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
 }

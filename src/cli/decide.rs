@@ -1,5 +1,5 @@
 //! The operators' decisions: approve, reject, reconcile (by hand or `--auto` from the
-//! tools' lookups) and cancel, each bound to the call the operator reviewed. The work is in
+//! tools' lookups), answer (a task's question to a person) and cancel, each bound to the call the operator reviewed. The work is in
 //! [`crate::operator`] and the backend's decisions; this file parses and prints. While a
 //! daemon runs on the file, the decision itself is handed to it (`crate::local`), which runs
 //! the same function.
@@ -86,6 +86,29 @@ pub(super) fn cmd_reject(cli: &Cli, a: &RejectArgs) -> CliResult {
     outln!(
         "rejected {} for task {task}; it is queued and continues without it",
         call.name,
+    );
+    Ok(())
+}
+
+pub(super) fn cmd_answer(cli: &Cli, a: &AnswerArgs) -> CliResult {
+    let d = decision(&a.decide.by, &a.decide.reason)?;
+    let db = open_reader(cli)?;
+    let task = db.resolve(&a.decide.task)?;
+    let asked = crate::local::Decide::Answer {
+        task: task.clone(),
+        text: a.text.clone(),
+        by: d.by.clone(),
+        reason: d.reason.clone(),
+    };
+    let q: Value = take(cli, &*db, &asked)?;
+    if a.decide.json {
+        return print_json(
+            &json!({"task": task, "decision": "answer", "question": q, "answer": a.text}),
+        );
+    }
+    outln!(
+        "answered task {task}'s question ({}); it is queued and goes on with the answer",
+        crate::limits::one_line(q["text"].as_str().unwrap_or_default())
     );
     Ok(())
 }

@@ -208,6 +208,9 @@ fn show_json(store: &dyn Backend, r: &TaskRecord, closing: String) -> Value {
         v["held"] = json!({"tool": p.name, "args": p.args,
             "key": store.call_key(r, p), "digest": p.digest()});
     }
+    if let Some(q) = crate::store::result::question(r) {
+        v["question"] = q.to_json();
+    }
     v
 }
 
@@ -261,7 +264,16 @@ pub(super) fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
         b.deadline_ms as f64 / 1000.0
     );
     outln!("  stalls      {:>6} / {}", st.stalls, b.stalls_max);
-    if let Some(p) = &st.pending {
+    if let Some(q) = crate::store::result::question(&r) {
+        outln!("question  {}", crate::limits::one_line(&q.text));
+        if !q.choices.is_empty() {
+            outln!(
+                "choices   {}",
+                crate::limits::one_line(&q.choices.join(" | "))
+            );
+        }
+        outln!("answer it `worker answer {} --text ANSWER`", r.id);
+    } else if let Some(p) = &st.pending {
         outln!(
             "held      {} {} key {} digest {}",
             p.name,
@@ -385,11 +397,14 @@ fn next_action(r: &TaskRecord) -> String {
         Some(S::NeedsApproval) => format!(
             "approve or reject the held call: `worker approve {id} --digest {digest}` (`--extend` grants more budget) or `worker reject {id} --digest {digest}`"
         ),
+        Some(S::NeedsAnswer) => format!(
+            "answer its question: `worker answer {id} --text ANSWER` (the task goes on with your words)"
+        ),
         Some(S::UnknownOutcome) => settle("the task goes on from there"),
         Some(S::Cancelled | S::TimedOut) if st.unknown_write().is_some() => {
             settle("the task stays stopped")
         }
-        Some(S::Cancelled | S::TimedOut | S::ApprovalExpired) => {
+        Some(S::Cancelled | S::TimedOut | S::ApprovalExpired | S::QuestionExpired) => {
             "nothing is held; enqueue the goal again if it still stands".into()
         }
         Some(S::Expired) => "nothing ran; enqueue it again, with a longer --ttl if it waited too long".into(),

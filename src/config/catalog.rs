@@ -18,6 +18,9 @@ pub(super) struct CatalogFile {
     /// OpenAPI documents whose operations are tools too.
     #[serde(default)]
     openapi: Vec<super::openapi::Source>,
+    /// The built-in question to a person, when the catalog opts into it.
+    #[serde(default)]
+    ask_person: Option<crate::kernel::person::AskPerson>,
 }
 
 /// What in a tool's approval rule cannot work: a bound on an argument the tool does not
@@ -67,16 +70,32 @@ pub fn parse_catalog(text: &str, path: &Path) -> Result<Catalog, String> {
         let tools = super::openapi::tools_of(src, path).map_err(at)?;
         file.tools.extend(tools);
     }
+    let person = crate::kernel::person::ASK_PERSON;
+    if let Some(t) = file
+        .tools
+        .iter()
+        .find(|t| t.asks_person || t.name == person)
+    {
+        return Err(at(format!(
+            "tool {:?}: {person:?} and asks_person belong to the built-in question to a person; opt into it with an [ask_person] table (description, fact_fields), or rename the tool",
+            t.name
+        )));
+    }
+    if let Some(ask) = &file.ask_person {
+        file.tools.push(ask.spec().map_err(at)?);
+    }
     let mut seen = std::collections::BTreeSet::new();
     for t in &file.tools {
-        check_tool(t).map_err(at)?;
+        if !t.asks_person {
+            check_tool(t).map_err(at)?;
+        }
         if !seen.insert(t.name.clone()) {
             return Err(at(format!("tool {:?} is declared twice", t.name)));
         }
     }
     if file.tools.is_empty() {
         return Err(at(
-            "the catalog declares no tools: add [[tools]] tables, or an [[openapi]] source".into(),
+            "the catalog declares no tools: add [[tools]] tables, an [[openapi]] source or an [ask_person] table".into(),
         ));
     }
     for t in &file.tools {

@@ -450,10 +450,18 @@ mod tests {
             ("`[demo.tools.NAME]`", fields_of::<DemoTool>()),
             ("`[callbacks]`", fields_of::<callbacks::CallbacksEntry>()),
             ("Top level (catalog)", fields_of::<catalog::CatalogFile>()),
-            // `mcp` is a task's snapshot of an MCP tool: a catalog file naming it is refused.
+            // `mcp` is a task's snapshot of an MCP tool, `asks_person` the mark of the built-in
+            // question: a catalog file naming either is refused.
             (
                 "`[[tools]]`",
-                without(fields_of::<crate::kernel::ToolSpec>(), "mcp"),
+                without(
+                    without(fields_of::<crate::kernel::ToolSpec>(), "mcp"),
+                    "asks_person",
+                ),
+            ),
+            (
+                "`[ask_person]`",
+                fields_of::<crate::kernel::person::AskPerson>(),
             ),
             // `api` is written by an `[[openapi]]` source: a catalog file naming it is refused.
             (

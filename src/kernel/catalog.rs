@@ -24,6 +24,8 @@ pub enum Route<'a> {
     Demo,
     Http(&'a HttpSpec),
     Mcp(&'a McpSpec),
+    /// A question to a person (`ask_person`): the kernel holds it, nothing is sent.
+    Person,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -66,6 +68,9 @@ pub struct ToolSpec {
     /// Where an MCP tool lives, and its definition as it was at enqueue.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mcp: Option<McpSpec>,
+    /// The built-in question to a person (`super::person`): answered by a person, never sent.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub asks_person: bool,
 }
 
 /// An MCP server's tool, as a task's snapshot keeps it (taken at enqueue).
@@ -422,6 +427,7 @@ impl ToolSpec {
     /// The route of this tool's calls: MCP or HTTP when it names one, else the demo shop.
     pub fn route(&self) -> Route<'_> {
         match (&self.mcp, &self.http) {
+            _ if self.asks_person => Route::Person,
             (Some(m), _) => Route::Mcp(m),
             (None, Some(h)) => Route::Http(h),
             (None, None) => Route::Demo,
@@ -495,6 +501,7 @@ impl Catalog {
                 args: BTreeMap::new(),
                 http: None,
                 mcp: None,
+                asks_person: false,
             }
         };
         Catalog {

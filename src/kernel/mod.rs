@@ -12,6 +12,7 @@ pub mod catalog;
 pub mod io;
 pub mod json;
 pub mod memory;
+pub mod person;
 pub mod plan;
 pub mod policy;
 pub mod reply;

@@ -8,6 +8,7 @@ use serde_json::{Map, Value};
 use super::budget::Budget;
 use super::catalog::Catalog;
 use super::json::{dumps, py_repr, py_str_repr};
+use super::person::Question;
 use super::state::{StepStatus, StopReason, TaskState};
 use super::trace::{Span, SpanKind};
 
@@ -158,6 +159,17 @@ fn lead(state: &TaskState) -> String {
                 args(call)
             ),
             None => "The task is waiting for approval.".into(),
+        },
+        Some(StopReason::NeedsAnswer) => match state.pending.as_ref().and_then(Question::of) {
+            Some(q) => format!("The task is waiting for a person to answer: {}", q.text),
+            None => "The task is waiting for a person's answer.".into(),
+        },
+        Some(StopReason::QuestionExpired) => match state.pending.as_ref().and_then(Question::of) {
+            Some(q) => format!(
+                "The task stopped because no one answered its question in time: {}",
+                q.text
+            ),
+            None => "The task stopped because no one answered its question in time.".into(),
         },
         Some(StopReason::UnknownOutcome) => match &state.pending {
             Some(call) => format!(

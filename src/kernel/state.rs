@@ -52,9 +52,14 @@ pub enum StopReason {
     Expired,
     /// Its wall-clock deadline (`--finish-within`) passed before it finished.
     TimedOut,
+    /// The model asked a person a question (`ask_person`); the task is suspended until
+    /// someone answers it. (Appended: stored states number the variants in this order.)
+    NeedsAnswer,
+    /// The task waited for an answer to its question longer than its wait allows.
+    QuestionExpired,
 }
 
-pub const STOP_REASONS: [StopReason; 14] = [
+pub const STOP_REASONS: [StopReason; 16] = [
     StopReason::Done,
     StopReason::MaxSteps,
     StopReason::MaxToolCalls,
@@ -69,6 +74,8 @@ pub const STOP_REASONS: [StopReason; 14] = [
     StopReason::ModelFailed,
     StopReason::Expired,
     StopReason::TimedOut,
+    StopReason::NeedsAnswer,
+    StopReason::QuestionExpired,
 ];
 
 impl StopReason {
@@ -88,6 +95,8 @@ impl StopReason {
             StopReason::ModelFailed => "model_failed",
             StopReason::Expired => "expired",
             StopReason::TimedOut => "timed_out",
+            StopReason::NeedsAnswer => "needs_answer",
+            StopReason::QuestionExpired => "question_expired",
         }
     }
 
@@ -95,9 +104,9 @@ impl StopReason {
         STOP_REASONS.into_iter().find(|r| r.as_str() == s)
     }
 
-    /// A suspended task can continue; a stopped one cannot.
+    /// A suspended task can continue, once a person decided or answered; a stopped one cannot.
     pub fn suspends(self) -> bool {
-        matches!(self, StopReason::NeedsApproval)
+        matches!(self, StopReason::NeedsApproval | StopReason::NeedsAnswer)
     }
 }
 

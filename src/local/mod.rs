@@ -208,6 +208,13 @@ pub enum Decide {
         by: String,
         reason: Option<String>,
     },
+    /// `worker answer`: a person's answer to the question a task waits on.
+    Answer {
+        task: String,
+        text: String,
+        by: String,
+        reason: Option<String>,
+    },
     /// `worker memory add`: a note for a user, from a source, for `ttl_s` seconds.
     Note {
         user: String,

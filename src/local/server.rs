@@ -452,6 +452,15 @@ pub fn decide_here(d: &Decide, store: &dyn Backend) -> Result<serde_json::Value>
                 &decision(by, reason)?,
             )?
         }
+        Decide::Answer {
+            task,
+            text,
+            by,
+            reason,
+        } => {
+            let q = crate::operator::answer(store, task, text, &decision(by, reason)?)?;
+            return Ok(serde_json::json!(q));
+        }
         Decide::Cancel { task, by, reason } => {
             let was = crate::operator::cancel(store, task, None, &decision(by, reason)?)?;
             return Ok(serde_json::json!(was));

@@ -154,6 +154,7 @@ impl McpTool {
                 needs_approval: self.needs_approval,
                 user_arg: self.user_arg.clone(),
             }),
+            asks_person: false,
         }
     }
 }

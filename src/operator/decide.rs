@@ -113,7 +113,7 @@ pub type HeldWrites = Vec<(TaskRecord, std::result::Result<Option<CallRecord>, S
 
 /// Runs a decision: commits when it decided (even when its answer is a refusal it records),
 /// and logs it once it committed.
-fn decided<T>(
+pub(super) fn decided<T>(
     db: &dyn Backend,
     task: &str,
     verb: &str,
@@ -133,7 +133,7 @@ fn decided<T>(
     answer
 }
 
-fn not_in(rec: &TaskRecord, wanted: &str) -> Error {
+pub(super) fn not_in(rec: &TaskRecord, wanted: &str) -> Error {
     let stop = rec.state.stop.map_or(String::new(), |s| format!(" ({s})"));
     Error::Conflict(format!(
         "task {} is {}{stop}, not {wanted}; `worker events {}` shows what was decided",
@@ -143,15 +143,54 @@ fn not_in(rec: &TaskRecord, wanted: &str) -> Error {
     ))
 }
 
-fn held_call(rec: &TaskRecord) -> Result<ToolCall> {
+pub(super) fn held_call(rec: &TaskRecord) -> Result<ToolCall> {
     rec.state
         .pending
         .clone()
         .ok_or_else(|| Error::Conflict(format!("task {} holds no call", rec.id)))
 }
 
-fn call_json(ns: &str, rec: &TaskRecord, call: &ToolCall) -> Value {
+pub(super) fn call_json(ns: &str, rec: &TaskRecord, call: &ToolCall) -> Value {
     json!({"tool": call.name, "args": call.args, "key": rec.call_key(ns, call), "digest": call.digest()})
+}
+
+/// How a suspended task's wait on a person ends when it runs out: the stop, and why.
+pub(super) fn ran_out(rec: &TaskRecord) -> (StopReason, &'static str) {
+    if rec.state.stop == Some(StopReason::NeedsAnswer) {
+        (
+            StopReason::QuestionExpired,
+            "the wait for an answer ran out",
+        )
+    } else {
+        (StopReason::ApprovalExpired, "approval wait ran out")
+    }
+}
+
+/// A decision on a suspended task whose wait ran out records the expiry (with its audit
+/// event) and is refused, saying so; `None` while the wait goes on.
+pub(super) fn expired_now(
+    tx: &mut dyn DecisionTx,
+    rec: &mut TaskRecord,
+    now_ms: u64,
+) -> Result<Option<Error>> {
+    if !approval_expired(rec, now_ms) {
+        return Ok(None);
+    }
+    let ns = tx.db_id().to_string();
+    let call = held_call(rec)?;
+    let detail = call_json(&ns, rec, &call);
+    let (stop, why) = ran_out(rec);
+    finish(tx, rec, stop, now_ms)?;
+    tx.event(Some(&rec.id), "expire", &system(now_ms, why), detail)?;
+    let what = if stop == StopReason::QuestionExpired {
+        "wait for an answer"
+    } else {
+        "approval wait"
+    };
+    Ok(Some(Error::Conflict(format!(
+        "the {what} of task {} ran out ({} ms); the task stopped with {stop}",
+        rec.id, rec.approval_wait_ms
+    ))))
 }
 
 fn approval_expired(rec: &TaskRecord, now_ms: u64) -> bool {
@@ -195,9 +234,9 @@ fn check_can_send(rec: &TaskRecord, verb: &str) -> Result<()> {
 
 /// A decision's result: `Err` of the inner result is an answer the transaction still commits
 /// (an approval wait found expired is recorded, then refused).
-pub type Decided<T> = Result<std::result::Result<T, Error>>;
+pub(super) type Decided<T> = Result<std::result::Result<T, Error>>;
 
-fn requeue(tx: &mut dyn DecisionTx, rec: &mut TaskRecord, now_ms: u64) -> Result<()> {
+pub(super) fn requeue(tx: &mut dyn DecisionTx, rec: &mut TaskRecord, now_ms: u64) -> Result<()> {
     let was = rec.status;
     rec.status = QueueStatus::Queued;
     rec.updated_at_ms = now_ms;
@@ -245,15 +284,8 @@ fn approve_in(
     }
     let ns = tx.db_id().to_string();
     let mut rec = tx.load(id)?;
-    if approval_expired(&rec, d.now_ms) {
-        let call = held_call(&rec)?;
-        let detail = call_json(&ns, &rec, &call);
-        finish(tx, &mut rec, StopReason::ApprovalExpired, d.now_ms)?;
-        tx.event(Some(id), "expire", &system(d.now_ms), detail)?;
-        return Ok(Err(Error::Conflict(format!(
-            "the approval wait of task {id} ran out ({} ms); the task stopped with approval_expired",
-            rec.approval_wait_ms
-        ))));
+    if let Some(refused) = expired_now(tx, &mut rec, d.now_ms)? {
+        return Ok(Err(refused));
     }
     if rec.status != QueueStatus::Suspended || rec.state.stop != Some(StopReason::NeedsApproval) {
         return Err(not_in(&rec, "waiting for approval"));
@@ -541,17 +573,18 @@ fn expire_in(tx: &mut dyn DecisionTx, due: &[String], now_ms: u64) -> Result<Vec
             Some(c) => call_json(&ns, &rec, c),
             None => Value::Null,
         };
-        finish(tx, &mut rec, StopReason::ApprovalExpired, now_ms)?;
-        tx.event(Some(id), "expire", &system(now_ms), detail)?;
+        let (stop, why) = ran_out(&rec);
+        finish(tx, &mut rec, stop, now_ms)?;
+        tx.event(Some(id), "expire", &system(now_ms, why), detail)?;
         done.push(id.clone());
     }
     Ok(done)
 }
 
-fn system(now_ms: u64) -> Decision {
+fn system(now_ms: u64, why: &str) -> Decision {
     Decision {
         by: "worker".into(),
-        reason: Some("approval wait ran out".into()),
+        reason: Some(why.into()),
         now_ms,
     }
 }

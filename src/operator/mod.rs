@@ -2,14 +2,15 @@
 //! call, so that an action taken in any of them writes the same audit event through the same
 //! code.
 //!
-//! The decisions (approve, reject, reconcile, cancel, and the daemon's expiry of approval
-//! waits) are in `decide`, each one function over a transaction of the backend; what they
+//! The decisions (approve, reject, reconcile, cancel, and the daemon's expiry of waits on a
+//! person) are in `decide`, a person's answer to a task's question in `answer`, each one function over a transaction of the backend; what they
 //! carry (the reviewed call, a budget extension, a settlement) is in `review`. This module
 //! adds what sits around them: checking who decides and why ([`decision`]), the held writes
 //! as an operator reviews them ([`held_writes`]), settling held writes from each tool's lookup
 //! ([`reconcile_auto`]), a task's whole detail ([`detail`]), and the effects of a task in the
 //! demo shop.
 
+mod answer;
 mod decide;
 mod review;
 pub mod schedule;
@@ -17,6 +18,7 @@ pub mod stream;
 pub mod submit;
 mod wait;
 
+pub use answer::answer;
 pub use decide::{
     HeldWrites, approve, cancel, complete_requested_cancel, expire_approvals, held, reconcile,
     reject,

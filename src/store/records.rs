@@ -18,7 +18,7 @@ pub enum QueueStatus {
     Queued,
     /// Leased by a worker.
     Running,
-    /// Waiting for an approval (needs_approval).
+    /// Waiting on a person: an approval (needs_approval) or an answer (needs_answer).
     Suspended,
     /// A write's outcome is unknown: waiting for reconcile.
     Held,
@@ -59,7 +59,7 @@ impl QueueStatus {
     /// The queue status a run's end leads to.
     pub fn after(stop: StopReason) -> QueueStatus {
         match stop {
-            StopReason::NeedsApproval => QueueStatus::Suspended,
+            StopReason::NeedsApproval | StopReason::NeedsAnswer => QueueStatus::Suspended,
             StopReason::UnknownOutcome => QueueStatus::Held,
             _ => QueueStatus::Finished,
         }

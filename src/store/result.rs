@@ -8,8 +8,8 @@
 //! | 0 | completed: the model's final answer completed the goal | done (completed) |
 //! | 3 | cannot complete: the model gave up, saying why | done (cannot_complete) |
 //! | 4 | stopped by a budget or a loop check, or by its model | max_steps, max_tool_calls, max_tokens, deadline, repeated_call, no_progress, model_failed |
-//! | 5 | waiting on a person: an approval, or a held write to settle | needs_approval, unknown_outcome |
-//! | 6 | cancelled by an operator, or its approval wait ran out | cancelled, approval_expired |
+//! | 5 | waiting on a person: an approval, an answer, or a held write to settle | needs_approval, needs_answer, unknown_outcome |
+//! | 6 | cancelled by an operator, or its wait on a person ran out | cancelled, approval_expired, question_expired |
 //! | 7 | still queued or running when the wait timed out | - |
 //!
 //! (1 and 2 are the CLI's operational and usage errors.)
@@ -49,9 +49,12 @@ impl Ending {
                     Ending::CannotComplete
                 }
                 Some(StopReason::Done) => Ending::Completed,
-                Some(StopReason::Cancelled | StopReason::ApprovalExpired | StopReason::Expired) => {
-                    Ending::Cancelled
-                }
+                Some(
+                    StopReason::Cancelled
+                    | StopReason::ApprovalExpired
+                    | StopReason::QuestionExpired
+                    | StopReason::Expired,
+                ) => Ending::Cancelled,
                 _ => Ending::Stopped,
             }),
         }
@@ -78,9 +81,11 @@ impl Ending {
     }
 }
 
-/// What a waiting task waits for: an approval (suspended) or a settlement (held).
+/// What a waiting task waits for: an approval or an answer (suspended), or a settlement
+/// (held).
 pub fn waiting_for(rec: &TaskRecord) -> Option<&'static str> {
     match rec.status {
+        QueueStatus::Suspended if rec.state.stop == Some(StopReason::NeedsAnswer) => Some("answer"),
         QueueStatus::Suspended => Some("approval"),
         QueueStatus::Held => Some("reconcile"),
         _ => None,
@@ -109,6 +114,7 @@ pub fn result_json(db_id: &str, rec: &TaskRecord) -> Value {
             "key": rec.call_key(db_id, p),
             "digest": p.digest(),
         })),
+        "question": question(rec).map(|q| q.to_json()),
         "user": st.user_id,
         "goal": st.goal,
         "model": rec.model.label(),
@@ -121,6 +127,15 @@ pub fn result_json(db_id: &str, rec: &TaskRecord) -> Value {
         "created_at": rfc3339(rec.created_at_ms),
         "updated_at": rfc3339(rec.updated_at_ms),
     })
+}
+
+/// The question a task waits to have answered (`ask_person`); `None` for any other wait.
+pub fn question(rec: &TaskRecord) -> Option<crate::kernel::person::Question> {
+    rec.state
+        .pending
+        .as_ref()
+        .filter(|_| waiting_for(rec) == Some("answer"))
+        .and_then(crate::kernel::person::Question::of)
 }
 
 /// A task's line in a list, showing `stop` as its stop reason.

@@ -110,6 +110,12 @@ impl Routed<'_> {
                     self.demo.call(req)
                 }
                 Route::Demo => super::blocking(|| self.demo.call(req)),
+                // The kernel holds a question for a person; it never asks a route to send one.
+                Route::Person => ToolReply {
+                    result: json!({"status": "error", "code": "not_sent",
+                        "detail": "a question to a person is answered by a person, never sent"}),
+                    latency_ms: 0,
+                },
             },
             None => ToolReply {
                 result: json!({"status": "error", "code": "unknown_tool",

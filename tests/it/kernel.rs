@@ -439,6 +439,7 @@ fn mcp_arguments_are_checked_against_the_input_schema() {
             needs_approval: true,
             user_arg: Some("customer_id".into()),
         }),
+        asks_person: false,
     };
     let args = |v: Value| v.as_object().expect("object").clone();
     let good = args(json!({"order_id": "o1", "amount_cents": 700}));

@@ -140,6 +140,7 @@ impl Operation<'_> {
             args: BTreeMap::new(),
             http: Some(http),
             mcp: None,
+            asks_person: false,
         })
     }
 

@@ -524,6 +524,10 @@ impl<'c> Session<'c> {
             // (or one of another tool) would get a key the model chose.
             Ok(()) => match self.check_plan_step(&mut call) {
                 Err((code, detail)) => json!({"status": "error", "code": code, "detail": detail}),
+                Ok(()) if spec.asks_person => {
+                    self.ask_person(call);
+                    return Ok(());
+                }
                 Ok(()) => {
                     self.open_tool(call, self.step_span, false);
                     return Ok(());

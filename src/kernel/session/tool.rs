@@ -179,6 +179,21 @@ impl Session<'_> {
         };
     }
 
+    /// A question to a person: nothing is sent and no tool call is counted; the step ends with
+    /// the call held and the task suspended until a person's answer is folded in as its
+    /// result (`Run::Settled`).
+    pub(super) fn ask_person(&mut self, call: ToolCall) {
+        self.open_tool(call, self.step_span, false);
+        let waiting = json!({"status": "needs_answer", "detail": "waiting for a person's answer"});
+        self.fold_tool(
+            ToolReply {
+                result: waiting,
+                latency_ms: 0,
+            },
+            false,
+        );
+    }
+
     /// Folds in the tool's result to the request of [`Action::Tool`].
     pub fn on_tool(&mut self, reply: ToolReply) {
         self.fold_tool(reply, true);
@@ -301,6 +316,12 @@ impl Session<'_> {
                 self.state.pending = Some(call);
                 return Some(StopReason::NeedsApproval);
             }
+            // Only the kernel's own question says this (a tool's result saying it is refused
+            // below as any unknown status is: an error).
+            "needs_answer" if self.catalog.get(&call.name).is_some_and(|s| s.asks_person) => {
+                self.state.pending = Some(call);
+                return Some(StopReason::NeedsAnswer);
+            }
             "unknown" => {
                 // Held for reconcile: resuming re-sends it under the same call key.
                 self.state.pending = Some(call);
@@ -386,8 +407,9 @@ fn checked_result(result: Value, write: bool) -> Value {
 
 /// A tool span's status: the usual ones borrowed, any other a copy of what the tool said.
 fn span_status(shown: &str) -> std::borrow::Cow<'static, str> {
-    const KNOWN: [&str; 10] = [
+    const KNOWN: [&str; 11] = [
         "ok",
+        "needs_answer",
         "error",
         "unknown",
         "rejected",

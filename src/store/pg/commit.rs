@@ -197,7 +197,7 @@ impl<'c> CommitParams<'c> {
             status: stop
                 .map_or("", |s| QueueStatus::after(s).as_str())
                 .to_string(),
-            suspends: stop == Some(crate::kernel::StopReason::NeedsApproval),
+            suspends: stop.is_some_and(crate::kernel::StopReason::suspends),
             holds: c.holds(),
             token: i64_of(c.token),
             cb_id: c.callback.as_ref().map(|cb| cb.id.clone()),

@@ -67,9 +67,9 @@ fn end_run(
     stop: StopReason,
 ) -> Result<()> {
     rec.status = QueueStatus::after(stop);
-    rec.suspended_at_ms = (stop == StopReason::NeedsApproval).then_some(c.now_ms);
+    rec.suspended_at_ms = stop.suspends().then_some(c.now_ms);
     let mut waiting = w.open_table(WAITING)?;
-    if stop == StopReason::NeedsApproval {
+    if stop.suspends() {
         waiting.insert(
             c.task_id.as_str(),
             c.now_ms.saturating_add(rec.approval_wait_ms),

@@ -126,8 +126,7 @@ impl<'c> Machine<'c> {
             After::Final(stop) => {
                 // A cancel asked for while the run went on, which ended waiting rather than at
                 // a step boundary: it takes effect now, not when an operator next decides.
-                let waiting =
-                    matches!(stop, StopReason::NeedsApproval | StopReason::UnknownOutcome);
+                let waiting = stop.suspends() || stop == StopReason::UnknownOutcome;
                 self.phase = if waiting && outcome.cancel_requested.is_some() {
                     Phase::Cancelling(stop)
                 } else {

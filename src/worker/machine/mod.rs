@@ -303,7 +303,11 @@ impl<'c> Machine<'c> {
         let resuming = self.rec.state.pending.is_some()
             && matches!(
                 self.rec.state.stop,
-                Some(StopReason::NeedsApproval | StopReason::UnknownOutcome)
+                Some(
+                    StopReason::NeedsApproval
+                        | StopReason::NeedsAnswer
+                        | StopReason::UnknownOutcome
+                )
             );
         let run = match self.rec.settle.clone() {
             _ if !resuming => Run::Start,

@@ -1,0 +1,166 @@
+//! Questions to a person: the built-in `ask_person` tool a catalog opts into (`[ask_person]`
+//! in its file). The model calls it with a question and, optionally, the answers it offers;
+//! the kernel sends nothing: the task suspends (`needs_answer`) with the call held, and a
+//! person's answer is folded in as that call's result, `{"status": "ok", "answer": TEXT}`. A
+//! question is never a tool call of the budget, and its answer is never a fact unless the
+//! catalog's rule lists `answer` in `fact_fields`.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+
+use super::catalog::{Access, ArgSpec, ArgType, ToolSpec};
+use super::state::ToolCall;
+
+/// The built-in tool's name.
+pub const ASK_PERSON: &str = "ask_person";
+
+/// The longest answer a person may give, in characters: it enters the model's next request.
+pub const ANSWER_MAX_CHARS: usize = 4000;
+
+const DESCRIPTION: &str = "Ask a person a question and wait for the answer (minutes or days). Use it only when the goal cannot go on without something only a person knows or decides. Give `choices` when the answer is one of a few options.";
+
+/// A catalog's `[ask_person]` table: the built-in tool's own words and its rule for facts.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AskPerson {
+    /// Who is asked and when to ask, for the model (a default says what the tool does).
+    #[serde(default)]
+    pub description: String,
+    /// `["answer"]` lets an answer become the fact `ask_person.answer`; by default an answer is
+    /// the person's words in the view, never a fact.
+    #[serde(default)]
+    pub fact_fields: Vec<String>,
+}
+
+impl AskPerson {
+    /// The tool the model is offered.
+    pub fn spec(&self) -> Result<ToolSpec, String> {
+        if let Some(f) = self.fact_fields.iter().find(|f| *f != "answer") {
+            return Err(format!(
+                "[ask_person] fact_fields may list only \"answer\" (an answer has no other field), not {f:?}"
+            ));
+        }
+        let arg = |kind, description: &str, required| ArgSpec {
+            kind,
+            description: description.into(),
+            required,
+            allowed: None,
+            min: None,
+            max: None,
+            min_len: (kind == ArgType::String).then_some(1),
+            max_len: (kind == ArgType::String).then_some(1000),
+            pattern: None,
+            items: None,
+            min_items: None,
+            max_items: None,
+            properties: BTreeMap::new(),
+        };
+        let mut choices = arg(
+            ArgType::Array,
+            "the answers to choose from, when there are only a few",
+            false,
+        );
+        choices.items = Some(Box::new(arg(ArgType::String, "one answer", true)));
+        choices.min_items = Some(2);
+        choices.max_items = Some(10);
+        let description = if self.description.is_empty() {
+            DESCRIPTION.to_string()
+        } else {
+            self.description.clone()
+        };
+        Ok(ToolSpec {
+            name: ASK_PERSON.into(),
+            description,
+            access: Access::Read,
+            idempotent: true,
+            fact_fields: self.fact_fields.clone(),
+            fact_prefix_arg: String::new(),
+            done_phrase: "asked a person".into(),
+            not_done_phrase: "did not get a person's answer".into(),
+            approval: Default::default(),
+            requires: Default::default(),
+            args: BTreeMap::from([
+                (
+                    "question".to_string(),
+                    arg(ArgType::String, "the question, in plain words", true),
+                ),
+                ("choices".to_string(), choices),
+            ]),
+            http: None,
+            mcp: None,
+            asks_person: true,
+        })
+    }
+}
+
+/// A question a task holds: its words and the answers it offers (none: any text).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Question {
+    pub text: String,
+    pub choices: Vec<String>,
+}
+
+impl Question {
+    /// The question of a held `ask_person` call; `None` for any other call.
+    pub fn of(call: &ToolCall) -> Option<Question> {
+        if call.name != ASK_PERSON {
+            return None;
+        }
+        let text = call.args.get("question")?.as_str()?.to_string();
+        let choices = call
+            .args
+            .get("choices")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default();
+        Some(Question { text, choices })
+    }
+
+    /// Whether `answer` may answer this question: not empty, not too long, and one of the
+    /// choices when it offers some. `Err` says what an answer must be.
+    pub fn check(&self, answer: &str) -> Result<(), String> {
+        if answer.trim().is_empty() {
+            return Err("an answer needs some text".into());
+        }
+        if let Some(c) = answer
+            .chars()
+            .find(|c| c.is_control() && !matches!(c, '\t' | '\n'))
+        {
+            return Err(format!(
+                "an answer may not hold the control character {c:?} (tabs and line breaks are fine)"
+            ));
+        }
+        let n = answer.chars().count();
+        if n > ANSWER_MAX_CHARS {
+            return Err(format!(
+                "an answer is at most {ANSWER_MAX_CHARS} characters (this one has {n})"
+            ));
+        }
+        if !self.choices.is_empty() && !self.choices.iter().any(|c| c == answer) {
+            return Err(format!(
+                "the question offers {}: answer with one of them, as written",
+                self.choices
+                    .iter()
+                    .map(|c| format!("{c:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn to_json(&self) -> Value {
+        json!({"text": self.text, "choices": self.choices})
+    }
+}
+
+/// What the held `ask_person` call is answered with: the person's words.
+pub fn answer_result(answer: &str) -> Value {
+    json!({"status": "ok", "answer": answer})
+}

@@ -1,0 +1,248 @@
+//! Issue 53's questions to a person, on both backends and both providers' native tool calling
+//! (fakes built from the official SDKs' types): a catalog that opts into `ask_person` lets the
+//! model ask; the task waits (`needs_answer`, exit 5) spending no tool call; one question is
+//! answered with `worker answer`, one through the API, one is left to run out
+//! (`question_expired`). The answer reaches the model as the person's words in the next
+//! request, never as a fact; a choice outside the offered ones is refused, as is an answer to a
+//! task that asked nothing.
+
+use crate::common;
+use crate::models::{Fake, python};
+use common::serve::{agent, serve};
+use common::*;
+
+use serde_json::{Value, json};
+use std::path::Path;
+
+const OPS: &str = "0123456789abcdef-ops";
+
+const ASK_ADDRESS: &str = "Which address should the replacement go to?";
+const ASK_ORDER: &str = "What is the order number on the receipt?";
+
+/// One provider's moves for the three tasks, in the order its requests come.
+fn script() -> Vec<Value> {
+    vec![
+        json!({"call": "ask_person", "args": {"question": ASK_ADDRESS, "choices": ["home", "office"]}}),
+        json!({"call": "final_answer", "args": {"outcome": "completed", "text": "Sending it to the office."}}),
+        json!({"call": "ask_person", "args": {"question": ASK_ORDER}}),
+        json!({"call": "final_answer", "args": {"outcome": "completed", "text": "Order ord_1001 it is."}}),
+        json!({"call": "ask_person", "args": {"question": "Is anyone there?"}}),
+        json!({"call": "final_answer", "args": {"outcome": "cannot_complete", "text": "No answer."}}),
+    ]
+}
+
+fn setup(d: &Path, oa: &Fake, an: &Fake) {
+    std::fs::write(
+        d.join("tools.toml"),
+        "version = 1\n\n[ask_person]\ndescription = \"Ask the customer's account manager.\"\n",
+    )
+    .expect("catalog");
+    let profile = |name: &str, kind: &str, url: &str| {
+        format!(
+            "[models.{name}]\nkind = \"{kind}\"\nbase_url = \"{url}/v1\"\nmodel = \"m\"\napi_key_env = \"Q_MODEL_KEY\"\n\n"
+        )
+    };
+    std::fs::write(
+        d.join("worker.toml"),
+        format!(
+            "default_model = \"oa\"\n\n{}{}[tools]\ncatalog = \"tools.toml\"\n",
+            profile("oa", "openai", &oa.url),
+            profile("an", "anthropic", &an.url)
+        ),
+    )
+    .expect("config");
+    std::fs::write(d.join("tokens.txt"), format!("ops {OPS} operator\n")).expect("tokens");
+}
+
+fn w(d: &Path, args: &[&str]) -> std::process::Output {
+    command(d)
+        .args(["--config", "worker.toml"])
+        .args(args)
+        .env("Q_MODEL_KEY", "sk-q")
+        .output()
+        .expect("run worker")
+}
+
+fn wok(d: &Path, args: &[&str]) -> String {
+    succeeded(w(d, args), args)
+}
+
+fn shown(d: &Path, task: &str) -> Value {
+    let out = wok(d, &["show", task, "--json"]);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}\n{out}"))
+}
+
+/// The text of every request the fake was sent, in order.
+fn bodies(f: &Fake) -> Vec<String> {
+    f.requests().iter().map(|r| r["body"].to_string()).collect()
+}
+
+fn enqueue(d: &Path, model: &str, goal: &str, extra: &[&str]) -> String {
+    let mut args = vec![
+        "enqueue", "--user", "cu_ana", "--model", model, "--goal", goal,
+    ];
+    args.extend_from_slice(extra);
+    wok(d, &args);
+    let list: Value = serde_json::from_str(&wok(d, &["list", "--json"])).expect("list");
+    list.as_array()
+        .and_then(|a| {
+            a.iter()
+                .map(|t| t["id"].as_str())
+                .max_by_key(|id| id.map(|s| s[1..].parse::<u64>().unwrap_or(0)))
+        })
+        .flatten()
+        .expect("a task")
+        .to_string()
+}
+
+/// A task that asked: suspended, waiting for an answer, the question in its result, no tool
+/// call spent, nothing of the question in its facts.
+fn asked(d: &Path, id: &str, question: &str) -> Value {
+    let t = shown(d, id);
+    assert_eq!(t["status"], "suspended", "{t}");
+    assert_eq!(t["state"]["stop"], "needs_answer", "{t}");
+    assert_eq!(t["question"]["text"], question, "{t}");
+    assert_eq!(
+        t["state"]["tool_calls"], 0,
+        "a question is not a tool call: {t}"
+    );
+    let wait = w(d, &["wait", id, "--json"]);
+    assert_eq!(wait.status.code(), Some(5), "waiting on a person");
+    let r: Value = serde_json::from_slice(&wait.stdout).expect("the result");
+    assert_eq!(r["waiting_for"], "answer", "{r}");
+    assert_eq!(r["question"], t["question"], "{r}");
+    t
+}
+
+fn one_provider(d: &Path, model: &str, fake: &Fake, served: &str) {
+    let before = fake.requests().len();
+    // 1. Answered from the CLI, with one of the offered choices.
+    let t1 = enqueue(d, model, "Replace Ana's broken kettle.", &[]);
+    wok(d, &["run", "--shared", "--drain"]);
+    let t = asked(d, &t1, ASK_ADDRESS);
+    assert_eq!(t["question"]["choices"], json!(["home", "office"]), "{t}");
+    let shown_text = wok(d, &["show", &t1]);
+    assert!(
+        shown_text.contains(ASK_ADDRESS) && shown_text.contains("worker answer"),
+        "show says what is asked and how to answer: {shown_text}"
+    );
+    let bad = w(d, &["answer", &t1, "--text", "the moon"]);
+    assert_eq!(
+        bad.status.code(),
+        Some(2),
+        "an answer outside the choices is a bad argument"
+    );
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("home") && err.contains("office"), "{err}");
+    wok(d, &["answer", &t1, "--text", "office", "--by", "ana"]);
+    wok(d, &["run", "--shared", "--drain"]);
+    let t = shown(d, &t1);
+    assert_eq!(t["stop"], "done", "{t}");
+    assert_eq!(t["outcome"], "completed", "{t}");
+    assert_eq!(t["state"]["tool_calls"], 0, "{t}");
+    assert!(
+        t["state"]["facts"].as_object().is_none_or(|f| f.is_empty()),
+        "an answer is never a fact without a rule: {t}"
+    );
+    let sent = bodies(fake);
+    assert_eq!(sent.len(), before + 2, "two model calls: {sent:?}");
+    assert!(
+        sent[before + 1].contains("office") && !sent[before].contains("office"),
+        "the answer reaches the model in the next request: {}",
+        sent[before + 1]
+    );
+    assert!(
+        sent[before].contains("ask_person"),
+        "the model is offered ask_person: {}",
+        sent[before]
+    );
+    let events: Value = serde_json::from_str(&wok(d, &["events", &t1, "--json"])).expect("events");
+    assert_eq!(events[0]["verb"], "answer", "{events}");
+    assert_eq!(events[0]["by"], "ana", "{events}");
+    assert_eq!(events[0]["detail"]["answer"], "office", "{events}");
+    assert_eq!(events[0]["detail"]["question"], ASK_ADDRESS, "{events}");
+    let replayed: Value =
+        serde_json::from_str(&wok(d, &["replay", &t1, "--json"])).expect("a replay");
+    assert_eq!(
+        replayed["same_state"], true,
+        "replay folds the answer in: {replayed}"
+    );
+    let again = w(d, &["answer", &t1, "--text", "home"]);
+    assert_eq!(again.status.code(), Some(1), "answered once");
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("not waiting for an answer"),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+
+    // 2. Answered through the API, free text.
+    let t2 = enqueue(d, model, "Find Ana's order.", &[]);
+    wok(d, &["run", "--shared", "--drain"]);
+    asked(d, &t2, ASK_ORDER);
+    let url = format!("{served}/api/v1/tasks/{t2}/answer");
+    let post = |body: &Value| {
+        let mut resp = agent()
+            .post(&url)
+            .header("Authorization", format!("Bearer {OPS}"))
+            .header("Content-Type", "application/json")
+            .send(body.to_string())
+            .expect("an answer");
+        let status = resp.status().as_u16();
+        let text = resp.body_mut().read_to_string().unwrap_or_default();
+        let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        (status, v)
+    };
+    let (status, p) = post(&json!({}));
+    assert_eq!(status, 400, "an answer needs its text: {p}");
+    let (status, t) = post(&json!({"text": "ord_1001", "reason": "on the receipt"}));
+    assert_eq!(status, 200, "{t}");
+    assert_eq!(t["status"], "queued", "{t}");
+    wok(d, &["run", "--shared", "--drain"]);
+    let t = shown(d, &t2);
+    assert_eq!(t["stop"], "done", "{t}");
+    let sent = bodies(fake);
+    assert!(
+        sent[before + 3].contains("ord_1001"),
+        "{}",
+        sent[before + 3]
+    );
+    let (status, p) = post(&json!({"text": "again"}));
+    assert_eq!(status, 409, "{p}");
+
+    // 3. Left to run out: the daemon ends the wait.
+    let t3 = enqueue(d, model, "Ask and wait.", &["--approval-wait-ms", "1"]);
+    wok(d, &["run", "--shared", "--drain"]);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    wok(d, &["run", "--shared", "--drain"]);
+    let t = shown(d, &t3);
+    assert_eq!(t["status"], "finished", "{t}");
+    assert_eq!(t["stop"], "question_expired", "{t}");
+    assert_eq!(w(d, &["wait", &t3]).status.code(), Some(6));
+    let late = w(d, &["answer", &t3, "--text", "yes"]);
+    assert_eq!(late.status.code(), Some(1));
+    let events: Value = serde_json::from_str(&wok(d, &["events", &t3, "--json"])).expect("events");
+    assert_eq!(events[0]["verb"], "expire", "{events}");
+    let replayed: Value =
+        serde_json::from_str(&wok(d, &["replay", &t3, "--json"])).expect("a replay");
+    assert_eq!(replayed["same_state"], true, "{replayed}");
+    assert_eq!(
+        bodies(fake).len(),
+        before + 5,
+        "no model call after the wait ran out"
+    );
+}
+
+conformance! {
+    fn a_question_is_answered_from_the_cli_the_api_or_runs_out(d) {
+        let Some(py) = python() else { return };
+        let oa = Fake::start(&py, d, "openai", &script());
+        let an = Fake::start(&py, d, "anthropic", &script());
+        setup(d, &oa, &an);
+        let served = serve(d, &["--config", "worker.toml", "--token-file", "tokens.txt"]);
+        one_provider(d, "oa", &oa, &served.base);
+        one_provider(d, "an", &an, &served.base);
+        // A task that asked nothing cannot be answered.
+        let (code, _) = (w(d, &["answer", "t99", "--text", "x"]).status.code(), ());
+        assert_eq!(code, Some(1));
+    }
+}
