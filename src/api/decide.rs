@@ -54,7 +54,7 @@ impl Api {
             Ok(d) => d,
             Err(e) => return problem(422, "invalid_decision", &e),
         };
-        if let Err(e) = operator::answer(self.db.as_ref(), &rec.id, &b.text, &d) {
+        if let Err(e) = operator::answer(self.db.as_ref(), &rec.id, &b.text, None, &d) {
             return super::problem::of_store(&e);
         }
         match self.db.task(&rec.id) {

@@ -43,6 +43,7 @@ mod inflight;
 mod progress;
 mod read;
 pub mod reference;
+mod replay;
 mod schedule;
 mod sole;
 mod stores;
@@ -57,7 +58,8 @@ use daemon::{cmd_console, cmd_demo, cmd_demo_store, cmd_run};
 use decide::{cmd_answer, cmd_approve, cmd_cancel, cmd_reconcile, cmd_reject};
 use enqueue::cmd_enqueue;
 pub use enqueue::parse_batch_line;
-use read::{cmd_events, cmd_list, cmd_postmortem, cmd_replay, cmd_show, cmd_trace};
+use read::{cmd_events, cmd_list, cmd_postmortem, cmd_show, cmd_trace};
+use replay::cmd_replay;
 use stores::{cmd_check, cmd_memory, cmd_purge, cmd_store};
 
 use clap::{Args, Parser, Subcommand};

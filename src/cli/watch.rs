@@ -140,7 +140,10 @@ fn describe(e: &Event) -> String {
                 .as_str()
                 .map(|r| format!(": {r}"))
                 .unwrap_or_default();
-            format!("decision  {} by {}{why}", s("verb"), s("by"))
+            match d["detail"]["answer"].as_str() {
+                Some(a) if s("verb") == "answer" => format!("answered  by {}: {a}", s("by")),
+                _ => format!("decision  {} by {}{why}", s("verb"), s("by")),
+            }
         }
         "finished" => {
             let answer = d["answer"]
@@ -150,6 +153,21 @@ fn describe(e: &Event) -> String {
             format!("finished  {}{answer}", s("stop"))
         }
         _ => match d["waiting_for"].as_str() {
+            Some("answer") => format!(
+                "status    {} (asks a person: {}{})",
+                s("status"),
+                d["question"]["text"].as_str().unwrap_or("?"),
+                match d["question"]["choices"].as_array() {
+                    Some(c) if !c.is_empty() => format!(
+                        " [{}]",
+                        c.iter()
+                            .filter_map(Value::as_str)
+                            .collect::<Vec<_>>()
+                            .join(" | ")
+                    ),
+                    _ => String::new(),
+                }
+            ),
             Some(w) => format!(
                 "status    {} (waits for {w} of {})",
                 s("status"),

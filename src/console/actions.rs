@@ -1,5 +1,5 @@
 //! The console's actions: a form's decision (approve, reject, reconcile, settle by the tool's
-//! lookup, cancel) checked for
+//! lookup, answer a task's question, cancel) checked for
 //! its CSRF token and bound to the call (key and digest) or the task state (its last change)
 //! the page was rendered with, then made through the same backend decisions as the CLI's.
 
@@ -20,6 +20,9 @@ pub(super) fn done_message(verb: &str) -> Option<&'static str> {
             "the held write was settled as not applied; it is sent again when the task runs"
         }
         "cancel" => "the task was cancelled",
+        "answer" => {
+            "the question was answered; the task goes on with the answer when it runs again"
+        }
         _ => return None,
     })
 }
@@ -109,6 +112,17 @@ impl Console {
                 ))
             }
             "approve" => operator::approve(&*self.db, id, reviewed, extend, d).map(|_| ()),
+            // Bound to the question the page showed (its digest): a task that asks another one
+            // now refuses the answer.
+            "answer" => match (reviewed.digest.as_deref(), f.get("text")) {
+                (Some(seen), Some(text)) => {
+                    operator::answer(&*self.db, id, text.trim(), Some(seen), d).map(|_| ())
+                }
+                _ => Err(Error::Invalid(
+                    "the form does not carry the question it was rendered with, or an answer"
+                        .into(),
+                )),
+            },
             "reject" => operator::reject(&*self.db, id, reviewed, d).map(|_| ()),
             "reconcile" => {
                 let settlement = self.settlement(id, field(f, "outcome"), field(f, "result"));

@@ -147,6 +147,13 @@ pub struct HeldView {
     actionable: bool,
 }
 
+/// The question a task waits to have answered, and the form's binding to it.
+pub struct QuestionView {
+    text: String,
+    choices: Vec<String>,
+    digest: String,
+}
+
 pub struct PlanRow {
     id: String,
     tool: String,
@@ -189,6 +196,7 @@ pub struct TaskPage {
     t: TaskView,
     flash: Option<String>,
     held: Option<HeldView>,
+    question: Option<QuestionView>,
     can_cancel: bool,
     csrf: String,
     plan: Vec<PlanRow>,
@@ -219,16 +227,25 @@ impl TaskPage {
         let r = &d.record;
         let st = &r.state;
         let catalog = r.catalog.as_deref().cloned().unwrap_or_else(Catalog::demo);
-        let held = st.pending.as_ref().map(|p| HeldView {
-            tool: p.name.clone(),
-            args: Value::Object(p.args.clone()).to_string(),
-            key: d.pending_key.clone().unwrap_or_default(),
-            digest: p.digest(),
-            unknown: r.status == QueueStatus::Held
-                || st.stop == Some(crate::kernel::StopReason::UnknownOutcome)
-                || (r.status == QueueStatus::Finished && st.outcome.is_some()),
-            actionable: matches!(r.status, QueueStatus::Suspended | QueueStatus::Held),
+        let question = crate::store::result::question(r).map(|q| QuestionView {
+            text: q.text,
+            choices: q.choices,
+            digest: st.pending.as_ref().map(|p| p.digest()).unwrap_or_default(),
         });
+        let held = st
+            .pending
+            .as_ref()
+            .filter(|_| question.is_none())
+            .map(|p| HeldView {
+                tool: p.name.clone(),
+                args: Value::Object(p.args.clone()).to_string(),
+                key: d.pending_key.clone().unwrap_or_default(),
+                digest: p.digest(),
+                unknown: r.status == QueueStatus::Held
+                    || st.stop == Some(crate::kernel::StopReason::UnknownOutcome)
+                    || (r.status == QueueStatus::Finished && st.outcome.is_some()),
+                actionable: matches!(r.status, QueueStatus::Suspended | QueueStatus::Held),
+            });
         let budgets = budget_bars(st, &r.budget);
         let (total_ms, spans) = waterfall(&d.spans);
         let events = d.events.iter().map(EventRow::of).collect();
@@ -261,6 +278,7 @@ impl TaskPage {
             flash,
             can_cancel: r.status != QueueStatus::Finished,
             held,
+            question,
             csrf,
             plan: st
                 .plan

@@ -160,17 +160,8 @@ fn lead(state: &TaskState) -> String {
             ),
             None => "The task is waiting for approval.".into(),
         },
-        Some(StopReason::NeedsAnswer) => match state.pending.as_ref().and_then(Question::of) {
-            Some(q) => format!("The task is waiting for a person to answer: {}", q.text),
-            None => "The task is waiting for a person's answer.".into(),
-        },
-        Some(StopReason::QuestionExpired) => match state.pending.as_ref().and_then(Question::of) {
-            Some(q) => format!(
-                "The task stopped because no one answered its question in time: {}",
-                q.text
-            ),
-            None => "The task stopped because no one answered its question in time.".into(),
-        },
+        Some(StopReason::NeedsAnswer) => question_lead(state, false),
+        Some(StopReason::QuestionExpired) => question_lead(state, true),
         Some(StopReason::UnknownOutcome) => match &state.pending {
             Some(call) => format!(
                 "The task stopped because it is not known whether {} with {} took effect; it must be reconciled before any retry.",
@@ -218,6 +209,20 @@ fn lead(state: &TaskState) -> String {
                 "The task stopped because its wall-clock deadline passed before it finished.".into()
             }
         },
+    }
+}
+
+/// A task's question to a person: waiting for the answer, or no answer came in time.
+fn question_lead(state: &TaskState, expired: bool) -> String {
+    let q = state.pending.as_ref().and_then(Question::of);
+    match (q, expired) {
+        (Some(q), false) => format!("The task is waiting for a person to answer: {}", q.text),
+        (None, false) => "The task is waiting for a person's answer.".into(),
+        (Some(q), true) => format!(
+            "The task stopped because no one answered its question in time: {}",
+            q.text
+        ),
+        (None, true) => "The task stopped because no one answered its question in time.".into(),
     }
 }
 

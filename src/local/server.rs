@@ -458,35 +458,32 @@ pub fn decide_here(d: &Decide, store: &dyn Backend) -> Result<serde_json::Value>
             by,
             reason,
         } => {
-            let q = crate::operator::answer(store, task, text, &decision(by, reason)?)?;
+            let q = crate::operator::answer(store, task, text, None, &decision(by, reason)?)?;
             return Ok(serde_json::json!(q));
         }
         Decide::Cancel { task, by, reason } => {
             let was = crate::operator::cancel(store, task, None, &decision(by, reason)?)?;
             return Ok(serde_json::json!(was));
         }
+        other => return maintain(other, store),
+    };
+    Ok(serde_json::json!(call))
+}
+
+/// The maintenance requests (memory notes, purge, schedules), here as in the verbs.
+fn maintain(d: &Decide, store: &dyn Backend) -> Result<serde_json::Value> {
+    let decision = |by: &str| crate::operator::decision(by, None).map_err(Error::Invalid);
+    let out = match d {
         Decide::Note {
             user,
             text,
             source,
             ttl_s,
             by,
-        } => {
-            let note = store.add_note(user, text, source, *ttl_s, &decision(by, &None)?)?;
-            return Ok(serde_json::json!(note));
-        }
+        } => serde_json::json!(store.add_note(user, text, source, *ttl_s, &decision(by)?)?),
         Decide::Forget { user, source, by } => {
-            let n = store.forget(user, source.as_deref(), &decision(by, &None)?)?;
-            return Ok(serde_json::json!(n));
+            serde_json::json!(store.forget(user, source.as_deref(), &decision(by)?)?)
         }
-        other => return maintain(other, store),
-    };
-    Ok(serde_json::json!(call))
-}
-
-/// The maintenance requests (purge, schedules), here as in the verbs.
-fn maintain(d: &Decide, store: &dyn Backend) -> Result<serde_json::Value> {
-    let out = match d {
         Decide::Purge {
             before_ms,
             batch,

@@ -17,12 +17,27 @@ use super::decide::Decided;
 
 /// Answers the question task `id` waits on with `text`, and queues the task; returns the
 /// question answered. `d.by` is who answered, recorded in the audit log (never shown to the
-/// model).
-pub fn answer(db: &dyn Backend, id: &str, text: &str, d: &Decision) -> Result<Question> {
-    decided(db, id, "answer", d, &mut |tx| answer_in(tx, id, text, d))
+/// model). `seen`, the digest of the question the person read (as a console form carries it),
+/// refuses the answer when the task asks another one now.
+pub fn answer(
+    db: &dyn Backend,
+    id: &str,
+    text: &str,
+    seen: Option<&str>,
+    d: &Decision,
+) -> Result<Question> {
+    decided(db, id, "answer", d, &mut |tx| {
+        answer_in(tx, id, text, seen, d)
+    })
 }
 
-fn answer_in(tx: &mut dyn DecisionTx, id: &str, text: &str, d: &Decision) -> Decided<Question> {
+fn answer_in(
+    tx: &mut dyn DecisionTx,
+    id: &str,
+    text: &str,
+    seen: Option<&str>,
+    d: &Decision,
+) -> Decided<Question> {
     let mut rec = tx.load(id)?;
     if rec.status == QueueStatus::Suspended
         && let Some(refused) = expired_now(tx, &mut rec, d.now_ms)?
@@ -39,6 +54,12 @@ fn answer_in(tx: &mut dyn DecisionTx, id: &str, text: &str, d: &Decision) -> Dec
             call.name
         )));
     };
+    if seen.is_some_and(|s| s != call.digest()) {
+        return Err(Error::Conflict(format!(
+            "task {id} now asks another question ({:?}); read it before answering",
+            question.text
+        )));
+    }
     question
         .check(text)
         .map_err(|e| Error::Invalid(format!("task {id} asked {:?}; {e}", question.text)))?;

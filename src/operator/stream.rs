@@ -337,7 +337,13 @@ fn move_summary(reply: &RecordedReply) -> Value {
             }
             Some("tool") => {
                 let name = v.get("name").and_then(Value::as_str).unwrap_or("?");
-                json!({"kind": "tool_call", "summary": format!("calls {}", text(name))})
+                let question = v.pointer("/args/question").and_then(Value::as_str);
+                match question {
+                    Some(q) if name == crate::kernel::person::ASK_PERSON => {
+                        json!({"kind": "question", "summary": format!("asks a person: {}", text(q))})
+                    }
+                    _ => json!({"kind": "tool_call", "summary": format!("calls {}", text(name))}),
+                }
             }
             _ => json!({"kind": "unusable", "summary": "a reply that is no move"}),
         },

@@ -1,7 +1,7 @@
 //! Issue 53's questions to a person, on both backends and both providers' native tool calling
 //! (fakes built from the official SDKs' types): a catalog that opts into `ask_person` lets the
 //! model ask; the task waits (`needs_answer`, exit 5) spending no tool call; one question is
-//! answered with `worker answer`, one through the API, one is left to run out
+//! answered with `worker answer`, one through the API, one in the console, one is left to run out
 //! (`question_expired`). The answer reaches the model as the person's words in the next
 //! request, never as a fact; a choice outside the offered ones is refused, as is an answer to a
 //! task that asked nothing.
@@ -18,6 +18,7 @@ const OPS: &str = "0123456789abcdef-ops";
 
 const ASK_ADDRESS: &str = "Which address should the replacement go to?";
 const ASK_ORDER: &str = "What is the order number on the receipt?";
+const ASK_COLOUR: &str = "Which colour should the new kettle be?";
 
 /// One provider's moves for the three tasks, in the order its requests come.
 fn script() -> Vec<Value> {
@@ -26,6 +27,8 @@ fn script() -> Vec<Value> {
         json!({"call": "final_answer", "args": {"outcome": "completed", "text": "Sending it to the office."}}),
         json!({"call": "ask_person", "args": {"question": ASK_ORDER}}),
         json!({"call": "final_answer", "args": {"outcome": "completed", "text": "Order ord_1001 it is."}}),
+        json!({"call": "ask_person", "args": {"question": ASK_COLOUR, "choices": ["red", "blue"]}}),
+        json!({"call": "final_answer", "args": {"outcome": "completed", "text": "Blue it is."}}),
         json!({"call": "ask_person", "args": {"question": "Is anyone there?"}}),
         json!({"call": "final_answer", "args": {"outcome": "cannot_complete", "text": "No answer."}}),
     ]
@@ -114,7 +117,57 @@ fn asked(d: &Path, id: &str, question: &str) -> Value {
     t
 }
 
-fn one_provider(d: &Path, model: &str, fake: &Fake, served: &str) {
+/// A form field's value in a console page.
+fn field(html: &str, name: &str) -> String {
+    let at = html
+        .find(&format!("name=\"{name}\" value=\""))
+        .unwrap_or_else(|| panic!("no field {name} in {html}"));
+    let rest = &html[at + name.len() + 15..];
+    rest[..rest.find('"').expect("a closing quote")].to_string()
+}
+
+/// Answered from the console's form, bound to the question the page showed.
+fn answered_in_the_console(d: &Path, model: &str, fake: &Fake, console: &str, before: usize) {
+    let t4 = enqueue(d, model, "Pick a kettle colour.", &[]);
+    wok(d, &["run", "--shared", "--drain"]);
+    asked(d, &t4, ASK_COLOUR);
+    let mut resp = agent()
+        .get(&format!("{console}/tasks/{t4}"))
+        .call()
+        .expect("the page");
+    let page = resp.body_mut().read_to_string().expect("html");
+    assert!(
+        page.contains(ASK_COLOUR) && page.contains("<option value=\"blue\">"),
+        "{page}"
+    );
+    assert!(
+        !page.contains("id=\"approve\""),
+        "a question is answered, not approved"
+    );
+    let (csrf, digest) = (field(&page, "csrf"), field(&page, "digest"));
+    let post = |fields: &[(&str, &str)]| {
+        let mut r = agent()
+            .post(&format!("{console}/tasks/{t4}/answer"))
+            .send_form(fields.iter().copied())
+            .expect("an answer");
+        (
+            r.status().as_u16(),
+            r.body_mut().read_to_string().unwrap_or_default(),
+        )
+    };
+    let (status, body) = post(&[("csrf", &csrf), ("digest", "0000000000"), ("text", "blue")]);
+    assert_eq!(status, 409, "a form of another question: {body}");
+    let (status, body) = post(&[("csrf", &csrf), ("digest", &digest), ("text", "green")]);
+    assert_eq!(status, 400, "not a choice: {body}");
+    let (status, body) = post(&[("csrf", &csrf), ("digest", &digest), ("text", "blue")]);
+    assert_eq!(status, 303, "{body}");
+    wok(d, &["run", "--shared", "--drain"]);
+    assert_eq!(shown(d, &t4)["stop"], "done");
+    let sent = bodies(fake);
+    assert!(sent[before + 5].contains("blue"), "{}", sent[before + 5]);
+}
+
+fn one_provider(d: &Path, model: &str, fake: &Fake, served: &str, console: &str) {
     let before = fake.requests().len();
     // 1. Answered from the CLI, with one of the offered choices.
     let t1 = enqueue(d, model, "Replace Ana's broken kettle.", &[]);
@@ -126,6 +179,16 @@ fn one_provider(d: &Path, model: &str, fake: &Fake, served: &str) {
         shown_text.contains(ASK_ADDRESS) && shown_text.contains("worker answer"),
         "show says what is asked and how to answer: {shown_text}"
     );
+    for (text, says) in [
+        ("", "needs some text"),
+        ("a\u{7}b", "control character"),
+        (&"x".repeat(4001), "at most 4000 characters"),
+    ] {
+        let out = w(d, &["answer", &t1, "--text", text]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(says), "{says:?} in {err}");
+    }
     let bad = w(d, &["answer", &t1, "--text", "the moon"]);
     assert_eq!(
         bad.status.code(),
@@ -167,6 +230,15 @@ fn one_provider(d: &Path, model: &str, fake: &Fake, served: &str) {
         replayed["same_state"], true,
         "replay folds the answer in: {replayed}"
     );
+    // The event stream says what was asked and what was answered, in plain words.
+    let watched = wok(d, &["watch", &t1]);
+    for line in [
+        format!("model: asks a person: {ASK_ADDRESS}"),
+        "answered  by ana: office".to_string(),
+        "finished  done: Sending it to the office.".to_string(),
+    ] {
+        assert!(watched.contains(&line), "{line:?} in {watched}");
+    }
     let again = w(d, &["answer", &t1, "--text", "home"]);
     assert_eq!(again.status.code(), Some(1), "answered once");
     assert!(
@@ -209,7 +281,10 @@ fn one_provider(d: &Path, model: &str, fake: &Fake, served: &str) {
     let (status, p) = post(&json!({"text": "again"}));
     assert_eq!(status, 409, "{p}");
 
-    // 3. Left to run out: the daemon ends the wait.
+    // 3. From the console.
+    answered_in_the_console(d, model, fake, console, before);
+
+    // 4. Left to run out: the daemon ends the wait.
     let t3 = enqueue(d, model, "Ask and wait.", &["--approval-wait-ms", "1"]);
     wok(d, &["run", "--shared", "--drain"]);
     std::thread::sleep(std::time::Duration::from_millis(20));
@@ -227,20 +302,21 @@ fn one_provider(d: &Path, model: &str, fake: &Fake, served: &str) {
     assert_eq!(replayed["same_state"], true, "{replayed}");
     assert_eq!(
         bodies(fake).len(),
-        before + 5,
+        before + 7,
         "no model call after the wait ran out"
     );
 }
 
 conformance! {
-    fn a_question_is_answered_from_the_cli_the_api_or_runs_out(d) {
+    fn a_question_is_answered_from_the_cli_the_api_the_console_or_runs_out(d) {
         let Some(py) = python() else { return };
         let oa = Fake::start(&py, d, "openai", &script());
         let an = Fake::start(&py, d, "anthropic", &script());
         setup(d, &oa, &an);
         let served = serve(d, &["--config", "worker.toml", "--token-file", "tokens.txt"]);
-        one_provider(d, "oa", &oa, &served.base);
-        one_provider(d, "an", &an, &served.base);
+        let console = serve(d, &["--config", "worker.toml", "--by", "alice"]);
+        one_provider(d, "oa", &oa, &served.base, &console.base);
+        one_provider(d, "an", &an, &served.base, &console.base);
         // A task that asked nothing cannot be answered.
         let (code, _) = (w(d, &["answer", "t99", "--text", "x"]).status.code(), ());
         assert_eq!(code, Some(1));

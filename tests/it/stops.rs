@@ -128,6 +128,28 @@ fn cases() -> Vec<(StopReason, TaskState, &'static str)> {
         stopped(S::TimedOut),
         "its wall-clock deadline passed before it finished",
     ));
+    let ask = ToolCall {
+        name: "ask_person".into(),
+        args: json!({"question": "Which address?"})
+            .as_object()
+            .cloned()
+            .unwrap_or_default(),
+        plan_step: None,
+    };
+    let mut st = stopped(S::NeedsAnswer);
+    st.pending = Some(ask.clone());
+    v.push((
+        S::NeedsAnswer,
+        st,
+        "The task is waiting for a person to answer: Which address?",
+    ));
+    let mut st = stopped(S::QuestionExpired);
+    st.pending = Some(ask);
+    v.push((
+        S::QuestionExpired,
+        st,
+        "no one answered its question in time: Which address?",
+    ));
     v
 }
 
