@@ -321,4 +321,57 @@ conformance! {
         let (code, _) = (w(d, &["answer", "t99", "--text", "x"]).status.code(), ());
         assert_eq!(code, Some(1));
     }
+
+    /// Under a kill: a daemon killed while the model call that reads the answer waits leaves
+    /// the answer recorded and unapplied; the next run folds it in once and the model reads it
+    /// again. One answer in the audit log, one resume in the trace, two steps in all.
+    fn an_answer_survives_a_daemon_killed_while_the_model_reads_it(d) {
+        let Some(py) = python() else { return };
+        let script = [
+            json!({"call": "ask_person", "args": {"question": ASK_ADDRESS, "choices": ["home", "office"]}}),
+            json!({"call": "final_answer", "args": {"outcome": "completed", "text": "never read"}, "delay_ms": 30000}),
+            json!({"call": "final_answer", "args": {"outcome": "completed", "text": "Sending it to the office."}}),
+        ];
+        let oa = Fake::start(&py, d, "openai", &script);
+        let an = Fake::start(&py, d, "anthropic", &script);
+        setup(d, &oa, &an);
+        let run = ["run", "--shared", "--heartbeat-ttl-ms", "3000", "--recover-every-ms", "200"];
+        let t1 = enqueue(d, "oa", "Replace Ana's broken kettle.", &[]);
+        wok(d, &[&run[..], &["--drain"]].concat());
+        asked(d, &t1, ASK_ADDRESS);
+        wok(d, &["answer", &t1, "--text", "office", "--by", "ana"]);
+        let mut daemon = command(d)
+            .args(["--config", "worker.toml"])
+            .args(run)
+            .env("Q_MODEL_KEY", "sk-q")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start the daemon");
+        let mut waited = 0;
+        while oa.requests().len() < 2 && waited < 600 {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            waited += 1;
+        }
+        assert_eq!(oa.requests().len(), 2, "the model call that reads the answer is in flight");
+        daemon.kill().expect("SIGKILL the daemon");
+        daemon.wait().expect("reap it");
+        wok(d, &[&run[..], &["--drain"]].concat());
+        let t = shown(d, &t1);
+        assert_eq!(t["stop"], "done", "{t}");
+        assert_eq!(t["state"]["answer"], "Sending it to the office.", "{t}");
+        assert_eq!(t["state"]["step"], 2, "the ask, then the final answer: {t}");
+        assert_eq!(t["state"]["tool_calls"], 0, "{t}");
+        let sent = bodies(&oa);
+        assert_eq!(sent.len(), 3, "{sent:?}");
+        assert!(sent[1].contains("office") && sent[2].contains("office"), "the answer is not lost");
+        assert_eq!(sent[2].matches("office").count(), sent[1].matches("office").count(), "nor folded in twice");
+        let events: Value = serde_json::from_str(&wok(d, &["events", &t1, "--json"])).expect("events");
+        let verbs: Vec<&str> = events.as_array().expect("events").iter().filter_map(|e| e["verb"].as_str()).collect();
+        assert_eq!(verbs, ["answer"], "{events}");
+        let trace = wok(d, &["trace", &t1]);
+        assert_eq!(trace.matches("settled held call").count(), 1, "{trace}");
+        let replayed: Value = serde_json::from_str(&wok(d, &["replay", &t1, "--json"])).expect("a replay");
+        assert_eq!(replayed["same_state"], true, "{replayed}");
+    }
 }

@@ -25,6 +25,7 @@ The script has one recipe per line, used in the order requests arrive (the last 
                                            stop_reason "refusal")
   {"finish": "length" | "content_filter"}  the finish reason (with any of the above)
   {"status": 429, "headers": {...}, "error": {...}}   an error answer
+  {"delay_ms": MS}                         (with any of these) answered after MS ms
   {"usage": [IN, OUT]}                     the usage billed (default: the request's
                                            length / 4 in, the reply's / 4 out)
   {"policy": CENTS, "delay_ms": MS}        the next move of a refund of CENTS on the order
@@ -205,8 +206,8 @@ def main():
                 r = {"status": 429, "headers": {"Retry-After": str(wait)}, "error": {
                     "message": "Rate limit reached for gpt-4o: please try again later.",
                     "type": "requests", "param": None, "code": "rate_limit_exceeded"}}
+            time.sleep(r.get("delay_ms", 0) / 1000)
             if "policy" in r:
-                time.sleep(r.get("delay_ms", 0) / 1000)
                 r = policy_move(body, r["policy"])
             if "status" in r:
                 self.send_response(r["status"])
