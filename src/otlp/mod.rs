@@ -156,7 +156,7 @@ fn s(v: impl Into<String>) -> Attr {
 fn status_of(status: &str) -> i32 {
     match status {
         "ok" | "done" => STATUS_OK,
-        "open" | "needs_approval" => STATUS_UNSET,
+        "open" | "needs_approval" | "needs_answer" => STATUS_UNSET,
         _ => STATUS_ERROR,
     }
 }

@@ -12,8 +12,9 @@
 //! crashed worker's memory is dropped and a new incarnation with a new identity starts),
 //! pauses workers while others take their tasks over and lets them resume (between a write's
 //! proof and its send too), and runs operators who review a held call and decide on it later
-//! (approve with or without an extension, reject, reconcile from the ledger, cancel), so
-//! decisions race with the workers.
+//! (approve with or without an extension, reject, reconcile from the ledger, answer a task's
+//! question, cancel), so decisions race with the workers. A quarter of the tasks ask a person
+//! first (`ask_person`, then their final answer).
 //!
 //! Invariants, checked after every scheduler step (the logs of the sink, which only grow, after
 //! each phase) and at the end:
@@ -34,17 +35,22 @@
 //!   On PostgreSQL these time checks allow `PG_CLOCK_SLACK_MS`: the store reads "now" as the
 //!   server's clock plus the caller's lead, so it runs ahead of the simulated clock by the
 //!   real time a statement takes to start;
+//! - a question is never a tool call; a task is answered at most once, holds an answer only
+//!   after one was recorded, and one that asked and ended `done` read the answer it was given;
 //! - after a settling phase without faults, every task has ended and nothing is held.
 //!
-//! Two mutations of the protocol, each tried by hand against this file, are caught within the
+//! Three mutations of the protocol, each tried by hand against this file, are caught within the
 //! default 2,000 seeds (a refund arrives twice, or arrives after a takeover, and the sink's
-//! invariant fails):
+//! invariant fails; or an answer is lost):
 //! - **the claim check dropped before a send**: in `src/worker/machine/write.rs`, the write's
 //!   `Need::Send` asks for no proof (`proof: p.access == Access::Write` made `false`): a paused
 //!   worker resumed after a takeover sends the write its successor also sent;
 //! - **a non-idempotent write re-sent**: in the same file, the condition that holds a write
 //!   found in flight (`in_flight && !p.idempotent`) made `false`: a rerun after a crash sends
 //!   the refund again under its key.
+//! - **a question resumed without its answer**: in `src/worker/machine/mod.rs`, `begin`'s
+//!   `resuming` without `StopReason::NeedsAnswer`: the next run starts over and the task ends
+//!   `done` without having read the answer (caught within a few dozen seeds).
 //!
 //! `cargo test --test it simulation` runs 2,000 seeds from a random base it prints;
 //! `TETHER_SIM_SEEDS=N` runs N seeds, `TETHER_SIM_BASE=B` fixes the base, and
@@ -124,7 +130,23 @@ fn sim_dir() -> std::path::PathBuf {
     p
 }
 
+/// The model of the tasks that ask a person first (a script: the question, then the final
+/// answer), and what operators answer.
+const ASK_SCRIPT: &str = r#"{"type": "tool", "name": "ask_person", "args": {"question": "May I refund the kettle?", "choices": ["yes", "no"]}}
+{"type": "final", "outcome": "completed", "text": "Asked, and answered."}"#;
+const ANSWER: &str = "yes";
+
 fn task(rng: &mut Rng, i: usize) -> NewTask {
+    let mut t = refund_task(rng, i);
+    // Some ask a person first: the question waits for an operator's answer through crashes,
+    // pauses and takeovers like any held call.
+    if rng.below(4) == 0 {
+        t.model = ModelProfile::parse("script:400", Some(ASK_SCRIPT)).expect("model");
+    }
+    t
+}
+
+fn refund_task(rng: &mut Rng, i: usize) -> NewTask {
     let (model, latency) = match rng.below(4) {
         0 => ("policy:ord_1004:8000", None),
         1 => ("policy:ord_1001:3000", Some(40_000)),
@@ -168,10 +190,16 @@ fn task(rng: &mut Rng, i: usize) -> NewTask {
 /// The simulated clock at the start.
 const START_MS: u64 = 1_000_000;
 
-/// The demo shop's catalog, as every simulated task resolves it (they name no catalog).
+/// The demo shop's catalog with the question to a person, as every simulated task resolves
+/// it (they name no catalog).
 fn demo_catalog() -> &'static tether::kernel::Catalog {
     static CATALOG: std::sync::OnceLock<tether::kernel::Catalog> = std::sync::OnceLock::new();
-    CATALOG.get_or_init(|| tether::config::Config::default().catalog_for(None).catalog)
+    CATALOG.get_or_init(|| {
+        let mut c = tether::config::Config::default().catalog_for(None).catalog;
+        let ask = tether::kernel::person::AskPerson::default().spec();
+        c.tools.push(ask.expect("the question's tool"));
+        c
+    })
 }
 /// The limit of every `tenant:` key.
 const TENANT_LIMIT: usize = 1;
@@ -318,7 +346,12 @@ impl Sim {
         } else {
             Extension::default()
         };
-        let r = if rec.status == QueueStatus::Suspended {
+        let asked = rec.state.stop == Some(tether::kernel::StopReason::NeedsAnswer);
+        let r = if rec.status == QueueStatus::Suspended && asked {
+            let d = self.decision("answerer");
+            let seen = reviewed.digest.as_deref();
+            operator::answer(&*self.store, &id, ANSWER, seen, &d).map(|_| ())
+        } else if rec.status == QueueStatus::Suspended {
             if self.rng.chance(60) {
                 operator::approve(
                     &*self.store,
@@ -327,8 +360,10 @@ impl Sim {
                     &extend,
                     &self.decision("approver"),
                 )
+                .map(|_| ())
             } else {
                 operator::reject(&*self.store, &id, &reviewed, &self.decision("rejecter"))
+                    .map(|_| ())
             }
         } else if rec.state.unknown_write().is_some() {
             // The oracle: the write took effect exactly when the ledger has its key.
@@ -351,11 +386,12 @@ impl Sim {
                 &extend,
                 &self.decision("reconciler"),
             )
+            .map(|_| ())
         } else {
             return;
         };
         match r {
-            Ok(_) | Err(Error::Conflict(_)) => {}
+            Ok(()) | Err(Error::Conflict(_)) => {}
             Err(e) => panic!("seed {}: decision on {id} failed: {e}", self.seed),
         }
     }
@@ -523,6 +559,47 @@ impl Sim {
                 r.id
             );
             self.check_in_flight(r, &held);
+            self.check_answers(r);
+        }
+    }
+
+    /// A question is never a tool call; a task answered once at most (its script asks once),
+    /// and an answer in its state only after one was recorded; a task that asked and ended
+    /// done read the answer (it was not lost).
+    fn check_answers(&self, r: &TaskRecord) {
+        if r.model.label() != "script" {
+            return;
+        }
+        let seed = self.seed;
+        let st = &r.state;
+        assert_eq!(
+            st.tool_calls, 0,
+            "seed {seed}: task {}'s question counted as a tool call",
+            r.id
+        );
+        let events = self.store.events(Some(&r.id)).expect("events");
+        let answers = events.iter().filter(|e| e.verb == "answer").count();
+        assert!(
+            answers <= 1,
+            "seed {seed}: task {} answered {answers} times",
+            r.id
+        );
+        let read = st
+            .last_result
+            .as_ref()
+            .is_some_and(|v| v.get("answer").is_some());
+        assert!(
+            !read || answers == 1,
+            "seed {seed}: task {} holds an answer nobody gave",
+            r.id
+        );
+        if r.status == QueueStatus::Finished && st.stop == Some(tether::kernel::StopReason::Done) {
+            assert_eq!(
+                st.last_result,
+                Some(json!({"status": "ok", "answer": ANSWER})),
+                "seed {seed}: task {} ended done without the answer it was given",
+                r.id
+            );
         }
     }
 
