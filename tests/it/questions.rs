@@ -111,6 +111,12 @@ fn asked(d: &Path, id: &str, question: &str) -> Value {
     );
     let wait = w(d, &["wait", id, "--json"]);
     assert_eq!(wait.status.code(), Some(5), "waiting on a person");
+    let plain = w(d, &["wait", id]);
+    let said = String::from_utf8_lossy(&plain.stderr);
+    assert!(
+        said.contains(&format!("asks a person: {question}")) && said.contains("worker answer"),
+        "{said}"
+    );
     let r: Value = serde_json::from_slice(&wait.stdout).expect("the result");
     assert_eq!(r["waiting_for"], "answer", "{r}");
     assert_eq!(r["question"], t["question"], "{r}");
@@ -264,6 +270,20 @@ fn one_provider(d: &Path, model: &str, fake: &Fake, served: &str, console: &str)
         let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
         (status, v)
     };
+    // A job waiting for the final answer waits through the question.
+    let waiter = command(d)
+        .args([
+            "wait",
+            &t2,
+            "--until",
+            "finished",
+            "--json",
+            "--timeout",
+            "120s",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("worker wait");
     let (status, p) = post(&json!({}));
     assert_eq!(status, 400, "an answer needs its text: {p}");
     let (status, t) = post(&json!({"text": "ord_1001", "reason": "on the receipt"}));
@@ -272,6 +292,14 @@ fn one_provider(d: &Path, model: &str, fake: &Fake, served: &str, console: &str)
     wok(d, &["run", "--shared", "--drain"]);
     let t = shown(d, &t2);
     assert_eq!(t["stop"], "done", "{t}");
+    let waited = waiter.wait_with_output().expect("the wait ends");
+    assert_eq!(
+        waited.status.code(),
+        Some(0),
+        "completed, through the question"
+    );
+    let r: Value = serde_json::from_slice(&waited.stdout).expect("the result");
+    assert_eq!(r["answer"], "Order ord_1001 it is.", "{r}");
     let sent = bodies(fake);
     assert!(
         sent[before + 3].contains("ord_1001"),
