@@ -16,8 +16,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A Standard Webhooks secret (the specification's example format: `whsec_` and base64).
-const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
-const SECRET_ENV: &str = "TETHER_WEBHOOK_SECRET";
+pub(crate) const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+pub(crate) const SECRET_ENV: &str = "TETHER_WEBHOOK_SECRET";
 
 /// A config that lets callbacks go to loopback receivers, tried for `retry_for`.
 fn config(d: &Path, retry_for: &str) {
@@ -40,7 +40,7 @@ fn with_config(d: &Path, args: &[&str]) -> Command {
 }
 
 /// The Python receiver on `port`, logging to `log`; 503 to its first `fail_first` requests.
-fn receiver(port: u16, log: &Path, fail_first: u32) -> Option<Listening> {
+pub(crate) fn receiver(port: u16, log: &Path, fail_first: u32) -> Option<Listening> {
     let py = common::mcp::python()?;
     let mut cmd = Command::new(py);
     cmd.arg(format!(
@@ -56,7 +56,7 @@ fn receiver(port: u16, log: &Path, fail_first: u32) -> Option<Listening> {
 }
 
 /// Every arrival the receiver logged.
-fn arrivals(log: &Path) -> Vec<Value> {
+pub(crate) fn arrivals(log: &Path) -> Vec<Value> {
     std::fs::read_to_string(log)
         .unwrap_or_default()
         .lines()

@@ -8,7 +8,7 @@ mod common;
 
 mod api; // the HTTP API against Schemathesis, a generated client and its own rules (roles, users=, keys, long polls)
 mod bad_input; // 369 hostile inputs: each an exit code (or status) and an error naming it, never a panic
-mod callbacks; // completion callbacks verified by `standardwebhooks` through kills and a receiver that was down
+pub(crate) mod callbacks; // completion callbacks verified by `standardwebhooks` through kills and a receiver that was down
 mod cli; // the binary's verbs in temp dirs: exit codes, damaged and newer files, allocators
 mod console; // the console driven by headless chromium; forged and stale forms refused
 mod corruption; // every page zeroed and every record's bit flipped: verbs report, never panic

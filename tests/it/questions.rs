@@ -62,6 +62,7 @@ fn w(d: &Path, args: &[&str]) -> std::process::Output {
         .args(["--config", "worker.toml"])
         .args(args)
         .env("Q_MODEL_KEY", "sk-q")
+        .env(crate::callbacks::SECRET_ENV, crate::callbacks::SECRET)
         .output()
         .expect("run worker")
 }
@@ -352,7 +353,8 @@ conformance! {
 
     /// Under a kill: a daemon killed while the model call that reads the answer waits leaves
     /// the answer recorded and unapplied; the next run folds it in once and the model reads it
-    /// again. One answer in the audit log, one resume in the trace, two steps in all.
+    /// again. One answer in the audit log, one resume in the trace, two steps in all; its
+    /// callbacks (verified by `standardwebhooks`) are the wait with the question, then the end.
     fn an_answer_survives_a_daemon_killed_while_the_model_reads_it(d) {
         let Some(py) = python() else { return };
         let script = [
@@ -363,8 +365,20 @@ conformance! {
         let oa = Fake::start(&py, d, "openai", &script);
         let an = Fake::start(&py, d, "anthropic", &script);
         setup(d, &oa, &an);
+        // Callbacks to a Standard Webhooks receiver (the `standardwebhooks` package verifies
+        // each signature): the wait on a person, with the question, then the end.
+        let mut config = std::fs::read_to_string(d.join("worker.toml")).expect("config");
+        config.push_str(&format!(
+            "\n[callbacks]\nsecret_env = \"{}\"\nallow = [\"http://127.0.0.1:*/hooks/\"]\n",
+            crate::callbacks::SECRET_ENV
+        ));
+        std::fs::write(d.join("worker.toml"), config).expect("config");
+        let port = common::pg::free_port();
+        let log = d.join("callbacks.jsonl");
+        let Some(_receiver) = crate::callbacks::receiver(port, &log, 0) else { return };
+        let hook = format!("http://127.0.0.1:{port}/hooks/kettle");
         let run = ["run", "--shared", "--heartbeat-ttl-ms", "3000", "--recover-every-ms", "200"];
-        let t1 = enqueue(d, "oa", "Replace Ana's broken kettle.", &[]);
+        let t1 = enqueue(d, "oa", "Replace Ana's broken kettle.", &["--callback", &hook]);
         wok(d, &[&run[..], &["--drain"]].concat());
         asked(d, &t1, ASK_ADDRESS);
         wok(d, &["answer", &t1, "--text", "office", "--by", "ana"]);
@@ -372,6 +386,7 @@ conformance! {
             .args(["--config", "worker.toml"])
             .args(run)
             .env("Q_MODEL_KEY", "sk-q")
+            .env(crate::callbacks::SECRET_ENV, crate::callbacks::SECRET)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -401,5 +416,36 @@ conformance! {
         assert_eq!(trace.matches("settled held call").count(), 1, "{trace}");
         let replayed: Value = serde_json::from_str(&wok(d, &["replay", &t1, "--json"])).expect("a replay");
         assert_eq!(replayed["same_state"], true, "{replayed}");
+        // A daemon delivers what the drains left in the outbox.
+        let mut daemon = command(d)
+            .args(["--config", "worker.toml"])
+            .args(run)
+            .env("Q_MODEL_KEY", "sk-q")
+            .env(crate::callbacks::SECRET_ENV, crate::callbacks::SECRET)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start the daemon");
+        let verified = || -> Vec<Value> {
+            crate::callbacks::arrivals(&log)
+                .into_iter()
+                .filter(|a| a["status"] == 204)
+                .filter_map(|a| serde_json::from_str(a["body"].as_str()?).ok())
+                .collect()
+        };
+        for _ in 0..400 {
+            if verified().len() >= 2 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let _ = daemon.kill();
+        let _ = daemon.wait();
+        let got = verified();
+        let types: Vec<&str> = got.iter().filter_map(|e| e["type"].as_str()).collect();
+        assert_eq!(types, ["task.waiting", "task.finished"], "{got:?}");
+        assert_eq!(got[0]["data"]["waiting_for"], "answer", "{}", got[0]);
+        assert_eq!(got[0]["data"]["question"]["text"], ASK_ADDRESS, "{}", got[0]);
+        assert_eq!(got[1]["data"]["answer"], "Sending it to the office.", "{}", got[1]);
     }
 }
