@@ -38,7 +38,7 @@ mod paused; // a daemon paused inside a write's slow part never sends after a ta
 mod postgres; // migrations, newer databases, NOTIFY wake-ups, TLS sslmodes
 mod progress; // what counts as progress
 mod property; // 10,000 random scripts under random budgets: bounds hold, every run ends
-mod questions; // a model asks a person: answered by `worker answer`, the API or left to run out, on both providers
+mod questions; // a model asks a person: answered by `worker answer`, the API, the console (a real browser too) or left to run out, through a kill, on both providers
 mod rate_limits; // three daemons under one shared rate limit against a fake provider
 mod record_format; // files of earlier formats read, migrated and replayed
 mod rest_tools; // HTTP tools served as plain REST APIs answer: retries, holds, refusals, approval rules

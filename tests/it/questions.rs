@@ -449,3 +449,56 @@ conformance! {
         assert_eq!(got[1]["data"]["answer"], "Sending it to the office.", "{}", got[1]);
     }
 }
+
+/// A person answers in the console with a real browser (headless chromium), choosing among
+/// the offered answers; the task goes on with the answer. A script stands in for the model.
+#[test]
+fn a_person_answers_in_the_browser() {
+    let dir = TempDir::new("questions-browser");
+    let d = dir.path();
+    std::fs::write(d.join("tools.toml"), "version = 1\n\n[ask_person]\n").expect("catalog");
+    std::fs::write(d.join("worker.toml"), "[tools]\ncatalog = \"tools.toml\"\n").expect("config");
+    let script = [
+        json!({"type": "tool", "name": "ask_person", "args": {"question": ASK_COLOUR, "choices": ["red", "blue"]}}),
+        json!({"type": "final", "outcome": "completed", "text": "Blue it is."}),
+    ];
+    let lines: Vec<String> = script.iter().map(Value::to_string).collect();
+    std::fs::write(d.join("ask.jsonl"), lines.join("\n")).expect("script");
+    let args = [
+        "enqueue",
+        "--user",
+        "cu_ana",
+        "--goal",
+        "Pick a colour.",
+        "--model",
+        "script:ask.jsonl",
+    ];
+    wok(d, &args);
+    wok(d, &["run", "--shared", "--drain"]);
+    let c = serve(d, &["--config", "worker.toml", "--by", "alice"]);
+    let Some(b) = common::webdriver::Browser::start() else {
+        return;
+    };
+    b.open(&format!("{}/tasks/t1", c.base));
+    assert_eq!(b.text("#question-text"), ASK_COLOUR);
+    assert_eq!(
+        b.count("#approve"),
+        0,
+        "a question is answered, not approved"
+    );
+    b.click("#answer-text option[value=blue]");
+    b.click("#answer");
+    assert!(
+        b.text("#flash").contains("question was answered"),
+        "{}",
+        b.text("#flash")
+    );
+    assert_eq!(b.text("#task-status"), "queued");
+    wok(d, &["run", "--shared", "--drain"]);
+    b.open(&format!("{}/tasks/t1", c.base));
+    assert_eq!(b.text("#task-stop"), "done");
+    assert!(b.text("#events").contains("blue"), "{}", b.text("#events"));
+    let t = shown(d, "t1");
+    assert_eq!(t["state"]["last_result"]["answer"], "blue", "{t}");
+    assert_eq!(t["state"]["tool_calls"], 0, "{t}");
+}
