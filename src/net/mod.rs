@@ -153,11 +153,9 @@ pub fn check_url(u: &str) -> Result<(), String> {
     if !name_ok {
         return Err(format!("{shown:?}: {host:?} is not a host name or address"));
     }
-    if auth.port().is_some() && auth.port_u16().is_none() {
-        return Err(format!(
-            "{shown:?}: the port is not a number from 0 to 65535"
-        ));
-    }
+    // The port as a request reads it (`http` reads 99999 as no port at all).
+    route::Origin::of(&uri)
+        .map_err(|_| format!("{shown:?}: the port is not a number from 1 to 65535"))?;
     if u.contains('#') {
         return Err(format!(
             "{shown:?} has a fragment (#...), which a request never sends"
@@ -179,6 +177,26 @@ pub fn clip(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A port out of range in a configured URL is refused where the URL is checked, not
+    /// turned into the scheme's own port when a request is made.
+    #[test]
+    fn a_url_with_a_port_out_of_range_is_refused() {
+        for bad in ["http://127.0.0.1:99999/v1", "https://api.example.com:0"] {
+            let e = check_url(bad).unwrap_err();
+            assert!(
+                e.contains("the port is not a number from 1 to 65535"),
+                "{bad}: {e}"
+            );
+        }
+        for good in [
+            "http://127.0.0.1:8080/v1",
+            "https://[::1]:443/",
+            "https://api.example.com",
+        ] {
+            assert_eq!(check_url(good), Ok(()), "{good}");
+        }
+    }
 
     #[test]
     fn http_dates_are_read_as_rfc_9110_writes_them() {

@@ -35,7 +35,23 @@ impl Origin {
             .authority()
             .filter(|a| !a.host().is_empty())
             .ok_or_else(|| format!("{uri} has no host"))?;
-        let port = auth.port_u16().unwrap_or(if tls { 443 } else { 80 });
+        // A port that is no port (99999, which `http` reads as none) is an error, never the
+        // scheme's own port instead.
+        let raw = auth.as_str();
+        let after_host = &raw[raw.rfind(']').map_or(0, |i| i + 1)..];
+        let port = match after_host.rsplit_once(':').map(|(_, p)| p) {
+            None | Some("") => {
+                if tls {
+                    443
+                } else {
+                    80
+                }
+            }
+            Some(p) => match p.parse::<u16>() {
+                Ok(n) if n > 0 => n,
+                _ => return Err(format!("{uri}: port {p} is not a port (1 to 65535)")),
+            },
+        };
         Ok(Origin {
             tls,
             host: auth.host().to_ascii_lowercase(),
@@ -161,11 +177,8 @@ fn parse_proxy(text: &str) -> Result<Proxy, String> {
             "{shown:?}: only an http:// proxy is supported (a tunnel through it still carries TLS)"
         ));
     }
-    let authority = rest.split('/').next().unwrap_or_default();
-    let (userinfo, hostport) = match authority.rsplit_once('@') {
-        Some((u, h)) => (Some(u), h),
-        None => (None, authority),
-    };
+    let (userinfo, after) = userinfo_of(rest);
+    let hostport = after.split(['/', '?', '#']).next().unwrap_or_default();
     let uri: http::Uri = format!("http://{hostport}/")
         .parse()
         .map_err(|e| format!("{shown:?} is not a proxy URL: {e}"))?;
@@ -182,13 +195,22 @@ fn parse_proxy(text: &str) -> Result<Proxy, String> {
     Ok(Proxy { at, auth })
 }
 
+/// A URL's part after `scheme://` split at its user name and password, if it has any: the
+/// last `@` before the host ends them, so a password written with a raw `/`, `?` or `#` (as
+/// people write them in proxy variables) is still the password, not a path.
+fn userinfo_of(rest: &str) -> (Option<&str>, &str) {
+    match rest.rfind('@') {
+        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+        None => (None, rest),
+    }
+}
+
 /// A URL with its user name and password (if any) replaced by `***`.
 fn redacted(url: &str) -> String {
     let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    match rest[..end].rfind('@') {
-        Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
-        None => url.to_string(),
+    match userinfo_of(rest) {
+        (Some(_), after) => format!("{scheme}://***@{after}"),
+        (None, _) => url.to_string(),
     }
 }
 
@@ -488,5 +510,31 @@ mod tests {
         );
         // Not named for plain HTTP: those requests go direct.
         assert_eq!(p.route(&origin("http://x.org/")).unwrap(), None);
+    }
+
+    /// A password with a raw `/` (as people write them in HTTPS_PROXY) is the password, not
+    /// the start of a path; and an error about such a URL never shows it.
+    #[test]
+    fn a_password_with_a_raw_slash_is_read_and_never_shown() {
+        let p = proxies(&[("HTTPS_PROXY", "http://user:pa/ss@tunnel.local:3128")]);
+        let tunnel = p.route(&origin("https://x.org/")).unwrap().unwrap();
+        assert_eq!(tunnel.at.authority(), "tunnel.local:3128");
+        // "user:pa/ss" in base64.
+        assert_eq!(tunnel.auth.as_deref(), Some("Basic dXNlcjpwYS9zcw=="));
+        let p = proxies(&[("HTTPS_PROXY", "http://user:pa/ss@tun nel.local:3128")]);
+        let e = p.route(&origin("https://x.org/")).unwrap_err();
+        assert!(!e.contains("pa/ss") && !e.contains("ss@"), "{e}");
+        assert!(e.contains("tun nel.local:3128"), "{e}");
+    }
+
+    #[test]
+    fn a_port_out_of_range_is_an_error_not_the_schemes_own() {
+        for u in ["http://127.0.0.1:99999/", "https://api.example.com:0/"] {
+            let uri: http::Uri = u.parse().expect("a URI");
+            let e = Origin::of(&uri).unwrap_err();
+            assert!(e.contains("is not a port"), "{u}: {e}");
+        }
+        let p = proxies(&[("HTTPS_PROXY", "http://proxy.local:70000")]);
+        assert!(p.route(&origin("https://x.org/")).is_err());
     }
 }
