@@ -196,7 +196,10 @@ fn build() -> prometheus::Result<Metrics> {
             "tether_held_writes",
             "Writes whose outcome is unknown, waiting for `worker reconcile` (cancelled tasks included).",
         )?,
-        suspended: gauge("tether_suspended_calls", "Calls waiting for an approval.")?,
+        suspended: gauge(
+            "tether_suspended_calls",
+            "Tasks waiting on a person: for an approval of a call, or for an answer to a question.",
+        )?,
         oldest_queued: gauge(
             "tether_oldest_queued_task_age_seconds",
             "Age of the oldest queued task (0 when none is queued).",

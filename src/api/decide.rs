@@ -32,6 +32,8 @@ pub(super) struct DecisionBody {
 pub(super) struct AnswerBody {
     text: String,
     reason: Option<String>,
+    key: Option<String>,
+    digest: Option<String>,
 }
 
 impl Api {
@@ -54,7 +56,11 @@ impl Api {
             Ok(d) => d,
             Err(e) => return problem(422, "invalid_decision", &e),
         };
-        if let Err(e) = operator::answer(self.db.as_ref(), &rec.id, &b.text, None, &d) {
+        let seen = Reviewed {
+            key: b.key,
+            digest: b.digest,
+        };
+        if let Err(e) = operator::answer(self.db.as_ref(), &rec.id, &b.text, &seen, &d) {
             return super::problem::of_store(&e);
         }
         match self.db.task(&rec.id) {

@@ -318,7 +318,12 @@ fn body(req: &Request, component: &str, optional: bool) -> Result<Value, Reply> 
             400,
             "invalid_body",
             &format!(
-                "the body is not a {component} as the API document describes it: {}",
+                "the body is not {} {component} as the API document describes it: {}",
+                if component.starts_with(['A', 'E', 'I', 'O', 'U']) {
+                    "an"
+                } else {
+                    "a"
+                },
                 errors.join("; ")
             ),
         ));

@@ -45,7 +45,7 @@ pub enum LogFormat {
 pub enum Command {
     /// Run the daemon: claim tasks and run thousands at once while they wait on models and tools.
     #[command(
-        after_help = "Example:\n  RUST_LOG=info worker run                    # until SIGINT/SIGTERM\n  worker run --drain                          # until the queue is empty\n  worker run --console 127.0.0.1:8080         # with the web console and the HTTP API\n  worker run --shared                         # beside other daemons on the same file\n\nOn a file, the daemon is its only writer (unless --shared) and serves a local API on a Unix\nsocket beside it (worker.redb.sock, mode 0600): while it runs, `worker enqueue`, the\ndecisions (approve, reject, reconcile, cancel), `memory add|forget`, `purge` and the\nschedules' changes go through it. It holds worker.redb.lock, which names its pid; a second\ndaemon on the file is refused. Daemons started with --shared share the file, and the one\nholding the lock serves the socket."
+        after_help = "Example:\n  RUST_LOG=info worker run                    # until SIGINT/SIGTERM\n  worker run --drain                          # until the queue is empty\n  worker run --console 127.0.0.1:8080         # with the web console and the HTTP API\n  worker run --shared                         # beside other daemons on the same file\n\nOn a file, the daemon is its only writer (unless --shared) and serves a local API on a Unix\nsocket beside it (worker.redb.sock, mode 0600): while it runs, `worker enqueue`, the\ndecisions (approve, reject, reconcile, answer, cancel), `memory add|forget`, `purge` and the\nschedules' changes go through it. It holds worker.redb.lock, which names its pid; a second\ndaemon on the file is refused. Daemons started with --shared share the file, and the one\nholding the lock serves the socket."
     )]
     Run(RunArgs),
     /// Add a task (or a batch from a JSONL file) to the queue; prints the task id.
@@ -79,8 +79,8 @@ pub enum Command {
     )]
     DemoStore(DemoStoreArgs),
     /// The web console and the HTTP API (/api/v1, for services and jobs): tasks, a task's
-    /// trace and budgets, held writes; approve, reject, reconcile and cancel with the same
-    /// audit events as the CLI. `worker serve` is the same server.
+    /// trace and budgets, held writes and questions; approve, reject, reconcile, answer and
+    /// cancel with the same audit events as the CLI. `worker serve` is the same server.
     #[command(
         visible_alias = "serve",
         after_help = "Example:\n  worker console                                   # http://127.0.0.1:8080\n  worker console --listen 0.0.0.0:8080 --token-file tokens.txt\n\nA token file has one `NAME TOKEN [ROLE]` line per caller (tokens of at least 16\ncharacters; ROLE is operator, the default, or submit: an API caller that creates\ntasks and reads its own). An operator's name is recorded in the audit log of each\ndecision, and /metrics and /healthz need a token too unless --public-metrics.\n\nThe API: /api/v1 (its OpenAPI document at /api/v1/openapi.json), with\nAuthorization: Bearer TOKEN. Without a token file, the console\nlistens on loopback only, answers only requests addressed to a loopback name (so a web\npage cannot reach it through DNS rebinding), and records --by. Forms sent from another\nsite (Origin, Sec-Fetch-Site) are refused.\n\nA daemon on a file is its only writer: serve the console from it (worker run --console\nADDR --console-token-file FILE), or start the daemon with --shared to run this beside it."
@@ -392,7 +392,8 @@ pub struct EnqueueArgs {
     /// Demo-shop tenant: the task gets its own fresh copy of the demo shop's orders.
     #[arg(long, default_value = "", conflicts_with = "file")]
     pub store_scope: String,
-    /// How long the task may wait for an approval before it stops with approval_expired
+    /// How long the task may wait on a person, for an approval or an answer to a question,
+    /// before it stops with approval_expired or question_expired
     /// (default: 24 hours). Separate from the active-time deadline.
     #[arg(long, conflicts_with = "file")]
     pub approval_wait_ms: Option<u64>,
@@ -486,7 +487,7 @@ pub struct ListArgs {
     /// queued, running, suspended, held, finished, or damaged (this one reads every task).
     #[arg(long)]
     pub status: Option<String>,
-    /// A stop reason (done, max_steps, ..., cancelled, model_failed).
+    /// A stop reason (done, max_steps, ..., needs_answer, question_expired; docs/reference/stops.md).
     #[arg(long)]
     pub stop: Option<String>,
     /// A final answer's outcome: completed, or cannot_complete (the model gave up, saying

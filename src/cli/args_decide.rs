@@ -104,6 +104,11 @@ pub struct ReconcileArgs {
 pub struct AnswerArgs {
     #[command(flatten)]
     pub decide: DecideArgs,
+    /// The question answered, as `worker show` prints it (--key names the step that asked,
+    /// --digest the question and its choices): the answer is refused if the task asks another
+    /// question meanwhile.
+    #[command(flatten)]
+    pub call: CallArgs,
     /// The answer, in plain words (one of the question's choices, as written, when it offers
     /// some).
     #[arg(long)]

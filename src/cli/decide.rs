@@ -97,6 +97,8 @@ pub(super) fn cmd_answer(cli: &Cli, a: &AnswerArgs) -> CliResult {
     let asked = crate::local::Decide::Answer {
         task: task.clone(),
         text: a.text.clone(),
+        key: a.call.key.clone(),
+        digest: a.call.digest.clone(),
         by: d.by.clone(),
         reason: d.reason.clone(),
     };

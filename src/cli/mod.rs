@@ -5,7 +5,7 @@
 //! This file holds the errors, the dispatch and the helpers every verb family shares; the
 //! arguments are in `args`, and each family of verbs has a file: `daemon` (run, demo,
 //! demo-store), `enqueue`, `read` (list, show, trace, postmortem, replay, events), `decide`
-//! (approve, reject, reconcile, cancel) and `stores` (the demo shop, memory notes).
+//! (approve, reject, reconcile, answer, cancel) and `stores` (the demo shop, memory notes).
 
 /// `println!` for verbs: control characters in the text (stored goals, notes, model text,
 /// operator names) are shown escaped, so nothing printed can drive the terminal; a closed

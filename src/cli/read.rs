@@ -117,9 +117,12 @@ fn list_query(a: &ListArgs, now: u64) -> Result<ListQuery, CliError> {
     };
     let stop = match &a.stop {
         Some(s) => Some(StopReason::parse(s).ok_or_else(|| {
-            CliError::usage(format!("--stop {s:?} is not a stop reason")).hint(
-                "use done, max_steps, max_tool_calls, max_tokens, deadline, repeated_call, no_progress, needs_approval, unknown_outcome, cancelled, approval_expired or model_failed",
-            )
+            let all: Vec<&str> = crate::kernel::state::STOP_REASONS
+                .iter()
+                .map(|r| r.as_str())
+                .collect();
+            CliError::usage(format!("--stop {s:?} is not a stop reason"))
+                .hint(format!("use one of {}", all.join(", ")))
         })?),
         None => None,
     };
@@ -209,8 +212,8 @@ fn show_json(store: &dyn Backend, r: &TaskRecord, closing: String) -> Value {
         v["held"] = json!({"tool": p.name, "args": p.args,
             "key": store.call_key(r, p), "digest": p.digest()});
     }
-    if let Some(q) = crate::store::result::question(r) {
-        v["question"] = q.to_json();
+    if let Some(q) = crate::store::result::question_json(store.db_id(), r) {
+        v["question"] = q;
     }
     v
 }
@@ -238,7 +241,10 @@ pub(super) fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
         rfc3339(r.created_at_ms),
         rfc3339(r.updated_at_ms)
     );
-    outln!("stop      {}", stop_shown(st.stop, st.outcome.as_deref()));
+    // Queued or running again (after a decision or an answer), the last stop is history.
+    let settled = r.status.is_settled();
+    let stop = st.stop.filter(|_| settled);
+    outln!("stop      {}", stop_shown(stop, st.outcome.as_deref()));
     if let Some(ans) = &st.answer {
         outln!("answer    {}", crate::limits::one_line(ans));
     }
@@ -265,7 +271,14 @@ pub(super) fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
         b.deadline_ms as f64 / 1000.0
     );
     outln!("  stalls      {:>6} / {}", st.stalls, b.stalls_max);
-    if let Some(q) = crate::store::result::question(&r) {
+    print_waiting(store.as_ref(), &r, settled, &closing)
+}
+
+/// `worker show`'s last lines: what the task waits for (a question, or the held call), and
+/// its closing message once it has stopped or waits.
+fn print_waiting(store: &dyn Backend, r: &TaskRecord, settled: bool, closing: &str) -> CliResult {
+    let st = &r.state;
+    if let Some(q) = crate::store::result::question(r) {
         outln!("question  {}", crate::limits::one_line(&q.text));
         if !q.choices.is_empty() {
             outln!(
@@ -273,17 +286,34 @@ pub(super) fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
                 crate::limits::one_line(&q.choices.join(" | "))
             );
         }
-        outln!("answer it `worker answer {} --text ANSWER`", r.id);
-    } else if let Some(p) = &st.pending {
+        let key = r.state.pending.as_ref().map(|p| store.call_key(r, p));
+        outln!(
+            "answer it `worker answer {} --key {} --text ANSWER`",
+            r.id,
+            key.unwrap_or_default()
+        );
+    } else if let Some(p) = st
+        .pending
+        .as_ref()
+        .filter(|_| crate::store::result::waiting_for(r).is_some() || st.unknown_write().is_some())
+    {
         outln!(
             "held      {} {} key {} digest {}",
             p.name,
             Value::Object(p.args.clone()),
-            store.call_key(&r, p),
+            store.call_key(r, p),
             p.digest()
         );
     }
-    outln!("closing   {closing}");
+    if settled {
+        outln!("closing   {closing}");
+    } else {
+        outln!(
+            "closing   (none yet: the task is {}; `worker wait {}` waits for it)",
+            r.status.as_str(),
+            r.id
+        );
+    }
     Ok(())
 }
 

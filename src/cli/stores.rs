@@ -349,6 +349,10 @@ pub(super) fn cmd_tools(cli: &Cli, c: &ToolsCommand) -> CliResult {
             "approval": Value::from(t.approval.clone()),
             "requires": Value::from(t.requires.clone()),
         });
+        if t.asks_person {
+            // The built-in question: answered by a person, never sent anywhere.
+            v["source"] = json!("person");
+        }
         if let Some(h) = &t.http {
             v["url"] = json!(h.url);
             if let Some(api) = &h.api {

@@ -64,7 +64,7 @@ pub(super) fn cmd_watch(cli: &Cli, a: &WatchArgs) -> CliResult {
                 .map_err(std::io::Error::other)
                 .and_then(|j| print_line(&j))
             } else {
-                print_line(&describe(e))
+                print_line(&crate::limits::one_line(&describe(e)))
             };
             if let Err(err) = printed {
                 failed = Some(CliError::from_stdout(err));

@@ -203,7 +203,14 @@ impl Config {
                 if t.mcp.is_some() {
                     return t.clone();
                 }
-                let own = if t.http.is_some() {
+                let own = if t.asks_person {
+                    // The question to a person, as this worker's catalog words it (its
+                    // description, its rule for facts); without [ask_person] it is not asked.
+                    self.catalog
+                        .as_ref()
+                        .and_then(|c| c.get(&t.name))
+                        .filter(|o| o.asks_person)
+                } else if t.http.is_some() {
                     self.catalog
                         .as_ref()
                         .and_then(|c| c.get(&t.name))
@@ -214,13 +221,18 @@ impl Config {
                 match own {
                     Some(o) => o.clone(),
                     None => {
-                        let why = if t.http.is_some() {
+                        let why = if t.asks_person {
+                            "this worker's tool catalog has no [ask_person] (the task was enqueued with one), so no one is asked: start it with the catalog the task was enqueued with".to_string()
+                        } else if t.http.is_some() {
                             format!("this worker's tool catalog has no HTTP tool {:?} (the task was enqueued with one): start it with the catalog the task was enqueued with; nothing was sent", t.name)
                         } else {
                             format!("{:?} is not a tool of the demo shop; nothing was sent", t.name)
                         };
                         unavailable.insert(t.name.clone(), why);
-                        t.clone()
+                        // Not held for a person: the call is answered as unavailable.
+                        let mut t = t.clone();
+                        t.asks_person = false;
+                        t
                     }
                 }
             })

@@ -194,3 +194,28 @@ fn a_profile_takes_its_options_and_refuses_wrong_ones() {
         assert!(e.contains(wanted), "{text}: {e}");
     }
 }
+
+/// The question to a person follows the daemon's catalog: worded by it, and not asked (the
+/// call is answered as unavailable) when the daemon's catalog has no `[ask_person]`.
+#[test]
+fn the_daemons_catalog_decides_whether_a_person_is_asked() {
+    let dir = std::env::temp_dir().join(format!("tether-ask-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("tools.toml");
+    let with = "version = 1\n\n[ask_person]\ndescription = \"Ask the manager.\"\n";
+    let stored = parse_catalog(with, &path).expect("a catalog");
+    let own = "version = 1\n\n[ask_person]\ndescription = \"Ask the on-call manager.\"\n";
+    let asking = Config {
+        catalog: Some(parse_catalog(own, &path).expect("a catalog")),
+        ..Config::default()
+    };
+    let r = asking.catalog_for(Some(&stored));
+    let t = r.catalog.get("ask_person").expect("the tool");
+    assert!(t.asks_person && r.unavailable.is_empty());
+    assert_eq!(t.description, "Ask the on-call manager.");
+    let r = Config::default().catalog_for(Some(&stored));
+    let t = r.catalog.get("ask_person").expect("the tool");
+    assert!(!t.asks_person, "not held for a person");
+    assert!(r.unavailable["ask_person"].contains("no [ask_person]"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

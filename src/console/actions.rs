@@ -114,12 +114,12 @@ impl Console {
             "approve" => operator::approve(&*self.db, id, reviewed, extend, d).map(|_| ()),
             // Bound to the question the page showed (its digest): a task that asks another one
             // now refuses the answer.
-            "answer" => match (reviewed.digest.as_deref(), f.get("text")) {
-                (Some(seen), Some(text)) => {
-                    operator::answer(&*self.db, id, text.trim(), Some(seen), d).map(|_| ())
+            "answer" => match (&reviewed.key, &reviewed.digest, f.get("text")) {
+                (Some(_), Some(_), Some(text)) => {
+                    operator::answer(&*self.db, id, text, reviewed, d).map(|_| ())
                 }
                 _ => Err(Error::Invalid(
-                    "the form does not carry the question it was rendered with, or an answer"
+                    "the form does not carry the question it was rendered with (key and digest), or an answer"
                         .into(),
                 )),
             },

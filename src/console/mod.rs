@@ -422,11 +422,15 @@ impl Console {
             ..Default::default()
         })?;
         let mut suspended = Vec::new();
+        let mut questions = Vec::new();
         for l in &page.tasks {
             let Ok(r) = self.db.task(l.id()) else {
                 continue;
             };
-            if let Some(p) = &r.state.pending {
+            let since_ms = r.suspended_at_ms.unwrap_or(r.updated_at_ms);
+            if let Some(q) = crate::store::result::question(&r) {
+                questions.push((r.id.clone(), q.text, crate::clock::rfc3339(since_ms)));
+            } else if let Some(p) = &r.state.pending {
                 suspended.push(HeldRow::of(&operator::HeldWrite {
                     task: r.id.clone(),
                     status: r.status,
@@ -434,7 +438,7 @@ impl Console {
                     args: serde_json::Value::Object(p.args.clone()),
                     key: self.db.call_key(&r, p),
                     digest: p.digest(),
-                    since_ms: r.suspended_at_ms.unwrap_or(r.updated_at_ms),
+                    since_ms,
                     known: None,
                     call_record_error: None,
                 }));
@@ -450,6 +454,7 @@ impl Console {
                 csrf: self.csrf(op),
                 held: held.iter().map(HeldRow::of).collect(),
                 suspended,
+                questions,
                 lookup_key,
                 lookup,
             },

@@ -151,6 +151,7 @@ pub struct HeldView {
 pub struct QuestionView {
     text: String,
     choices: Vec<String>,
+    key: String,
     digest: String,
 }
 
@@ -230,6 +231,7 @@ impl TaskPage {
         let question = crate::store::result::question(r).map(|q| QuestionView {
             text: q.text,
             choices: q.choices,
+            key: d.pending_key.clone().unwrap_or_default(),
             digest: st.pending.as_ref().map(|p| p.digest()).unwrap_or_default(),
         });
         let held = st
@@ -407,6 +409,8 @@ pub struct HeldPage {
     pub csrf: String,
     pub held: Vec<HeldRow>,
     pub suspended: Vec<HeldRow>,
+    /// Questions waiting for an answer: (task, question, since).
+    pub questions: Vec<(String, String, String)>,
     pub lookup_key: String,
     pub lookup: Option<String>,
 }

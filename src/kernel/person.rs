@@ -160,7 +160,100 @@ impl Question {
     }
 }
 
+/// What in a model's `ask_person` arguments no person could answer (their schema already
+/// checked): a blank question, a choice that is blank, has spaces around it, holds a control
+/// character (a line break included) or is given twice. `Err` is what the model is told.
+pub fn check_asked(args: &serde_json::Map<String, Value>) -> Result<(), String> {
+    let question = args.get("question").and_then(Value::as_str).unwrap_or("");
+    if question.trim().is_empty() {
+        return Err("ask_person: the question is blank".into());
+    }
+    if question
+        .chars()
+        .any(|c| c.is_control() && !matches!(c, '\n' | '\t'))
+    {
+        return Err("ask_person: the question holds a control character".into());
+    }
+    let choices: Vec<&str> = args
+        .get("choices")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    for (i, c) in choices.iter().enumerate() {
+        let why = if c.trim().is_empty() {
+            "is blank"
+        } else if c.trim() != *c {
+            "has spaces around it"
+        } else if c.chars().any(char::is_control) {
+            "holds a control character or a line break"
+        } else if choices[..i].contains(c) {
+            "is given twice"
+        } else {
+            continue;
+        };
+        return Err(format!(
+            "ask_person: choice {c:?} {why}; give each choice once, as a person would type it"
+        ));
+    }
+    Ok(())
+}
+
 /// What the held `ask_person` call is answered with: the person's words.
 pub fn answer_result(answer: &str) -> Value {
     json!({"status": "ok", "answer": answer})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(v: Value) -> serde_json::Map<String, Value> {
+        v.as_object().cloned().unwrap_or_default()
+    }
+
+    /// A question no one could answer is refused to the model, saying why.
+    #[test]
+    fn a_question_no_one_could_answer_is_refused() {
+        let ok = args(json!({"question": "Which one?\nSay it.", "choices": ["red", "blue"]}));
+        assert_eq!(check_asked(&ok), Ok(()));
+        for (bad, why) in [
+            (json!({"question": "   "}), "blank"),
+            (json!({"question": "a\u{7}"}), "control character"),
+            (json!({"question": "Q", "choices": [" ", "b"]}), "is blank"),
+            (
+                json!({"question": "Q", "choices": ["a ", "b"]}),
+                "spaces around it",
+            ),
+            (
+                json!({"question": "Q", "choices": ["a\r\nb", "c"]}),
+                "line break",
+            ),
+            (
+                json!({"question": "Q", "choices": ["a", "a"]}),
+                "given twice",
+            ),
+        ] {
+            let e = check_asked(&args(bad.clone())).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
+
+    /// An answer is checked against its question: some text, within the bound, one of the
+    /// choices when there are some.
+    #[test]
+    fn an_answer_fits_its_question() {
+        let q = Question {
+            text: "Which?".into(),
+            choices: vec!["red".into(), "blue".into()],
+        };
+        assert_eq!(q.check("blue"), Ok(()));
+        assert!(q.check("Blue").unwrap_err().contains("\"red\", \"blue\""));
+        let free = Question {
+            text: "Why?".into(),
+            choices: Vec::new(),
+        };
+        assert_eq!(free.check("because\nof it"), Ok(()));
+        assert!(free.check("").is_err() && free.check("a\rb").is_err());
+        assert!(free.check(&"x".repeat(ANSWER_MAX_CHARS + 1)).is_err());
+    }
 }

@@ -326,7 +326,8 @@ pub fn postmortem_with(
     let tools: Vec<&Span> = spans.iter().filter(|s| s.kind == SpanKind::Tool).collect();
     let first_error = tools
         .iter()
-        .find(|s| s.status != "ok")
+        // A question waiting for a person is no error.
+        .find(|s| s.status != "ok" && s.status != "needs_answer")
         .map(|s| (s.name.to_string(), s.status.to_string()));
     // Counter.most_common(1): highest count, first seen among equals.
     let mut counts: Vec<((String, String), u32)> = Vec::new();

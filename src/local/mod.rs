@@ -212,6 +212,11 @@ pub enum Decide {
     Answer {
         task: String,
         text: String,
+        /// The question answered, as `worker show` printed it (its key or digest).
+        #[serde(default)]
+        key: Option<String>,
+        #[serde(default)]
+        digest: Option<String>,
         by: String,
         reason: Option<String>,
     },

@@ -455,10 +455,13 @@ pub fn decide_here(d: &Decide, store: &dyn Backend) -> Result<serde_json::Value>
         Decide::Answer {
             task,
             text,
+            key,
+            digest,
             by,
             reason,
         } => {
-            let q = crate::operator::answer(store, task, text, None, &decision(by, reason)?)?;
+            let seen = reviewed(key, digest);
+            let q = crate::operator::answer(store, task, text, &seen, &decision(by, reason)?)?;
             return Ok(serde_json::json!(q));
         }
         Decide::Cancel { task, by, reason } => {

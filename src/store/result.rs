@@ -114,7 +114,7 @@ pub fn result_json(db_id: &str, rec: &TaskRecord) -> Value {
             "key": rec.call_key(db_id, p),
             "digest": p.digest(),
         })),
-        "question": question(rec).map(|q| q.to_json()),
+        "question": question_json(db_id, rec),
         "user": st.user_id,
         "goal": st.goal,
         "model": rec.model.label(),
@@ -136,6 +136,17 @@ pub fn question(rec: &TaskRecord) -> Option<crate::kernel::person::Question> {
         .as_ref()
         .filter(|_| waiting_for(rec) == Some("answer"))
         .and_then(crate::kernel::person::Question::of)
+}
+
+/// The question a task waits to have answered, as the API and `worker show --json` give it:
+/// its words, its choices, and the key and digest an answer may name.
+pub fn question_json(db_id: &str, rec: &TaskRecord) -> Option<Value> {
+    let q = question(rec)?;
+    let p = rec.state.pending.as_ref()?;
+    let mut v = q.to_json();
+    v["key"] = json!(rec.call_key(db_id, p));
+    v["digest"] = json!(p.digest());
+    Some(v)
 }
 
 /// A task's line in a list, showing `stop` as its stop reason.

@@ -105,6 +105,7 @@ fn asked(d: &Path, id: &str, question: &str) -> Value {
     let t = shown(d, id);
     assert_eq!(t["status"], "suspended", "{t}");
     assert_eq!(t["state"]["stop"], "needs_answer", "{t}");
+    assert_eq!(t["state"]["stalls"], 0, "asking is not stalling: {t}");
     assert_eq!(t["question"]["text"], question, "{t}");
     assert_eq!(
         t["state"]["tool_calls"], 0,
@@ -151,7 +152,20 @@ fn answered_in_the_console(d: &Path, model: &str, fake: &Fake, console: &str, be
         !page.contains("id=\"approve\""),
         "a question is answered, not approved"
     );
-    let (csrf, digest) = (field(&page, "csrf"), field(&page, "digest"));
+    let (csrf, key, digest) = (
+        field(&page, "csrf"),
+        field(&page, "key"),
+        field(&page, "digest"),
+    );
+    let mut resp = agent()
+        .get(&format!("{console}/held"))
+        .call()
+        .expect("the page");
+    let held = resp.body_mut().read_to_string().expect("html");
+    assert!(
+        held.contains(ASK_COLOUR) && held.contains("question-row"),
+        "the held page lists the question apart from approvals: {held}"
+    );
     let post = |fields: &[(&str, &str)]| {
         let mut r = agent()
             .post(&format!("{console}/tasks/{t4}/answer"))
@@ -162,11 +176,28 @@ fn answered_in_the_console(d: &Path, model: &str, fake: &Fake, console: &str, be
             r.body_mut().read_to_string().unwrap_or_default(),
         )
     };
-    let (status, body) = post(&[("csrf", &csrf), ("digest", "0000000000"), ("text", "blue")]);
+    let (status, body) = post(&[
+        ("csrf", &csrf),
+        ("key", &key),
+        ("digest", "0000000000"),
+        ("text", "blue"),
+    ]);
     assert_eq!(status, 409, "a form of another question: {body}");
-    let (status, body) = post(&[("csrf", &csrf), ("digest", &digest), ("text", "green")]);
-    assert_eq!(status, 400, "not a choice: {body}");
     let (status, body) = post(&[("csrf", &csrf), ("digest", &digest), ("text", "blue")]);
+    assert_eq!(status, 400, "a form without the question's key: {body}");
+    let (status, body) = post(&[
+        ("csrf", &csrf),
+        ("key", &key),
+        ("digest", &digest),
+        ("text", "green"),
+    ]);
+    assert_eq!(status, 400, "not a choice: {body}");
+    let (status, body) = post(&[
+        ("csrf", &csrf),
+        ("key", &key),
+        ("digest", &digest),
+        ("text", "blue"),
+    ]);
     assert_eq!(status, 303, "{body}");
     wok(d, &["run", "--shared", "--drain"]);
     assert_eq!(shown(d, &t4)["stop"], "done");
@@ -204,7 +235,36 @@ fn one_provider(d: &Path, model: &str, fake: &Fake, served: &str, console: &str)
     );
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(err.contains("home") && err.contains("office"), "{err}");
-    wok(d, &["answer", &t1, "--text", "office", "--by", "ana"]);
+    // Bound to the question read: another key is refused, the question's own is taken.
+    let key = t["held"]["key"]
+        .as_str()
+        .expect("the question's key")
+        .to_string();
+    let stale = w(
+        d,
+        &["answer", &t1, "--key", "x:t1:adhoc9", "--text", "office"],
+    );
+    assert_eq!(stale.status.code(), Some(1), "a stale key");
+    let err = String::from_utf8_lossy(&stale.stderr);
+    assert!(err.contains("not the question you answered"), "{err}");
+    wok(
+        d,
+        &[
+            "answer", &t1, "--key", &key, "--text", "office", "--by", "ana",
+        ],
+    );
+    // Answered and queued: nothing says it still waits, and a second answer is told why not.
+    let queued = wok(d, &["show", &t1]);
+    assert!(
+        !queued.contains("waiting for a person") && !queued.contains("answer it"),
+        "{queued}"
+    );
+    let late = w(d, &["answer", &t1, "--text", "home"]);
+    assert!(
+        String::from_utf8_lossy(&late.stderr).contains("was answered already"),
+        "{}",
+        String::from_utf8_lossy(&late.stderr)
+    );
     wok(d, &["run", "--shared", "--drain"]);
     let t = shown(d, &t1);
     assert_eq!(t["stop"], "done", "{t}");
@@ -287,7 +347,14 @@ fn one_provider(d: &Path, model: &str, fake: &Fake, served: &str, console: &str)
         .expect("worker wait");
     let (status, p) = post(&json!({}));
     assert_eq!(status, 400, "an answer needs its text: {p}");
-    let (status, t) = post(&json!({"text": "ord_1001", "reason": "on the receipt"}));
+    let (status, p) = post(&json!({"text": "ord_1001", "digest": "0000000000"}));
+    assert_eq!(status, 409, "another question's digest: {p}");
+    let got: Value = serde_json::from_str(&wok(d, &["show", &t2, "--json"])).expect("show");
+    let digest = got["question"]["digest"]
+        .as_str()
+        .expect("the question's digest");
+    let text = "ord_1001\r\nIt is on the receipt.";
+    let (status, t) = post(&json!({"text": text, "digest": digest, "reason": "on the receipt"}));
     assert_eq!(status, 200, "{t}");
     assert_eq!(t["status"], "queued", "{t}");
     wok(d, &["run", "--shared", "--drain"]);
@@ -309,6 +376,11 @@ fn one_provider(d: &Path, model: &str, fake: &Fake, served: &str, console: &str)
     );
     let (status, p) = post(&json!({"text": "again"}));
     assert_eq!(status, 409, "{p}");
+    let events: Value = serde_json::from_str(&wok(d, &["events", &t2, "--json"])).expect("events");
+    assert_eq!(
+        events[0]["detail"]["answer"], "ord_1001\nIt is on the receipt.",
+        "a browser's or a client's CRLF is kept as a line break: {events}"
+    );
 
     // 3. From the console.
     answered_in_the_console(d, model, fake, console, before);

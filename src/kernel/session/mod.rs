@@ -524,10 +524,15 @@ impl<'c> Session<'c> {
             // (or one of another tool) would get a key the model chose.
             Ok(()) => match self.check_plan_step(&mut call) {
                 Err((code, detail)) => json!({"status": "error", "code": code, "detail": detail}),
-                Ok(()) if spec.asks_person => {
-                    self.ask_person(call);
-                    return Ok(());
-                }
+                Ok(()) if spec.asks_person => match super::person::check_asked(&call.args) {
+                    Err(detail) => {
+                        json!({"status": "error", "code": "invalid_args", "detail": detail})
+                    }
+                    Ok(()) => {
+                        self.ask_person(call);
+                        return Ok(());
+                    }
+                },
                 Ok(()) => {
                     self.open_tool(call, self.step_span, false);
                     return Ok(());
@@ -548,7 +553,8 @@ impl<'c> Session<'c> {
             std::mem::swap(&mut self.progress, &mut self.progress_now);
         } else if new_read {
             self.state.stalls = 0;
-        } else {
+        } else if stop != Some(StopReason::NeedsAnswer) {
+            // (A step that asks a person waits for something new; it is no stall.)
             self.state.stalls += 1;
         }
         if stop.is_none() && self.state.stalls >= self.budget.stalls_max {

@@ -250,6 +250,10 @@ impl Session<'_> {
         s.result_tokens = Some(est_tokens(self.written.result.len()));
         let shown = code.filter(|c| !c.is_empty()).unwrap_or(status);
         self.trace.end(span, span_status(shown), t);
+        // A person's answer is progress: something new the task could not have found itself.
+        if status == "ok" && self.catalog.get(&call.name).is_some_and(|s| s.asks_person) {
+            self.state.stalls = 0;
+        }
         let stop = self.apply_status(call, status, code, &result);
         self.state.last_result = Some(result);
         // `written.result` holds this result's text, written above (nothing in between writes it).

@@ -349,8 +349,7 @@ impl Sim {
         let asked = rec.state.stop == Some(tether::kernel::StopReason::NeedsAnswer);
         let r = if rec.status == QueueStatus::Suspended && asked {
             let d = self.decision("answerer");
-            let seen = reviewed.digest.as_deref();
-            operator::answer(&*self.store, &id, ANSWER, seen, &d).map(|_| ())
+            operator::answer(&*self.store, &id, ANSWER, &reviewed, &d).map(|_| ())
         } else if rec.status == QueueStatus::Suspended {
             if self.rng.chance(60) {
                 operator::approve(
