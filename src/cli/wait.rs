@@ -100,7 +100,7 @@ fn how_it_stands(store: &dyn Backend, rec: &TaskRecord, code: i32) -> String {
         Some(Ending::Cancelled) => format!("{id} ended: {stop}; exit {code}"),
         Some(Ending::Waiting) => match rec.state.pending.as_ref() {
             _ if let Some(q) = crate::store::result::question(rec) => format!(
-                "{id} asks a person: {}; exit {code}: answer with `worker answer {id} --text ANSWER`",
+                "{id} asks a person \"{}\"; exit {code}: answer with `worker answer {id} --text ANSWER`",
                 crate::limits::one_line(&q.text)
             ),
             Some(p) if rec.status == QueueStatus::Suspended => format!(

@@ -116,7 +116,7 @@ fn asked(d: &Path, id: &str, question: &str) -> Value {
     let plain = w(d, &["wait", id]);
     let said = String::from_utf8_lossy(&plain.stderr);
     assert!(
-        said.contains(&format!("asks a person: {question}")) && said.contains("worker answer"),
+        said.contains(&format!("asks a person \"{question}\"")) && said.contains("worker answer"),
         "{said}"
     );
     let r: Value = serde_json::from_slice(&wait.stdout).expect("the result");
