@@ -37,25 +37,41 @@ pub(super) struct AnswerBody {
 }
 
 impl Api {
+    /// What every decision reads first: its body (checked against the document's `component`),
+    /// the task the caller may read, and who decides and why.
+    fn read_decision<B: serde::de::DeserializeOwned>(
+        &self,
+        req: &Request,
+        caller: &Caller,
+        name: &str,
+        component: &str,
+        optional: bool,
+        reason: impl Fn(&B) -> Option<&str>,
+    ) -> Result<(B, crate::store::TaskRecord, crate::store::Decision), Reply> {
+        let b: B = match body(req, component, optional).map(serde_json::from_value) {
+            Ok(Ok(b)) => b,
+            Ok(Err(e)) => return Err(problem(400, "invalid_body", &e.to_string())),
+            Err(r) => return Err(r),
+        };
+        let rec = self.readable(caller, name)?;
+        let d = operator::decision(&caller.name, reason(&b))
+            .map_err(|e| problem(422, "invalid_decision", &e))?;
+        Ok((b, rec, d))
+    }
+
     /// `POST /tasks/{task}/answer`: a person's answer to the task's question, by the token's
     /// name; the answer is the task as it stands then (queued).
     pub(super) fn answer(&self, req: &Request, caller: &Caller, name: &str) -> Reply {
         if let Some(r) = Api::operator_only(caller, "an answer") {
             return r;
         }
-        let b: AnswerBody = match body(req, "Answer", false).map(serde_json::from_value) {
-            Ok(Ok(b)) => b,
-            Ok(Err(e)) => return problem(400, "invalid_body", &e.to_string()),
-            Err(r) => return r,
-        };
-        let rec = match self.readable(caller, name) {
-            Ok(r) => r,
-            Err(r) => return r,
-        };
-        let d = match operator::decision(&caller.name, b.reason.as_deref()) {
-            Ok(d) => d,
-            Err(e) => return problem(422, "invalid_decision", &e),
-        };
+        let (b, rec, d) =
+            match self.read_decision::<AnswerBody>(req, caller, name, "Answer", false, |b| {
+                b.reason.as_deref()
+            }) {
+                Ok(read) => read,
+                Err(r) => return r,
+            };
         let seen = Reviewed {
             key: b.key,
             digest: b.digest,
@@ -79,20 +95,14 @@ impl Api {
             "reconcileTask" => ("Reconcile", false),
             _ => ("Cancel", true),
         };
-        let b: DecisionBody = match body(req, component, optional).map(serde_json::from_value) {
-            Ok(Ok(b)) => b,
-            Ok(Err(e)) => return problem(400, "invalid_body", &e.to_string()),
-            Err(r) => return r,
-        };
-        let rec = match self.readable(caller, name) {
-            Ok(r) => r,
-            Err(r) => return r,
-        };
+        let (b, rec, d) =
+            match self.read_decision::<DecisionBody>(req, caller, name, component, optional, |b| {
+                b.reason.as_deref()
+            }) {
+                Ok(read) => read,
+                Err(r) => return r,
+            };
         let id = rec.id.clone();
-        let d = match operator::decision(&caller.name, b.reason.as_deref()) {
-            Ok(d) => d,
-            Err(e) => return problem(422, "invalid_decision", &e),
-        };
         let reviewed = Reviewed {
             key: b.key,
             digest: b.digest,

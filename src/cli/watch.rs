@@ -152,29 +152,35 @@ fn describe(e: &Event) -> String {
                 .unwrap_or_default();
             format!("finished  {}{answer}", s("stop"))
         }
-        _ => match d["waiting_for"].as_str() {
-            Some("answer") => format!(
-                "status    {} (asks a person: {}{})",
-                s("status"),
-                d["question"]["text"].as_str().unwrap_or("?"),
-                match d["question"]["choices"].as_array() {
-                    Some(c) if !c.is_empty() => format!(
-                        " [{}]",
-                        c.iter()
-                            .filter_map(Value::as_str)
-                            .collect::<Vec<_>>()
-                            .join(" | ")
-                    ),
-                    _ => String::new(),
-                }
-            ),
-            Some(w) => format!(
-                "status    {} (waits for {w} of {})",
-                s("status"),
-                d["held_call"]["tool"].as_str().unwrap_or("a call")
-            ),
-            None => format!("status    {}", s("status")),
-        },
+        _ => describe_status(d),
+    }
+}
+
+/// A `status` event as one line: what the task waits for, the question when it asks one.
+fn describe_status(d: &Value) -> String {
+    let s = |k: &str| d.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+    match d["waiting_for"].as_str() {
+        Some("answer") => format!(
+            "status    {} (asks a person: {}{})",
+            s("status"),
+            d["question"]["text"].as_str().unwrap_or("?"),
+            match d["question"]["choices"].as_array() {
+                Some(c) if !c.is_empty() => format!(
+                    " [{}]",
+                    c.iter()
+                        .filter_map(Value::as_str)
+                        .collect::<Vec<_>>()
+                        .join(" | ")
+                ),
+                _ => String::new(),
+            }
+        ),
+        Some(w) => format!(
+            "status    {} (waits for {w} of {})",
+            s("status"),
+            d["held_call"]["tool"].as_str().unwrap_or("a call")
+        ),
+        None => format!("status    {}", s("status")),
     }
 }
 

@@ -57,14 +57,17 @@ fn setup(d: &Path, oa: &Fake, an: &Fake) {
     std::fs::write(d.join("tokens.txt"), format!("ops {OPS} operator\n")).expect("tokens");
 }
 
-fn w(d: &Path, args: &[&str]) -> std::process::Output {
-    command(d)
-        .args(["--config", "worker.toml"])
-        .args(args)
+/// `worker --config worker.toml` in `d`, with the model's key and the callbacks' secret.
+fn worker_cmd(d: &Path) -> std::process::Command {
+    let mut c = command(d);
+    c.args(["--config", "worker.toml"])
         .env("Q_MODEL_KEY", "sk-q")
-        .env(crate::callbacks::SECRET_ENV, crate::callbacks::SECRET)
-        .output()
-        .expect("run worker")
+        .env(crate::callbacks::SECRET_ENV, crate::callbacks::SECRET);
+    c
+}
+
+fn w(d: &Path, args: &[&str]) -> std::process::Output {
+    worker_cmd(d).args(args).output().expect("run worker")
 }
 
 fn wok(d: &Path, args: &[&str]) -> String {
@@ -454,15 +457,7 @@ conformance! {
         wok(d, &[&run[..], &["--drain"]].concat());
         asked(d, &t1, ASK_ADDRESS);
         wok(d, &["answer", &t1, "--text", "office", "--by", "ana"]);
-        let mut daemon = command(d)
-            .args(["--config", "worker.toml"])
-            .args(run)
-            .env("Q_MODEL_KEY", "sk-q")
-            .env(crate::callbacks::SECRET_ENV, crate::callbacks::SECRET)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("start the daemon");
+        let mut daemon = worker_cmd(d).args(run).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().expect("start the daemon");
         let mut waited = 0;
         while oa.requests().len() < 2 && waited < 600 {
             std::thread::sleep(std::time::Duration::from_millis(50));
@@ -489,15 +484,7 @@ conformance! {
         let replayed: Value = serde_json::from_str(&wok(d, &["replay", &t1, "--json"])).expect("a replay");
         assert_eq!(replayed["same_state"], true, "{replayed}");
         // A daemon delivers what the drains left in the outbox.
-        let mut daemon = command(d)
-            .args(["--config", "worker.toml"])
-            .args(run)
-            .env("Q_MODEL_KEY", "sk-q")
-            .env(crate::callbacks::SECRET_ENV, crate::callbacks::SECRET)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("start the daemon");
+        let mut daemon = worker_cmd(d).args(run).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().expect("start the daemon");
         let verified = || -> Vec<Value> {
             crate::callbacks::arrivals(&log)
                 .into_iter()
