@@ -128,10 +128,14 @@ pub fn replay(
     initial.remembered = rec.state.remembered.clone();
     let mut model = Replay::new(replies);
     // The budget the task started with: the stored one less every extension an operator's
-    // decision granted, each granted back when its decision is replayed.
+    // decision granted, back to the first turn's limits before any follow-up message; each
+    // granted back (or set for its turn) when its event is replayed.
     let mut budget: Budget = rec.budget;
-    for e in events {
-        extension(e).undo(&mut budget);
+    for e in events.iter().rev() {
+        match turn_budget(e, "from") {
+            Some(from) => budget = from,
+            None => extension(e).undo(&mut budget),
+        }
     }
     let d = Decisions {
         events,
@@ -153,7 +157,12 @@ pub fn replay(
         )
     };
     for (i, ev) in events.iter().enumerate() {
-        let _ = extension(ev).apply(&mut budget);
+        match turn_budget(ev, "budget") {
+            Some(limits) => budget = limits,
+            None => {
+                let _ = extension(ev).apply(&mut budget);
+            }
+        }
         state = d.apply(i, state, budget, &mut model, &mut tools);
     }
     let same_state = state.to_json() == rec.state.to_json();
@@ -174,6 +183,14 @@ pub fn replay(
         divergence,
         differences,
     }
+}
+
+/// The limits a follow-up message (`say`) set for its turn (`budget`), or those the turn
+/// before it had (`from`).
+fn turn_budget(e: &Event, which: &str) -> Option<Budget> {
+    (e.verb == "say")
+        .then(|| serde_json::from_value(e.detail[which].clone()).ok())
+        .flatten()
 }
 
 /// The budget extension an operator's decision granted, if any.
@@ -248,6 +265,14 @@ impl<'a> Decisions<'a> {
                 let text = ev.detail["answer"].as_str().unwrap_or_default();
                 let answer = crate::kernel::person::answer_result(text);
                 go(Run::Settled(answer), state, tools)
+            }
+            "say" if state.status == crate::kernel::Status::Stopped && runs => {
+                let mut s = state;
+                let text = ev.detail["text"].as_str().unwrap_or_default();
+                if s.continue_with(text).is_err() {
+                    return s;
+                }
+                go(Run::Start, s, tools)
             }
             "reconcile_applied" if held && runs => go(Run::Settled(result), state, tools),
             "reconcile_not_applied" if held && runs => go(Run::Resume, state, tools),

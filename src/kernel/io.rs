@@ -145,6 +145,10 @@ pub struct ModelRequest<'a> {
     pub view: &'a str,
     /// The task's goal (in the view too, with [`InputStyle::View`]).
     pub goal: &'a str,
+    /// The latest messages of the task's conversation after the goal, an answer of the agent
+    /// first and the person's message this turn answers last; empty in a task's first turn
+    /// (in the view too, with [`InputStyle::View`]).
+    pub conversation: &'a [super::conversation::Message],
     /// The model's last reply and what came of each of its calls, when its adapter reported
     /// one (see [`Turn`]).
     pub last_turn: Option<&'a super::state::LastTurn>,

@@ -9,6 +9,7 @@
 pub mod api;
 pub mod budget;
 pub mod catalog;
+pub mod conversation;
 pub mod io;
 pub mod json;
 pub mod memory;

@@ -300,6 +300,10 @@ pub struct TaskState {
     /// may take the id again.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub spent_steps: Vec<String>,
+    /// The conversation after the goal, once a person sent a follow-up message: the agent's
+    /// answers and the person's messages, in turn (see [`super::conversation`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conversation: Vec<super::conversation::Message>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -359,6 +363,7 @@ impl TaskState {
             replans: 0,
             failed_writes: Vec::new(),
             spent_steps: Vec::new(),
+            conversation: Vec::new(),
         }
     }
 

@@ -2,7 +2,10 @@
 //!
 //! Byte-identical to the design reference's `render` (Python `json.dumps(..., sort_keys=True)`), because
 //! every token figure is computed on it. Remembered notes, when a task has any, appear under
-//! `remembered_context`, labeled as such and sorted after the task's own goal and plan.
+//! `remembered_context`, labeled as such and sorted after the task's own goal and plan. A task
+//! continued with a person's follow-up messages shows the latest of its conversation under
+//! `conversation` (first, in key order); a model that takes messages gets them as messages
+//! instead (see [`super::conversation`]).
 
 use super::json::{write_int, write_map, write_str, write_value};
 use super::state::{Budget, TaskState};
@@ -69,7 +72,11 @@ fn render_parts(
     last: LastResult<'_>,
 ) {
     out.clear();
-    out.push_str("{\"facts\": ");
+    out.push('{');
+    if !omit_goal {
+        write_conversation(out, state);
+    }
+    out.push_str("\"facts\": ");
     match facts {
         Some(text) => out.push_str(text),
         None => write_map(out, &state.facts),
@@ -137,6 +144,26 @@ fn render_parts(
     out.push('}');
 }
 
+/// The latest messages of a continued task's conversation, first in the view (nothing in a
+/// task's first turn, so its view is the design reference's).
+fn write_conversation(out: &mut String, state: &TaskState) {
+    if state.conversation.is_empty() {
+        return;
+    }
+    out.push_str("\"conversation\": [");
+    for (i, m) in state.conversation_tail().iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push_str("{\"role\": ");
+        write_str(out, m.role.as_str());
+        out.push_str(", \"text\": ");
+        write_str(out, &m.text);
+        out.push('}');
+    }
+    out.push_str("], ");
+}
+
 pub fn render(state: &TaskState, budget: &Budget) -> String {
     let mut out = String::with_capacity(256);
     render_into(&mut out, state, budget);
@@ -153,6 +180,21 @@ mod tests {
         let st = TaskState::new("t1", "cu_ana", "refund the damaged item on order ord_1001");
         let want = r#"{"facts": {}, "goal": "refund the damaged item on order ord_1001", "last_result": null, "plan": [], "remaining": {"steps": 8, "tokens": 4000, "tool_calls": 6}}"#;
         assert_eq!(render(&st, &Budget::default()), want);
+    }
+
+    #[test]
+    fn a_continued_task_shows_its_conversation_first() {
+        let mut st = TaskState::new("t1", "cu_ana", "refund");
+        st.status = crate::kernel::Status::Stopped;
+        st.stop = Some(crate::kernel::StopReason::Done);
+        st.answer = Some("Refunded.".into());
+        st.continue_with("and the other one?").expect("continued");
+        let v = render(&st, &Budget::default());
+        assert!(
+            v.starts_with(r#"{"conversation": [{"role": "agent", "text": "Refunded."}, {"role": "user", "text": "and the other one?"}], "facts": {}, "goal": "refund""#),
+            "{v}"
+        );
+        serde_json::from_str::<serde_json::Value>(&v).expect("view is JSON");
     }
 
     #[test]

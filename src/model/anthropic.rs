@@ -2,9 +2,11 @@
 //! ([`super::http`] sends it, with `x-api-key` and `anthropic-version`).
 //!
 //! The same bounded input as Chat Completions, in this protocol's shape: the system prompt
-//! as a cached block; a first user message with the goal; the model's last reply as an
-//! `assistant` message of `text` and `tool_use` blocks, answered in the next `user` message by
-//! one `tool_result` block per call, followed by the state as a text block. Tools carry their
+//! as a cached block; a first user message with the goal; the conversation after it when a
+//! person continued the task (answers as `assistant` text, follow-ups as `user` text); the
+//! model's last reply as an `assistant` message of `text` and `tool_use` blocks, answered in
+//! the next `user` message by one `tool_result` block per call, followed by the state as a
+//! text block. Tools carry their
 //! JSON Schema as `input_schema`; `tool_choice` is `any` (or `auto` when text may be the final
 //! answer) with `disable_parallel_tool_use`. `stop_reason` `refusal` is recorded as a refusal,
 //! `max_tokens` as a reply cut off; the usage counts cached input tokens as input.
@@ -15,6 +17,7 @@ use super::http::Parsed;
 use super::openai::{STATE_LEAD, missing_result};
 use super::profile::{FinalAnswer, HttpProfile, ToolCalling};
 use super::prompt::{Prompt, TURN_CALLS_MAX, call_id, result_text, turn_text};
+use crate::kernel::conversation::Speaker;
 use crate::kernel::{ModelError, ModelRequest, ResponseInfo, Turn, TurnCall, Usage};
 use crate::limits;
 use crate::net::clip;
@@ -22,42 +25,59 @@ use crate::net::clip;
 /// The API version sent as `anthropic-version`.
 pub const VERSION: &str = "2023-06-01";
 
+/// Adds `block` to the last message when it is `role`'s, else as a message of its own: the
+/// protocol wants the roles to take turns.
+fn say(messages: &mut Vec<Value>, role: &str, block: Value) {
+    if let Some(last) = messages.last_mut()
+        && last["role"] == role
+        && let Some(content) = last["content"].as_array_mut()
+    {
+        content.push(block);
+        return;
+    }
+    messages.push(json!({"role": role, "content": [block]}));
+}
+
 /// The Messages request for `req`.
 pub fn request(p: &HttpProfile, pr: &Prompt, req: &ModelRequest<'_>) -> Value {
     let state = json!({"type": "text", "text": format!("{STATE_LEAD}{}", req.view)});
-    let goal = json!({"type": "text", "text": req.goal});
     let mut messages = Vec::new();
-    match req.last_turn {
-        Some(last) if !last.turn.calls.is_empty() || last.turn.text.is_some() => {
-            messages.push(json!({"role": "user", "content": [goal]}));
-            let t = &last.turn;
-            let mut blocks = Vec::new();
-            if let Some(text) = &t.text {
-                blocks.push(json!({"type": "text", "text": text}));
-            }
-            for c in &t.calls {
-                let input = match &c.arguments {
-                    Value::Object(_) => c.arguments.clone(),
-                    _ => Value::Object(Map::new()),
-                };
-                blocks
-                    .push(json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input}));
-            }
-            messages.push(json!({"role": "assistant", "content": blocks}));
-            let mut answer: Vec<Value> = t
-                .calls
-                .iter()
-                .enumerate()
-                .map(|(i, c)| {
-                    json!({"type": "tool_result", "tool_use_id": c.id,
-                           "content": result_text(last.results.get(i).unwrap_or(&missing_result()))})
-                })
-                .collect();
-            answer.push(state);
-            messages.push(json!({"role": "user", "content": answer}));
-        }
-        _ => messages.push(json!({"role": "user", "content": [goal, state]})),
+    say(
+        &mut messages,
+        "user",
+        json!({"type": "text", "text": req.goal}),
+    );
+    for m in req.conversation {
+        let role = match m.role {
+            Speaker::User => "user",
+            Speaker::Agent => "assistant",
+        };
+        say(&mut messages, role, json!({"type": "text", "text": m.text}));
     }
+    if let Some(last) = req.last_turn {
+        let t = &last.turn;
+        if let Some(text) = &t.text {
+            say(
+                &mut messages,
+                "assistant",
+                json!({"type": "text", "text": text}),
+            );
+        }
+        for c in &t.calls {
+            let input = match &c.arguments {
+                Value::Object(_) => c.arguments.clone(),
+                _ => Value::Object(Map::new()),
+            };
+            let used = json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input});
+            say(&mut messages, "assistant", used);
+        }
+        for (i, c) in t.calls.iter().enumerate() {
+            let result = result_text(last.results.get(i).unwrap_or(&missing_result()));
+            let block = json!({"type": "tool_result", "tool_use_id": c.id, "content": result});
+            say(&mut messages, "user", block);
+        }
+    }
+    say(&mut messages, "user", state);
     let mut body = Map::new();
     body.insert("model".into(), Value::from(p.model.clone()));
     body.insert("max_tokens".into(), Value::from(req.output_tokens_max));

@@ -2,9 +2,10 @@
 //! reading of its response ([`super::http`] sends it).
 //!
 //! A request is bounded, not a transcript: the system message (instructions and the kernel's
-//! rules), the goal, the model's last reply and what came of each of its calls (the
-//! `assistant` message with its `tool_calls` and one `tool` message per call, as the protocol
-//! requires), then the task's state as JSON. With native tool calling every tool is a
+//! rules), the goal, the conversation after it when a person continued the task (earlier
+//! answers as `assistant` messages, follow-ups as `user` ones), the model's last reply and
+//! what came of each of its calls (the `assistant` message with its `tool_calls` and one
+//! `tool` message per call, as the protocol requires), then the task's state as JSON. With native tool calling every tool is a
 //! function with its JSON Schema, beside `propose_plan` and `final_answer`; `tool_choice` is
 //! `required` (or `auto` when plain text may be the final answer) and `parallel_tool_calls`
 //! is false. A reply that still carries several calls runs the first; the others are
@@ -16,6 +17,7 @@ use serde_json::{Map, Value, json};
 use super::http::Parsed;
 use super::profile::{FinalAnswer, HttpProfile, MaxTokensParam, ToolCalling};
 use super::prompt::{Prompt, TURN_CALLS_MAX, arguments_of, call_id, result_text, turn_text};
+use crate::kernel::conversation::Speaker;
 use crate::kernel::{ModelError, ModelRequest, ResponseInfo, Turn, TurnCall, Usage};
 use crate::limits;
 use crate::net::clip;
@@ -29,6 +31,13 @@ pub fn request(p: &HttpProfile, pr: &Prompt, req: &ModelRequest<'_>) -> Value {
         json!({"role": "system", "content": pr.system}),
         json!({"role": "user", "content": req.goal}),
     ];
+    for m in req.conversation {
+        let role = match m.role {
+            Speaker::User => "user",
+            Speaker::Agent => "assistant",
+        };
+        messages.push(json!({"role": role, "content": m.text}));
+    }
     if let Some(last) = req.last_turn {
         let t = &last.turn;
         if !t.calls.is_empty() {

@@ -512,9 +512,17 @@ fn cancel_seen_in(
 /// decision: its outcome cannot be told, and a daemon's next run of the task holds it.
 fn hold_in_flight(tx: &mut dyn DecisionTx, rec: &mut TaskRecord) -> Result<()> {
     let mut readable = Vec::new();
+    // An earlier turn of a conversation ended with no write in flight (or it could not have
+    // taken a message): only this turn's records can hold one.
+    let this_turn = format!(
+        "{}:{}:",
+        rec.key_namespace(tx.db_id()),
+        rec.state.key_scope()
+    );
     for c in tx.calls(rec)? {
         match c {
             Ok(c) => readable.push(c),
+            Err((key, _)) if !key.starts_with(&this_turn) => {}
             Err((key, why)) => {
                 let step = key.rsplit(':').next().unwrap_or_default();
                 let done = rec

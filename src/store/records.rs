@@ -208,7 +208,11 @@ impl TaskRecord {
 
     /// The call key of `call` made at this task's current step.
     pub fn call_key(&self, db_id: &str, call: &crate::kernel::ToolCall) -> String {
-        call.key_in(self.key_namespace(db_id), &self.id, self.state.step)
+        call.key_in(
+            self.key_namespace(db_id),
+            &self.state.key_scope(),
+            self.state.step,
+        )
     }
 }
 
@@ -227,15 +231,16 @@ impl TaskRecord {
         {
             return Some(p.clone());
         }
-        Some(c.as_call(self.key_namespace(db_id)))
+        Some(c.as_call(self.key_namespace(db_id), &self.state.key_scope()))
     }
 }
 
 impl CallRecord {
-    /// The call this record is of. Its plan step is the key's last part, so that the call's
-    /// key in the namespace `ns` is this record's key again, whatever the task's step.
-    pub fn as_call(&self, ns: &str) -> crate::kernel::ToolCall {
-        let prefix = format!("{ns}:{}:", self.task_id);
+    /// The call this record is of, made in the turn whose keys are under `scope` (see
+    /// [`crate::kernel::TaskState::key_scope`]). Its plan step is the key's last part, so that
+    /// the call's key in the namespace `ns` is this record's key again, whatever the task's step.
+    pub fn as_call(&self, ns: &str, scope: &str) -> crate::kernel::ToolCall {
+        let prefix = format!("{ns}:{scope}:");
         let plan_step = self
             .key
             .strip_prefix(prefix.as_str())

@@ -309,6 +309,7 @@ impl<'c> Session<'c> {
                     return Action::Model(ModelRequest {
                         view: &self.view,
                         goal: &self.state.goal,
+                        conversation: self.state.conversation_tail(),
                         last_turn: self.state.last_turn.as_ref(),
                         step: self.state.step,
                         output_tokens_max: self.budget.output_tokens_max,

@@ -161,7 +161,7 @@ impl Session<'_> {
     }
 
     pub(super) fn open_tool(&mut self, call: ToolCall, parent: u32, held: bool) {
-        let key = self.keys.key(&call, &self.state.task_id, self.state.step);
+        let key = (self.keys).key(&call, &self.state.key_scope(), self.state.step);
         let t = self.state.elapsed_ms;
         let span = self
             .trace

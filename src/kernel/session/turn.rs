@@ -79,8 +79,13 @@ impl Session<'_> {
                     .last_turn
                     .as_ref()
                     .map_or(0, |t| serde_json::to_string(t).map_or(0, |s| s.len()));
-                self.view_tokens =
-                    est_tokens(self.view.len() + self.state.goal.len() + turn + overhead_chars);
+                // Each message of the conversation, with its role and quotes.
+                let said: usize = (self.state.conversation_tail().iter())
+                    .map(|m| m.text.len() + 32)
+                    .sum();
+                self.view_tokens = est_tokens(
+                    self.view.len() + self.state.goal.len() + said + turn + overhead_chars,
+                );
             }
         }
     }

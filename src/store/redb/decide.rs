@@ -111,15 +111,16 @@ impl DecisionTx for RedbTx<'_> {
         rec: &TaskRecord,
     ) -> Result<Vec<std::result::Result<CallRecord, (String, String)>>> {
         let ns = rec.key_namespace(self.db_id);
-        let (lo, hi) = (format!("{ns}:{}:", rec.id), format!("{ns}:{};", rec.id));
         let t = self.w.open_table(CALL_KEYS)?;
         let mut out = Vec::new();
-        for entry in t.range(lo.as_str()..hi.as_str())? {
-            let (k, v) = entry?;
-            out.push(
-                decode::<CallRecord>("call key", v.value())
-                    .map_err(|e| (k.value().to_string(), e.to_string())),
-            );
+        for (lo, hi) in super::call_key_ranges(ns, &rec.id) {
+            for entry in t.range(lo.as_str()..hi.as_str())? {
+                let (k, v) = entry?;
+                out.push(
+                    decode::<CallRecord>("call key", v.value())
+                        .map_err(|e| (k.value().to_string(), e.to_string())),
+                );
+            }
         }
         Ok(out)
     }

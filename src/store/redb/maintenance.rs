@@ -253,10 +253,12 @@ impl RedbStore {
                 idx.removed(id, QueueStatus::Finished, Some(&user))?;
                 remove_range(&mut spans, id)?;
                 remove_range(&mut replies, id)?;
-                // Its call keys are `NS:id:...`, in its own namespace (or the database id's).
+                // Its call keys are `NS:id:...` (and `NS:id#N:...` in later turns), in its
+                // own namespace (or the database id's).
                 let ns = ns.as_deref().unwrap_or(self.db_id());
-                let (lo, hi) = (format!("{ns}:{id}:"), format!("{ns}:{id};"));
-                calls.retain_in(lo.as_str()..hi.as_str(), |_, _| false)?;
+                for (lo, hi) in super::call_key_ranges(ns, id) {
+                    calls.retain_in(lo.as_str()..hi.as_str(), |_, _| false)?;
+                }
                 if let Some(k) = key {
                     keys.remove(k.as_str())?;
                 }

@@ -71,6 +71,15 @@ pub struct RedbStore {
     woken: crate::store::Woken,
 }
 
+/// The ranges of task `id`'s call keys in the namespace `ns`, in key order: those of later
+/// turns of its conversation (`NS:id#N:...`), then its first turn's (`NS:id:...`).
+pub(super) fn call_key_ranges(ns: &str, id: &str) -> [(String, String); 2] {
+    [
+        (format!("{ns}:{id}#"), format!("{ns}:{id}$")),
+        (format!("{ns}:{id}:"), format!("{ns}:{id};")),
+    ]
+}
+
 fn next_seq(meta: &mut redb::Table<&str, u64>, name: &str) -> Result<u64> {
     let n = meta.get(name)?.map_or(1, |g| g.value());
     meta.insert(name, n + 1)?;

@@ -100,11 +100,12 @@ impl Reads for RedbStore {
         };
         let ns = ns.as_deref().unwrap_or(&self.db_id);
         let t = r.open_table(CALL_KEYS)?;
-        let (lo, hi) = (format!("{ns}:{task_id}:"), format!("{ns}:{task_id};"));
         let mut out = Vec::new();
-        for entry in t.range(lo.as_str()..hi.as_str())? {
-            let (_, v) = entry?;
-            out.push(decode("call key", v.value())?);
+        for (lo, hi) in super::call_key_ranges(ns, task_id) {
+            for entry in t.range(lo.as_str()..hi.as_str())? {
+                let (_, v) = entry?;
+                out.push(decode("call key", v.value())?);
+            }
         }
         Ok(out)
     }
