@@ -1,5 +1,6 @@
 //! The API's decisions: approve, reject, reconcile, answer (a task's question to a person) and
-//! cancel, each the operators' own function
+//! cancel, and a follow-up message that continues a finished task, each the operators' own
+//! function
 //! (`crate::operator`), so each writes the same audit event as the CLI and the console, by the
 //! token's name. The answer is the task as the decision left it.
 
@@ -34,6 +35,14 @@ pub(super) struct AnswerBody {
     reason: Option<String>,
     key: Option<String>,
     digest: Option<String>,
+}
+
+/// A follow-up message's body, checked against the `Message` schema.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct MessageBody {
+    text: String,
+    turn: Option<u32>,
 }
 
 impl Api {
@@ -81,6 +90,30 @@ impl Api {
         }
         match self.db.task(&rec.id) {
             Ok(rec) => Reply::json(200, &result_json(self.db.db_id(), &rec)),
+            Err(e) => super::problem::of_store(&e),
+        }
+    }
+
+    /// `POST /tasks/{task}/messages`: a follow-up message that continues the caller's finished
+    /// task (a submit token's own, or any for an operator) as its next turn; the answer is
+    /// the task as it stands then (queued), 202.
+    pub(super) fn say(&self, req: &Request, caller: &Caller, name: &str) -> Reply {
+        let (b, rec, d) = match self.read_decision::<MessageBody>(
+            req,
+            caller,
+            name,
+            "Message",
+            false,
+            |_| None,
+        ) {
+            Ok(read) => read,
+            Err(r) => return r,
+        };
+        if let Err(e) = operator::say(self.db.as_ref(), &rec.id, &b.text, b.turn, &d) {
+            return super::problem::of_store(&e);
+        }
+        match self.db.task(&rec.id) {
+            Ok(rec) => Reply::json(202, &result_json(self.db.db_id(), &rec)),
             Err(e) => super::problem::of_store(&e),
         }
     }

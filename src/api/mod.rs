@@ -47,6 +47,7 @@ pub const ROUTES: &[(&str, &str, &str)] = &[
     ("POST", "/api/v1/tasks/{task}/reject", "rejectTask"),
     ("POST", "/api/v1/tasks/{task}/reconcile", "reconcileTask"),
     ("POST", "/api/v1/tasks/{task}/answer", "answerTask"),
+    ("POST", "/api/v1/tasks/{task}/messages", "sendMessage"),
     ("POST", "/api/v1/tasks/{task}/cancel", "cancelTask"),
     ("GET", "/api/v1/events", "listEvents"),
 ];
@@ -226,6 +227,7 @@ impl Api {
             "listTaskEvents" => self.task_events(caller, task),
             "listEvents" => self.events(req, caller),
             "answerTask" => self.answer(req, caller, task),
+            "sendMessage" => self.say(req, caller, task),
             verb => self.decide(req, caller, task, verb),
         };
         reply.with_header("Cache-Control", "no-store")

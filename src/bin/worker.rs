@@ -27,7 +27,7 @@ mod allocator {
     /// The verbs that run for long and allocate at every step: they get mimalloc.
     pub const LONG_RUNNING: [&str; 5] = ["run", "console", "serve", "demo", "demo-store"];
     /// The verbs that do one thing and exit: they get the system allocator.
-    pub const ONE_SHOT: [&str; 22] = [
+    pub const ONE_SHOT: [&str; 23] = [
         "enqueue",
         "wait",
         "watch",
@@ -41,6 +41,7 @@ mod allocator {
         "approve",
         "reject",
         "answer",
+        "say",
         "reconcile",
         "cancel",
         "replay",

@@ -124,6 +124,12 @@ pub enum Command {
         after_help = "Examples:\n  worker show t9                 # the question, and the choices it offers\n  worker answer t9 --text office --by ana\n  worker answer t9 --text 'ord_1001, on the receipt' --reason 'called the customer'\n\nThe answer reaches the model as the person's words (at most 4,000 characters; one of the\nchoices, as written, when the question offers some). Who answered is recorded in the audit\nlog, not shown to the model."
     )]
     Answer(AnswerArgs),
+    /// Continue a finished task with a follow-up message: its next turn runs on the same
+    /// state (facts, memory) with the conversation so far.
+    #[command(
+        after_help = "Examples:\n  worker say t4 --text 'and the second order?' --wait\n  worker say t4 --text 'refund it to the card' --turn 2   # refused if t4 moved past turn 2\n\nEach turn gets the budget the task was enqueued with, counted from where the conversation\nstands; a conversation has at most 20 turns. The message reaches the model as the person's\nwords (at most 4,000 characters). A task takes a message once it finished (not while it\nruns or waits on a person, nor with a write to reconcile)."
+    )]
+    Say(SayArgs),
     /// Cancel a queued, running (at its next step boundary), suspended or held task.
     #[command(after_help = "Example:\n  worker cancel t3 --reason 'customer withdrew the request'")]
     Cancel(DecideArgs),

@@ -116,6 +116,28 @@ pub struct AnswerArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct SayArgs {
+    #[command(flatten)]
+    pub decide: DecideArgs,
+    /// The message, in plain words (at most 4,000 characters).
+    #[arg(long)]
+    pub text: String,
+    /// The turn you saw finish, as `worker show` prints it: the message is refused if the task
+    /// moved past it, so a message sent twice opens one turn, not two.
+    #[arg(long)]
+    pub turn: Option<u32>,
+    /// Wait for the turn to finish, print its answer and exit as `worker wait` does.
+    #[arg(long)]
+    pub wait: bool,
+    /// With --wait: give up waiting after this long (30s, 10m, 2h); exit 7.
+    #[arg(long, value_name = "DURATION", value_parser = crate::clock::parse_duration_ms, requires = "wait")]
+    pub timeout: Option<u64>,
+    /// With --wait: settled (return at a wait on a person, exit 5) or finished.
+    #[arg(long, value_enum, requires = "wait")]
+    pub until: Option<super::wait::UntilArg>,
+}
+
+#[derive(Args, Debug)]
 pub struct PurgeArgs {
     /// Only tasks finished (last updated) longer ago than this: 30d, 12h, 90m, 45s.
     #[arg(long, value_name = "DURATION", value_parser = crate::clock::parse_duration_ms)]

@@ -115,6 +115,36 @@ pub(super) fn cmd_answer(cli: &Cli, a: &AnswerArgs) -> CliResult {
     Ok(())
 }
 
+pub(super) fn cmd_say(cli: &Cli, a: &SayArgs) -> CliResult {
+    let d = decision(&a.decide.by, &a.decide.reason)?;
+    let db = open_reader(cli)?;
+    let task = db.resolve(&a.decide.task)?;
+    let asked = crate::local::Decide::Say {
+        task: task.clone(),
+        text: a.text.clone(),
+        turn: a.turn,
+        by: d.by.clone(),
+        reason: d.reason.clone(),
+    };
+    let said: crate::operator::Said = take(cli, &*db, &asked)?;
+    if a.wait {
+        eprintln!(
+            "task {task} is on turn {}; waiting for its answer",
+            said.turn
+        );
+        let until = a.until.unwrap_or(super::wait::UntilArg::Settled);
+        return super::wait::wait_and_report(db.as_ref(), &task, a.timeout, a.decide.json, until);
+    }
+    if a.decide.json {
+        return print_json(&json!({"task": task, "turn": said.turn, "text": said.text}));
+    }
+    outln!(
+        "task {task} is queued for turn {}; `worker wait {task}` prints its answer",
+        said.turn
+    );
+    Ok(())
+}
+
 fn list_held(db: &dyn Backend, json: bool) -> CliResult {
     let held = held_writes(db)?;
     if json {

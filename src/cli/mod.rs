@@ -55,7 +55,7 @@ pub use args::*;
 pub use args_decide::*;
 pub use args_demo::*;
 use daemon::{cmd_console, cmd_demo, cmd_demo_store, cmd_run};
-use decide::{cmd_answer, cmd_approve, cmd_cancel, cmd_reconcile, cmd_reject};
+use decide::{cmd_answer, cmd_approve, cmd_cancel, cmd_reconcile, cmd_reject, cmd_say};
 use enqueue::cmd_enqueue;
 pub use enqueue::parse_batch_line;
 use read::{cmd_events, cmd_list, cmd_postmortem, cmd_show, cmd_trace};
@@ -232,6 +232,7 @@ pub fn run(cli: Cli) -> CliResult {
         Command::Reject(a) => cmd_reject(&cli, a),
         Command::Reconcile(a) => cmd_reconcile(&cli, a),
         Command::Answer(a) => cmd_answer(&cli, a),
+        Command::Say(a) => cmd_say(&cli, a),
         Command::Cancel(a) => cmd_cancel(&cli, a),
         Command::Replay(a) => cmd_replay(&cli, a),
         Command::Events(a) => cmd_events(&cli, a),

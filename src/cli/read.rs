@@ -201,6 +201,7 @@ fn show_json(store: &dyn Backend, r: &TaskRecord, closing: String) -> Value {
     v["budget"] = serde_json::to_value(b).unwrap_or(Value::Null);
     v["model"] = serde_json::to_value(&r.model).unwrap_or(Value::Null);
     v["closing_message"] = Value::String(closing);
+    v["turn"] = json!(r.state.turn());
     // Why it stopped, in plain words (null while it runs and once it completed).
     v["cause"] =
         json!(crate::kernel::report::why_stopped(&r.state, b).filter(|_| r.status.is_settled()));
@@ -236,6 +237,7 @@ pub(super) fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
     );
     outln!("user      {}", crate::limits::one_line(&st.user_id));
     outln!("goal      {}", crate::limits::one_line(&st.goal));
+    print_conversation(&r)?;
     outln!(
         "created   {}  updated {}",
         rfc3339(r.created_at_ms),
@@ -271,7 +273,40 @@ pub(super) fn cmd_show(cli: &Cli, a: &TaskArgs) -> CliResult {
         b.deadline_ms as f64 / 1000.0
     );
     outln!("  stalls      {:>6} / {}", st.stalls, b.stalls_max);
-    print_waiting(store.as_ref(), &r, settled, &closing)
+    print_waiting(store.as_ref(), &r, settled, &closing)?;
+    print_say(&r)
+}
+
+/// `worker show`'s conversation, once a person continued the task: its turn and the messages
+/// after the goal.
+fn print_conversation(r: &TaskRecord) -> CliResult {
+    let st = &r.state;
+    if !st.conversation.is_empty() {
+        let most = crate::kernel::conversation::TURNS_MAX;
+        outln!("turn      {} (of at most {most})", st.turn());
+        for m in &st.conversation {
+            let text: String = m.text.chars().take(200).collect();
+            outln!(
+                "  {:5}   {}",
+                m.role.as_str(),
+                crate::limits::one_line(&text)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// How to continue a finished task that can take a follow-up message.
+fn print_say(r: &TaskRecord) -> CliResult {
+    let st = &r.state;
+    if r.status == QueueStatus::Finished && st.why_not_continued().is_none() {
+        outln!(
+            "say       worker say {} --turn {} --text '...'   (continues it)",
+            r.id,
+            st.turn()
+        );
+    }
+    Ok(())
 }
 
 /// `worker show`'s last lines: what the task waits for (a question, or the held call), and

@@ -142,6 +142,12 @@ fn describe(e: &Event) -> String {
                 .unwrap_or_default();
             match d["detail"]["answer"].as_str() {
                 Some(a) if s("verb") == "answer" => format!("answered  by {}: {a}", s("by")),
+                _ if s("verb") == "say" => format!(
+                    "message   by {} (turn {}): {}",
+                    s("by"),
+                    d["detail"]["turn"],
+                    d["detail"]["text"].as_str().unwrap_or_default()
+                ),
                 _ => format!("decision  {} by {}{why}", s("verb"), s("by")),
             }
         }

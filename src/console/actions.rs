@@ -1,5 +1,5 @@
 //! The console's actions: a form's decision (approve, reject, reconcile, settle by the tool's
-//! lookup, answer a task's question, cancel) checked for
+//! lookup, answer a task's question, send a follow-up message, cancel) checked for
 //! its CSRF token and bound to the call (key and digest) or the task state (its last change)
 //! the page was rendered with, then made through the same backend decisions as the CLI's.
 
@@ -23,6 +23,7 @@ pub(super) fn done_message(verb: &str) -> Option<&'static str> {
         "answer" => {
             "the question was answered; the task goes on with the answer when it runs again"
         }
+        "say" => "the message was sent; the task's next turn runs on it",
         _ => return None,
     })
 }
@@ -121,6 +122,15 @@ impl Console {
                 _ => Err(Error::Invalid(
                     "the form does not carry the question it was rendered with (key and digest), or an answer"
                         .into(),
+                )),
+            },
+            // Bound to the turn the page showed: a task that moved past it refuses the message.
+            "say" => match (field(f, "turn").and_then(|t| t.parse().ok()), f.get("text")) {
+                (Some(turn), Some(text)) => {
+                    operator::say(&*self.db, id, text, Some(turn), d).map(|_| ())
+                }
+                _ => Err(Error::Invalid(
+                    "the form does not carry the turn it was rendered with, or a message".into(),
                 )),
             },
             "reject" => operator::reject(&*self.db, id, reviewed, d).map(|_| ()),

@@ -134,6 +134,11 @@ pub struct TaskView {
     closing: String,
     /// The record's last change, which a cancel form carries back.
     seen: u64,
+    /// The turn of its conversation, and the messages after the goal: (who, text).
+    turn: u32,
+    conversation: Vec<(&'static str, String)>,
+    /// It finished and can take a follow-up message.
+    can_say: bool,
 }
 
 pub struct HeldView {
@@ -223,6 +228,32 @@ fn bar(name: &'static str, used: u64, limit: u64, shown: impl Fn(u64) -> String)
     }
 }
 
+impl TaskView {
+    fn of(r: &crate::store::TaskRecord, catalog: &Catalog) -> TaskView {
+        let st = &r.state;
+        TaskView {
+            id: r.id.clone(),
+            status: r.status.as_str(),
+            stop: st.stop.map_or("-", |s| s.as_str()),
+            outcome: st.outcome.clone().unwrap_or_else(|| "-".into()),
+            answer: st.answer.clone(),
+            user: st.user_id.clone(),
+            goal: st.goal.clone(),
+            key: r.key.clone().unwrap_or_else(|| "-".into()),
+            runs: r.runs,
+            created: rfc3339(r.created_at_ms),
+            updated: rfc3339(r.updated_at_ms),
+            closing: closing_explained(st, &r.budget, catalog),
+            seen: r.updated_at_ms,
+            turn: st.turn(),
+            conversation: (st.conversation.iter())
+                .map(|m| (m.role.as_str(), m.text.clone()))
+                .collect(),
+            can_say: r.status == QueueStatus::Finished && st.why_not_continued().is_none(),
+        }
+    }
+}
+
 impl TaskPage {
     pub fn new(frame: Frame, d: &TaskDetail, csrf: String, flash: Option<String>) -> TaskPage {
         let r = &d.record;
@@ -262,21 +293,7 @@ impl TaskPage {
         TaskPage {
             operator: frame.operator,
             db: frame.db,
-            t: TaskView {
-                id: r.id.clone(),
-                status: r.status.as_str(),
-                stop: st.stop.map_or("-", |s| s.as_str()),
-                outcome: st.outcome.clone().unwrap_or_else(|| "-".into()),
-                answer: st.answer.clone(),
-                user: st.user_id.clone(),
-                goal: st.goal.clone(),
-                key: r.key.clone().unwrap_or_else(|| "-".into()),
-                runs: r.runs,
-                created: rfc3339(r.created_at_ms),
-                updated: rfc3339(r.updated_at_ms),
-                closing: closing_explained(st, &r.budget, &catalog),
-                seen: r.updated_at_ms,
-            },
+            t: TaskView::of(r, &catalog),
             flash,
             can_cancel: r.status != QueueStatus::Finished,
             held,

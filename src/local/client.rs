@@ -109,6 +109,15 @@ fn asked_of(d: &Decide) -> Asked<'static> {
             again: "running it again is safe: an added schedule is refused the second time",
             retry_lost: false,
         },
+        Decide::Say { .. } => Asked {
+            op: "decide",
+            tasks: 0,
+            what: "the message",
+            unknown: "the message may or may not have started the task's next turn",
+            seen_with: "`worker show` shows the task's turn and conversation",
+            again: "sending it again with --turn (the turn you saw finish) is safe: it is refused once the task moved past that turn",
+            retry_lost: false,
+        },
         _ => Asked {
             op: "decide",
             tasks: 0,

@@ -220,6 +220,16 @@ pub enum Decide {
         by: String,
         reason: Option<String>,
     },
+    /// `worker say`: a follow-up message that continues a finished task (`turn`: the turn the
+    /// sender saw finish).
+    Say {
+        task: String,
+        text: String,
+        #[serde(default)]
+        turn: Option<u32>,
+        by: String,
+        reason: Option<String>,
+    },
     /// `worker memory add`: a note for a user, from a source, for `ttl_s` seconds.
     Note {
         user: String,

@@ -452,6 +452,19 @@ pub fn decide_here(d: &Decide, store: &dyn Backend) -> Result<serde_json::Value>
                 &decision(by, reason)?,
             )?
         }
+        Decide::Answer { .. } | Decide::Say { .. } => return words(d, store),
+        Decide::Cancel { task, by, reason } => {
+            let was = crate::operator::cancel(store, task, None, &decision(by, reason)?)?;
+            return Ok(serde_json::json!(was));
+        }
+        other => return maintain(other, store),
+    };
+    Ok(serde_json::json!(call))
+}
+
+/// A person's words to a task: an answer to its question, or a follow-up message.
+fn words(d: &Decide, store: &dyn Backend) -> Result<serde_json::Value> {
+    match d {
         Decide::Answer {
             task,
             text,
@@ -460,17 +473,27 @@ pub fn decide_here(d: &Decide, store: &dyn Backend) -> Result<serde_json::Value>
             by,
             reason,
         } => {
-            let seen = reviewed(key, digest);
-            let q = crate::operator::answer(store, task, text, &seen, &decision(by, reason)?)?;
-            return Ok(serde_json::json!(q));
+            let seen = crate::operator::Reviewed {
+                key: key.clone(),
+                digest: digest.clone(),
+            };
+            let d = crate::operator::decision(by, reason.as_deref()).map_err(Error::Invalid)?;
+            let q = crate::operator::answer(store, task, text, &seen, &d)?;
+            Ok(serde_json::json!(q))
         }
-        Decide::Cancel { task, by, reason } => {
-            let was = crate::operator::cancel(store, task, None, &decision(by, reason)?)?;
-            return Ok(serde_json::json!(was));
+        Decide::Say {
+            task,
+            text,
+            turn,
+            by,
+            reason,
+        } => {
+            let d = crate::operator::decision(by, reason.as_deref()).map_err(Error::Invalid)?;
+            let said = crate::operator::say(store, task, text, *turn, &d)?;
+            Ok(serde_json::json!(said))
         }
-        other => return maintain(other, store),
-    };
-    Ok(serde_json::json!(call))
+        _ => Err(Error::Invalid("not a person's words".into())),
+    }
 }
 
 /// The maintenance requests (memory notes, purge, schedules), here as in the verbs.

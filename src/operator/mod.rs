@@ -3,8 +3,10 @@
 //! code.
 //!
 //! The decisions (approve, reject, reconcile, cancel, and the daemon's expiry of waits on a
-//! person) are in `decide`, a person's answer to a task's question in `answer`, each one function over a transaction of the backend; what they
-//! carry (the reviewed call, a budget extension, a settlement) is in `review`. This module
+//! person) are in `decide`, a person's answer to a task's question in `answer`, a follow-up
+//! message that continues a finished task in `say`, each one function over a transaction of
+//! the backend; what they carry (the reviewed call, a budget extension, a settlement) is in
+//! `review`. This module
 //! adds what sits around them: checking who decides and why ([`decision`]), the held writes
 //! as an operator reviews them ([`held_writes`]), settling held writes from each tool's lookup
 //! ([`reconcile_auto`]), a task's whole detail ([`detail`]), and the effects of a task in the
@@ -13,6 +15,7 @@
 mod answer;
 mod decide;
 mod review;
+mod say;
 pub mod schedule;
 pub mod stream;
 pub mod submit;
@@ -24,6 +27,7 @@ pub use decide::{
     reject,
 };
 pub use review::{Extension, Reviewed, Settlement};
+pub use say::{Said, say};
 pub use wait::{Until, Waited, wait};
 
 use serde::Serialize;
@@ -300,12 +304,13 @@ pub fn detail(db: &dyn Backend, id: &str) -> Result<TaskDetail> {
 }
 
 /// The effects of task `rec` of the database whose id is `db_id` (its keys are
-/// `NS:task:step`, in the task's namespace).
+/// `NS:task:step`, in the task's namespace, and `NS:task#N:step` in turn N of a conversation).
 pub fn task_effects(ledger: &[LedgerEntry], db_id: &str, rec: &TaskRecord) -> Vec<Effect> {
-    let prefix = format!("{}:{}:", rec.key_namespace(db_id), rec.id);
+    let first = format!("{}:{}:", rec.key_namespace(db_id), rec.id);
+    let later = format!("{}:{}#", rec.key_namespace(db_id), rec.id);
     ledger
         .iter()
-        .filter(|e| e.key.starts_with(&prefix))
+        .filter(|e| e.key.starts_with(&first) || e.key.starts_with(&later))
         .map(|e| e.effect.clone())
         .collect()
 }

@@ -96,13 +96,15 @@ pub struct Batch {
 
 /// The status as a cursor holds it: a wait on a person carries its step and run, so a second
 /// wait is a change even when the status reads the same (a second hold at one step comes in
-/// a later run).
+/// a later run); a later turn of a conversation carries its number, so the end of turn 2 is
+/// news to a reader who saw turn 1 end.
 pub fn status_tag(rec: &TaskRecord) -> String {
-    match rec.status {
-        QueueStatus::Suspended | QueueStatus::Held => {
+    match (rec.status, rec.state.turn()) {
+        (QueueStatus::Suspended | QueueStatus::Held, _) => {
             format!("{}:{}:{}", rec.status.as_str(), rec.state.step, rec.runs)
         }
-        s => s.as_str().to_string(),
+        (s, 1) => s.as_str().to_string(),
+        (s, turn) => format!("{}:{turn}", s.as_str()),
     }
 }
 

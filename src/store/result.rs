@@ -117,6 +117,8 @@ pub fn result_json(db_id: &str, rec: &TaskRecord) -> Value {
         "question": question_json(db_id, rec),
         "user": st.user_id,
         "goal": st.goal,
+        "turn": st.turn(),
+        "conversation": st.conversation,
         "model": rec.model.label(),
         "priority": rec.priority,
         "steps": st.step,

@@ -11,6 +11,7 @@ mod bad_input; // 369 hostile inputs: each an exit code (or status) and an error
 pub(crate) mod callbacks; // completion callbacks verified by `standardwebhooks` through kills and a receiver that was down
 mod cli; // the binary's verbs in temp dirs: exit codes, damaged and newer files, allocators
 mod console; // the console driven by headless chromium; forged and stale forms refused
+mod conversations; // a finished task continued with follow-up messages: three turns on the same state, from the CLI, the console and the API, on both providers
 mod corruption; // every page zeroed and every record's bit flipped: verbs report, never panic
 mod crash_recovery; // daemons killed 32 times beside enqueuers: nothing lost, nothing sent twice
 mod daemon; // graceful shutdown, a daemon paused past its lease never commits

@@ -129,7 +129,7 @@ fn asked(d: &Path, id: &str, question: &str) -> Value {
 }
 
 /// A form field's value in a console page.
-fn field(html: &str, name: &str) -> String {
+pub(crate) fn field(html: &str, name: &str) -> String {
     let at = html
         .find(&format!("name=\"{name}\" value=\""))
         .unwrap_or_else(|| panic!("no field {name} in {html}"));
