@@ -22,12 +22,13 @@ pub const PLAN_STEP_ARG: &str = "plan_step";
 /// Names a catalog tool may not take: they are the kernel's functions.
 pub const RESERVED_NAMES: [&str; 2] = [PLAN_FN, FINAL_FN];
 
-/// Version of the rules in `data/prompt_native_v1.txt` and `data/prompt_json_v2.txt`;
-/// recorded with each reply (see [`Prompt::id`]).
-pub const NATIVE_RULES_VERSION: u32 = 1;
-pub const JSON_RULES_VERSION: u32 = 2;
-const NATIVE_RULES: &str = include_str!("../../data/prompt_native_v1.txt");
-const JSON_RULES: &str = include_str!("../../data/prompt_json_v2.txt");
+/// Version of the rules in `data/prompt_native_v2.txt` and `data/prompt_json_v3.txt`;
+/// recorded with each reply (see [`Prompt::id`]). Native 2 and JSON 3 say how a conversation
+/// continues a task.
+pub const NATIVE_RULES_VERSION: u32 = 2;
+pub const JSON_RULES_VERSION: u32 = 3;
+const NATIVE_RULES: &str = include_str!("../../data/prompt_native_v2.txt");
+const JSON_RULES: &str = include_str!("../../data/prompt_json_v3.txt");
 
 /// The longest text of a reply kept beside its calls for the next request.
 const TURN_TEXT_MAX: usize = 4096;

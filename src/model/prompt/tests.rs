@@ -73,7 +73,7 @@ fn a_tool_call_names_its_plan_step_by_argument() {
     let p = prompt(ToolCalling::Native);
     assert_eq!(p.functions[0].name, PLAN_FN);
     assert_eq!(p.functions.last().map(|f| f.name.as_str()), Some(FINAL_FN));
-    assert!(p.id.starts_with("native-1+"), "{}", p.id);
+    assert!(p.id.starts_with("native-2+"), "{}", p.id);
     let call = TurnCall {
         id: "call_1".into(),
         name: "get_order".into(),
