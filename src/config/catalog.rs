@@ -19,8 +19,22 @@ pub(super) struct CatalogFile {
     #[serde(default)]
     openapi: Vec<super::openapi::Source>,
     /// The built-in question to a person, when the catalog opts into it.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "ask_person_table")]
     ask_person: Option<crate::kernel::person::AskPerson>,
+}
+
+/// `[ask_person]`, a table; anything else (`ask_person = true`) is told how to write it.
+fn ask_person_table<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<crate::kernel::person::AskPerson>, D::Error> {
+    let v = toml::Value::deserialize(d)?;
+    if !v.is_table() {
+        return Err(serde::de::Error::custom(format!(
+            "ask_person is a table, not {}: write [ask_person] on a line of its own (its description and fact_fields are optional)",
+            v.type_str()
+        )));
+    }
+    v.try_into().map(Some).map_err(serde::de::Error::custom)
 }
 
 /// What in a tool's approval rule cannot work: a bound on an argument the tool does not

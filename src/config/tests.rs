@@ -219,3 +219,23 @@ fn the_daemons_catalog_decides_whether_a_person_is_asked() {
     assert!(r.unavailable["ask_person"].contains("no [ask_person]"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `ask_person = true` (a boolean where a table belongs) is told how to write the table.
+#[test]
+fn ask_person_written_as_a_flag_is_told_it_is_a_table() {
+    let e = super::parse_catalog(
+        "version = 1\nask_person = true\n",
+        std::path::Path::new("tools.toml"),
+    )
+    .unwrap_err();
+    assert!(
+        e.contains("ask_person is a table, not boolean") && e.contains("[ask_person]"),
+        "{e}"
+    );
+    let ok = super::parse_catalog(
+        "version = 1\n[ask_person]\n",
+        std::path::Path::new("tools.toml"),
+    )
+    .expect("an empty table is enough");
+    assert!(ok.get("ask_person").is_some());
+}
