@@ -128,6 +128,10 @@ fn closing(lead: String, state: &TaskState, catalog: &Catalog) -> String {
             1 => "1 tool call was made".to_string(),
             n => format!("{n} tool calls were made"),
         };
+        if state.turn() > 1 {
+            // A later turn of a conversation: its own plan, the whole conversation's calls.
+            return format!("{lead} This turn set no plan; {calls} in the conversation so far.");
+        }
         return format!("{lead} No plan was set; {calls}.");
     }
     format!(

@@ -346,6 +346,11 @@ fn one_provider(d: &Path, model: &str, fake: &Fake, order: &str, served: &str, c
         "{t}"
     );
     assert_eq!(t["state"]["answer"], "10.00 in all.", "{t}");
+    assert_eq!(
+        t["closing_message"],
+        "The task is complete. This turn set no plan; 3 tool calls were made in the conversation so far.",
+        "the closing speaks of the turn: {t}"
+    );
     assert_eq!(t["state"]["tool_calls"], 3, "two refunds and a read: {t}");
 
     // The requests: each turn's first carries the conversation and the facts before it.
