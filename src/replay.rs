@@ -222,6 +222,11 @@ impl<'a> Decisions<'a> {
         (self.events.get(i)).is_some_and(|e| e.verb == "cancel" && e.detail["was"] == "running")
     }
 
+    /// Whether decision `i` came right after a follow-up message (its turn not yet run).
+    fn said(&self, i: usize) -> bool {
+        i > 0 && self.events.get(i - 1).is_some_and(|e| e.verb == "say")
+    }
+
     fn queued_cancel(&self, i: usize) -> bool {
         (self.events.get(i)).is_some_and(|e| e.verb == "cancel" && e.detail["was"] == "queued")
     }
@@ -266,10 +271,11 @@ impl<'a> Decisions<'a> {
                 let answer = crate::kernel::person::answer_result(text);
                 go(Run::Settled(answer), state, tools)
             }
-            "say" if state.status == crate::kernel::Status::Stopped && runs => {
+            // The message joins the state; the turn runs unless a cancel came first.
+            "say" if state.status == crate::kernel::Status::Stopped => {
                 let mut s = state;
                 let text = ev.detail["text"].as_str().unwrap_or_default();
-                if s.continue_with(text).is_err() {
+                if s.continue_with(text).is_err() || !runs {
                     return s;
                 }
                 go(Run::Start, s, tools)
@@ -282,7 +288,12 @@ impl<'a> Decisions<'a> {
             {
                 settled_after_cancel(state, ev.verb == "reconcile_applied", result)
             }
-            "cancel" if held || suspended || asking || (ev.detail["was"] == "queued" && i == 0) => {
+            "cancel"
+                if held
+                    || suspended
+                    || asking
+                    || (ev.detail["was"] == "queued" && (i == 0 || self.said(i))) =>
+            {
                 let mut s = state;
                 if held && ev.detail["was"] != "queued" {
                     s.cancelled_from = s.stop;

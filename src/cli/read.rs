@@ -299,7 +299,7 @@ fn print_conversation(r: &TaskRecord) -> CliResult {
 /// How to continue a finished task that can take a follow-up message.
 fn print_say(r: &TaskRecord) -> CliResult {
     let st = &r.state;
-    if r.status == QueueStatus::Finished && st.why_not_continued().is_none() {
+    if r.why_no_message(crate::clock::now_ms()).is_none() {
         outln!(
             "say       worker say {} --turn {} --text '...'   (continues it)",
             r.id,

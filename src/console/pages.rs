@@ -249,7 +249,7 @@ impl TaskView {
             conversation: (st.conversation.iter())
                 .map(|m| (m.role.as_str(), m.text.clone()))
                 .collect(),
-            can_say: r.status == QueueStatus::Finished && st.why_not_continued().is_none(),
+            can_say: r.why_no_message(crate::clock::now_ms()).is_none(),
         }
     }
 }

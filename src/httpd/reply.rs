@@ -163,6 +163,7 @@ fn reason(status: u16) -> &'static str {
     match status {
         200 => "OK",
         201 => "Created",
+        202 => "Accepted",
         204 => "No Content",
         303 => "See Other",
         400 => "Bad Request",

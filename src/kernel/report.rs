@@ -134,10 +134,12 @@ fn closing(lead: String, state: &TaskState, catalog: &Catalog) -> String {
         }
         return format!("{lead} No plan was set; {calls}.");
     }
-    format!(
-        "{lead} {}.",
-        capitalize(&join_and(&plan_parts(state, catalog)))
-    )
+    let parts = join_and(&plan_parts(state, catalog));
+    match state.turn() {
+        1 => format!("{lead} {}.", capitalize(&parts)),
+        // A later turn's plan is its own: what earlier turns did is not in it.
+        n => format!("{lead} In turn {n}, {parts}."),
+    }
 }
 
 /// The message's first sentence: why the run ended, and what it waits on.

@@ -11,7 +11,7 @@ use serde_json::json;
 use super::decide::{Decided, decided, requeue};
 use crate::kernel::conversation::{check_message, next_turn_budget};
 use crate::store::prelude::*;
-use crate::store::{Decision, DecisionTx, Error, QueueStatus, Result};
+use crate::store::{Decision, DecisionTx, Error, Result};
 
 /// What a message started.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,21 +50,7 @@ fn say_in(
             "task {id} is on turn {now}, not turn {seen}: `worker show {id}` shows the conversation"
         )));
     }
-    let why = match rec.state.why_not_continued() {
-        Some(why) => Some(why),
-        None if rec.status != QueueStatus::Finished => {
-            Some(format!("it is {}", rec.status.as_str()))
-        }
-        None if rec
-            .time_limits
-            .deadline_at_ms
-            .is_some_and(|t| t <= d.now_ms) =>
-        {
-            Some("its deadline (--finish-within) has passed; enqueue a new task".into())
-        }
-        None => None,
-    };
-    if let Some(why) = why {
+    if let Some(why) = rec.why_no_message(d.now_ms) {
         return Err(Error::Conflict(format!(
             "task {id} cannot take a message now: {why}"
         )));

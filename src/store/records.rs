@@ -206,6 +206,28 @@ impl TaskRecord {
             && self.state.unknown_write().is_some()
     }
 
+    /// Why the task cannot take a follow-up message at `now_ms` (`worker say`), if it cannot:
+    /// the state's reasons, and the record's (not finished, past its deadline, or a turn
+    /// after the first of a task whose enqueued budget an older release did not keep).
+    pub fn why_no_message(&self, now_ms: u64) -> Option<String> {
+        if let Some(why) = self.state.why_not_continued() {
+            return Some(why);
+        }
+        if self.status != QueueStatus::Finished {
+            return Some(format!("it is {}", self.status.as_str()));
+        }
+        if self.time_limits.deadline_at_ms.is_some_and(|t| t <= now_ms) {
+            return Some("its deadline (--finish-within) has passed; enqueue a new task".into());
+        }
+        if self.enqueued_budget.is_none() && self.state.turn() > 1 {
+            return Some(
+                "an older release enqueued it without keeping the budget each turn gets; enqueue a new task"
+                    .into(),
+            );
+        }
+        None
+    }
+
     /// The call key of `call` made at this task's current step.
     pub fn call_key(&self, db_id: &str, call: &crate::kernel::ToolCall) -> String {
         call.key_in(

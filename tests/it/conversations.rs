@@ -310,6 +310,10 @@ fn one_provider(d: &Path, model: &str, fake: &Fake, order: &str, served: &str, c
         (Some("done"), Some(2)),
         "{t}"
     );
+    assert_eq!(
+        t["closing_message"], "The task is complete. In turn 2, the refund was issued.",
+        "the closing speaks of the turn's own plan: {t}"
+    );
     // A reader that saw turn 1 end and comes back gets turn 2, and nothing of turn 1 again.
     let more = events(served, &id, Some(last));
     let kinds: Vec<&str> = more.iter().map(|e| e.1.as_str()).collect();
@@ -488,6 +492,18 @@ conformance! {
         assert_eq!(verbs, ["say"], "{events}");
         assert_eq!(refunds(d, "ord_1001").len(), 1, "one refund");
         let replayed: Value = serde_json::from_str(&wok(d, &["replay", &id, "--json"])).expect("a replay");
+        assert_eq!(replayed["same_state"], true, "{replayed}");
+
+        // A message, then a cancel before any daemon ran the turn: replayed as it happened.
+        let goal = "refund the damaged item on order ord_1001";
+        let t2 = wok(d, &["enqueue", "--user", "cu_ana", "--model", "policy", "--goal", goal]).trim().to_string();
+        wok(d, &[&run[..], &["--drain"]].concat());
+        wok(d, &["say", &t2, "--text", "And the email?"]);
+        wok(d, &["cancel", &t2, "--reason", "withdrawn"]);
+        let t = shown(d, &t2);
+        assert_eq!((t["stop"].as_str(), t["turn"].as_u64()), (Some("cancelled"), Some(2)), "{t}");
+        assert!(!wok(d, &["show", &t2]).contains("worker say"), "a cancelled task takes no message");
+        let replayed: Value = serde_json::from_str(&wok(d, &["replay", &t2, "--json"])).expect("a replay");
         assert_eq!(replayed["same_state"], true, "{replayed}");
     }
 }

@@ -111,7 +111,7 @@ impl DecisionTx for PgTx<'_, '_, '_> {
         rec: &TaskRecord,
     ) -> Result<Vec<std::result::Result<CallRecord, (String, String)>>> {
         let sql = self.s.sql(&format!(
-            "SELECT {CALL_COLUMNS} FROM {{s}}.calls WHERE task_id = $1 ORDER BY key"
+            "SELECT {CALL_COLUMNS} FROM {{s}}.calls WHERE task_id = $1 ORDER BY step, key"
         ));
         let rows = self.tx.query(&sql, &[&rec.id]).map_err(db_error)?;
         Ok(rows

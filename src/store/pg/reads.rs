@@ -123,7 +123,7 @@ impl Reads for PgStore {
 
     fn calls(&self, task_id: &str) -> Result<Vec<CallRecord>> {
         let sql = self.sql(&format!(
-            "SELECT {CALL_COLUMNS} FROM {{s}}.calls WHERE task_id = $1 ORDER BY key"
+            "SELECT {CALL_COLUMNS} FROM {{s}}.calls WHERE task_id = $1 ORDER BY step, key"
         ));
         let rows = self.read(|c| c.client.query(&sql, &[&task_id]))?;
         rows.iter().map(call_of).collect()

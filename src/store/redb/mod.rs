@@ -71,12 +71,13 @@ pub struct RedbStore {
     woken: crate::store::Woken,
 }
 
-/// The ranges of task `id`'s call keys in the namespace `ns`, in key order: those of later
-/// turns of its conversation (`NS:id#N:...`), then its first turn's (`NS:id:...`).
+/// The ranges of task `id`'s call keys in the namespace `ns`: its first turn's (`NS:id:...`),
+/// then those of later turns of its conversation (`NS:id#N:...`). A reader that lists them
+/// sorts by step (`#10` sorts before `#2` as text).
 pub(super) fn call_key_ranges(ns: &str, id: &str) -> [(String, String); 2] {
     [
-        (format!("{ns}:{id}#"), format!("{ns}:{id}$")),
         (format!("{ns}:{id}:"), format!("{ns}:{id};")),
+        (format!("{ns}:{id}#"), format!("{ns}:{id}$")),
     ]
 }
 

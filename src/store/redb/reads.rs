@@ -104,9 +104,10 @@ impl Reads for RedbStore {
         for (lo, hi) in super::call_key_ranges(ns, task_id) {
             for entry in t.range(lo.as_str()..hi.as_str())? {
                 let (_, v) = entry?;
-                out.push(decode("call key", v.value())?);
+                out.push(decode::<CallRecord>("call key", v.value())?);
             }
         }
+        out.sort_by_key(|c| c.step);
         Ok(out)
     }
 
