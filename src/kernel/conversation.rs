@@ -59,23 +59,7 @@ pub struct Message {
 pub fn check_message(text: &str) -> Result<String, String> {
     let text = text.replace("\r\n", "\n");
     let text = text.trim();
-    if text.is_empty() {
-        return Err("a message needs some text".into());
-    }
-    if let Some(c) = text
-        .chars()
-        .find(|c| c.is_control() && !matches!(c, '\t' | '\n'))
-    {
-        return Err(format!(
-            "a message may not hold the control character {c:?} (tabs and line breaks are fine)"
-        ));
-    }
-    let n = text.chars().count();
-    if n > MESSAGE_MAX_CHARS {
-        return Err(format!(
-            "a message is at most {MESSAGE_MAX_CHARS} characters (this one has {n})"
-        ));
-    }
+    super::person::check_words(text, "a message", MESSAGE_MAX_CHARS)?;
     Ok(text.to_string())
 }
 
@@ -92,14 +76,6 @@ impl TaskState {
         match self.turn() {
             1 => Cow::Borrowed(&self.task_id),
             n => Cow::Owned(format!("{}#{n}", self.task_id)),
-        }
-    }
-
-    /// What the turn is asked to do: the person's last message, or the goal in the first turn.
-    pub fn request(&self) -> &str {
-        match self.conversation.last() {
-            Some(m) if m.role == Speaker::User => &m.text,
-            _ => &self.goal,
         }
     }
 
@@ -216,7 +192,8 @@ mod tests {
         s.continue_with("  and in euros?\r\nplease ")
             .expect("continued");
         assert_eq!((s.turn(), s.key_scope().as_ref()), (2, "t7#2"));
-        assert_eq!(s.request(), "and in euros?\nplease");
+        let asked = s.conversation.last().map(|m| (m.role, m.text.as_str()));
+        assert_eq!(asked, Some((Speaker::User, "and in euros?\nplease")));
         assert_eq!(s.conversation[0].text, "It is worth 42.00.");
         assert_eq!(s.facts["ord_1.total_cents"], 4200);
         assert_eq!(

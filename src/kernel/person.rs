@@ -12,6 +12,29 @@ use std::collections::BTreeMap;
 use super::catalog::{Access, ArgSpec, ArgType, ToolSpec};
 use super::state::ToolCall;
 
+/// A person's words (`what`: "an answer", "a message") as the model may read them: some
+/// text, no control character but tabs and line breaks, at most `max` characters.
+pub fn check_words(text: &str, what: &str, max: usize) -> Result<(), String> {
+    if text.trim().is_empty() {
+        return Err(format!("{what} needs some text"));
+    }
+    if let Some(c) = text
+        .chars()
+        .find(|c| c.is_control() && !matches!(c, '\t' | '\n'))
+    {
+        return Err(format!(
+            "{what} may not hold the control character {c:?} (tabs and line breaks are fine)"
+        ));
+    }
+    let n = text.chars().count();
+    if n > max {
+        return Err(format!(
+            "{what} is at most {max} characters (this one has {n})"
+        ));
+    }
+    Ok(())
+}
+
 /// The built-in tool's name.
 pub const ASK_PERSON: &str = "ask_person";
 
@@ -125,23 +148,7 @@ impl Question {
     /// Whether `answer` may answer this question: not empty, not too long, and one of the
     /// choices when it offers some. `Err` says what an answer must be.
     pub fn check(&self, answer: &str) -> Result<(), String> {
-        if answer.trim().is_empty() {
-            return Err("an answer needs some text".into());
-        }
-        if let Some(c) = answer
-            .chars()
-            .find(|c| c.is_control() && !matches!(c, '\t' | '\n'))
-        {
-            return Err(format!(
-                "an answer may not hold the control character {c:?} (tabs and line breaks are fine)"
-            ));
-        }
-        let n = answer.chars().count();
-        if n > ANSWER_MAX_CHARS {
-            return Err(format!(
-                "an answer is at most {ANSWER_MAX_CHARS} characters (this one has {n})"
-            ));
-        }
+        check_words(answer, "an answer", ANSWER_MAX_CHARS)?;
         if !self.choices.is_empty() && !self.choices.iter().any(|c| c == answer) {
             return Err(format!(
                 "the question offers {}: answer with one of them, as written",
